@@ -1,0 +1,54 @@
+"""The ``cormorant`` command: run one service, or manage the local cluster.
+
+Every service reads its settings from ``CORMORANT_*`` environment variables or the settings
+file (see :mod:`services.common.settings`); options given here override them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from services.local.cli import down, fetch_kafka, status, up
+
+
+def _apply(**overrides: object) -> None:
+    """Export command-line overrides as ``CORMORANT_*`` variables before settings are read."""
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"CORMORANT_{name.upper()}"] = str(value)
+
+
+@click.group()
+def main() -> None:
+    """Cormorant: a Kafka-backed, horizontally scalable MQTT broker."""
+
+
+@main.command()
+@click.option("--node-id", help="This node's id (names its downlink topic).")
+@click.option("--host", "mqtt_host", help="Address to bind the MQTT listener to.")
+@click.option("--port", "mqtt_port", type=int, help="Port of the MQTT listener.")
+def ingest(node_id: str | None, mqtt_host: str | None, mqtt_port: int | None) -> None:
+    """Run an ingest node: the MQTT listener (connection container) of one node."""
+    _apply(node_id=node_id, mqtt_host=mqtt_host, mqtt_port=mqtt_port)
+    from services.ingest.main import run
+
+    run()
+
+
+@main.command()
+def router() -> None:
+    """Run a router: matches msg.all against subscriptions, writes downlink records."""
+    from services.router.main import run
+
+    run()
+
+
+main.add_command(up)
+main.add_command(down)
+main.add_command(status)
+main.add_command(fetch_kafka)
+
+if __name__ == "__main__":
+    main()

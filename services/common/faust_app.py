@@ -1,0 +1,58 @@
+"""The one Faust configuration every Cormorant service starts from.
+
+Each service is a faust-streaming app (DESIGN.md); this module keeps their Kafka settings in
+one place: raw bytes serializers (records are encoded by :mod:`services.common.records`),
+``acks=all`` production, an in-memory table store (no service keeps Faust tables) and no
+Faust web server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+
+from services.common.settings import Settings
+
+
+def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
+    """Build the Faust app of ``service`` (e.g. ``"router"``), configured from ``settings``.
+
+    The app id (and so the consumer group) is ``<topic_prefix>cormorant-<service>``; the
+    producer waits for all in-sync replicas (``acks=-1``) and is idempotent.
+    ``overrides`` are passed to :class:`faust.App` last.
+    """
+    options: dict[str, Any] = {
+        "broker": [f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
+        "store": "memory://",
+        "web_enabled": False,
+        "autodiscover": False,
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "producer_acks": -1,
+        "producer_linger": settings.producer_linger_seconds,
+        "producer_request_timeout": settings.kafka_request_timeout_seconds,
+        "producer_max_request_size": max(settings.max_packet_size * 2, 1024 * 1024),
+        "consumer_max_fetch_size": max(settings.max_packet_size * 2, 1024 * 1024),
+        "topic_replication_factor": settings.replication_factor,
+        "topic_allow_declare": True,
+        "broker_commit_interval": 1.0,
+        "stream_recovery_delay": 0.0,
+        "datadir": str(settings.state_dir / "faust" / service),
+    }
+    options.update(overrides)
+    return faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
+
+
+def run_worker(app: faust.App, settings: Settings) -> None:
+    """Run ``app`` in a Faust worker until SIGTERM/SIGINT; uses uvloop when installed."""
+    worker = faust.Worker(app, loglevel=settings.log_level, loop=_event_loop())
+    worker.execute_from_commandline()
+
+
+def _event_loop() -> Any:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional on platforms without it
+        return None
+    return uvloop.new_event_loop()

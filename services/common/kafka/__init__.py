@@ -1,0 +1,1 @@
+"""Kafka plumbing shared by every service: topic names and topic administration."""

@@ -1,0 +1,118 @@
+"""Kafka topic administration: the topics Cormorant needs, with their partitions and configs.
+
+Topics are created idempotently at start-up (an existing topic is left as it is). State
+topics (``client.sessions``, ``client.subscriptions``, ``msg.retained``) are compacted
+(``cleanup.policy=compact``): only the latest record per client id (or topic name) matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+
+from services.common.kafka.names import TopicNames
+from services.common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One Kafka topic to create: name, partition count and topic-level configs (str → str)."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+def _compacted() -> dict[str, str]:
+    # A short segment.ms keeps the dirty part small so compaction actually runs on
+    # low-traffic state topics; min.compaction.lag keeps freshly written records readable.
+    return {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000)}
+
+
+def core_topic_specs(settings: Settings) -> list[TopicSpec]:
+    """The topics every deployment has (DESIGN.md "The data path"), sized from ``settings``."""
+    names = TopicNames.from_settings(settings)
+    msg_retention = {"retention.ms": str(settings.msg_retention_seconds * 1000)}
+    return [
+        TopicSpec(names.msg_all, settings.msg_all_partitions, msg_retention),
+        TopicSpec(names.msg_persisted, settings.state_topic_partitions, msg_retention),
+        TopicSpec(names.client_acks, settings.acks_partitions, msg_retention),
+        TopicSpec(names.client_sessions, settings.state_topic_partitions, _compacted()),
+        TopicSpec(names.client_subscriptions, settings.state_topic_partitions, _compacted()),
+        TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted()),
+    ]
+
+
+def downlink_topic_spec(settings: Settings, node_id: str) -> TopicSpec:
+    """The downlink topic of ingest node ``node_id`` (short retention: live traffic only)."""
+    return TopicSpec(
+        TopicNames.from_settings(settings).downlink(node_id),
+        settings.downlink_partitions,
+        {"retention.ms": str(settings.downlink_retention_seconds * 1000)},
+    )
+
+
+async def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
+    """Wait until the Kafka cluster at ``bootstrap`` answers a metadata request.
+
+    ``timeout`` is in seconds. Raises ``TimeoutError`` if Kafka does not answer in time.
+    """
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except (KafkaError, OSError) as exc:
+            last = exc
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.5)  # retry pacing while the broker boots, not a synchronization
+    raise TimeoutError(f"Kafka at {bootstrap} did not answer within {timeout}s: {last!r}")
+
+
+async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication: int = 1) -> list[str]:
+    """Create each topic of ``specs`` that does not exist yet; return the names created.
+
+    Existing topics are left unchanged. Raises ``aiokafka.errors.KafkaError`` on any other
+    failure, and ``KafkaConnectionError`` when the cluster cannot be reached.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if not missing:
+            return []
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name=spec.name,
+                    num_partitions=spec.partitions,
+                    replication_factor=replication,
+                    topic_configs=spec.configs,
+                )
+                for spec in missing
+            ]
+        )
+        created: list[str] = []
+        for name, code, *rest in response.topic_errors:
+            error = for_code(code)
+            if code == 0:
+                created.append(name)
+            elif error is not TopicAlreadyExistsError:  # lost a race with another creator
+                raise error(f"creating topic {name}: {rest[0] if rest else ''}")
+        if created:
+            log.info("created Kafka topics: %s", ", ".join(created))
+        return created
+    finally:
+        await admin.close()

@@ -1,0 +1,306 @@
+"""Kafka record formats: the one place where what travels on each topic is encoded.
+
+Binary and compact on purpose (DESIGN.md "Key choices"): the MQTT payload is the Kafka record
+value, untouched; MQTT metadata travels in a small big-endian envelope in a Kafka header. Every
+format starts with a version byte so it can evolve. Decoding garbage raises
+:class:`RecordError`; consumers log and skip such records instead of blocking a partition.
+
+Topic → key / value / headers:
+
+- ``msg.all``: key = publisher client id (UTF-8); value = payload; header ``m`` = :class:`PublishMeta`.
+- ``msg.downlink.<node_id>``: key = publisher client id; value = payload; header ``m`` =
+  :class:`PublishMeta`, header ``t`` = the node's targets (:func:`encode_targets`).
+- ``client.subscriptions`` (compacted): key = client id; value = the client's whole
+  subscription set (:func:`encode_subscriptions`); a tombstone (None) = no subscriptions.
+- ``client.sessions`` (compacted): key = client id; value = :class:`SessionRecord`;
+  a tombstone = session removed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from services.common.topics.trie import Subscription
+
+HEADER_META = "m"
+HEADER_TARGETS = "t"
+
+_VERSION = 1
+
+
+class RecordError(ValueError):
+    """A Kafka record that does not decode as the format its topic requires."""
+
+
+class ClientKind(IntEnum):
+    """TBMQ's client kinds (DESIGN.md): chooses the delivery path of a client's messages."""
+
+    DEVICE = 0
+    APPLICATION = 1
+
+
+def _check_version(data: bytes, what: str) -> None:
+    if not data:
+        raise RecordError(f"empty {what} record")
+    if data[0] != _VERSION:
+        raise RecordError(f"{what} record version {data[0]} is not supported")
+
+
+def _read_str(data: bytes, offset: int, size_fmt: str) -> tuple[str, int]:
+    """Read a length-prefixed UTF-8 string; ``size_fmt`` is the struct code of the length."""
+    width = struct.calcsize(size_fmt)
+    if offset + width > len(data):
+        raise RecordError("truncated string length")
+    (length,) = struct.unpack_from(size_fmt, data, offset)
+    offset += width
+    end = offset + length
+    if end > len(data):
+        raise RecordError("truncated string")
+    try:
+        return data[offset:end].decode("utf-8"), end
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"invalid UTF-8: {exc}") from exc
+
+
+def _str16(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack(">H", len(raw)) + raw
+
+
+# --------------------------------------------------------------------------------------------
+# PUBLISH metadata (msg.all and downlink)
+
+_META = struct.Struct(">BBBQH")  # version, flags, protocol version, received_at_ms, topic length
+
+
+@dataclass(slots=True)
+class PublishMeta:
+    """MQTT metadata of an accepted PUBLISH.
+
+    ``qos`` 0..2; ``retain`` the RETAIN flag as published; ``received_at_ms`` the Unix time in
+    milliseconds the ingest node accepted it; ``protocol_version`` of the publisher (4 or 5);
+    ``properties`` the MQTT 5 PUBLISH properties forwarded to subscribers, as their wire
+    encoding (MQTT 5.0 2.2.2, length prefix included), or ``b""`` when there are none.
+    """
+
+    topic: str
+    qos: int
+    retain: bool
+    received_at_ms: int
+    protocol_version: int = 4
+    properties: bytes = b""
+
+
+def encode_meta(meta: PublishMeta) -> bytes:
+    """Encode ``meta`` as the ``m`` header value (bytes)."""
+    topic = meta.topic.encode("utf-8")
+    flags = meta.qos | (0x04 if meta.retain else 0)
+    head = _META.pack(_VERSION, flags, meta.protocol_version, meta.received_at_ms, len(topic))
+    return head + topic + meta.properties
+
+
+def decode_meta(data: bytes) -> PublishMeta:
+    """Decode an ``m`` header value. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "publish meta")
+    if len(data) < _META.size:
+        raise RecordError("truncated publish meta")
+    _, flags, version, received_at, topic_len = _META.unpack_from(data, 0)
+    end = _META.size + topic_len
+    if end > len(data) or flags & 0x03 == 3:
+        raise RecordError("malformed publish meta")
+    try:
+        topic = data[_META.size : end].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"topic is not UTF-8: {exc}") from exc
+    return PublishMeta(topic, flags & 0x03, bool(flags & 0x04), received_at, version, data[end:])
+
+
+# --------------------------------------------------------------------------------------------
+# downlink targets
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One subscriber of a downlink record.
+
+    ``qos`` is the granted QoS (min of publish and subscription QoS, MQTT 3.8.4);
+    ``retain_as_published`` keeps the RETAIN flag (MQTT 5 3.8.3.1), otherwise it is cleared;
+    ``subscription_identifiers`` are the matching subscriptions' identifiers (MQTT 5 3.3.4).
+    """
+
+    client_id: str
+    qos: int
+    retain_as_published: bool = False
+    subscription_identifiers: tuple[int, ...] = ()
+
+
+def encode_targets(targets: Sequence[Target]) -> bytes:
+    """Encode the subscribers of one downlink record as the ``t`` header value."""
+    parts = [struct.pack(">BI", _VERSION, len(targets))]
+    for t in targets:
+        parts.append(_str16(t.client_id))
+        flags = t.qos | (0x04 if t.retain_as_published else 0)
+        parts.append(struct.pack(">BB", flags, len(t.subscription_identifiers)))
+        parts.append(struct.pack(f">{len(t.subscription_identifiers)}I", *t.subscription_identifiers))
+    return b"".join(parts)
+
+
+def decode_targets(data: bytes) -> list[Target]:
+    """Decode a ``t`` header value. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "targets")
+    try:
+        (count,) = struct.unpack_from(">I", data, 1)
+        offset = 5
+        targets: list[Target] = []
+        for _ in range(count):
+            client_id, offset = _read_str(data, offset, ">H")
+            flags, n_ids = struct.unpack_from(">BB", data, offset)
+            offset += 2
+            ids = struct.unpack_from(f">{n_ids}I", data, offset)
+            offset += 4 * n_ids
+            if flags & 0x03 == 3:
+                raise RecordError("invalid QoS in target")
+            targets.append(Target(client_id, flags & 0x03, bool(flags & 0x04), ids))
+    except struct.error as exc:
+        raise RecordError(f"truncated targets: {exc}") from exc
+    if offset != len(data):
+        raise RecordError("trailing bytes after targets")
+    return targets
+
+
+# --------------------------------------------------------------------------------------------
+# client.subscriptions
+
+
+def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
+    """Encode a client's whole subscription set (the client id is the record key).
+
+    Each entry: Topic Filter, the MQTT 5 subscription options byte (3.8.3.1) and the
+    Subscription Identifier (0 = none).
+    """
+    items = list(subs)
+    parts = [struct.pack(">BI", _VERSION, len(items))]
+    for s in items:
+        options = (
+            s.qos
+            | (0x04 if s.no_local else 0)
+            | (0x08 if s.retain_as_published else 0)
+            | (s.retain_handling << 4)
+        )
+        parts.append(_str16(s.topic_filter))
+        parts.append(struct.pack(">BI", options, s.subscription_identifier or 0))
+    return b"".join(parts)
+
+
+def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
+    """Decode a ``client.subscriptions`` value for ``client_id``. Raises :class:`RecordError`."""
+    _check_version(data, "subscriptions")
+    try:
+        (count,) = struct.unpack_from(">I", data, 1)
+        offset = 5
+        subs: list[Subscription] = []
+        for _ in range(count):
+            topic_filter, offset = _read_str(data, offset, ">H")
+            options, ident = struct.unpack_from(">BI", data, offset)
+            offset += 5
+            if options & 0x03 == 3 or options >> 4 > 2:
+                raise RecordError("invalid subscription options")
+            subs.append(
+                Subscription(
+                    client_id=client_id,
+                    topic_filter=topic_filter,
+                    qos=options & 0x03,
+                    no_local=bool(options & 0x04),
+                    retain_as_published=bool(options & 0x08),
+                    retain_handling=options >> 4,
+                    subscription_identifier=ident or None,
+                )
+            )
+    except struct.error as exc:
+        raise RecordError(f"truncated subscriptions: {exc}") from exc
+    if offset != len(data):
+        raise RecordError("trailing bytes after subscriptions")
+    return subs
+
+
+# --------------------------------------------------------------------------------------------
+# client.sessions
+
+_SESSION = struct.Struct(">BBBBBIQQ16s")
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """The state of one client's session, as the latest ``client.sessions`` record says.
+
+    ``node_id`` is the ingest node holding (or that last held) the connection;
+    ``connection_id`` (16 bytes) identifies one network connection, so that a node can tell
+    its own connection from a newer one elsewhere; ``connected_at_ms`` (Unix ms) orders
+    connections of the same client for session takeover (MQTT 3.1.4-3);
+    ``session_expiry_interval`` in seconds as the client asked (v5 3.1.2.11; 0 for v3);
+    ``persistent`` follows DESIGN.md's rule (:func:`services.common.sessions.is_persistent`).
+    """
+
+    node_id: str
+    connection_id: bytes
+    connected: bool
+    protocol_version: int
+    clean_start: bool
+    persistent: bool
+    kind: ClientKind = ClientKind.DEVICE
+    session_expiry_interval: int = 0
+    connected_at_ms: int = 0
+    updated_at_ms: int = field(default=0)
+
+
+def encode_session(rec: SessionRecord) -> bytes:
+    """Encode a ``client.sessions`` value."""
+    flags = (
+        (0x01 if rec.connected else 0)
+        | (0x02 if rec.clean_start else 0)
+        | (0x04 if rec.persistent else 0)
+    )
+    head = _SESSION.pack(
+        _VERSION,
+        flags,
+        rec.protocol_version,
+        int(rec.kind),
+        0,
+        rec.session_expiry_interval,
+        rec.connected_at_ms,
+        rec.updated_at_ms,
+        rec.connection_id,
+    )
+    return head + _str16(rec.node_id)
+
+
+def decode_session(data: bytes) -> SessionRecord:
+    """Decode a ``client.sessions`` value. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "session")
+    if len(data) < _SESSION.size:
+        raise RecordError("truncated session record")
+    _, flags, version, kind, _, expiry, connected_at, updated_at, conn_id = _SESSION.unpack_from(
+        data, 0
+    )
+    node_id, end = _read_str(data, _SESSION.size, ">H")
+    if end != len(data):
+        raise RecordError("trailing bytes after session record")
+    try:
+        client_kind = ClientKind(kind)
+    except ValueError as exc:
+        raise RecordError(f"unknown client kind {kind}") from exc
+    return SessionRecord(
+        node_id=node_id,
+        connection_id=conn_id,
+        connected=bool(flags & 0x01),
+        protocol_version=version,
+        clean_start=bool(flags & 0x02),
+        persistent=bool(flags & 0x04),
+        kind=client_kind,
+        session_expiry_interval=expiry,
+        connected_at_ms=connected_at,
+        updated_at_ms=updated_at,
+    )

@@ -1,0 +1,131 @@
+"""Cormorant's settings: one typed object, read from the environment and an optional file.
+
+Every setting can be given as an environment variable ``CORMORANT_<NAME>`` (for example
+``CORMORANT_KAFKA_BOOTSTRAP=10.0.0.5:9092``) or in a dotenv-style file named by
+``CORMORANT_SETTINGS_FILE`` (default ``cormorant.env`` in the working directory, if present).
+Environment variables win over the file. Durations are in seconds, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_state_dir() -> Path:
+    """The local cluster's data and log directory: ``$XDG_STATE_HOME/cormorant``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "cormorant"
+
+
+def _default_cache_dir() -> Path:
+    """Where downloaded jars are cached: ``$XDG_CACHE_HOME/cormorant``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cormorant"
+
+
+class Settings(BaseSettings):
+    """All of Cormorant's settings (environment prefix ``CORMORANT_``).
+
+    Groups: Kafka connection and topic layout, MQTT limits, the ingest listener, and the
+    local cluster launcher. Validation errors raise ``pydantic.ValidationError`` naming the
+    offending variable.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="CORMORANT_",
+        env_file=os.environ.get("CORMORANT_SETTINGS_FILE", "cormorant.env"),
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    # --- Kafka -----------------------------------------------------------------------------
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port...]")
+    topic_prefix: str = Field(
+        "", description="Prepended to every Kafka topic name, to share one Kafka cluster."
+    )
+    replication_factor: int = Field(1, ge=1, description="Replication factor of new topics.")
+    msg_all_partitions: int = Field(12, ge=1, description="Partitions of msg.all.")
+    state_topic_partitions: int = Field(
+        12, ge=1, description="Partitions of client.sessions and client.subscriptions."
+    )
+    downlink_partitions: int = Field(
+        4, ge=1, description="Partitions of each msg.downlink.<node_id> topic."
+    )
+    acks_partitions: int = Field(12, ge=1, description="Partitions of client.acks.")
+    msg_retention_seconds: int = Field(
+        7 * 24 * 3600, ge=60, description="retention.ms (as seconds) of msg.all."
+    )
+    downlink_retention_seconds: int = Field(
+        3600, ge=60, description="retention.ms (as seconds) of downlink topics."
+    )
+    producer_linger_seconds: float = Field(
+        0.001, ge=0, description="Producer linger: how long a batch may wait to fill."
+    )
+    kafka_request_timeout_seconds: float = Field(
+        10.0, gt=0, description="How long a produce may take before the PUBLISH is refused."
+    )
+
+    # --- MQTT ------------------------------------------------------------------------------
+    max_packet_size: int = Field(
+        1024 * 1024,
+        ge=64,
+        le=268_435_460,
+        description="Largest MQTT control packet accepted or sent, in bytes (MQTT 3.2.2.3.6).",
+    )
+    server_keep_alive: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="If set, the v5 Server Keep Alive returned in CONNACK (seconds).",
+    )
+    max_keep_alive: int = Field(
+        65535, ge=0, le=65535, description="Largest keep alive a client may ask for (seconds)."
+    )
+    receive_maximum: int = Field(
+        100, ge=1, le=65535, description="Inbound QoS 1/2 PUBLISHes in flight per client."
+    )
+    topic_alias_maximum: int = Field(
+        0, ge=0, le=65535, description="Topic Alias Maximum advertised in CONNACK."
+    )
+    connect_timeout_seconds: float = Field(
+        10.0, gt=0, description="A socket must send CONNECT within this many seconds."
+    )
+
+    # --- ingest ----------------------------------------------------------------------------
+    node_id: str = Field("node1", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Ingest node id.")
+    mqtt_host: str = Field("127.0.0.1", description="Address the ingest MQTT listener binds.")
+    mqtt_port: int = Field(1884, ge=0, le=65535, description="Port of the ingest MQTT listener.")
+    ready_file: Path | None = Field(
+        None,
+        description="A service writes this file once it serves (Kafka reached, state restored) "
+        "and removes it on shutdown; the local cluster launcher waits on it.",
+    )
+
+    # --- local cluster ---------------------------------------------------------------------
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    kafka_version: str = Field("3.9.1", description="Apache Kafka release fetched from Maven.")
+    kafka_port: int = Field(9092, ge=1, le=65535)
+    kafka_controller_port: int = Field(9093, ge=1, le=65535)
+    kafka_heap: str = Field("512m", description="-Xmx of the local Kafka broker.")
+    redis_port: int = Field(6379, ge=1, le=65535)
+    postgres_port: int = Field(5432, ge=1, le=65535)
+    listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
+    ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
+    ingest_base_port: int = Field(
+        11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
+    )
+    store: Literal["redis", "postgres"] = Field("redis", description="Stored-message backend.")
+    log_level: str = Field("INFO", description="Python logging level of the services.")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the process-wide :class:`Settings`, read once from environment and file."""
+    return Settings()

@@ -1,0 +1,227 @@
+"""One MQTT client connection, sans-IO: bytes and store outcomes in, effects out.
+
+:class:`ServerConnection` owns the protocol state of one network connection (MQTT 3.1.1 and
+5.0): the stream decoder, the connection phase, Packet Identifiers in flight both ways, topic
+aliases and keep alive. It never touches a socket or Kafka; the shell carries out the
+:mod:`effects <services.ingest.effects>` it returns. Each packet kind is handled in its own
+module (``handle_connect``, ``handle_publish``, ``handle_subscribe``, ``delivery``), as in
+Mosquitto's ``src/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from services.common.mqtt.codec import StreamDecoder
+from services.common.mqtt.errors import MQTTError
+from services.common.mqtt.packets import (
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    Unsubscribe,
+)
+from services.common.mqtt.properties import Properties
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import SessionRecord
+from services.common.settings import Settings
+from services.common.topics.trie import Subscription
+from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe
+from services.ingest.effects import Close, Effect, Send
+from services.ingest.state import ConnectionState, Phase, PreviousSession
+
+log = logging.getLogger(__name__)
+
+
+
+class ServerConnection:
+    """The server side of one MQTT connection.
+
+    ``settings`` gives the server's limits; ``previous_session`` is consulted on CONNECT;
+    ``now_ms`` returns Unix time in milliseconds. Feed bytes with :meth:`receive_data`, report
+    store outcomes with :meth:`stored` / :meth:`store_failed`, and deliver downlink messages
+    with :meth:`deliver`; each returns the effects to carry out, in order.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: str,
+        connection_id: bytes,
+        previous_session: PreviousSession,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.state = ConnectionState(settings, node_id, connection_id, now_ms)
+        self._decoder = StreamDecoder(max_packet_size=settings.max_packet_size)
+        self._previous_session = previous_session
+
+    @property
+    def client_id(self) -> str:
+        """The client identifier (assigned one included); "" before CONNECT."""
+        return self.state.client_id
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection must not be used any more."""
+        return self.state.phase is Phase.CLOSED
+
+    @property
+    def keep_alive_timeout(self) -> float | None:
+        """Seconds of silence after which the client is gone (1.5 × Keep Alive, MQTT 3.1.2.10).
+
+        Before CONNECT, the server's connect timeout; None when keep alive is off (0).
+        """
+        if self.state.phase is Phase.AWAIT_CONNECT:
+            return self.state.settings.connect_timeout_seconds
+        return self.state.keep_alive * 1.5 if self.state.keep_alive else None
+
+    def receive_data(self, data: bytes) -> list[Effect]:
+        """Handle bytes read from the socket; returns the effects, in order."""
+        if self.closed:
+            return []
+        try:
+            packets = self._decoder.feed(data)
+        except MQTTError as exc:
+            return self.protocol_violation(exc)
+        effects: list[Effect] = []
+        for packet in packets:
+            try:
+                effects.extend(self._dispatch(packet))
+            except MQTTError as exc:
+                effects.extend(self.protocol_violation(exc))
+            if self.closed:
+                break
+        return effects
+
+    def _dispatch(self, packet: Packet) -> list[Effect]:
+        state = self.state
+        if state.phase is Phase.AWAIT_CONNECT:
+            assert isinstance(packet, Connect), "the decoder admits CONNECT first"
+            self._decoder.protocol_version = packet.protocol_version
+            return handle_connect.handle_connect(state, packet, self._previous_session)
+        if state.phase is Phase.CONNECTING:
+            # MQTT 3.1.4: a client may send packets before CONNACK; handle them after it.
+            state.early_packets.append(packet)
+            return []
+        return self._dispatch_connected(packet)
+
+    def _dispatch_connected(self, packet: Packet) -> list[Effect]:
+        state = self.state
+        if isinstance(packet, Publish):
+            return handle_publish.handle_publish(state, packet)
+        if isinstance(packet, PubAck):
+            return delivery.handle_puback(state, packet)
+        if isinstance(packet, PubRel):
+            return handle_publish.handle_pubrel(state, packet)
+        if isinstance(packet, PingReq):
+            return [Send(state.encode(PingResp()))]
+        if isinstance(packet, Subscribe):
+            return handle_subscribe.handle_subscribe(state, packet)
+        if isinstance(packet, Unsubscribe):
+            return handle_subscribe.handle_unsubscribe(state, packet)
+        if isinstance(packet, Disconnect):
+            return handle_connect.handle_disconnect(state, packet)
+        if isinstance(packet, (PubRec, PubComp)):
+            # The server grants at most QoS 1 to subscribers, so it never awaits these.
+            raise MQTTError(
+                f"unexpected {type(packet).__name__}", ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+            )
+        raise MQTTError(f"unexpected {type(packet).__name__}", ReasonCode.PROTOCOL_ERROR)
+
+    def stored(self, token: int) -> list[Effect]:
+        """Report that the ``Store*`` effect named ``token`` reached Kafka (acks=all)."""
+        state = self.state
+        if self.closed:
+            return []
+        if token == state.connack_token:
+            effects = handle_connect.connect_stored(state)
+            for packet in state.early_packets:
+                if self.closed:
+                    break
+                try:
+                    effects.extend(self._dispatch_connected(packet))
+                except MQTTError as exc:
+                    effects.extend(self.protocol_violation(exc))
+            state.early_packets.clear()
+            return effects
+        if token in state.pending_subacks:
+            return [Send(state.encode(state.pending_subacks.pop(token)))]
+        return handle_publish.publish_outcome(state, token, ok=True)
+
+    def store_failed(self, token: int) -> list[Effect]:
+        """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
+
+        Nothing unstored is ever acknowledged: a failed PUBLISH gets a v5 PUBACK/PUBREC with
+        Reason Code 0x80, or (v3.1.1, which has no negative acknowledgement) the connection
+        is closed so the client resends it. A failed CONNECT gets CONNACK 0x88 / 0x03.
+        """
+        state = self.state
+        if self.closed:
+            return []
+        if token == state.connack_token:
+            return handle_connect.connect_failed(state)
+        if token in state.pending_subacks:
+            state.pending_subacks.pop(token)
+            return self.protocol_violation(
+                MQTTError("subscriptions could not be stored", ReasonCode.UNSPECIFIED_ERROR)
+            )
+        return handle_publish.publish_outcome(state, token, ok=False)
+
+    def deliver(self, packet: Publish) -> list[Effect]:
+        """Send a routed message to this client: ``packet`` already carries the granted QoS,
+        RETAIN flag and properties; Packet Identifier and in-flight window are handled here.
+        """
+        if self.state.phase is not Phase.CONNECTED:
+            return []
+        return delivery.deliver(self.state, packet)
+
+    def keep_alive_expired(self) -> list[Effect]:
+        """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D)."""
+        if self.state.phase is Phase.AWAIT_CONNECT:
+            return self.close("no CONNECT within the connect timeout")
+        return self.protocol_violation(
+            MQTTError("keep alive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT)
+        )
+
+    def taken_over(self) -> list[Effect]:
+        """Another connection took this client's session (MQTT 3.1.4-3; v5 DISCONNECT 0x8E).
+
+        The session now belongs to the new connection, so this one writes no end records.
+        """
+        self.state.session_ended = True
+        return self.disconnect_and_close(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
+
+    def connection_lost(self) -> list[Effect]:
+        """The socket is gone: the session's end records to store (none if already ended)."""
+        self.state.phase = Phase.CLOSED
+        return handle_connect.end_session(self.state)
+
+    def protocol_violation(self, exc: MQTTError) -> list[Effect]:
+        """The MQTT-mandated reaction to ``exc`` (MQTT 4.13): CONNACK or DISCONNECT, then close."""
+        log.info("client %r: %r", self.state.client_id, exc)
+        if self.state.phase is Phase.AWAIT_CONNECT:
+            return handle_connect.refuse(self.state, exc)
+        return self.disconnect_and_close(exc.reason_code, exc.message)
+
+    def disconnect_and_close(self, reason_code: int, reason: str) -> list[Effect]:
+        """Send a v5 DISCONNECT with ``reason_code`` (v3.1.1 has none), then close."""
+        effects: list[Effect] = []
+        if self.state.protocol_version == 5 and self.state.phase is not Phase.CLOSED:
+            props = Properties()
+            if self.state.request_problem_information:
+                props.reason_string = reason[:200]
+            effects.append(Send(self.state.encode(Disconnect(reason_code, props))))
+        return effects + self.close(reason)
+
+    def close(self, reason: str) -> list[Effect]:
+        """Close the connection."""
+        self.state.phase = Phase.CLOSED
+        return [Close(reason)]

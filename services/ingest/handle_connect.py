@@ -1,0 +1,197 @@
+"""CONNECT, CONNACK and DISCONNECT (MQTT 3.1.1 section 3.1-3.2, 3.14; MQTT 5.0 3.1-3.2, 3.14).
+
+A CONNECT is accepted in two steps: :func:`handle_connect` validates it and asks the shell to
+store the session record in ``client.sessions``; :func:`connect_stored` sends CONNACK once
+Kafka has it, so every node sees the session (and takes over an older connection) before the
+client is told it is connected.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
+from services.common.mqtt.packets import ConnAck, Connect, Disconnect
+from services.common.mqtt.properties import Properties
+from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
+from services.common.records import SessionRecord
+from services.common.sessions import is_persistent
+from services.common.topics.validation import validate_topic_name
+from services.ingest.effects import Close, Connected, Effect, Send, StoreSession, StoreSubscriptions
+
+from services.ingest.state import ConnectionState, Phase, PreviousSession
+
+
+def handle_connect(
+    state: ConnectionState, connect: Connect, previous_session: PreviousSession
+) -> list[Effect]:
+    """Validate ``connect``, set up the connection state and store the session record.
+
+    Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: 0x85
+    Client Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8),
+    0x90 for an invalid Will Topic.
+    """
+    state.protocol_version = connect.protocol_version
+    props = connect.properties
+    client_id = connect.client_id
+    assigned = False
+    if not client_id:
+        if connect.protocol_version < 5 and not connect.clean_start:
+            raise MQTTError(
+                "empty Client Identifier needs Clean Session 1",
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            )
+        if connect.protocol_version == 3:
+            raise MQTTError(
+                "MQTT 3.1 requires a Client Identifier", ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+            )
+        client_id = "cormorant-" + uuid.uuid4().hex
+        assigned = True
+    if connect.will is not None:
+        validate_topic_name(connect.will.topic)
+
+    settings = state.settings
+    state.client_id = client_id
+    state.clean_start = connect.clean_start
+    state.session_expiry_interval = props.session_expiry_interval or 0
+    state.persistent = is_persistent(
+        connect.protocol_version, connect.clean_start, state.session_expiry_interval
+    )
+    if props.receive_maximum is not None:
+        state.client_receive_maximum = props.receive_maximum
+    if props.maximum_packet_size is not None:
+        state.client_maximum_packet_size = props.maximum_packet_size
+    if props.topic_alias_maximum is not None:
+        state.client_topic_alias_maximum = props.topic_alias_maximum
+    if props.request_problem_information is not None:
+        state.request_problem_information = bool(props.request_problem_information)
+
+    connack_props = Properties()
+    keep_alive = connect.keep_alive
+    if connect.protocol_version == 5:
+        wanted = keep_alive
+        if settings.server_keep_alive is not None:
+            keep_alive = settings.server_keep_alive
+        elif keep_alive > settings.max_keep_alive or (keep_alive == 0 and settings.max_keep_alive):
+            keep_alive = min(keep_alive or settings.max_keep_alive, settings.max_keep_alive)
+        if keep_alive != wanted:
+            connack_props.server_keep_alive = keep_alive
+        if assigned:
+            connack_props.assigned_client_identifier = client_id
+        connack_props.receive_maximum = settings.receive_maximum
+        connack_props.maximum_packet_size = settings.max_packet_size
+        if settings.topic_alias_maximum:
+            connack_props.topic_alias_maximum = settings.topic_alias_maximum
+        # Retained messages are not stored yet: say so, as MQTT 5 lets a server (3.2.2.3.5).
+        connack_props.retain_available = 0
+    state.keep_alive = keep_alive
+
+    previous, previous_subs = previous_session(client_id)
+    session_present = (
+        not connect.clean_start and previous is not None and previous.persistent
+    )
+    effects: list[Effect] = []
+    if session_present:
+        state.subscriptions = {s.topic_filter: s for s in previous_subs}
+    elif previous_subs:
+        # Clean start, or the old session was not persistent: its subscriptions end here.
+        effects.append(StoreSubscriptions(state.new_token(), []))
+
+    state.connected_at_ms = state.now_ms()
+    state.connack_token = state.new_token()
+    state.connack = ConnAck(session_present, ReasonCode.SUCCESS, connack_props)
+    state.phase = Phase.CONNECTING
+    effects.append(StoreSession(state.connack_token, session_record(state, connected=True)))
+    return effects
+
+
+def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
+    """This connection's ``client.sessions`` record."""
+    return SessionRecord(
+        node_id=state.node_id,
+        connection_id=state.connection_id,
+        connected=connected,
+        protocol_version=state.protocol_version,
+        clean_start=state.clean_start,
+        persistent=state.persistent,
+        session_expiry_interval=state.session_expiry_interval,
+        connected_at_ms=state.connected_at_ms,
+        updated_at_ms=state.now_ms(),
+    )
+
+
+def connect_stored(state: ConnectionState) -> list[Effect]:
+    """The session record is in Kafka: send CONNACK; the shell registers the client."""
+    assert state.connack is not None
+    state.phase = Phase.CONNECTED
+    return [Send(state.encode(state.connack)), Connected(state.client_id)]
+
+
+def connect_failed(state: ConnectionState) -> list[Effect]:
+    """The session record could not be stored: CONNACK Server unavailable, then close."""
+    state.session_ended = True
+    return refuse(state, MQTTError("Kafka unavailable", ReasonCode.SERVER_UNAVAILABLE))
+
+
+def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
+    """Refuse a CONNECT: CONNACK with the reason where the spec asks for one, then close.
+
+    MQTT 3.1.1 answers an unacceptable protocol level with return code 0x01 (3.1.2-2) and a
+    refused identifier with 0x02, but a malformed CONNECT only with a close (4.8). MQTT 5
+    answers with the Reason Code (3.2.2.2).
+    """
+    state.phase = Phase.CLOSED
+    effects: list[Effect] = []
+    if isinstance(exc, UnsupportedProtocolVersion):
+        effects.append(Send(ConnAckBytes.unsupported_version))
+    elif state.protocol_version == 5:
+        props = Properties()
+        if state.request_problem_information:
+            props.reason_string = exc.message[:200]
+        effects.append(Send(state.encode(ConnAck(False, exc.reason_code, props))))
+    elif exc.reason_code not in (ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR):
+        effects.append(Send(state.encode(ConnAck(False, v3_connack_code(exc.reason_code)))))
+    effects.append(Close(exc.message))
+    return effects
+
+
+class ConnAckBytes:
+    """Fixed CONNACK encodings needed before a protocol version is known."""
+
+    # MQTT 3.1.1 CONNACK, return code 0x01 Unacceptable protocol version (3.1.2-2): the
+    # format every client version can read.
+    unsupported_version = bytes([0x20, 0x02, 0x00, 0x01])
+
+
+def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect]:
+    """A client's DISCONNECT: end the session as it asks, then close (MQTT 3.14.4).
+
+    A v5 DISCONNECT may change the Session Expiry Interval, but not from 0 to non-zero
+    (3.14.2.2.2: Protocol Error).
+    """
+    expiry = packet.properties.session_expiry_interval
+    if expiry is not None:
+        if state.session_expiry_interval == 0 and expiry != 0:
+            raise ProtocolError("Session Expiry Interval cannot change from 0 on DISCONNECT")
+        state.session_expiry_interval = expiry
+        state.persistent = is_persistent(state.protocol_version, state.clean_start, expiry)
+    state.phase = Phase.CLOSED
+    return [*end_session(state), Close("client sent DISCONNECT")]
+
+
+def end_session(state: ConnectionState) -> list[Effect]:
+    """Records that end this connection's hold on the session (once; none after takeover).
+
+    A persistent session is marked disconnected and keeps its subscriptions; a non-persistent
+    one is deleted: tombstones for its subscriptions and its session record.
+    """
+    if state.session_ended or state.connack_token is None:
+        return []
+    state.session_ended = True
+    if state.persistent:
+        return [StoreSession(state.new_token(), session_record(state, connected=False))]
+    effects: list[Effect] = []
+    if state.subscriptions:
+        effects.append(StoreSubscriptions(state.new_token(), []))
+    effects.append(StoreSession(state.new_token(), None))
+    return effects

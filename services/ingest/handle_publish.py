@@ -1,0 +1,132 @@
+"""Inbound PUBLISH, PUBREL and the acknowledgements the server owes (MQTT 3.3-3.7, 4.3, 4.6).
+
+A QoS 1/2 PUBLISH is acknowledged (PUBACK / PUBREC) only after Kafka stored it with
+``acks=all``, and acknowledgements leave in the order the PUBLISHes arrived (MQTT 4.6), even
+when Kafka answers out of order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.mqtt.errors import MQTTError, ProtocolError
+from services.common.mqtt.packets import PacketType, PubAck, PubComp, Publish, PubRec, PubRel
+from services.common.mqtt.properties import Properties, encode_properties
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import PublishMeta
+from services.common.topics.validation import validate_topic_name
+from services.ingest.effects import Close, Effect, Send, StorePublish
+from services.ingest.state import ConnectionState, PendingAck
+
+
+def _resolve_topic(state: ConnectionState, packet: Publish) -> str:
+    """The Topic Name, through the v5 Topic Alias mapping (MQTT 5.0 3.3.2.3.4)."""
+    alias = packet.properties.topic_alias
+    if alias is None:
+        if not packet.topic:
+            raise ProtocolError("PUBLISH without a Topic Name or Topic Alias")
+        return packet.topic
+    if alias == 0 or alias > state.settings.topic_alias_maximum:
+        raise MQTTError(f"Topic Alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID)
+    if packet.topic:
+        state.topic_aliases[alias] = packet.topic
+        return packet.topic
+    try:
+        return state.topic_aliases[alias]
+    except KeyError:
+        raise ProtocolError(f"Topic Alias {alias} was never set") from None
+
+
+def forwarded_properties(props: Properties) -> bytes:
+    """The PUBLISH properties passed on to subscribers (MQTT 5.0 3.3.2.3), wire-encoded.
+
+    The Topic Alias is per connection and is not forwarded; b"" when nothing is left.
+    """
+    kept = dataclasses.replace(props, topic_alias=None, subscription_identifiers=[])
+    if kept == Properties():
+        return b""
+    return encode_properties(kept, PacketType.PUBLISH)
+
+
+def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
+    """Validate an inbound PUBLISH and ask the shell to store it in ``msg.all``.
+
+    Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
+    Receive Maximum exceeded (v5), 0x9A Retain not supported (v5, as CONNACK announced),
+    0x82 Protocol Error for a Subscription Identifier sent by a client (3.3.4-6).
+    """
+    topic = _resolve_topic(state, packet)
+    validate_topic_name(topic)
+    if state.protocol_version == 5:
+        if packet.retain:
+            raise MQTTError("retained messages are not available", ReasonCode.RETAIN_NOT_SUPPORTED)
+        if packet.properties.subscription_identifiers:
+            raise ProtocolError("a client must not send a Subscription Identifier")
+    if packet.qos:
+        assert packet.packet_id is not None, "the decoder requires a Packet Identifier"
+        if packet.qos == 2 and (
+            packet.packet_id in state.unreleased_qos2
+            or any(p.packet_id == packet.packet_id for p in state.pending_acks)
+        ):
+            # A resent QoS 2 PUBLISH: stored once already, so only acknowledge (MQTT 4.3.3).
+            state.pending_acks.append(PendingAck(packet.packet_id, 2, done=True))
+            return _release_acks(state)
+        if state.protocol_version == 5 and (
+            len(state.pending_acks) + len(state.unreleased_qos2) >= state.settings.receive_maximum
+        ):
+            raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    meta = PublishMeta(
+        topic=topic,
+        qos=packet.qos,
+        retain=packet.retain,
+        received_at_ms=state.now_ms(),
+        protocol_version=state.protocol_version,
+        properties=forwarded_properties(packet.properties) if state.protocol_version == 5 else b"",
+    )
+    token = state.new_token()
+    if packet.qos:
+        assert packet.packet_id is not None
+        pending = PendingAck(packet.packet_id, packet.qos)
+        state.pending_acks.append(pending)
+        state.token_to_ack[token] = pending
+    return [StorePublish(token, meta, packet.payload)]
+
+
+def publish_outcome(state: ConnectionState, token: int, ok: bool) -> list[Effect]:
+    """Kafka's answer for the PUBLISH stored under ``token``; releases acks in order."""
+    pending = state.token_to_ack.pop(token, None)
+    if pending is None:
+        return []  # QoS 0, or an end-of-session record: nobody waits for it
+    pending.done = True
+    pending.failed = not ok
+    return _release_acks(state)
+
+
+def _release_acks(state: ConnectionState) -> list[Effect]:
+    out: list[bytes] = []
+    while state.pending_acks and state.pending_acks[0].done:
+        pending = state.pending_acks.popleft()
+        if pending.failed and state.protocol_version < 5:
+            # v3.1.1 has no negative acknowledgement: close, and the client resends.
+            return [Send(b"".join(out)), Close("a PUBLISH could not be stored in Kafka")]
+        reason = ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        props = Properties()
+        if pending.failed and state.request_problem_information:
+            props.reason_string = "the message could not be stored"
+        if pending.qos == 1:
+            out.append(state.encode(PubAck(pending.packet_id, reason, props)))
+        else:
+            if not pending.failed:
+                state.unreleased_qos2.add(pending.packet_id)
+            out.append(state.encode(PubRec(pending.packet_id, reason, props)))
+    return [Send(b"".join(out))] if out else []
+
+
+def handle_pubrel(state: ConnectionState, packet: PubRel) -> list[Effect]:
+    """PUBREL → PUBCOMP; the Packet Identifier may be reused afterwards (MQTT 4.3.3)."""
+    if packet.packet_id in state.unreleased_qos2:
+        state.unreleased_qos2.discard(packet.packet_id)
+        reason = ReasonCode.SUCCESS
+    else:
+        reason = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+    return [Send(state.encode(PubComp(packet.packet_id, reason)))]
