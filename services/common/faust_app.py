@@ -22,6 +22,8 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     producer waits for all in-sync replicas (``acks=-1``) and is idempotent.
     ``overrides`` are passed to :class:`faust.App` last.
     """
+    datadir = settings.state_dir / "faust" / service
+    datadir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
         "broker": [f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
         "store": "memory://",
@@ -38,7 +40,7 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
         "topic_allow_declare": True,
         "broker_commit_interval": 1.0,
         "stream_recovery_delay": 0.0,
-        "datadir": str(settings.state_dir / "faust" / service),
+        "datadir": str(datadir),
     }
     options.update(overrides)
     return faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)

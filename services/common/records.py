@@ -7,7 +7,8 @@ format starts with a version byte so it can evolve. Decoding garbage raises
 
 Topic → key / value / headers:
 
-- ``msg.all``: key = publisher client id (UTF-8); value = payload; header ``m`` = :class:`PublishMeta`.
+- ``msg.all``: key = publisher client id (UTF-8); value = payload; header ``m`` =
+  :class:`PublishMeta`.
 - ``msg.downlink.<node_id>``: key = publisher client id; value = payload; header ``m`` =
   :class:`PublishMeta`, header ``t`` = the node's targets (:func:`encode_targets`).
 - ``client.subscriptions`` (compacted): key = client id; value = the client's whole
@@ -144,7 +145,9 @@ def encode_targets(targets: Sequence[Target]) -> bytes:
         parts.append(_str16(t.client_id))
         flags = t.qos | (0x04 if t.retain_as_published else 0)
         parts.append(struct.pack(">BB", flags, len(t.subscription_identifiers)))
-        parts.append(struct.pack(f">{len(t.subscription_identifiers)}I", *t.subscription_identifiers))
+        parts.append(
+            struct.pack(f">{len(t.subscription_identifiers)}I", *t.subscription_identifiers)
+        )
     return b"".join(parts)
 
 

@@ -31,15 +31,12 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import SessionRecord
 from services.common.settings import Settings
-from services.common.topics.trie import Subscription
 from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe
 from services.ingest.effects import Close, Effect, Send
 from services.ingest.state import ConnectionState, Phase, PreviousSession
 
 log = logging.getLogger(__name__)
-
 
 
 class ServerConnection:
@@ -69,13 +66,18 @@ class ServerConnection:
         return self.state.client_id
 
     @property
+    def awaiting_connect(self) -> bool:
+        """True until a CONNECT has been received."""
+        return self.state.phase is Phase.AWAIT_CONNECT
+
+    @property
     def closed(self) -> bool:
         """True once the connection must not be used any more."""
         return self.state.phase is Phase.CLOSED
 
     @property
     def keep_alive_timeout(self) -> float | None:
-        """Seconds of silence after which the client is gone (1.5 × Keep Alive, MQTT 3.1.2.10).
+        """Seconds of silence after which the client is gone (1.5 times Keep Alive, MQTT 3.1.2.10).
 
         Before CONNECT, the server's connect timeout; None when keep alive is off (0).
         """
@@ -175,13 +177,15 @@ class ServerConnection:
             )
         return handle_publish.publish_outcome(state, token, ok=False)
 
-    def deliver(self, packet: Publish) -> list[Effect]:
+    def deliver(self, packet: Publish, encoded: bytes | None = None) -> list[Effect]:
         """Send a routed message to this client: ``packet`` already carries the granted QoS,
         RETAIN flag and properties; Packet Identifier and in-flight window are handled here.
+        ``encoded`` optionally holds a QoS 0 ``packet`` already encoded for this client's
+        protocol version (shared by a fan-out).
         """
         if self.state.phase is not Phase.CONNECTED:
             return []
-        return delivery.deliver(self.state, packet)
+        return delivery.deliver(self.state, packet, encoded)
 
     def keep_alive_expired(self) -> list[Effect]:
         """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D)."""

@@ -32,8 +32,9 @@ def deliver(state: ConnectionState, packet: Publish, encoded: bytes | None = Non
     if len(state.outbound) >= state.client_receive_maximum or state.outbound_queue:
         if len(state.outbound_queue) >= MAX_QUEUED:
             state.outbound_queue.popleft()
-            log.warning("client %r: outbound queue full, dropped its oldest message",
-                        state.client_id)
+            log.warning(
+                "client %r: outbound queue full, dropped its oldest message", state.client_id
+            )
         state.outbound_queue.append(packet)
         return []
     return _send_with_packet_id(state, packet)
@@ -41,8 +42,11 @@ def deliver(state: ConnectionState, packet: Publish, encoded: bytes | None = Non
 
 def _send(state: ConnectionState, data: bytes) -> list[Effect]:
     if len(data) > state.client_maximum_packet_size:
-        log.info("client %r: dropped a %d-byte PUBLISH over its Maximum Packet Size",
-                 state.client_id, len(data))
+        log.info(
+            "client %r: dropped a %d-byte PUBLISH over its Maximum Packet Size",
+            state.client_id,
+            len(data),
+        )
         return []
     return [Send(data)]
 
@@ -67,8 +71,9 @@ def _send_with_packet_id(state: ConnectionState, packet: Publish) -> list[Effect
 def handle_puback(state: ConnectionState, packet: PubAck) -> list[Effect]:
     """The client acknowledged a QoS 1 delivery: free its Packet Identifier, send queued ones."""
     if state.outbound.pop(packet.packet_id, None) is None:
-        log.info("client %r: PUBACK for unknown Packet Identifier %d", state.client_id,
-                 packet.packet_id)
+        log.info(
+            "client %r: PUBACK for unknown Packet Identifier %d", state.client_id, packet.packet_id
+        )
     effects: list[Effect] = []
     while state.outbound_queue and len(state.outbound) < state.client_receive_maximum:
         effects.extend(_send_with_packet_id(state, state.outbound_queue.popleft()))

@@ -18,7 +18,6 @@ from services.common.records import SessionRecord
 from services.common.sessions import is_persistent
 from services.common.topics.validation import validate_topic_name
 from services.ingest.effects import Close, Connected, Effect, Send, StoreSession, StoreSubscriptions
-
 from services.ingest.state import ConnectionState, Phase, PreviousSession
 
 
@@ -87,9 +86,7 @@ def handle_connect(
     state.keep_alive = keep_alive
 
     previous, previous_subs = previous_session(client_id)
-    session_present = (
-        not connect.clean_start and previous is not None and previous.persistent
-    )
+    session_present = not connect.clean_start and previous is not None and previous.persistent
     effects: list[Effect] = []
     if session_present:
         state.subscriptions = {s.topic_filter: s for s in previous_subs}

@@ -56,13 +56,12 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.task
     async def start_state() -> None:
-        await ensure_topics(settings.kafka_bootstrap, core_topic_specs(settings),
-                            settings.replication_factor)
         await reader.start()
         state_ready.set()
         mark_ready(settings.ready_file, "router")
-        log.info("router ready: %d subscriptions, %d sessions", len(table.trie),
-                 len(table.sessions))
+        log.info(
+            "router ready: %d subscriptions, %d sessions", len(table.trie), len(table.sessions)
+        )
 
     @app.agent(msg_all)
     async def route(stream: faust.StreamT[bytes]) -> AsyncIterator[None]:
@@ -77,7 +76,7 @@ def build_app(settings: Settings) -> faust.App:
             await asyncio.gather(*pending)
             yield None
 
-    @app.on_shutdown.connect
+    @app.on_before_shutdown.connect
     async def stop_state(app: faust.App, **kwargs: object) -> None:
         clear_ready(settings.ready_file)
         await reader.stop()
@@ -96,8 +95,13 @@ def _downlink_records(
         meta = decode_meta(meta_raw)
         publisher = (message.key or b"").decode("utf-8")
     except (KeyError, RecordError, UnicodeDecodeError) as exc:
-        log.warning("skipping undecodable msg.all record %s[%d]@%d: %r", message.topic,
-                    message.partition, message.offset, exc)
+        log.warning(
+            "skipping undecodable msg.all record %s[%d]@%d: %r",
+            message.topic,
+            message.partition,
+            message.offset,
+            exc,
+        )
         return []
     return [
         {
@@ -115,4 +119,9 @@ def _downlink_records(
 def run() -> None:
     """Entry point of ``cormorant router``."""
     settings = get_settings()
+    asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap, core_topic_specs(settings), settings.replication_factor
+        )
+    )
     run_worker(build_app(settings), settings)

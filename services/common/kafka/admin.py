@@ -83,8 +83,10 @@ async def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication: int = 1) -> list[str]:
     """Create each topic of ``specs`` that does not exist yet; return the names created.
 
-    Existing topics are left unchanged. Raises ``aiokafka.errors.KafkaError`` on any other
-    failure, and ``KafkaConnectionError`` when the cluster cannot be reached.
+    Returns once every topic of ``specs`` is visible in the cluster's metadata. Existing
+    topics are left unchanged. Raises ``TimeoutError`` if new topics stay invisible for
+    30 s, ``aiokafka.errors.KafkaError`` on any other failure (``KafkaConnectionError``
+    when the cluster cannot be reached).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
     try:
@@ -113,6 +115,14 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication: int
                 raise error(f"creating topic {name}: {rest[0] if rest else ''}")
         if created:
             log.info("created Kafka topics: %s", ", ".join(created))
+        # Metadata reaches the broker's cache a moment after creation; callers start
+        # consumers right away, so return only once every topic is visible.
+        deadline = time.monotonic() + 30.0
+        wanted = {s.name for s in specs}
+        while not wanted <= set(await admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics not visible in metadata: {wanted}")
+            await asyncio.sleep(0.1)  # polling pace of a condition with a deadline
         return created
     finally:
         await admin.close()

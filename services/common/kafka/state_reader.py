@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -48,21 +49,21 @@ class CompactedTopicReader:
         cannot be reached.
         """
         consumer = AIOKafkaConsumer(
+            *self._topics,
             bootstrap_servers=self._bootstrap,
-            group_id=None,
+            group_id=None,  # no group: every partition of the subscribed topics is assigned
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
         )
         await consumer.start()
         self._consumer = consumer
-        partitions = []
-        for topic in self._topics:
-            ids = consumer.partitions_for_topic(topic)
-            if not ids:
-                raise RuntimeError(f"Kafka topic {topic} does not exist; create topics first")
-            partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
-        consumer.assign(partitions)
+        deadline = time.monotonic() + timeout
+        while {tp.topic for tp in consumer.assignment()} != set(self._topics):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kafka topics {self._topics} are not all available")
+            await asyncio.sleep(0.05)  # assignment follows the first metadata answer
+        partitions = sorted(consumer.assignment())
         await consumer.seek_to_beginning(*partitions)
         self._positions = {tp: 0 for tp in partitions}
         self._task = asyncio.create_task(self._follow(), name="compacted-topic-reader")
@@ -90,7 +91,7 @@ class CompactedTopicReader:
         consumer = self._consumer
         while True:
             batches = await consumer.getmany(timeout_ms=200)
-            for tp, records in batches.items():
+            for records in batches.values():
                 for record in records:
                     self._apply(record)
             async with self._progress:
@@ -101,11 +102,19 @@ class CompactedTopicReader:
 
     def _apply(self, record: ConsumerRecord[bytes, bytes]) -> None:
         if record.key is None:
-            log.warning("skipping keyless record at %s[%d]@%d", record.topic, record.partition,
-                        record.offset)
+            log.warning(
+                "skipping keyless record at %s[%d]@%d",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
             return
         try:
             self._handler(record.topic, record.key, record.value, record.offset)
         except Exception:
-            log.exception("skipping record %s[%d]@%d that could not be applied", record.topic,
-                          record.partition, record.offset)
+            log.exception(
+                "skipping record %s[%d]@%d that could not be applied",
+                record.topic,
+                record.partition,
+                record.offset,
+            )

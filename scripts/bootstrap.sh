@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install what the local cluster and the tests need on a Debian machine, idempotently:
+# system packages (only those missing), Cormorant itself with its test extra, and the Kafka
+# jars (through Maven, cached under ~/.cache/cormorant). Run as root or with sudo.
+set -euo pipefail
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$CORMORANT_ROOT"
+
+# Kafka needs a JRE and Maven (its jars come from Maven Central); setpriv (util-linux)
+# runs PostgreSQL as its own user when we are root.
+PACKAGES=(
+    ca-certificates python3 python3-venv python3-pip
+    openjdk-17-jre-headless maven
+    redis-server postgresql haproxy
+    mosquitto mosquitto-clients
+    util-linux
+)
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=(sudo)
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$pkg")
+    fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "bootstrap: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${SUDO[@]}" apt-get update -q
+    "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "bootstrap: Cormorant needs Python >= 3.11, python3 is $(python3 -V 2>&1)" >&2
+    exit 1
+fi
+
+PY="$(cormorant_python)"
+echo "bootstrap: installing Cormorant into $PY"
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test]'
+
+"$PY" -m services.cli fetch-kafka

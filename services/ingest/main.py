@@ -1,0 +1,128 @@
+"""The ingest service: a Faust app that owns MQTT sockets (DESIGN.md, ``services/ingest``).
+
+Its producer writes ``msg.all`` and the client state topics; its agent reads the node's own
+``msg.downlink.<node_id>`` topic (its own consumer group, so it gets every partition) and
+writes each message to the target sockets. A state reader follows ``client.sessions`` and
+``client.subscriptions`` in full for session takeover and session resumption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Mapping
+
+import faust
+
+from services.common.faust_app import make_app, run_worker
+from services.common.kafka.admin import core_topic_specs, downlink_topic_spec, ensure_topics
+from services.common.kafka.names import TopicNames
+from services.common.kafka.state_reader import CompactedTopicReader
+from services.common.mqtt.errors import MQTTError
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.readiness import clear_ready, mark_ready
+from services.common.records import (
+    HEADER_META,
+    HEADER_TARGETS,
+    RecordError,
+    decode_meta,
+    decode_targets,
+)
+from services.common.settings import Settings, get_settings
+from services.ingest.node import Headers, IngestNode
+from services.ingest.server import start_server
+
+log = logging.getLogger(__name__)
+
+
+def build_app(settings: Settings) -> faust.App:
+    """Build the ingest node's Faust app: listener, state reader and downlink agent."""
+    names = TopicNames.from_settings(settings)
+    app = make_app(settings, f"ingest-{settings.node_id}")
+
+    async def send(
+        topic: str, key: bytes, value: bytes | None, headers: Headers | None
+    ) -> Awaitable[object]:
+        return await app.producer.send(topic, key, value, None, None, headers)
+
+    async def sync_state() -> None:
+        await reader.barrier()
+
+    node = IngestNode(settings, send, sync_state)
+    reader = CompactedTopicReader(
+        settings.kafka_bootstrap,
+        [names.client_sessions, names.client_subscriptions],
+        node.apply_state,
+    )
+    serving = asyncio.Event()
+    servers: list[asyncio.Server] = []
+    downlink = app.topic(names.downlink(settings.node_id), key_type=bytes, value_type=bytes)
+
+    @app.task
+    async def start_listener() -> None:
+        await reader.start()
+        servers.append(await start_server(node))
+        serving.set()
+        mark_ready(settings.ready_file, f"ingest {settings.node_id} {settings.mqtt_port}")
+
+    @app.agent(downlink)
+    async def deliver(stream: faust.StreamT[bytes]) -> AsyncIterator[None]:
+        await serving.wait()
+        async for event in stream.events():
+            message = event.message
+            try:
+                headers = _headers(message.headers)
+                meta = decode_meta(headers[HEADER_META])
+                targets = decode_targets(headers[HEADER_TARGETS])
+                node.deliver(meta, message.value or b"", targets)
+            except (KeyError, RecordError, MQTTError, ValueError) as exc:
+                # A poisoned record is logged and skipped; it must never block the partition.
+                log.warning(
+                    "skipping undeliverable downlink record %s[%d]@%d: %r",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    exc,
+                )
+            yield None
+
+    @app.on_before_shutdown.connect
+    async def stop(app: faust.App, **kwargs: object) -> None:
+        clear_ready(settings.ready_file)
+        for server in servers:
+            server.close()
+        for client in list(node.clients.values()):
+            node.run(
+                client,
+                client.connection.disconnect_and_close(
+                    ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down"
+                ),
+            )
+        await reader.stop()
+
+    return app
+
+
+def _headers(raw: object) -> dict[str, bytes]:
+    """Kafka record headers as a dict, whichever shape the transport delivered."""
+    if raw is None:
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    return {name: value for name, value in raw}  # type: ignore[attr-defined]
+
+
+async def prepare_topics(settings: Settings) -> None:
+    """Create the core topics and this node's downlink topic before consumers start."""
+    await ensure_topics(
+        settings.kafka_bootstrap,
+        [*core_topic_specs(settings), downlink_topic_spec(settings, settings.node_id)],
+        settings.replication_factor,
+    )
+
+
+def run() -> None:
+    """Entry point of ``cormorant ingest``."""
+    settings = get_settings()
+    asyncio.run(prepare_topics(settings))
+    run_worker(build_app(settings), settings)

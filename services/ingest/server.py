@@ -1,0 +1,133 @@
+"""The asyncio TCP listener: moves bytes between sockets and :class:`ServerConnection`.
+
+Nothing here knows MQTT: each socket gets a :class:`ServerConnection` whose effects the
+:class:`~services.ingest.node.IngestNode` carries out. The keep-alive timer is a single
+``call_later`` per connection, re-armed lazily, so idle connections cost no wake-ups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import cast
+
+from services.common.sessions import new_connection_id
+from services.ingest.connection import ServerConnection
+from services.ingest.node import IngestNode
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MQTTServerProtocol(asyncio.Protocol):
+    """One client socket.
+
+    Bytes that arrive before the connection is past CONNECT wait until this node has read
+    the state topics up to date (:meth:`IngestNode.sync_state`), so a client reconnecting
+    from another node finds its session (Session Present) here.
+    """
+
+    def __init__(self, node: IngestNode) -> None:
+        self.node = node
+        self.connection = ServerConnection(
+            node.settings,
+            node.settings.node_id,
+            new_connection_id(),
+            node.previous_session,
+            _now_ms,
+        )
+        self.connect_offset: int | None = None
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._last_read = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._held: bytearray | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Start the connect timeout (MQTT 3.1.4: close if no CONNECT arrives)."""
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._arm_timer()
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the bytes to the protocol core and run its effects."""
+        self._last_read = self._loop.time()
+        if self._held is not None:
+            self._held += data
+        elif self.connection.awaiting_connect:
+            self._held = bytearray(data)
+            self._loop.create_task(self._feed_after_sync())
+        else:
+            self._feed(data)
+
+    async def _feed_after_sync(self) -> None:
+        try:
+            await self.node.sync_state()
+        except Exception as exc:  # state topics unreachable: refuse rather than guess
+            log.warning("state topics not readable, refusing a connection: %r", exc)
+            self.close()
+            return
+        held, self._held = self._held, None
+        if held is not None and self.transport is not None and not self.transport.is_closing():
+            self._feed(bytes(held))
+
+    def _feed(self, data: bytes) -> None:
+        had_timeout = self.connection.keep_alive_timeout
+        self.node.run(self, self.connection.receive_data(data))
+        if self.connection.keep_alive_timeout != had_timeout:
+            self._arm_timer()  # CONNECT replaced the connect timeout with keep alive
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Socket gone: store the session's end records, forget the client."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.node.unregister(self)
+        self.node.run(self, self.connection.connection_lost())
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` on the socket (dropped once it is closing)."""
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        """Close the socket after flushing what was written."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        timeout = self.connection.keep_alive_timeout
+        if timeout is not None and not self.connection.closed:
+            self._timer = self._loop.call_at(self._last_read + timeout, self._check_timeout)
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        timeout = self.connection.keep_alive_timeout
+        if timeout is None or self.connection.closed:
+            return
+        if self._loop.time() - self._last_read >= timeout:
+            self.node.run(self, self.connection.keep_alive_expired())
+        else:
+            self._arm_timer()
+
+
+async def start_server(node: IngestNode) -> asyncio.Server:
+    """Listen on ``settings.mqtt_host:mqtt_port`` for MQTT clients. Raises ``OSError``."""
+    settings = node.settings
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: MQTTServerProtocol(node),
+        settings.mqtt_host,
+        settings.mqtt_port,
+        reuse_address=True,
+        backlog=4096,
+    )
+    log.info(
+        "node %s: MQTT listener on %s:%d", settings.node_id, settings.mqtt_host, settings.mqtt_port
+    )
+    return server

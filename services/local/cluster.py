@@ -1,0 +1,283 @@
+"""The whole local cluster: which processes it has, in which order they start and stop.
+
+Infrastructure (Kafka, Redis, PostgreSQL) comes first, then the services: the ingest nodes,
+the router, and HAProxy last so that clients only reach nodes that are ready. ``down``
+stops in the opposite order. Every start waits for real readiness (port accepts, Kafka
+answers metadata, the service's ready file exists) and is a no-op for a running process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import services
+from services.common.readiness import clear_ready
+from services.common.settings import Settings
+from services.local import haproxy, kafka, postgres, processes, redis
+
+#: Seconds a service may take from launch to writing its ready file.
+SERVICE_START_TIMEOUT = 90.0
+
+#: Seconds a service may take to shut down cleanly after SIGTERM.
+SERVICE_STOP_TIMEOUT = 20.0
+
+#: Seconds Redis, PostgreSQL and HAProxy may take to shut down cleanly.
+INFRA_STOP_TIMEOUT = 30.0
+
+ROUTER = "router"
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One process of the local cluster and how to start, probe and stop it."""
+
+    name: str
+    port: int | None
+    start: Callable[[], int]
+    ready_file: Path | None = None
+    stop_signal: signal.Signals = signal.SIGTERM
+    stop_timeout: float = INFRA_STOP_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentStatus:
+    """What ``status`` found about one component (``None``: not applicable)."""
+
+    name: str
+    pid: int | None
+    port: int | None
+    port_open: bool | None
+    ready: bool | None
+
+    @property
+    def healthy(self) -> bool:
+        """Alive, its port (if any) accepts, and its ready file (if any) exists."""
+        return self.pid is not None and self.port_open is not False and self.ready is not False
+
+    @property
+    def health(self) -> str:
+        """A one-word verdict with the first failing check: ``up`` or ``down (...)``."""
+        if self.pid is None:
+            return "down (no process)"
+        if self.port_open is False:
+            return "down (port closed)"
+        if self.ready is False:
+            return "down (not ready)"
+        return "up"
+
+
+def local_settings(settings: Settings) -> Settings:
+    """``settings`` as the local cluster runs them: local Kafka, absolute directories."""
+    return settings.model_copy(
+        update={
+            "kafka_bootstrap": kafka.bootstrap(settings),
+            "state_dir": settings.state_dir.resolve(),
+            "cache_dir": settings.cache_dir.resolve(),
+        }
+    )
+
+
+def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
+    """The environment of a service process: this one's, plus every setting as CORMORANT_*.
+
+    Unset optional settings (None) are left out. ``overrides`` (setting name → value) win.
+    The settings file is switched off (``CORMORANT_SETTINGS_FILE=/dev/null``) so that the
+    child sees exactly the launcher's resolved settings, not a file read from its own cwd.
+    """
+    env = dict(os.environ)
+    values = {k: v for k, v in settings.model_dump(mode="json").items() if v is not None}
+    values.update(overrides)
+    env.update({f"CORMORANT_{name.upper()}": str(value) for name, value in values.items()})
+    env["CORMORANT_SETTINGS_FILE"] = os.devnull
+    env["PYTHONUNBUFFERED"] = "1"  # log lines reach the log file as they are written
+    # The project root, so that ``-m services.cli`` imports even when not pip-installed.
+    root = str(Path(services.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def ready_file(settings: Settings, name: str) -> Path:
+    """The ready file of service ``name``: ``<state_dir>/run/<name>.ready``."""
+    return processes.run_dir(settings.state_dir) / f"{name}.ready"
+
+
+def _start_service(
+    settings: Settings, name: str, command: str, port: int | None, **overrides: str
+) -> int:
+    """Start ``cormorant <command>`` as service ``name`` and wait for its ready file."""
+    ready = ready_file(settings, name)
+    if processes.find(settings.state_dir, name) is None:
+        clear_ready(ready)  # left by a process that was killed: it says nothing now
+    argv = [sys.executable, "-m", "services.cli", command]
+    env = child_environment(settings, ready_file=str(ready), **overrides)
+
+    def is_ready() -> bool:
+        return ready.exists() and (port is None or processes.port_open(port))
+
+    return processes.ensure_started(
+        settings.state_dir, name, argv, is_ready, SERVICE_START_TIMEOUT, port=port, env=env
+    )
+
+
+def infrastructure(settings: Settings) -> list[Component]:
+    """Kafka, Redis and PostgreSQL, in start order."""
+    settings = local_settings(settings)
+    return [
+        Component(
+            kafka.NAME,
+            settings.kafka_port,
+            partial(kafka.start, settings),
+            stop_timeout=kafka.STOP_TIMEOUT,
+        ),
+        Component(redis.NAME, settings.redis_port, partial(redis.start, settings)),
+        Component(
+            postgres.NAME,
+            settings.postgres_port,
+            partial(postgres.start, settings),
+            stop_signal=postgres.STOP_SIGNAL,
+        ),
+    ]
+
+
+def services_of(settings: Settings) -> list[Component]:
+    """The ingest nodes, the router and HAProxy, in start order."""
+    settings = local_settings(settings)
+    nodes = [
+        Component(
+            f"ingest-node{i}",
+            port,
+            partial(
+                _start_service,
+                settings,
+                f"ingest-node{i}",
+                "ingest",
+                port,
+                node_id=f"node{i}",
+                mqtt_port=str(port),
+            ),
+            ready_file=ready_file(settings, f"ingest-node{i}"),
+            stop_timeout=SERVICE_STOP_TIMEOUT,
+        )
+        for i, port in enumerate(haproxy.node_ports(settings), start=1)
+    ]
+    router = Component(
+        ROUTER,
+        None,
+        partial(_start_service, settings, ROUTER, "router", None),
+        ready_file=ready_file(settings, ROUTER),
+        stop_timeout=SERVICE_STOP_TIMEOUT,
+    )
+    proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
+    return [*nodes, router, proxy]
+
+
+def components(settings: Settings) -> list[Component]:
+    """Every component of the cluster, in start order."""
+    return infrastructure(settings) + services_of(settings)
+
+
+def _start_all(parts: list[Component]) -> dict[str, int]:
+    return {part.name: part.start() for part in parts}
+
+
+def up_infrastructure(settings: Settings) -> dict[str, int]:
+    """Bring Kafka (with the core topics), Redis and PostgreSQL up; return name → pid.
+
+    Running processes are left alone, dead ones started. Raises
+    :class:`~services.local.processes.StartError` naming the failing part's log file.
+    """
+    return _start_all(infrastructure(settings))
+
+
+def up_services(settings: Settings) -> dict[str, int]:
+    """Bring the ingest nodes, the router and HAProxy up; return name → pid.
+
+    Needs the infrastructure up. Raises :class:`~services.local.processes.StartError`
+    naming the failing part's log file.
+    """
+    return _start_all(services_of(settings))
+
+
+def up(settings: Settings) -> dict[str, int]:
+    """Bring the whole cluster up (infrastructure, then services); return name → pid.
+
+    Harmless when already running. Raises :class:`~services.local.processes.StartError`.
+    """
+    return up_infrastructure(settings) | up_services(settings)
+
+
+def _find_component(settings: Settings, name: str) -> Component:
+    for part in components(settings):
+        if part.name == name:
+            return part
+    known = ", ".join(p.name for p in components(settings))
+    raise KeyError(f"no component named {name!r} (known: {known})")
+
+
+def start_component(settings: Settings, name: str) -> int:
+    """Start the one component ``name`` (e.g. ``kafka``) unless it runs; return its pid.
+
+    Raises ``KeyError`` for an unknown name and
+    :class:`~services.local.processes.StartError` if it does not become ready.
+    """
+    return _find_component(settings, name).start()
+
+
+def _stop(settings: Settings, part: Component) -> bool:
+    stopped = processes.stop(settings.state_dir, part.name, part.stop_signal, part.stop_timeout)
+    if part.ready_file is not None:
+        clear_ready(part.ready_file)  # a killed service could not remove it itself
+    return stopped
+
+
+def stop_component(settings: Settings, name: str) -> bool:
+    """Stop the one component ``name`` cleanly (SIGKILL after its deadline).
+
+    Returns True if it was running. Raises ``KeyError`` for an unknown name.
+    """
+    settings = local_settings(settings)
+    return _stop(settings, _find_component(settings, name))
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop the whole cluster: services first, infrastructure last; return the names stopped.
+
+    Processes with a pid file but no longer part of the configuration (a node beyond a
+    lowered ``ingest_nodes``) are stopped with the services.
+    """
+    settings = local_settings(settings)
+    services_order = list(reversed(services_of(settings)))
+    infra_order = list(reversed(infrastructure(settings)))
+    known = {part.name for part in services_order + infra_order}
+    stopped = [part.name for part in services_order if _stop(settings, part)]
+    strays = [n for n in processes.recorded_names(settings.state_dir) if n not in known]
+    for name in strays:
+        if processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT):
+            stopped.append(name)
+        clear_ready(ready_file(settings, name))
+    stopped += [part.name for part in infra_order if _stop(settings, part)]
+    return stopped
+
+
+def _probe(settings: Settings, part: Component) -> ComponentStatus:
+    proc = processes.find(settings.state_dir, part.name)
+    return ComponentStatus(
+        name=part.name,
+        pid=None if proc is None else proc.pid,
+        port=part.port,
+        port_open=None if part.port is None else processes.port_open(part.port),
+        ready=None if part.ready_file is None else part.ready_file.exists(),
+    )
+
+
+def status(settings: Settings, *, infrastructure_only: bool = False) -> list[ComponentStatus]:
+    """Probe every component (or only the infrastructure) without changing anything."""
+    parts = infrastructure(settings) if infrastructure_only else components(settings)
+    settings = local_settings(settings)
+    return [_probe(settings, part) for part in parts]

@@ -1,0 +1,144 @@
+"""The local PostgreSQL server: a cluster initialised once under ``<state_dir>/postgres``.
+
+It listens on 127.0.0.1:<postgres_port> only (no Unix socket) and holds a ``cormorant``
+database owned by a ``cormorant`` role. Authentication is ``trust``: this is a developer's
+loopback-only server, and no password then has to be stored or passed around.
+
+PostgreSQL refuses to run as root. Run as root, initdb and postgres are started as the
+``postgres`` user through ``setpriv`` with the ambient capability CAP_DAC_READ_SEARCH: the
+state dir usually lies under a directory the postgres user may not enter (``/root`` or
+pytest's ``/tmp/pytest-of-root`` are mode 0700), and that capability lets it reach its own
+data directory without loosening the permissions of anyone's home. ``setpriv`` execs, so
+the recorded pid is the postmaster's own.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from services.common.settings import Settings
+from services.local import processes
+
+NAME = "postgres"
+DATABASE = "cormorant"
+ROLE = "cormorant"
+SUPERUSER = "postgres"
+
+#: Seconds the server may take to start (crash recovery included) and accept connections.
+START_TIMEOUT = 60.0
+
+#: postgres stops on SIGINT with a "fast" shutdown; SIGTERM would wait for every client.
+STOP_SIGNAL = signal.SIGINT
+
+_CREATE_SQL = f"""
+SELECT 'CREATE ROLE {ROLE} LOGIN'
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') \\gexec
+SELECT 'CREATE DATABASE {DATABASE} OWNER {ROLE}'
+ WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{DATABASE}') \\gexec
+"""
+
+
+def bin_dir() -> Path:
+    """The directory holding PostgreSQL's initdb, postgres and psql together.
+
+    Debian keeps them off PATH in ``/usr/lib/postgresql/<major>/bin`` (the newest major
+    wins); elsewhere the directory of ``initdb`` on PATH, symlinks resolved. Raises
+    ``FileNotFoundError`` if no such directory exists.
+    """
+    debian = sorted(
+        (p for p in Path("/usr/lib/postgresql").glob("*/bin") if p.parent.name.isdigit()),
+        key=lambda p: int(p.parent.name),
+        reverse=True,
+    )
+    on_path = shutil.which("initdb")
+    candidates = [*debian, *([Path(on_path).resolve().parent] if on_path else [])]
+    for directory in candidates:
+        if all((directory / program).exists() for program in ("initdb", "postgres", "psql")):
+            return directory
+    raise FileNotFoundError("PostgreSQL is not installed: run scripts/bootstrap.sh")
+
+
+def dsn(settings: Settings) -> str:
+    """The connection URL of the ``cormorant`` database, e.g. for psycopg."""
+    return f"postgresql://{ROLE}@127.0.0.1:{settings.postgres_port}/{DATABASE}"
+
+
+def _as_postgres(argv: list[str]) -> list[str]:
+    """``argv`` run as the postgres user when this process is root, else unchanged."""
+    if os.geteuid() != 0:
+        return argv
+    return [
+        shutil.which("setpriv") or "/usr/bin/setpriv",
+        f"--reuid={SUPERUSER}", f"--regid={SUPERUSER}", "--init-groups",
+        "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+        "--", *argv,
+    ]  # fmt: skip
+
+
+def _init_cluster(settings: Settings, data: Path) -> None:
+    """Run initdb into ``data`` unless it already holds a cluster (PG_VERSION present)."""
+    if (data / "PG_VERSION").exists():
+        return
+    data.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        user = pwd.getpwnam(SUPERUSER)
+        os.chown(data, user.pw_uid, user.pw_gid)
+    data.chmod(0o700)  # postgres refuses a data directory others can read
+    log = processes.log_file(settings.state_dir, NAME)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = _as_postgres(
+        [str(bin_dir() / "initdb"), "-D", str(data), "-U", SUPERUSER,
+         "--auth=trust", "--encoding=UTF8", "--no-locale"]
+    )  # fmt: skip
+    with log.open("ab") as out:
+        result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    if result.returncode != 0:
+        raise processes.StartError(NAME, log, f"initdb failed (exit {result.returncode})")
+
+
+def _psql(settings: Settings, sql: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        str(bin_dir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+        "-h", "127.0.0.1", "-p", str(settings.postgres_port), "-U", SUPERUSER,
+        "-d", "postgres", "-f", "-",
+    ]  # fmt: skip
+    return subprocess.run(argv, input=sql, capture_output=True, text=True, timeout=30, check=False)
+
+
+def start(settings: Settings) -> int:
+    """Start PostgreSQL unless it runs (initdb on first use); ensure the cormorant database.
+
+    Returns the postmaster's pid. Raises :class:`~services.local.processes.StartError`
+    (quoting ``postgres.log``) if initdb fails, the server exits, its port is taken, it
+    does not accept queries within ``START_TIMEOUT`` seconds, or the database cannot be
+    created.
+    """
+    data = settings.state_dir / "postgres"
+    _init_cluster(settings, data)
+    argv = _as_postgres(
+        [str(bin_dir() / "postgres"), "-D", str(data),
+         "-c", "listen_addresses=127.0.0.1", "-c", f"port={settings.postgres_port}",
+         "-c", "unix_socket_directories=", "-c", "logging_collector=off"]
+    )  # fmt: skip
+    pid = processes.ensure_started(
+        settings.state_dir,
+        NAME,
+        argv,
+        lambda: _psql(settings, "SELECT 1").returncode == 0,
+        START_TIMEOUT,
+        port=settings.postgres_port,
+        stop_signal=STOP_SIGNAL,
+    )
+    result = _psql(settings, _CREATE_SQL)
+    if result.returncode != 0:
+        raise processes.StartError(
+            NAME,
+            processes.log_file(settings.state_dir, NAME),
+            f"could not create the {DATABASE} database: {result.stderr.strip()}",
+        )
+    return pid

@@ -1,0 +1,53 @@
+"""Session fixtures that start REAL servers (Kafka, Redis, PostgreSQL, HAProxy, services).
+
+Each server starts once per session, on the first test that needs it, through the local
+cluster launcher (:mod:`services.local`); everything is stopped at the end of the session.
+A test that stops a process (``cluster.stop("kafka")``) starts it again before it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from services.common.settings import Settings
+from services.local import cluster as local_cluster
+from services.local import kafka, postgres, redis
+from tests.servers import LocalCluster, make_test_settings
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """Settings of this session's test cluster; tears the whole cluster down at the end."""
+    value = make_test_settings(tmp_path_factory.mktemp("cormorant"))
+    yield value
+    local_cluster.down(value)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(settings: Settings) -> str:
+    """A running Kafka broker with the core topics: its bootstrap address ``host:port``."""
+    local_cluster.start_component(settings, kafka.NAME)
+    return kafka.bootstrap(settings)
+
+
+@pytest.fixture(scope="session")
+def redis_server(settings: Settings) -> str:
+    """A running Redis server: its URL ``redis://127.0.0.1:<port>/0``."""
+    local_cluster.start_component(settings, redis.NAME)
+    return f"redis://127.0.0.1:{settings.redis_port}/0"
+
+
+@pytest.fixture(scope="session")
+def postgres_server(settings: Settings) -> str:
+    """A running PostgreSQL server: the URL of its ``cormorant`` database."""
+    local_cluster.start_component(settings, postgres.NAME)
+    return postgres.dsn(settings)
+
+
+@pytest.fixture(scope="session")
+def cluster(settings: Settings) -> LocalCluster:
+    """The whole cluster up (infrastructure, ingest nodes, router, HAProxy)."""
+    local_cluster.up(settings)
+    return LocalCluster(settings)

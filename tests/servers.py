@@ -1,0 +1,111 @@
+"""The test session's real servers: a Cormorant local cluster on test ports.
+
+The cluster runs in a temporary state dir on its own ports, so a developer's cluster
+(1883, 9092...) keeps running beside it; the Kafka jars come from the user's cache dir so
+that they are downloaded once per machine, not once per session.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.settings import Settings
+from services.local import cluster, haproxy, kafka, processes
+
+#: Default test ports; the whole block moves by PORT_STEP while any of them is taken.
+TEST_PORTS = {
+    "kafka_port": 19092,
+    "kafka_controller_port": 19093,
+    "redis_port": 16379,
+    "postgres_port": 15432,
+    "listen_port": 21883,
+    "ingest_base_port": 21900,
+}
+PORT_STEP = 100
+PORT_TRIES = 20
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        # As the servers do: a port whose old connections linger in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_test_ports(ingest_nodes: int) -> dict[str, int]:
+    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free.
+
+    Another test session on the same machine then gets its own block. Raises
+    ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
+    """
+    for attempt in range(PORT_TRIES):
+        ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
+        base = ports["ingest_base_port"]
+        wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
+        wanted += [base + i for i in range(1, ingest_nodes + 1)]
+        if all(_bindable(port) for port in wanted):
+            return ports
+    raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
+
+
+def make_test_settings(state_dir: Path) -> Settings:
+    """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix."""
+    defaults = Settings()
+    ports = free_test_ports(defaults.ingest_nodes)
+    return Settings(
+        state_dir=state_dir,
+        cache_dir=defaults.cache_dir,
+        kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
+        topic_prefix=f"test-{uuid.uuid4().hex[:8]}.",
+        **ports,
+    )
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """A running test cluster: where it listens, and control over each of its processes."""
+
+    settings: Settings
+
+    @property
+    def mqtt_port(self) -> int:
+        """HAProxy's port: where MQTT clients connect."""
+        return self.settings.listen_port
+
+    @property
+    def node_ports(self) -> list[int]:
+        """Each ingest node's own MQTT port (node1 first)."""
+        return haproxy.node_ports(self.settings)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The Kafka bootstrap address (``127.0.0.1:<port>``)."""
+        return kafka.bootstrap(self.settings)
+
+    def names(self) -> list[str]:
+        """The names of every process of the cluster, in start order."""
+        return [part.name for part in cluster.components(self.settings)]
+
+    def pid(self, name: str) -> int | None:
+        """The pid of process ``name`` (e.g. ``ingest-node1``), or None if it is not running."""
+        proc = processes.find(self.settings.state_dir, name)
+        return None if proc is None else proc.pid
+
+    def stop(self, name: str) -> bool:
+        """Stop process ``name`` cleanly; True if it was running. KeyError if unknown."""
+        return cluster.stop_component(self.settings, name)
+
+    def start(self, name: str) -> int:
+        """Start process ``name`` and wait until it is ready; return its pid."""
+        return cluster.start_component(self.settings, name)
+
+    def log(self, name: str) -> Path:
+        """The log file of process ``name``."""
+        return processes.log_file(self.settings.state_dir, name)
