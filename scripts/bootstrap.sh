@@ -22,8 +22,13 @@ if [ "$(id -u)" -ne 0 ]; then
     SUDO=(sudo)
 fi
 
+# A JDK or Maven installed outside apt (SDKMAN, Temurin tarballs) serves as well.
+command -v java >/dev/null && PACKAGES=("${PACKAGES[@]/openjdk-17-jre-headless}")
+command -v mvn >/dev/null && PACKAGES=("${PACKAGES[@]/maven}")
+
 missing=()
 for pkg in "${PACKAGES[@]}"; do
+    [ -n "$pkg" ] || continue
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
         missing+=("$pkg")
     fi

@@ -45,6 +45,19 @@ def router() -> None:
     run()
 
 
+@main.command("settings")
+def show_settings() -> None:
+    """List every setting: environment variable, current value and meaning."""
+    from services.common.settings import Settings, get_settings
+
+    current = get_settings()
+    for name, info in Settings.model_fields.items():
+        value = getattr(current, name)
+        click.echo(f"CORMORANT_{name.upper()}={'' if value is None else value}")
+        if info.description:
+            click.echo(f"    {info.description}")
+
+
 main.add_command(up)
 main.add_command(down)
 main.add_command(status)

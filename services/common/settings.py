@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -108,20 +107,27 @@ class Settings(BaseSettings):
     )
 
     # --- local cluster ---------------------------------------------------------------------
-    state_dir: Path = Field(default_factory=_default_state_dir)
-    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="Data, logs and pid files of the local cluster ($XDG_STATE_HOME/cormorant).",
+    )
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Downloaded Kafka jars ($XDG_CACHE_HOME/cormorant).",
+    )
     kafka_version: str = Field("3.9.1", description="Apache Kafka release fetched from Maven.")
-    kafka_port: int = Field(9092, ge=1, le=65535)
-    kafka_controller_port: int = Field(9093, ge=1, le=65535)
+    kafka_port: int = Field(9092, ge=1, le=65535, description="Local Kafka's client port.")
+    kafka_controller_port: int = Field(
+        9093, ge=1, le=65535, description="Local Kafka's KRaft controller port."
+    )
     kafka_heap: str = Field("512m", description="-Xmx of the local Kafka broker.")
-    redis_port: int = Field(6379, ge=1, le=65535)
-    postgres_port: int = Field(5432, ge=1, le=65535)
+    redis_port: int = Field(6379, ge=1, le=65535, description="Local Redis port.")
+    postgres_port: int = Field(5432, ge=1, le=65535, description="Local PostgreSQL port.")
     listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
     ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
     ingest_base_port: int = Field(
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
     )
-    store: Literal["redis", "postgres"] = Field("redis", description="Stored-message backend.")
     log_level: str = Field("INFO", description="Python logging level of the services.")
 
 
