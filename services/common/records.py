@@ -138,16 +138,24 @@ class Target:
     subscription_identifiers: tuple[int, ...] = ()
 
 
+MAX_TARGET_IDENTIFIERS = 255
+"""Subscription Identifiers one target can carry (a one-byte count); any beyond are dropped."""
+
+
 def encode_targets(targets: Sequence[Target]) -> bytes:
-    """Encode the subscribers of one downlink record as the ``t`` header value."""
+    """Encode the subscribers of one downlink record as the ``t`` header value.
+
+    A target keeps its first :data:`MAX_TARGET_IDENTIFIERS` Subscription Identifiers (a
+    client would need that many overlapping subscriptions matching one topic); the rest are
+    left out rather than failing the whole record.
+    """
     parts = [struct.pack(">BI", _VERSION, len(targets))]
     for t in targets:
+        ids = t.subscription_identifiers[:MAX_TARGET_IDENTIFIERS]
         parts.append(_str16(t.client_id))
         flags = t.qos | (0x04 if t.retain_as_published else 0)
-        parts.append(struct.pack(">BB", flags, len(t.subscription_identifiers)))
-        parts.append(
-            struct.pack(f">{len(t.subscription_identifiers)}I", *t.subscription_identifiers)
-        )
+        parts.append(struct.pack(">BB", flags, len(ids)))
+        parts.append(struct.pack(f">{len(ids)}I", *ids))
     return b"".join(parts)
 
 
@@ -260,7 +268,13 @@ class SessionRecord:
 
 
 def encode_session(rec: SessionRecord) -> bytes:
-    """Encode a ``client.sessions`` value."""
+    """Encode a ``client.sessions`` value.
+
+    Raises:
+        ValueError: ``connection_id`` is not 16 bytes (it would not come back unchanged).
+    """
+    if len(rec.connection_id) != 16:
+        raise ValueError(f"connection_id must be 16 bytes, got {len(rec.connection_id)}")
     flags = (
         (0x01 if rec.connected else 0)
         | (0x02 if rec.clean_start else 0)

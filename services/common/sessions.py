@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+from services.common.records import SessionRecord
+
 
 def is_persistent(protocol_version: int, clean_start: bool, session_expiry_interval: int) -> bool:
     """Whether a session outlives its network connection.
@@ -14,6 +16,23 @@ def is_persistent(protocol_version: int, clean_start: bool, session_expiry_inter
     if protocol_version < 5:
         return not clean_start
     return session_expiry_interval > 0 or not clean_start
+
+
+NEVER_EXPIRES = 0xFFFF_FFFF
+"""The Session Expiry Interval that means the session does not expire (MQTT 5.0 3.1.2.11.2)."""
+
+
+def session_expired(record: SessionRecord, now_ms: int) -> bool:
+    """Whether a disconnected session outlived its Session Expiry Interval (MQTT 5.0 3.1.2.11.2).
+
+    Only an interval between 1 and 0xFFFFFFFE seconds expires, counted from the record's
+    ``updated_at_ms`` (when the session was last marked disconnected); a connected session,
+    an interval of 0 (v3.1.1 and TBMQ's Clean Start 0 rule) or of 0xFFFFFFFF never does.
+    """
+    expiry = record.session_expiry_interval
+    if record.connected or not 0 < expiry < NEVER_EXPIRES:
+        return False
+    return now_ms >= record.updated_at_ms + expiry * 1000
 
 
 def new_connection_id() -> bytes:

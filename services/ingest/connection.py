@@ -22,9 +22,7 @@ from services.common.mqtt.packets import (
     PingReq,
     PingResp,
     PubAck,
-    PubComp,
     Publish,
-    PubRec,
     PubRel,
     Subscribe,
     Unsubscribe,
@@ -131,11 +129,8 @@ class ServerConnection:
             return handle_subscribe.handle_unsubscribe(state, packet)
         if isinstance(packet, Disconnect):
             return handle_connect.handle_disconnect(state, packet)
-        if isinstance(packet, (PubRec, PubComp)):
-            # The server grants at most QoS 1 to subscribers, so it never awaits these.
-            raise MQTTError(
-                f"unexpected {type(packet).__name__}", ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-            )
+        # PUBREC/PUBCOMP included: the server grants at most QoS 1 to subscribers, so it never
+        # awaits them (and 0x92 is not a DISCONNECT Reason Code, MQTT 5.0 3.14.2.1).
         raise MQTTError(f"unexpected {type(packet).__name__}", ReasonCode.PROTOCOL_ERROR)
 
     def stored(self, token: int) -> list[Effect]:
@@ -216,9 +211,13 @@ class ServerConnection:
         return self.disconnect_and_close(exc.reason_code, exc.message)
 
     def disconnect_and_close(self, reason_code: int, reason: str) -> list[Effect]:
-        """Send a v5 DISCONNECT with ``reason_code`` (v3.1.1 has none), then close."""
+        """Send a v5 DISCONNECT with ``reason_code`` (v3.1.1 has none), then close.
+
+        Before CONNACK the connection is only closed: a server sends no DISCONNECT until
+        after a successful CONNACK (MQTT-3.14.0-1).
+        """
         effects: list[Effect] = []
-        if self.state.protocol_version == 5 and self.state.phase is not Phase.CLOSED:
+        if self.state.protocol_version == 5 and self.state.phase is Phase.CONNECTED:
             props = Properties()
             if self.state.request_problem_information:
                 props.reason_string = reason[:200]

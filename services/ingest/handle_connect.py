@@ -15,7 +15,7 @@ from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
 from services.common.records import SessionRecord
-from services.common.sessions import is_persistent
+from services.common.sessions import is_persistent, session_expired
 from services.common.topics.validation import validate_topic_name
 from services.ingest.effects import Close, Connected, Effect, Send, StoreSession, StoreSubscriptions
 from services.ingest.state import ConnectionState, Phase, PreviousSession
@@ -82,16 +82,22 @@ def handle_connect(
         if settings.topic_alias_maximum:
             connack_props.topic_alias_maximum = settings.topic_alias_maximum
         # Retained messages are not stored yet: say so, as MQTT 5 lets a server (3.2.2.3.5).
-        connack_props.retain_available = 0
+        connack_props.retain_available = False
     state.keep_alive = keep_alive
 
     previous, previous_subs = previous_session(client_id)
-    session_present = not connect.clean_start and previous is not None and previous.persistent
+    session_present = (
+        not connect.clean_start
+        and previous is not None
+        and previous.persistent
+        and not session_expired(previous, state.now_ms())
+    )
     effects: list[Effect] = []
     if session_present:
         state.subscriptions = {s.topic_filter: s for s in previous_subs}
     elif previous_subs:
-        # Clean start, or the old session was not persistent: its subscriptions end here.
+        # Clean start, or the old session was not persistent or has expired: its
+        # subscriptions end here.
         effects.append(StoreSubscriptions(state.new_token(), []))
 
     state.connected_at_ms = state.now_ms()
@@ -133,9 +139,11 @@ def connect_failed(state: ConnectionState) -> list[Effect]:
 def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
     """Refuse a CONNECT: CONNACK with the reason where the spec asks for one, then close.
 
-    MQTT 3.1.1 answers an unacceptable protocol level with return code 0x01 (3.1.2-2) and a
-    refused identifier with 0x02, but a malformed CONNECT only with a close (4.8). MQTT 5
-    answers with the Reason Code (3.2.2.2).
+    MQTT 3.1.1 answers an unacceptable protocol level with return code 0x01 (3.1.2-2), a
+    refused identifier with 0x02 and an unavailable server with 0x03, but any other invalid
+    CONNECT (malformed, an invalid Will Topic, over the size limit) only with a close (3.1.4,
+    4.8): its return codes cannot name those reasons. MQTT 5 answers with the Reason Code
+    (3.2.2.2).
     """
     state.phase = Phase.CLOSED
     effects: list[Effect] = []
@@ -146,10 +154,22 @@ def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
         if state.request_problem_information:
             props.reason_string = exc.message[:200]
         effects.append(Send(state.encode(ConnAck(False, exc.reason_code, props))))
-    elif exc.reason_code not in (ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR):
+    elif exc.reason_code in _V3_REFUSALS:
         effects.append(Send(state.encode(ConnAck(False, v3_connack_code(exc.reason_code)))))
     effects.append(Close(exc.message))
     return effects
+
+
+_V3_REFUSALS = frozenset(
+    (
+        ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+        ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+        ReasonCode.NOT_AUTHORIZED,
+        ReasonCode.SERVER_UNAVAILABLE,
+        ReasonCode.SERVER_BUSY,
+    )
+)
+"""Refusals an MQTT 3.1.1 CONNACK return code can express (3.2.2.3)."""
 
 
 class ConnAckBytes:

@@ -16,7 +16,7 @@ from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta
 from services.common.topics.validation import validate_topic_name
 from services.ingest.effects import Close, Effect, Send, StorePublish
-from services.ingest.state import ConnectionState, PendingAck
+from services.ingest.state import ConnectionState, PendingAck, Phase
 
 
 def _resolve_topic(state: ConnectionState, packet: Publish) -> str:
@@ -64,13 +64,15 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             raise ProtocolError("a client must not send a Subscription Identifier")
     if packet.qos:
         assert packet.packet_id is not None, "the decoder requires a Packet Identifier"
-        if packet.qos == 2 and (
-            packet.packet_id in state.unreleased_qos2
-            or any(p.packet_id == packet.packet_id for p in state.pending_acks)
-        ):
-            # A resent QoS 2 PUBLISH: stored once already, so only acknowledge (MQTT 4.3.3).
-            state.pending_acks.append(PendingAck(packet.packet_id, 2, done=True))
-            return _release_acks(state)
+        if packet.qos == 2:
+            if any(p.packet_id == packet.packet_id for p in state.pending_acks):
+                # A resend of a PUBLISH still being stored: its PUBREC (with the store's
+                # outcome) answers both; a second PUBREC must not claim success early.
+                return []
+            if packet.packet_id in state.unreleased_qos2:
+                # A resent QoS 2 PUBLISH: stored once already, so only acknowledge (4.3.3).
+                state.pending_acks.append(PendingAck(packet.packet_id, 2, done=True))
+                return _release_acks(state)
         if state.protocol_version == 5 and (
             len(state.pending_acks) + len(state.unreleased_qos2) >= state.settings.receive_maximum
         ):
@@ -107,8 +109,11 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
     while state.pending_acks and state.pending_acks[0].done:
         pending = state.pending_acks.popleft()
         if pending.failed and state.protocol_version < 5:
-            # v3.1.1 has no negative acknowledgement: close, and the client resends.
-            return [Send(b"".join(out)), Close("a PUBLISH could not be stored in Kafka")]
+            # v3.1.1 has no negative acknowledgement: close, and the client resends. Nothing
+            # behind the failed one is acknowledged any more (the connection is closed).
+            state.phase = Phase.CLOSED
+            effects: list[Effect] = [Send(b"".join(out))] if out else []
+            return [*effects, Close("a PUBLISH could not be stored in Kafka")]
         reason = ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
         props = Properties()
         if pending.failed and state.request_problem_information:

@@ -79,8 +79,12 @@ def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effe
 def _store(
     state: ConnectionState, updated: dict[str, Subscription], ack: SubAck | UnsubAck
 ) -> list[Effect]:
-    """Store the new set if it changed, and send ``ack`` once it is stored."""
-    if updated == state.subscriptions:
+    """Store the new set if it changed, and send ``ack`` once it is stored.
+
+    An unchanged set is acknowledged at once, unless an earlier change is still being
+    stored: then the set is written again, so ``ack`` too waits until Kafka has it.
+    """
+    if updated == state.subscriptions and not state.pending_subacks:
         return [Send(state.encode(ack))]
     state.subscriptions = updated
     token = state.new_token()

@@ -14,6 +14,7 @@ from collections import defaultdict
 from services.common.mqtt.errors import MQTTError
 from services.common.records import (
     PublishMeta,
+    RecordError,
     SessionRecord,
     Target,
     decode_session,
@@ -22,6 +23,14 @@ from services.common.records import (
 from services.common.topics.trie import Subscription, SubscriptionTrie
 
 log = logging.getLogger(__name__)
+
+
+def _client_id(key: bytes) -> str:
+    """A state record's key as a client id; RecordError if it is not UTF-8."""
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"record key is not UTF-8: {exc}") from exc
 
 
 class RoutingTable:
@@ -54,13 +63,14 @@ class RoutingTable:
 
     def apply_subscriptions_record(self, key: bytes, value: bytes | None) -> None:
         """Apply one ``client.subscriptions`` record. Raises ``RecordError`` on garbage."""
-        client_id = key.decode("utf-8")
+        client_id = _client_id(key)
         subs = [] if value is None else decode_subscriptions(client_id, value)
         self.set_subscriptions(client_id, subs)
 
     def apply_session_record(self, key: bytes, value: bytes | None) -> None:
         """Apply one ``client.sessions`` record. Raises ``RecordError`` on garbage."""
-        self.set_session(key.decode("utf-8"), None if value is None else decode_session(value))
+        client_id = _client_id(key)
+        self.set_session(client_id, None if value is None else decode_session(value))
 
     def _node_of(self, client_id: str) -> str | None:
         session = self.sessions.get(client_id)

@@ -1,0 +1,646 @@
+"""CONNECT / CONNACK, keep alive, DISCONNECT and session end of the sans-IO ingest core.
+
+MQTT 3.1.1 sections 3.1, 3.2, 3.14, 4.8; MQTT 5.0 sections 3.1, 3.2, 3.14, 4.13.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_ingest_support import (
+    CONNECTION_ID,
+    NODE_ID,
+    NOW_MS,
+    Client,
+    closes,
+    make_settings,
+    of_type,
+    only,
+    store_effects,
+)
+
+from services.common.mqtt.codec import encode
+from services.common.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    Publish,
+    Subscribe,
+    SubscriptionRequest,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from services.common.mqtt.properties import Properties
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import SessionRecord
+from services.common.sessions import is_persistent
+from services.common.topics.trie import Subscription
+from services.ingest.effects import (
+    Close,
+    Connected,
+    Send,
+    StorePublish,
+    StoreSession,
+    StoreSubscriptions,
+)
+
+VERSIONS = [4, 5]
+
+
+def _record(
+    persistent: bool, connected: bool = False, expiry: int = 3600, age_ms: int = 1000
+) -> SessionRecord:
+    return SessionRecord(
+        node_id="node-b",
+        connection_id=bytes(16),
+        connected=connected,
+        protocol_version=5,
+        clean_start=not persistent,
+        persistent=persistent,
+        session_expiry_interval=expiry if persistent else 0,
+        updated_at_ms=NOW_MS - age_ms,
+    )
+
+
+# ---------------------------------------------------------------------- accepted CONNECT
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_connack_only_after_the_session_record_is_stored(version: int) -> None:
+    client = Client(version)
+    effects = client.send(Connect(version, "dev-1", True, 30))
+    assert of_type(effects, Send) == []
+    record = only(effects, StoreSession)
+    assert effects == [record]
+    assert record.record == SessionRecord(
+        node_id=NODE_ID,
+        connection_id=CONNECTION_ID,
+        connected=True,
+        protocol_version=version,
+        clean_start=True,
+        persistent=False,
+        session_expiry_interval=0,
+        connected_at_ms=NOW_MS,
+        updated_at_ms=NOW_MS,
+    )
+    assert client.conn.client_id == "dev-1"
+    assert not client.conn.awaiting_connect
+
+    after = client.stored(record.token)
+    assert isinstance(after[0], Send)
+    assert after[1:] == [Connected("dev-1")]
+    connack = only(client.packets(after), ConnAck)
+    assert connack.reason_code == 0
+    assert connack.session_present is False
+
+
+def test_v5_connack_advertises_the_server_limits() -> None:
+    settings = make_settings(receive_maximum=7, max_packet_size=4096, topic_alias_maximum=3)
+    connack = Client(5, settings).connect()
+    props = connack.properties
+    assert props.receive_maximum == 7
+    assert props.maximum_packet_size == 4096
+    assert props.topic_alias_maximum == 3
+    assert props.retain_available is False  # retained messages are not stored (3.2.2.3.5)
+    assert props.assigned_client_identifier is None
+
+
+def test_v5_connack_omits_topic_alias_maximum_when_aliases_are_off() -> None:
+    connack = Client(5).connect()
+    assert connack.properties.topic_alias_maximum is None
+
+
+def test_v3_connack_has_no_properties() -> None:
+    client = Client(4)
+    client.connect()
+    data = b"".join(e.data for e in client.log if isinstance(e, Send))
+    assert data == bytes([0x20, 0x02, 0x00, 0x00])
+
+
+def test_mqtt_3_1_connect_is_accepted() -> None:
+    client = Client(3)
+    connack = client.connect("old-client")
+    assert connack.reason_code == 0
+    assert client.conn.state.protocol_version == 3
+
+
+# ---------------------------------------------------------------------- client identifiers
+
+
+def test_v5_empty_client_id_gets_an_assigned_identifier() -> None:
+    client = Client(5)
+    connack = client.connect("")
+    assigned = connack.properties.assigned_client_identifier
+    assert assigned
+    assert client.conn.client_id == assigned
+    assert client.looked_up == [assigned]
+    assert Connected(assigned) in client.log
+
+
+def test_assigned_identifiers_differ_between_connections() -> None:
+    first, second = Client(5), Client(5)
+    first.connect("")
+    second.connect("")
+    assert first.conn.client_id != second.conn.client_id
+
+
+def test_v311_empty_client_id_with_clean_session_is_assigned_one() -> None:
+    client = Client(4)
+    connack = client.connect("")
+    assert connack.reason_code == 0
+    assert client.conn.client_id != ""
+    assert connack.properties == Properties()
+
+
+def test_v311_empty_client_id_without_clean_session_is_rejected_with_0x02() -> None:
+    client = Client(4)
+    effects = client.send(Connect(4, "", False, 30))
+    assert store_effects(effects) == []
+    assert client.packets(effects) == [ConnAck(False, 0x02)]
+    assert closes(effects)
+    assert client.conn.closed
+
+
+def test_mqtt_3_1_requires_a_client_identifier() -> None:
+    client = Client(3)
+    effects = client.send(Connect(3, "", True, 30))
+    assert client.packets(effects) == [ConnAck(False, 0x02)]
+    assert closes(effects)
+
+
+# ---------------------------------------------------------------------- refused CONNECT
+
+
+def _connect_bytes(name: bytes, level: int, flags: int = 0x02) -> bytes:
+    body = len(name).to_bytes(2, "big") + name + bytes([level, flags, 0, 30]) + b"\x00\x01c"
+    return bytes([0x10, len(body)]) + body
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _connect_bytes(b"MQTT", 6),
+        _connect_bytes(b"MQTT", 3),
+        _connect_bytes(b"MQIsdp", 4),
+        _connect_bytes(b"MQTX", 4),
+    ],
+)
+def test_unsupported_protocol_level_gets_connack_0x01_then_close(raw: bytes) -> None:
+    client = Client(4)
+    effects = client.send_bytes(raw)
+    assert effects[0] == Send(bytes([0x20, 0x02, 0x00, 0x01]))
+    assert isinstance(effects[1], Close)
+    assert len(effects) == 2
+    assert client.conn.closed
+
+
+def test_malformed_v311_connect_is_closed_without_connack() -> None:
+    raw = bytearray(encode(Connect(4, "c", True, 30), 4))
+    raw[9] |= 0x01  # the reserved Connect Flags bit (MQTT-3.1.2-3)
+    client = Client(4)
+    effects = client.send_bytes(bytes(raw))
+    assert effects == [effects[-1]]
+    assert closes(effects)
+    assert client.conn.closed
+
+
+def test_malformed_v5_connect_closes_without_accepting() -> None:
+    # Receive Maximum 0 is a Protocol Error in CONNECT (MQTT 5.0 3.1.2.11.3).
+    raw = encode(Connect(5, "c", True, 30, properties=Properties(receive_maximum=1)), 5)
+    raw = raw.replace(b"\x21\x00\x01", b"\x21\x00\x00")
+    client = Client(5)
+    effects = client.send_bytes(raw)
+    assert closes(effects)
+    assert store_effects(effects) == []
+    for connack in of_type(client.packets(effects), ConnAck):
+        assert connack.reason_code >= 0x80
+
+
+def test_first_packet_other_than_connect_closes_without_answer() -> None:
+    client = Client(4)
+    effects = client.send(PingReq())
+    assert effects == [effects[0]]
+    assert isinstance(effects[0], Close)
+    assert client.conn.closed
+    assert client.send(Connect(4, "c", True, 30)) == []
+
+
+def test_v5_invalid_will_topic_gets_connack_0x90() -> None:
+    client = Client(5)
+    effects = client.send(Connect(5, "c", True, 30, will=Will("a/+", b"bye")))
+    connack = only(client.packets(effects), ConnAck)
+    assert connack.reason_code == ReasonCode.TOPIC_NAME_INVALID
+    assert closes(effects)
+    assert store_effects(effects) == []
+
+
+def test_v311_invalid_will_topic_closes_without_a_misleading_connack() -> None:
+    client = Client(4)
+    effects = client.send(Connect(4, "c", True, 30, will=Will("a/#", b"bye")))
+    assert client.packets(effects) == []
+    assert closes(effects)
+    assert store_effects(effects) == []
+
+
+def test_v311_oversized_connect_closes_without_connack() -> None:
+    client = Client(4, make_settings(max_packet_size=64))
+    effects = client.send(Connect(4, "c" * 100, True, 30))
+    assert client.packets(effects) == []
+    assert closes(effects)
+
+
+@pytest.mark.parametrize(("version", "code"), [(5, 0x88), (4, 0x03)])
+def test_failed_session_store_refuses_with_server_unavailable(version: int, code: int) -> None:
+    client = Client(version)
+    record = only(client.send(Connect(version, "c", True, 30)), StoreSession)
+    effects = client.store_failed(record.token)
+    connack = only(client.packets(effects), ConnAck)
+    assert connack.reason_code == code
+    assert closes(effects)
+    assert not any(isinstance(e, Connected) for e in effects)
+    assert client.conn.closed
+    assert client.conn.connection_lost() == []
+    assert client.conn.stored(record.token) == []
+
+
+# ---------------------------------------------------------------------- after CONNECT
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_second_connect_is_a_protocol_error(version: int) -> None:
+    client = Client(version)
+    client.connect()
+    effects = client.send(Connect(version, "c1", True, 30))
+    packets = client.packets(effects)
+    if version == 5:
+        assert only(packets, Disconnect).reason_code == ReasonCode.PROTOCOL_ERROR
+        assert len(packets) == 1
+    else:
+        assert packets == []
+    assert closes(effects)
+    assert client.conn.closed
+
+
+def test_packets_pipelined_after_connect_wait_for_the_connack() -> None:
+    client = Client(5)
+    effects = client.send(
+        Connect(5, "c", True, 30),
+        Subscribe(1, [SubscriptionRequest("t/#", 1)]),
+        Publish("t/1", b"x", qos=1, packet_id=2),
+        PingReq(),
+    )
+    record = only(effects, StoreSession)
+    assert effects == [record]
+
+    after = client.stored(record.token)
+    assert isinstance(after[0], Send)
+    assert isinstance(only(client.packets(after[:1]), ConnAck), ConnAck)
+    assert after[1] == Connected("c")
+    subs = only(after, StoreSubscriptions)
+    publish = only(after, StorePublish)
+    assert after.index(subs) < after.index(publish)
+    assert client.packets(after[2:]) == [PingResp()]
+
+    acked = client.stored(publish.token)
+    assert client.packets(acked) == [PubAck(2)]
+
+
+def test_pipelined_disconnect_ends_the_session_after_connack() -> None:
+    client = Client(5)
+    record = only(client.send(Connect(5, "c", True, 30), Disconnect()), StoreSession)
+    after = client.stored(record.token)
+    assert isinstance(only(client.packets(after), ConnAck), ConnAck)
+    assert [type(e) for e in after] == [Send, Connected, StoreSession, Close]
+    assert only(after, StoreSession).record is None
+
+
+def test_pipelined_bad_publish_gets_its_disconnect_after_connack() -> None:
+    client = Client(5)
+    record = only(client.send(Connect(5, "c", True, 30), Publish("a/#", b"")), StoreSession)
+    after = client.stored(record.token)
+    packets = client.packets(after)
+    assert isinstance(packets[0], ConnAck)
+    assert only(packets, Disconnect).reason_code == ReasonCode.TOPIC_NAME_INVALID
+    assert store_effects(after) == []
+    assert closes(after)
+
+
+def test_protocol_error_before_connack_sends_no_disconnect() -> None:
+    # MQTT-3.14.0-1: no DISCONNECT before a successful CONNACK.
+    client = Client(5)
+    record = only(client.send(Connect(5, "c", True, 30)), StoreSession)
+    effects = client.send_bytes(b"\x00\x00")  # reserved packet type 0: malformed
+    assert client.packets(effects) == []
+    assert closes(effects)
+    assert client.stored(record.token) == []
+    # The session record may be in Kafka: the end records still follow.
+    assert of_type(client.conn.connection_lost(), StoreSession) != []
+
+
+def test_pingreq_gets_pingresp() -> None:
+    client = Client(4)
+    client.connect()
+    assert client.packets(client.send(PingReq(), PingReq())) == [PingResp(), PingResp()]
+
+
+def test_bytes_split_anywhere_still_form_packets() -> None:
+    client = Client(5)
+    data = encode(Connect(5, "split", True, 30), 5)
+    effects = []
+    for i in range(len(data)):
+        effects += client.send_bytes(data[i : i + 1])
+    assert only(effects, StoreSession).record is not None
+    assert client.conn.client_id == "split"
+
+
+# ---------------------------------------------------------------------- keep alive
+
+
+def test_keep_alive_timeout_before_connect_is_the_connect_timeout() -> None:
+    client = Client(5, make_settings(connect_timeout_seconds=4.0))
+    assert client.conn.keep_alive_timeout == 4.0
+    effects = client.conn.keep_alive_expired()
+    assert effects == [effects[0]] and isinstance(effects[0], Close)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_keep_alive_timeout_is_one_and_a_half_keep_alive(version: int) -> None:
+    client = Client(version)
+    client.connect(keep_alive=20)
+    assert client.conn.keep_alive_timeout == 30.0
+
+
+def test_v311_keep_alive_zero_disables_the_timeout() -> None:
+    client = Client(4)
+    client.connect(keep_alive=0)
+    assert client.conn.keep_alive_timeout is None
+
+
+def test_v5_server_keep_alive_setting_overrides_the_client() -> None:
+    client = Client(5, make_settings(server_keep_alive=10))
+    connack = client.connect(keep_alive=100)
+    assert connack.properties.server_keep_alive == 10
+    assert client.conn.keep_alive_timeout == 15.0
+
+
+def test_v5_keep_alive_above_the_maximum_is_lowered() -> None:
+    client = Client(5, make_settings(max_keep_alive=60))
+    connack = client.connect(keep_alive=600)
+    assert connack.properties.server_keep_alive == 60
+    assert client.conn.keep_alive_timeout == 90.0
+
+
+def test_v5_keep_alive_as_asked_is_not_echoed() -> None:
+    connack = Client(5, make_settings(max_keep_alive=60)).connect(keep_alive=60)
+    assert connack.properties.server_keep_alive is None
+
+
+def test_v5_keep_alive_expiry_sends_disconnect_0x8d() -> None:
+    client = Client(5)
+    client.connect()
+    effects = client.conn.keep_alive_expired()
+    disconnect = only(client.packets(effects), Disconnect)
+    assert disconnect.reason_code == ReasonCode.KEEP_ALIVE_TIMEOUT
+    assert disconnect.properties.reason_string
+    assert closes(effects)
+    assert client.conn.closed
+
+
+def test_v311_keep_alive_expiry_just_closes() -> None:
+    client = Client(4)
+    client.connect()
+    effects = client.conn.keep_alive_expired()
+    assert client.packets(effects) == []
+    assert closes(effects)
+
+
+def test_keep_alive_expiry_before_connack_sends_no_disconnect() -> None:
+    client = Client(5)
+    client.send(Connect(5, "c", True, 30))
+    effects = client.conn.keep_alive_expired()
+    assert client.packets(effects) == []
+    assert closes(effects)
+
+
+def test_no_reason_string_on_puback_when_the_client_asks_for_no_problem_information() -> None:
+    # MQTT 5.0 3.1.2.11.7: no Reason String on packets other than PUBLISH/CONNACK/DISCONNECT.
+    client = Client(5)
+    client.connect(properties=Properties(request_problem_information=False))
+    store = only(client.send(Publish("t", b"", qos=1, packet_id=1)), StorePublish)
+    assert client.packets(client.store_failed(store.token)) == [PubAck(1, 0x80)]
+
+
+# ---------------------------------------------------------------------- sessions
+
+
+@pytest.mark.parametrize(
+    ("version", "clean_start", "expiry", "persistent"),
+    [
+        (4, True, None, False),
+        (4, False, None, True),
+        (5, True, None, False),
+        (5, True, 60, True),
+        (5, False, None, True),
+        (5, False, 60, True),
+    ],
+)
+def test_session_record_follows_the_persistence_rule(
+    version: int, clean_start: bool, expiry: int | None, persistent: bool
+) -> None:
+    client = Client(version)
+    props = Properties(session_expiry_interval=expiry)
+    record = only(
+        client.send(Connect(version, "c", clean_start, 30, properties=props)), StoreSession
+    )
+    assert record.record is not None
+    assert record.record.persistent is persistent
+    assert is_persistent(version, clean_start, expiry or 0) is persistent
+    assert record.record.session_expiry_interval == (expiry or 0)
+    assert record.record.clean_start is clean_start
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_persistent_session_is_resumed_with_its_subscriptions(version: int) -> None:
+    previous = [Subscription("c1", "a/b", 1), Subscription("c1", "x/#", 0)]
+    client = Client(version, previous=(_record(persistent=True), previous))
+    effects = client.send(Connect(version, "c1", False, 30))
+    assert of_type(effects, StoreSubscriptions) == []
+    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    assert connack.session_present is True
+    assert client.conn.state.subscriptions == {s.topic_filter: s for s in previous}
+    # The resumed subscription is known: unsubscribing it stores the rest.
+    store = only(client.send(Unsubscribe(5, ["a/b"])), StoreSubscriptions)
+    assert store.subscriptions == [previous[1]]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_clean_start_discards_the_previous_subscriptions(version: int) -> None:
+    previous = [Subscription("c1", "a/b", 1)]
+    client = Client(version, previous=(_record(persistent=True), previous))
+    effects = client.send(Connect(version, "c1", True, 30))
+    tombstone = only(effects, StoreSubscriptions)
+    assert tombstone.subscriptions == []
+    assert effects.index(tombstone) < effects.index(only(effects, StoreSession))
+    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    assert connack.session_present is False
+    assert client.conn.state.subscriptions == {}
+    assert client.stored(tombstone.token) == []
+
+
+def test_non_persistent_previous_session_is_not_resumed() -> None:
+    previous = [Subscription("c1", "a/b", 1)]
+    client = Client(5, previous=(_record(persistent=False), previous))
+    effects = client.send(Connect(5, "c1", False, 30))
+    assert only(effects, StoreSubscriptions).subscriptions == []
+    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    assert connack.session_present is False
+
+
+@pytest.mark.parametrize(
+    ("expiry", "age_ms", "connected", "present"),
+    [
+        (60, 59_000, False, True),
+        (60, 60_000, False, False),
+        (60, 3_600_000, True, True),  # still connected elsewhere: taken over, not expired
+        (0, 10**12, False, True),  # TBMQ rule: Clean Start 0 without expiry persists
+        (0xFFFFFFFF, 10**12, False, True),  # never expires
+    ],
+)
+def test_expired_session_is_not_resumed(
+    expiry: int, age_ms: int, connected: bool, present: bool
+) -> None:
+    previous = [Subscription("c1", "a/b", 1)]
+    record = _record(persistent=True, connected=connected, expiry=expiry, age_ms=age_ms)
+    client = Client(5, previous=(record, previous))
+    effects = client.send(Connect(5, "c1", False, 30))
+    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    assert connack.session_present is present
+    assert (of_type(effects, StoreSubscriptions) == []) is present
+    assert (client.conn.state.subscriptions != {}) is present
+
+
+def test_no_previous_session_means_no_session_present() -> None:
+    client = Client(4)
+    connack = client.connect(clean_start=False)
+    assert connack.session_present is False
+    assert of_type(client.log, StoreSubscriptions) == []
+
+
+# ---------------------------------------------------------------------- session end
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_disconnect_of_non_persistent_session_deletes_it(version: int) -> None:
+    client = Client(version)
+    client.connect()
+    client.stored(
+        only(client.send(Subscribe(1, [SubscriptionRequest("a", 0)])), StoreSubscriptions).token
+    )
+    effects = client.send(Disconnect())
+    assert len(effects) == 3
+    assert isinstance(effects[0], StoreSubscriptions) and effects[0].subscriptions == []
+    assert isinstance(effects[1], StoreSession) and effects[1].record is None
+    assert isinstance(effects[2], Close)
+    assert client.conn.closed
+    assert client.conn.connection_lost() == []
+
+
+def test_disconnect_without_subscriptions_writes_only_the_session_tombstone() -> None:
+    client = Client(4)
+    client.connect()
+    effects = client.send(Disconnect())
+    assert [type(e) for e in effects] == [StoreSession, Close]
+    assert only(effects, StoreSession).record is None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_disconnect_of_persistent_session_marks_it_disconnected(version: int) -> None:
+    client = Client(version)
+    client.connect(clean_start=False)
+    client.stored(
+        only(client.send(Subscribe(1, [SubscriptionRequest("a", 0)])), StoreSubscriptions).token
+    )
+    client.now += 5000
+    effects = client.send(Disconnect())
+    assert [type(e) for e in effects] == [StoreSession, Close]
+    record = only(effects, StoreSession).record
+    assert record is not None
+    assert record.connected is False
+    assert record.persistent is True
+    assert record.connected_at_ms == NOW_MS
+    assert record.updated_at_ms == NOW_MS + 5000
+
+
+def test_connection_lost_ends_the_session_once() -> None:
+    client = Client(5)
+    client.connect()
+    first = client.conn.connection_lost()
+    assert [type(e) for e in first] == [StoreSession]
+    assert client.conn.connection_lost() == []
+    assert client.conn.closed
+
+
+def test_connection_lost_before_connect_writes_nothing() -> None:
+    client = Client(5)
+    assert client.conn.connection_lost() == []
+
+
+def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
+    client = Client(5)
+    client.connect()
+    effects = client.conn.taken_over()
+    disconnect = only(client.packets(effects), Disconnect)
+    assert disconnect.reason_code == ReasonCode.SESSION_TAKEN_OVER
+    assert closes(effects)
+    assert store_effects(effects) == []
+    assert client.conn.connection_lost() == []
+    assert client.send(PingReq()) == []
+    assert client.conn.deliver(Publish("t", b"x")) == []
+
+
+def test_v311_taken_over_just_closes() -> None:
+    client = Client(4)
+    client.connect()
+    effects = client.conn.taken_over()
+    assert client.packets(effects) == []
+    assert closes(effects)
+    assert client.conn.connection_lost() == []
+
+
+def test_v5_disconnect_cannot_set_an_expiry_after_zero() -> None:
+    client = Client(5)
+    client.connect()
+    effects = client.send(Disconnect(0, Properties(session_expiry_interval=60)))
+    disconnect = only(client.packets(effects), Disconnect)
+    assert disconnect.reason_code == ReasonCode.PROTOCOL_ERROR
+    assert closes(effects)
+    # The session stays non-persistent: deleted when the socket goes.
+    end = client.conn.connection_lost()
+    assert [type(e) for e in end] == [StoreSession]
+    assert only(end, StoreSession).record is None
+
+
+def test_v5_disconnect_with_expiry_zero_ends_a_persistent_session() -> None:
+    client = Client(5)
+    client.connect(properties=Properties(session_expiry_interval=60))
+    effects = client.send(Disconnect(0, Properties(session_expiry_interval=0)))
+    assert only(effects, StoreSession).record is None
+
+
+def test_v5_disconnect_may_change_a_nonzero_expiry() -> None:
+    client = Client(5)
+    client.connect(properties=Properties(session_expiry_interval=60))
+    effects = client.send(Disconnect(0, Properties(session_expiry_interval=600)))
+    record = only(effects, StoreSession).record
+    assert record is not None and record.session_expiry_interval == 600
+    assert record.persistent is True
+
+
+def test_unsuback_round_trip_after_resume_in_v311_has_no_codes() -> None:
+    client = Client(4, previous=(_record(persistent=True), [Subscription("c1", "a", 0)]))
+    client.connect("c1", clean_start=False)
+    store = only(client.send(Unsubscribe(3, ["a"])), StoreSubscriptions)
+    assert client.packets(client.stored(store.token)) == [UnsubAck(3)]

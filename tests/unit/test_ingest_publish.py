@@ -1,0 +1,378 @@
+"""Inbound PUBLISH, its acknowledgements and the v5 PUBLISH rules of the sans-IO ingest core.
+
+MQTT 3.1.1 sections 3.3-3.7, 4.3, 4.6; MQTT 5.0 sections 3.3-3.7, 4.3, 4.6, 4.9, 3.3.2.3.4.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_ingest_support import NOW_MS, Client, closes, make_settings, of_type, only, store_effects
+
+from services.common.mqtt.packets import (
+    Disconnect,
+    PacketType,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+)
+from services.common.mqtt.properties import Properties, decode_properties
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import PublishMeta
+from services.ingest.effects import Effect, StorePublish
+
+VERSIONS = [4, 5]
+
+
+def _connected(version: int, **settings: int) -> Client:
+    client = Client(version, make_settings(**settings))
+    client.connect()
+    return client
+
+
+def _disconnect_code(client: Client, effects: list[Effect]) -> int:
+    """The Reason Code of the v5 DISCONNECT the effects send, after checking they close."""
+    assert closes(effects)
+    assert client.conn.closed
+    disconnect: Disconnect = only(client.packets(effects), Disconnect)
+    return disconnect.reason_code
+
+
+# ---------------------------------------------------------------------- QoS 0 / 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_qos0_is_stored_and_never_acknowledged(version: int) -> None:
+    client = _connected(version)
+    effects = client.send(Publish("a/b", b"payload"))
+    store = only(effects, StorePublish)
+    assert effects == [store]
+    assert store.payload == b"payload"
+    assert store.meta == PublishMeta("a/b", 0, False, NOW_MS, version, b"")
+    assert client.stored(store.token) == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_qos1_puback_only_after_stored(version: int) -> None:
+    client = _connected(version)
+    effects = client.send(Publish("a/b", b"x", qos=1, packet_id=7))
+    store = only(effects, StorePublish)
+    assert effects == [store]
+    assert store.meta.qos == 1
+    assert client.packets(client.stored(store.token)) == [PubAck(7)]
+    assert client.stored(store.token) == []  # a second answer is ignored
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_acks_leave_in_arrival_order_when_kafka_answers_out_of_order(version: int) -> None:
+    client = _connected(version)
+    effects = client.send(*(Publish("t", b"", qos=1, packet_id=i) for i in (10, 11, 12)))
+    tokens = [s.token for s in of_type(effects, StorePublish)]
+    assert len(tokens) == 3
+    assert client.stored(tokens[2]) == []
+    assert client.packets(client.stored(tokens[0])) == [PubAck(10)]
+    assert client.packets(client.stored(tokens[1])) == [PubAck(11), PubAck(12)]
+
+
+def test_acks_of_mixed_qos_keep_arrival_order() -> None:
+    client = _connected(5)
+    effects = client.send(
+        Publish("t", b"", qos=2, packet_id=1),
+        Publish("t", b"", qos=0),
+        Publish("t", b"", qos=1, packet_id=2),
+    )
+    q2, q0, q1 = (s.token for s in of_type(effects, StorePublish))
+    assert client.stored(q0) == []
+    assert client.stored(q1) == []
+    assert client.packets(client.stored(q2)) == [PubRec(1), PubAck(2)]
+
+
+# ---------------------------------------------------------------------- store failures
+
+
+def test_v5_failed_store_gets_puback_0x80_and_later_ones_still_flow() -> None:
+    client = _connected(5)
+    effects = client.send(
+        Publish("t", b"", qos=1, packet_id=1), Publish("t", b"", qos=1, packet_id=2)
+    )
+    first, second = (s.token for s in of_type(effects, StorePublish))
+    assert client.stored(second) == []
+    answer = client.packets(client.store_failed(first))
+    acks = of_type(answer, PubAck)
+    assert acks == answer
+    assert [(p.packet_id, p.reason_code) for p in acks] == [(1, 0x80), (2, 0x00)]
+    assert acks[0].properties.reason_string
+    assert not client.conn.closed
+
+
+def test_v5_failed_qos2_store_gets_pubrec_0x80_and_no_pubcomp_success() -> None:
+    client = _connected(5)
+    store = only(client.send(Publish("t", b"", qos=2, packet_id=3)), StorePublish)
+    assert client.packets(client.store_failed(store.token)) == [
+        PubRec(3, 0x80, Properties(reason_string="the message could not be stored"))
+    ]
+    comp = only(client.packets(client.send(PubRel(3))), PubComp)
+    assert comp.reason_code == ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+
+
+def test_v311_failed_store_closes_without_puback() -> None:
+    client = _connected(4)
+    effects = client.send(
+        Publish("t", b"", qos=1, packet_id=1),
+        Publish("t", b"", qos=1, packet_id=2),
+        Publish("t", b"", qos=1, packet_id=3),
+    )
+    first, second, third = (s.token for s in of_type(effects, StorePublish))
+    assert client.packets(client.stored(first)) == [PubAck(1)]
+    failed = client.store_failed(second)
+    assert client.packets(failed) == []
+    assert closes(failed)
+    assert client.conn.closed
+    # Nothing after the failed one is acknowledged on the closing connection.
+    assert client.stored(third) == []
+    assert client.send(Publish("t", b"", qos=1, packet_id=4)) == []
+
+
+def test_v311_failure_behind_stored_ones_acks_those_first() -> None:
+    client = _connected(4)
+    effects = client.send(
+        Publish("t", b"", qos=1, packet_id=1), Publish("t", b"", qos=1, packet_id=2)
+    )
+    first, second = (s.token for s in of_type(effects, StorePublish))
+    assert client.store_failed(second) == []
+    out = client.stored(first)
+    assert client.packets(out) == [PubAck(1)]
+    assert closes(out)
+
+
+def test_qos0_store_failure_is_silent() -> None:
+    client = _connected(4)
+    store = only(client.send(Publish("t", b"")), StorePublish)
+    assert client.store_failed(store.token) == []
+    assert not client.conn.closed
+
+
+# ---------------------------------------------------------------------- QoS 2
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_qos2_pubrec_after_stored_then_pubrel_pubcomp(version: int) -> None:
+    client = _connected(version)
+    store = only(client.send(Publish("t", b"m", qos=2, packet_id=9)), StorePublish)
+    assert store.meta.qos == 2
+    assert client.packets(client.stored(store.token)) == [PubRec(9)]
+    # A resend before PUBREL is acknowledged again but not stored again (MQTT 4.3.3).
+    again = client.send(Publish("t", b"m", qos=2, dup=True, packet_id=9))
+    assert store_effects(again) == []
+    assert client.packets(again) == [PubRec(9)]
+    assert client.packets(client.send(PubRel(9))) == [PubComp(9)]
+    # After PUBCOMP the identifier is free: the same id is a new message.
+    assert isinstance(
+        only(client.send(Publish("t", b"n", qos=2, packet_id=9)), StorePublish), StorePublish
+    )
+
+
+def test_qos2_resend_while_the_first_is_being_stored_is_not_stored_twice() -> None:
+    client = _connected(5)
+    store = only(client.send(Publish("t", b"m", qos=2, packet_id=4)), StorePublish)
+    again = client.send(Publish("t", b"m", qos=2, dup=True, packet_id=4))
+    assert store_effects(again) == []
+    assert client.packets(again) == []
+    answers = client.packets(client.stored(store.token))
+    assert answers and all(p == PubRec(4) for p in answers)
+    assert client.packets(client.send(PubRel(4))) == [PubComp(4)]
+
+
+def test_qos2_resend_of_a_failing_store_is_never_acknowledged_as_success() -> None:
+    client = _connected(5)
+    store = only(client.send(Publish("t", b"m", qos=2, packet_id=4)), StorePublish)
+    client.send(Publish("t", b"m", qos=2, dup=True, packet_id=4))
+    answers = client.packets(client.store_failed(store.token))
+    assert answers
+    assert all(isinstance(p, PubRec) and p.reason_code == 0x80 for p in answers)
+
+
+def test_pubrel_for_unknown_id_gets_pubcomp_0x92() -> None:
+    client = _connected(5)
+    comp = only(client.packets(client.send(PubRel(77))), PubComp)
+    assert comp.packet_id == 77
+    assert comp.reason_code == ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+
+
+def test_v311_pubrel_for_unknown_id_still_gets_pubcomp() -> None:
+    client = _connected(4)
+    assert client.packets(client.send(PubRel(77))) == [PubComp(77)]
+
+
+@pytest.mark.parametrize("packet", [PubRec(1), PubComp(1)])
+def test_unexpected_pubrec_or_pubcomp_is_a_protocol_error(packet: PubRec | PubComp) -> None:
+    # The server never sends QoS 2 to subscribers; DISCONNECT cannot carry 0x92.
+    client = _connected(5)
+    assert _disconnect_code(client, client.send(packet)) == ReasonCode.PROTOCOL_ERROR
+
+
+# ---------------------------------------------------------------------- topic names
+
+
+def test_v5_wildcard_topic_is_disconnect_0x90() -> None:
+    client = _connected(5)
+    effects = client.send(Publish("a/+/b", b"", qos=1, packet_id=1))
+    assert store_effects(effects) == []
+    assert _disconnect_code(client, effects) == ReasonCode.TOPIC_NAME_INVALID
+
+
+def test_v311_wildcard_topic_closes() -> None:
+    client = _connected(4)
+    effects = client.send(Publish("a/#", b""))
+    assert store_effects(effects) == []
+    assert client.packets(effects) == []
+    assert closes(effects)
+
+
+def test_publishes_before_a_bad_one_in_the_same_read_are_kept() -> None:
+    client = _connected(5)
+    effects = client.send(Publish("ok", b"1"), Publish("bad/#", b"2"), Publish("ok", b"3"))
+    assert [s.payload for s in of_type(effects, StorePublish)] == [b"1"]
+    assert closes(effects)
+
+
+# ---------------------------------------------------------------------- topic aliases
+
+
+def test_topic_alias_is_set_and_reused() -> None:
+    client = _connected(5, topic_alias_maximum=4)
+    first = only(
+        client.send(Publish("a/b", b"1", properties=Properties(topic_alias=2))), StorePublish
+    )
+    reused = only(
+        client.send(Publish("", b"2", properties=Properties(topic_alias=2))), StorePublish
+    )
+    assert first.meta.topic == reused.meta.topic == "a/b"
+    assert first.meta.properties == reused.meta.properties == b""  # the alias is not forwarded
+    changed = client.send(Publish("c", b"3", properties=Properties(topic_alias=2)))
+    again = client.send(Publish("", b"4", properties=Properties(topic_alias=2)))
+    assert only(changed, StorePublish).meta.topic == only(again, StorePublish).meta.topic == "c"
+
+
+def test_unknown_topic_alias_is_a_protocol_error() -> None:
+    client = _connected(5, topic_alias_maximum=4)
+    effects = client.send(Publish("", b"", properties=Properties(topic_alias=3)))
+    assert store_effects(effects) == []
+    assert _disconnect_code(client, effects) == ReasonCode.PROTOCOL_ERROR
+
+
+def test_topic_alias_over_the_maximum_is_0x94() -> None:
+    client = _connected(5, topic_alias_maximum=4)
+    effects = client.send(Publish("a", b"", properties=Properties(topic_alias=5)))
+    assert _disconnect_code(client, effects) == ReasonCode.TOPIC_ALIAS_INVALID
+
+
+def test_topic_alias_when_none_were_offered_is_0x94() -> None:
+    client = _connected(5)
+    effects = client.send(Publish("a", b"", properties=Properties(topic_alias=1)))
+    assert _disconnect_code(client, effects) == ReasonCode.TOPIC_ALIAS_INVALID
+
+
+# ---------------------------------------------------------------------- flow control
+
+
+def test_receive_maximum_exceeded_is_0x93() -> None:
+    client = _connected(5, receive_maximum=2)
+    ok = client.send(Publish("t", b"", qos=1, packet_id=1), Publish("t", b"", qos=2, packet_id=2))
+    assert len(of_type(ok, StorePublish)) == 2
+    assert len(of_type(client.send(Publish("t", b"")), StorePublish)) == 1  # QoS 0 not counted
+    effects = client.send(Publish("t", b"", qos=1, packet_id=3))
+    assert store_effects(effects) == []
+    assert _disconnect_code(client, effects) == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+
+
+def test_receive_maximum_counts_qos2_until_pubcomp() -> None:
+    client = _connected(5, receive_maximum=1)
+    store = only(client.send(Publish("t", b"", qos=2, packet_id=1)), StorePublish)
+    client.stored(store.token)  # PUBREC sent, PUBCOMP not yet
+    effects = client.send(Publish("t", b"", qos=1, packet_id=2))
+    assert _disconnect_code(client, effects) == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+
+
+def test_receive_maximum_frees_up_after_acknowledgement() -> None:
+    client = _connected(5, receive_maximum=1)
+    for packet_id in (1, 2, 3):
+        store = only(client.send(Publish("t", b"", qos=1, packet_id=packet_id)), StorePublish)
+        assert client.packets(client.stored(store.token)) == [PubAck(packet_id)]
+    store = only(client.send(Publish("t", b"", qos=2, packet_id=4)), StorePublish)
+    client.stored(store.token)
+    client.send(PubRel(4))
+    assert isinstance(
+        only(client.send(Publish("t", b"", qos=1, packet_id=5)), StorePublish), StorePublish
+    )
+
+
+def test_v311_has_no_receive_maximum() -> None:
+    client = _connected(4, receive_maximum=1)
+    effects = client.send(*(Publish("t", b"", qos=1, packet_id=i) for i in (1, 2, 3)))
+    assert len(of_type(effects, StorePublish)) == 3
+    assert not client.conn.closed
+
+
+# ---------------------------------------------------------------------- retain and properties
+
+
+def test_v5_retain_is_not_supported_0x9a() -> None:
+    client = Client(5)
+    connack = client.connect()
+    assert connack.properties.retain_available is False
+    effects = client.send(Publish("t", b"", retain=True))
+    assert store_effects(effects) == []
+    assert _disconnect_code(client, effects) == ReasonCode.RETAIN_NOT_SUPPORTED
+
+
+def test_v311_retain_is_stored_with_the_flag() -> None:
+    client = _connected(4)
+    assert only(client.send(Publish("t", b"", retain=True)), StorePublish).meta.retain is True
+
+
+def test_v5_client_subscription_identifier_is_a_protocol_error() -> None:
+    client = _connected(5)
+    effects = client.send(Publish("t", b"", properties=Properties(subscription_identifiers=[3])))
+    assert _disconnect_code(client, effects) == ReasonCode.PROTOCOL_ERROR
+
+
+def test_v5_properties_are_forwarded_without_the_topic_alias() -> None:
+    client = _connected(5, topic_alias_maximum=2)
+    sent = Properties(
+        payload_format_indicator=1,
+        message_expiry_interval=30,
+        content_type="application/json",
+        response_topic="reply/here",
+        correlation_data=b"\x00\x01",
+        user_properties=[("k", "v"), ("k", "w")],
+        topic_alias=1,
+    )
+    store = only(
+        client.send(Publish("t", b"{}", qos=1, packet_id=1, properties=sent)), StorePublish
+    )
+    forwarded, end = decode_properties(store.meta.properties, 0, PacketType.PUBLISH)
+    assert end == len(store.meta.properties)
+    assert forwarded == Properties(
+        payload_format_indicator=1,
+        message_expiry_interval=30,
+        content_type="application/json",
+        response_topic="reply/here",
+        correlation_data=b"\x00\x01",
+        user_properties=[("k", "v"), ("k", "w")],
+    )
+    assert store.meta.protocol_version == 5
+
+
+def test_publish_too_large_is_disconnect_0x95() -> None:
+    client = _connected(5, max_packet_size=128)
+    effects = client.send(Publish("t", b"x" * 200))
+    assert store_effects(effects) == []
+    assert _disconnect_code(client, effects) == ReasonCode.PACKET_TOO_LARGE
+
+
+def test_received_time_comes_from_the_clock() -> None:
+    client = _connected(4)
+    client.now = NOW_MS + 1234
+    assert only(client.send(Publish("t", b"")), StorePublish).meta.received_at_ms == NOW_MS + 1234

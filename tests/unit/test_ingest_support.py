@@ -1,0 +1,166 @@
+"""A test client for the sans-IO ingest core, and checks of the client itself.
+
+:class:`Client` drives one :class:`ServerConnection` the way an MQTT client would: it encodes
+real packets with the codec, feeds their bytes to the connection, and decodes what the server
+sends with a client-side :class:`StreamDecoder`, so every byte the server writes is checked
+against the codec's rules. Other ``test_ingest_*`` modules import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import pytest
+
+from services.common.mqtt.codec import StreamDecoder, encode
+from services.common.mqtt.packets import ConnAck, Connect, Packet
+from services.common.mqtt.properties import Properties
+from services.common.records import SessionRecord
+from services.common.settings import Settings
+from services.common.topics.trie import Subscription
+from services.ingest.connection import ServerConnection
+from services.ingest.effects import (
+    Close,
+    Connected,
+    Effect,
+    Send,
+    StorePublish,
+    StoreSession,
+    StoreSubscriptions,
+)
+
+E = TypeVar("E")
+
+NODE_ID = "node-a"
+CONNECTION_ID = bytes(range(16))
+NOW_MS = 1_700_000_000_000
+
+
+def make_settings(**overrides: Any) -> Settings:
+    """Settings with their defaults and ``overrides``; never read from the environment."""
+    return Settings.model_construct(**overrides)
+
+
+class Client:
+    """One MQTT client talking to one :class:`ServerConnection`, with bytes only.
+
+    ``previous`` is what the state topics know of this client id (session record and
+    subscriptions). Every effect the connection returns is also kept in :attr:`log`.
+    """
+
+    def __init__(
+        self,
+        version: int = 5,
+        settings: Settings | None = None,
+        previous: tuple[SessionRecord | None, list[Subscription]] = (None, []),
+    ) -> None:
+        self.version = version
+        self.settings = settings or make_settings()
+        self.previous = previous
+        self.looked_up: list[str] = []
+        self.now = NOW_MS
+        self.conn = ServerConnection(
+            self.settings, NODE_ID, CONNECTION_ID, self._previous_session, lambda: self.now
+        )
+        self.decoder = StreamDecoder(protocol_version=version)
+        self.log: list[Effect] = []
+
+    def _previous_session(self, client_id: str) -> tuple[SessionRecord | None, list[Subscription]]:
+        self.looked_up.append(client_id)
+        return self.previous
+
+    # ------------------------------------------------------------------ driving
+
+    def _keep(self, effects: list[Effect]) -> list[Effect]:
+        self.log.extend(effects)
+        return effects
+
+    def send(self, *packets: Packet) -> list[Effect]:
+        """Encode ``packets`` for this client's version and feed them in one read."""
+        return self.send_bytes(b"".join(encode(p, self.version) for p in packets))
+
+    def send_bytes(self, data: bytes) -> list[Effect]:
+        """Feed raw bytes to the connection."""
+        return self._keep(self.conn.receive_data(data))
+
+    def stored(self, token: int) -> list[Effect]:
+        """Kafka stored the effect ``token``."""
+        return self._keep(self.conn.stored(token))
+
+    def store_failed(self, token: int) -> list[Effect]:
+        """Kafka refused the effect ``token``."""
+        return self._keep(self.conn.store_failed(token))
+
+    def connect(
+        self,
+        client_id: str = "c1",
+        clean_start: bool = True,
+        keep_alive: int = 30,
+        properties: Properties | None = None,
+    ) -> ConnAck:
+        """CONNECT, let Kafka store the session record, and return the CONNACK."""
+        connect = Connect(
+            self.version, client_id, clean_start, keep_alive, properties=properties or Properties()
+        )
+        effects = self.send(connect)
+        record = only(effects, StoreSession)
+        after = self.stored(record.token)
+        packets = self.packets(after)
+        assert len(packets) == 1 and isinstance(packets[0], ConnAck), packets
+        assert packets[0].reason_code == 0
+        assert Connected(self.conn.client_id) in after
+        return packets[0]
+
+    # ------------------------------------------------------------------ reading effects
+
+    def packets(self, effects: Iterable[Effect]) -> list[Packet]:
+        """Decode, as the client would, every packet the ``Send`` effects carry."""
+        data = b"".join(e.data for e in effects if isinstance(e, Send))
+        return self.decoder.feed(data)
+
+
+def of_type(effects: Iterable[Any], kind: type[E]) -> list[E]:
+    """The effects (or packets) of one type, in order."""
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def only(effects: Iterable[Any], kind: type[E]) -> E:
+    """The single effect (or packet) of ``kind``; fails if there is not exactly one."""
+    found = of_type(effects, kind)
+    assert len(found) == 1, f"expected one {kind.__name__}, got {found!r}"
+    return found[0]
+
+
+def closes(effects: Iterable[Effect]) -> bool:
+    """True if the effects end by closing the connection."""
+    effects = list(effects)
+    return bool(effects) and isinstance(effects[-1], Close)
+
+
+def store_effects(
+    effects: Iterable[Effect],
+) -> list[StorePublish | StoreSubscriptions | StoreSession]:
+    """The effects that write to Kafka."""
+    return [e for e in effects if isinstance(e, StorePublish | StoreSubscriptions | StoreSession)]
+
+
+# ---------------------------------------------------------------------- the harness itself
+
+
+def test_client_connects_and_decodes_the_connack() -> None:
+    client = Client(version=5)
+    connack = client.connect("me")
+    assert connack.session_present is False
+    assert client.conn.client_id == "me"
+    assert client.looked_up == ["me"]
+
+
+def test_only_rejects_zero_or_many() -> None:
+    effects: list[Effect] = [Close("a"), Close("b")]
+    with pytest.raises(AssertionError):
+        only(effects, Close)
+    with pytest.raises(AssertionError):
+        only(effects, Send)
+    assert of_type(effects, Send) == []
+    assert closes(effects)

@@ -1,0 +1,250 @@
+"""Kafka record formats (services/common/records.py): round trips and garbage.
+
+Every format must decode back to what was encoded, and anything else must raise
+RecordError (never another exception): consumers skip such records instead of crashing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common.records import (
+    ClientKind,
+    PublishMeta,
+    RecordError,
+    SessionRecord,
+    Target,
+    decode_meta,
+    decode_session,
+    decode_subscriptions,
+    decode_targets,
+    encode_meta,
+    encode_session,
+    encode_subscriptions,
+    encode_targets,
+)
+from services.common.topics.trie import Subscription
+
+U8 = st.integers(0, 255)
+U32 = st.integers(0, 2**32 - 1)
+U64 = st.integers(0, 2**64 - 1)
+QOS = st.integers(0, 2)
+# Short strings keep the examples fast; st.text never yields lone surrogates.
+TEXT = st.text(max_size=40)
+SUB_ID = st.integers(1, 268_435_455)
+
+metas = st.builds(
+    PublishMeta,
+    topic=TEXT,
+    qos=QOS,
+    retain=st.booleans(),
+    received_at_ms=U64,
+    protocol_version=st.sampled_from([3, 4, 5]),
+    properties=st.binary(max_size=40),
+)
+targets = st.builds(
+    Target,
+    client_id=TEXT,
+    qos=QOS,
+    retain_as_published=st.booleans(),
+    subscription_identifiers=st.lists(SUB_ID, max_size=5).map(tuple),
+)
+sessions = st.builds(
+    SessionRecord,
+    node_id=TEXT,
+    connection_id=st.binary(min_size=16, max_size=16),
+    connected=st.booleans(),
+    protocol_version=st.sampled_from([3, 4, 5]),
+    clean_start=st.booleans(),
+    persistent=st.booleans(),
+    kind=st.sampled_from(ClientKind),
+    session_expiry_interval=U32,
+    connected_at_ms=U64,
+    updated_at_ms=U64,
+)
+
+
+def subscriptions(client_id: str) -> st.SearchStrategy[Subscription]:
+    return st.builds(
+        Subscription,
+        client_id=st.just(client_id),
+        topic_filter=TEXT,
+        qos=QOS,
+        no_local=st.booleans(),
+        retain_as_published=st.booleans(),
+        retain_handling=QOS,
+        subscription_identifier=st.none() | SUB_ID,
+    )
+
+
+def _session() -> SessionRecord:
+    return SessionRecord("node-1", bytes(range(16)), True, 5, False, True)
+
+
+# ---------------------------------------------------------------------- round trips
+
+
+@given(metas)
+def test_meta_round_trip(meta: PublishMeta) -> None:
+    assert decode_meta(encode_meta(meta)) == meta
+
+
+@given(st.lists(targets, max_size=6))
+def test_targets_round_trip(value: list[Target]) -> None:
+    assert decode_targets(encode_targets(value)) == value
+
+
+@given(st.lists(subscriptions("client-1"), max_size=6))
+def test_subscriptions_round_trip(value: list[Subscription]) -> None:
+    assert decode_subscriptions("client-1", encode_subscriptions(value)) == value
+
+
+@given(sessions)
+def test_session_round_trip(record: SessionRecord) -> None:
+    assert decode_session(encode_session(record)) == record
+
+
+def test_subscription_identifier_zero_means_none() -> None:
+    [sub] = decode_subscriptions("c", encode_subscriptions([Subscription("c", "t", 1)]))
+    assert sub.subscription_identifier is None
+
+
+def test_session_connection_id_must_be_16_bytes() -> None:
+    # A shorter id would silently come back padded with zeros, so the node would no longer
+    # recognise its own connection in the record.
+    record = _session()
+    record.connection_id = b"short"
+    with pytest.raises(ValueError):
+        encode_session(record)
+
+
+def test_many_subscription_identifiers_do_not_break_the_targets_record() -> None:
+    ids = tuple(range(1, 301))
+    [target] = decode_targets(encode_targets([Target("c", 1, False, ids)]))
+    assert target.client_id == "c" and target.qos == 1
+    assert 0 < len(target.subscription_identifiers) <= 255
+    assert target.subscription_identifiers == ids[: len(target.subscription_identifiers)]
+
+
+# ---------------------------------------------------------------------- garbage
+
+ENCODED: dict[str, tuple[bytes, Callable[[bytes], Any]]] = {
+    "meta": (encode_meta(PublishMeta("a/b", 1, True, 5, 5, b"")), decode_meta),
+    "targets": (
+        encode_targets([Target("c1", 1, True, (3, 4)), Target("c2", 0)]),
+        decode_targets,
+    ),
+    "subscriptions": (
+        encode_subscriptions([Subscription("c", "a/#", 1, subscription_identifier=9)]),
+        lambda data: decode_subscriptions("c", data),
+    ),
+    "session": (encode_session(_session()), decode_session),
+}
+FORMATS = sorted(ENCODED)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_truncation_is_a_record_error(name: str) -> None:
+    data, decode = ENCODED[name]
+    decode(data)  # the full record is fine
+    for end in range(len(data)):
+        with pytest.raises(RecordError):
+            decode(data[:end])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("version", [0, 2, 255])
+def test_unknown_version_is_a_record_error(name: str, version: int) -> None:
+    data, decode = ENCODED[name]
+    with pytest.raises(RecordError):
+        decode(bytes([version]) + data[1:])
+
+
+@pytest.mark.parametrize("name", ["targets", "subscriptions", "session"])
+def test_trailing_bytes_are_a_record_error(name: str) -> None:
+    data, decode = ENCODED[name]
+    with pytest.raises(RecordError):
+        decode(data + b"\x00")
+
+
+def test_meta_trailing_bytes_are_its_properties() -> None:
+    data = encode_meta(PublishMeta("t", 0, False, 1, 5, b""))
+    assert decode_meta(data + b"\x00").properties == b"\x00"
+
+
+def _with_bad_utf8(data: bytes, text: bytes) -> bytes:
+    index = data.index(text)
+    return data[:index] + b"\xff" + data[index + 1 :]
+
+
+def test_bad_utf8_is_a_record_error() -> None:
+    with pytest.raises(RecordError):
+        decode_meta(_with_bad_utf8(encode_meta(PublishMeta("topic", 0, False, 1)), b"topic"))
+    with pytest.raises(RecordError):
+        decode_targets(_with_bad_utf8(encode_targets([Target("client", 0)]), b"client"))
+    with pytest.raises(RecordError):
+        decode_subscriptions(
+            "c", _with_bad_utf8(encode_subscriptions([Subscription("c", "filt", 0)]), b"filt")
+        )
+    with pytest.raises(RecordError):
+        decode_session(_with_bad_utf8(encode_session(_session()), b"node-1"))
+
+
+def test_meta_qos_3_is_a_record_error() -> None:
+    data = bytearray(encode_meta(PublishMeta("t", 0, False, 1)))
+    data[1] |= 0x03
+    with pytest.raises(RecordError):
+        decode_meta(bytes(data))
+
+
+def test_target_qos_3_is_a_record_error() -> None:
+    data = struct.pack(">BI", 1, 1) + b"\x00\x01c" + bytes([0x03, 0])
+    with pytest.raises(RecordError):
+        decode_targets(data)
+
+
+@pytest.mark.parametrize("options", [0x03, 0x30])
+def test_invalid_subscription_options_are_a_record_error(options: int) -> None:
+    data = struct.pack(">BI", 1, 1) + b"\x00\x01t" + struct.pack(">BI", options, 0)
+    with pytest.raises(RecordError):
+        decode_subscriptions("c", data)
+
+
+def test_unknown_client_kind_is_a_record_error() -> None:
+    data = bytearray(encode_session(_session()))
+    data[3] = 7
+    with pytest.raises(RecordError):
+        decode_session(bytes(data))
+
+
+def test_huge_target_count_is_a_record_error() -> None:
+    with pytest.raises(RecordError):
+        decode_targets(struct.pack(">BI", 1, 2**32 - 1))
+
+
+def _decode_any(data: bytes) -> None:
+    for decode in (
+        decode_meta,
+        decode_targets,
+        decode_session,
+        lambda d: decode_subscriptions("c", d),
+    ):
+        with contextlib.suppress(RecordError):
+            decode(data)
+
+
+@given(st.binary(max_size=64))
+def test_random_bytes_never_raise_anything_but_record_error(data: bytes) -> None:
+    _decode_any(data)
+
+
+@given(st.binary(max_size=64))
+def test_random_bodies_after_a_valid_version_never_raise_anything_else(body: bytes) -> None:
+    _decode_any(b"\x01" + body)
