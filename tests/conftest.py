@@ -16,6 +16,21 @@ from services.local import cluster as local_cluster
 from services.local import kafka, postgres, redis
 from tests.servers import LocalCluster, make_test_settings
 
+DISRUPTIVE = "disruptive"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``disruptive`` marker."""
+    config.addinivalue_line(
+        "markers",
+        f"{DISRUPTIVE}: stops part of the shared cluster (and restores it); runs last",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run ``disruptive`` tests after all others: a failed restore then spoils nothing else."""
+    items.sort(key=lambda item: item.get_closest_marker(DISRUPTIVE) is not None)
+
 
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
@@ -46,8 +61,14 @@ def postgres_server(settings: Settings) -> str:
     return postgres.dsn(settings)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def cluster(settings: Settings) -> LocalCluster:
-    """The whole cluster up (infrastructure, ingest nodes, router, HAProxy)."""
-    local_cluster.up(settings)
+    """The whole cluster up (infrastructure, ingest nodes, router, HAProxy).
+
+    The processes are shared by the whole session: they start on first use. Each test
+    checks that they all still run, because an earlier test may have stopped some (the
+    infrastructure tests run ``cormorant down``); only what is down is started again.
+    """
+    if not all(row.healthy for row in local_cluster.status(settings)):
+        local_cluster.up(settings)
     return LocalCluster(settings)

@@ -27,6 +27,9 @@ TEST_PORTS = {
 PORT_STEP = 100
 PORT_TRIES = 20
 
+#: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
+KAFKA_REQUEST_TIMEOUT = 5.0
+
 
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
@@ -64,6 +67,8 @@ def make_test_settings(state_dir: Path) -> Settings:
         cache_dir=defaults.cache_dir,
         kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
         topic_prefix=f"test-{uuid.uuid4().hex[:8]}.",
+        # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
+        kafka_request_timeout_seconds=KAFKA_REQUEST_TIMEOUT,
         **ports,
     )
 

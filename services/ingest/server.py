@@ -14,6 +14,7 @@ from typing import cast
 
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
+from services.ingest.effects import Effect, StorePublish, StoreSession, StoreSubscriptions
 from services.ingest.node import IngestNode
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,9 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     Bytes that arrive before the connection is past CONNECT wait until this node has read
     the state topics up to date (:meth:`IngestNode.sync_state`), so a client reconnecting
-    from another node finds its session (Session Present) here.
+    from another node finds its session (Session Present) here. If that takes longer than
+    ``kafka_request_timeout_seconds``, Kafka is taken as unavailable and the CONNECT is
+    refused as the protocol says (CONNACK 0x88 Server unavailable, or 0x03 in v3.1.1).
     """
 
     def __init__(self, node: IngestNode) -> None:
@@ -64,15 +67,37 @@ class MQTTServerProtocol(asyncio.Protocol):
             self._feed(data)
 
     async def _feed_after_sync(self) -> None:
+        timeout = self.node.settings.kafka_request_timeout_seconds
         try:
-            await self.node.sync_state()
+            await asyncio.wait_for(self.node.sync_state(), timeout)
         except Exception as exc:  # state topics unreachable: refuse rather than guess
             log.warning("state topics not readable, refusing a connection: %r", exc)
-            self.close()
-            return
+            available = False
+        else:
+            available = True
         held, self._held = self._held, None
-        if held is not None and self.transport is not None and not self.transport.is_closing():
+        if held is None or self.transport is None or self.transport.is_closing():
+            return
+        if available:
             self._feed(bytes(held))
+        else:
+            self._feed_unavailable(bytes(held))
+        self._arm_timer()  # paused while the state was synced: a partial CONNECT times out
+
+    def _feed_unavailable(self, data: bytes) -> None:
+        """Handle ``data`` as if every record it asks to store was refused by Kafka.
+
+        Without the state topics nothing may be stored, and the sans-IO connection already
+        knows the answer to a refused store of its session record: CONNACK Server unavailable
+        (and a malformed CONNECT still gets its own reaction).
+        """
+        pending: list[Effect] = self.connection.receive_data(data)
+        while pending:
+            effect = pending.pop(0)
+            if isinstance(effect, StorePublish | StoreSession | StoreSubscriptions):
+                pending[:0] = self.connection.store_failed(effect.token)
+            else:
+                self.node.run(self, [effect])
 
     def _feed(self, data: bytes) -> None:
         had_timeout = self.connection.keep_alive_timeout
@@ -108,8 +133,8 @@ class MQTTServerProtocol(asyncio.Protocol):
     def _check_timeout(self) -> None:
         self._timer = None
         timeout = self.connection.keep_alive_timeout
-        if timeout is None or self.connection.closed:
-            return
+        if timeout is None or self.connection.closed or self._held is not None:
+            return  # a held CONNECT waits for the state sync, bounded by its own timeout
         if self._loop.time() - self._last_read >= timeout:
             self.node.run(self, self.connection.keep_alive_expired())
         else:

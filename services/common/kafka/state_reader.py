@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -46,28 +45,36 @@ class CompactedTopicReader:
 
         ``timeout`` (seconds) bounds the replay. Raises ``TimeoutError`` if it takes longer,
         ``RuntimeError`` if a topic does not exist, ``aiokafka.errors.KafkaError`` if Kafka
-        cannot be reached.
+        cannot be reached. On failure nothing is left running.
         """
         consumer = AIOKafkaConsumer(
-            *self._topics,
             bootstrap_servers=self._bootstrap,
             group_id=None,  # no group: every partition of the subscribed topics is assigned
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
         )
-        await consumer.start()
-        self._consumer = consumer
-        deadline = time.monotonic() + timeout
-        while {tp.topic for tp in consumer.assignment()} != set(self._topics):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Kafka topics {self._topics} are not all available")
-            await asyncio.sleep(0.05)  # assignment follows the first metadata answer
-        partitions = sorted(consumer.assignment())
-        await consumer.seek_to_beginning(*partitions)
-        self._positions = {tp: 0 for tp in partitions}
-        self._task = asyncio.create_task(self._follow(), name="compacted-topic-reader")
-        await asyncio.wait_for(self.barrier(), timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await consumer.start()
+                # Checked first: subscribing to a missing topic would wait for it for the
+                # whole request timeout and then fail without naming it.
+                missing = set(self._topics) - await consumer.topics()
+                if missing:
+                    raise RuntimeError(f"Kafka topics {sorted(missing)} do not exist")
+                consumer.subscribe(self._topics)
+                while {tp.topic for tp in consumer.assignment()} != set(self._topics):
+                    await asyncio.sleep(0.05)  # assignment follows the next metadata answer
+                partitions = sorted(consumer.assignment())
+                await consumer.seek_to_beginning(*partitions)
+                self._consumer = consumer
+                self._positions = {tp: 0 for tp in partitions}
+                self._task = asyncio.create_task(self._follow(), name="compacted-topic-reader")
+                await self.barrier()
+        except BaseException:
+            await self.stop()
+            await consumer.stop()  # idempotent: also when stop() closed it already
+            raise
 
     async def stop(self) -> None:
         """Stop following and close the consumer."""
@@ -76,6 +83,8 @@ class CompactedTopicReader:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+        self._task = None
+        self._consumer = None
 
     async def barrier(self) -> None:
         """Return once every record present in the topics at call time has been handled."""

@@ -1,0 +1,341 @@
+"""Third-party MQTT clients for the end-to-end tests, with deadlines instead of sleeps.
+
+- :func:`aio_client` / :func:`collect`: aiomqtt (asyncio);
+- :class:`PahoClient`: paho-mqtt on its network thread, for what aiomqtt hides (PUBACK and
+  DISCONNECT reason codes);
+- :class:`MosquittoSub` / :func:`mosquitto_pub`: the mosquitto command-line clients;
+- :class:`RawSocket` and the packet builders: hand-made bytes, for malformed input.
+
+The packet builders spell MQTT by hand on purpose: they must not share the broker's codec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiomqtt
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
+
+HOST = "127.0.0.1"
+
+#: Seconds any single expected event (CONNACK, a message, a close) may take.
+TIMEOUT = 15.0
+
+
+def unique(prefix: str) -> str:
+    """``prefix`` plus a random suffix: client ids and topics no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it is true; ``AssertionError`` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)  # polling pace of a condition with a deadline
+
+
+# --------------------------------------------------------------------------------------------
+# aiomqtt
+
+
+def aio_client(
+    port: int, identifier: str, version: int = 5, max_inflight_messages: int | None = None
+) -> aiomqtt.Client:
+    """An aiomqtt client of MQTT ``version`` (4 = 3.1.1, 5) for ``127.0.0.1:port``."""
+    protocol = aiomqtt.ProtocolVersion.V5 if version == 5 else aiomqtt.ProtocolVersion.V311
+    return aiomqtt.Client(
+        HOST,
+        port,
+        identifier=identifier,
+        protocol=protocol,
+        timeout=TIMEOUT,
+        max_inflight_messages=max_inflight_messages,
+    )
+
+
+async def collect(
+    client: aiomqtt.Client, count: int, timeout: float = TIMEOUT
+) -> list[aiomqtt.Message]:
+    """The next ``count`` messages of ``client``; ``TimeoutError`` names how many came."""
+    received: list[aiomqtt.Message] = []
+    try:
+        async with asyncio.timeout(timeout):
+            async for message in client.messages:
+                received.append(message)
+                if len(received) == count:
+                    break
+    except TimeoutError:
+        got = [(str(m.topic), m.payload) for m in received[-5:]]
+        raise TimeoutError(
+            f"{len(received)} of {count} messages in {timeout}s; last {got}"
+        ) from None
+    return received
+
+
+async def no_message(client: aiomqtt.Client, within: float) -> None:
+    """Assert that ``client`` receives nothing for ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            message = await anext(aiter(client.messages))
+    except TimeoutError:
+        return
+    raise AssertionError(f"unexpected message on {message.topic}: {message.payload!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# paho
+
+
+@dataclass
+class PahoClient:
+    """A paho-mqtt client on its own network thread, recording what the broker sent.
+
+    ``pubacks`` maps message ids to the PUBACK reason code; ``disconnects`` lists the reason
+    codes of the connection's ends (a v5 DISCONNECT's, or "Unspecified error" for a lost
+    socket); ``messages`` queues received messages. It never reconnects by itself.
+    """
+
+    port: int
+    client_id: str
+    version: int = 5
+    connack: queue.Queue[ReasonCode] = field(default_factory=queue.Queue)
+    pubacks: dict[int, ReasonCode] = field(default_factory=dict)
+    disconnects: list[ReasonCode] = field(default_factory=list)
+    messages: queue.Queue[paho.MQTTMessage] = field(default_factory=queue.Queue)
+    subacks: queue.Queue[list[ReasonCode]] = field(default_factory=queue.Queue)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        protocol = paho.MQTTv5 if self.version == 5 else paho.MQTTv311
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol
+        )
+        self.client.on_connect = lambda _c, _u, _f, rc, _p: self.connack.put(rc)
+        self.client.on_publish = self._on_publish
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = lambda _c, _u, message: self.messages.put(message)
+        self.client.on_subscribe = lambda _c, _u, _mid, codes, _p: self.subacks.put(codes)
+
+    def _on_publish(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
+        with self._lock:
+            self.pubacks[mid] = rc
+
+    def _on_disconnect(
+        self, _c: object, _u: object, _f: object, rc: ReasonCode, _p: object
+    ) -> None:
+        with self._lock:
+            self.disconnects.append(rc)
+
+    def connect(self) -> ReasonCode:
+        """Connect, start the network thread, and return CONNACK's reason code."""
+        self.client.connect(HOST, self.port, keepalive=60)
+        self._thread = threading.Thread(target=self._network, daemon=True)
+        self._thread.start()
+        return self.connack.get(timeout=TIMEOUT)
+
+    def _network(self) -> None:
+        # Not paho's loop_start(): that one reconnects by itself, and a reconnect with the
+        # same client id would take the session over again behind the test's back.
+        while self.client.loop(timeout=0.05) == paho.MQTT_ERR_SUCCESS:
+            pass
+
+    def subscribe(self, topic_filter: str, qos: int) -> list[ReasonCode]:
+        """Subscribe and wait for SUBACK; returns its reason codes."""
+        self.client.subscribe(topic_filter, qos)
+        return self.subacks.get(timeout=TIMEOUT)
+
+    def publish(self, topic: str, payload: bytes, qos: int) -> int:
+        """Queue a PUBLISH; returns its message id (key of :attr:`pubacks`)."""
+        return self.client.publish(topic, payload, qos).mid
+
+    def snapshot(self) -> tuple[dict[int, ReasonCode], list[ReasonCode]]:
+        """Copies of (pubacks, disconnects), taken together."""
+        with self._lock:
+            return dict(self.pubacks), list(self.disconnects)
+
+    def close(self) -> None:
+        """Disconnect (if still connected) and wait for the network thread to end."""
+        self.client.disconnect()
+        if self._thread is not None:
+            self._thread.join(TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# mosquitto command-line clients
+
+
+def _mosquitto(name: str) -> str:
+    path = shutil.which(name)
+    assert path is not None, f"{name} is not installed (mosquitto-clients, coreutils)"
+    return path
+
+
+class MosquittoSub:
+    """``mosquitto_sub -d -v`` in the background, started once its SUBACK arrived.
+
+    Its debug lines (``-d``) tell when it is subscribed; the other output lines are the
+    received messages as ``topic payload``.
+    """
+
+    def __init__(
+        self, port: int, topic_filter: str, *, qos: int, count: int, version: int = 4
+    ) -> None:
+        self.output: list[str] = []
+        self._subscribed = threading.Event()
+        # stdbuf: line-buffered stdout, or the SUBACK line would wait in a pipe buffer.
+        argv = [
+            _mosquitto("stdbuf"), "-oL",
+            _mosquitto("mosquitto_sub"), "-h", HOST, "-p", str(port), "-t", topic_filter,
+            "-q", str(qos), "-C", str(count), "-W", str(int(TIMEOUT * 2)), "-d", "-v",
+            "-i", unique("mosq-sub"), "-V", "mqttv5" if version == 5 else "mqttv311",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._subscribed.wait(TIMEOUT):
+            self.process.kill()
+            self._reader.join()
+            raise AssertionError(f"mosquitto_sub got no SUBACK: {self.output}")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line.rstrip("\n"))
+            if "received SUBACK" in line:
+                self._subscribed.set()
+
+    def messages(self) -> list[str]:
+        """Wait for the process to exit (count reached, or -W) and return its message lines."""
+        try:
+            self.process.wait(TIMEOUT * 3)
+        finally:
+            self.process.kill()
+            self._reader.join()
+        debug = ("Client ", "Subscribed (mid")
+        return [line for line in self.output if not line.startswith(debug)]
+
+
+def mosquitto_pub(
+    port: int, topic: str, message: str, *, qos: int, version: int = 4
+) -> subprocess.CompletedProcess[str]:
+    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process."""
+    argv = [
+        _mosquitto("mosquitto_pub"), "-h", HOST, "-p", str(port), "-t", topic, "-m", message,
+        "-q", str(qos), "-d", "-i", unique("mosq-pub"),
+        "-V", "mqttv5" if version == 5 else "mqttv311",
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT * 2, check=False)
+
+
+# --------------------------------------------------------------------------------------------
+# raw bytes
+
+
+def _vbi(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        value, digit = divmod(value, 128)
+        out.append(digit | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _utf8(data: bytes) -> bytes:
+    return struct.pack(">H", len(data)) + data
+
+
+def packet(first_byte: int, body: bytes) -> bytes:
+    """One control packet: fixed header byte, Remaining Length, ``body``."""
+    return bytes([first_byte]) + _vbi(len(body)) + body
+
+
+def connect_packet(
+    client_id: str, *, level: int = 4, flags: int = 0x02, name: bytes = b"MQTT"
+) -> bytes:
+    """A CONNECT (keep alive 60): protocol ``name`` and ``level`` (4 = 3.1.1, 5), ``flags``."""
+    props = b"\x00" if level == 5 else b""
+    body = _utf8(name) + bytes([level, flags]) + struct.pack(">H", 60) + props
+    return packet(0x10, body + _utf8(client_id.encode()))
+
+
+def publish_packet(
+    topic: bytes, payload: bytes, *, qos: int, packet_id: int = 1, v5: bool = False
+) -> bytes:
+    """A PUBLISH whose Topic Name is the raw ``topic`` bytes (they may be invalid UTF-8)."""
+    body = _utf8(topic) + (struct.pack(">H", packet_id) if qos else b"")
+    body += b"\x00" if v5 else b""
+    return packet(0x30 | qos << 1, body + payload)
+
+
+class RawSocket:
+    """A plain TCP connection to a node, reading with deadlines."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+
+    def send(self, data: bytes) -> None:
+        """Write ``data``."""
+        self.sock.sendall(data)
+
+    def read(self, size: int, timeout: float = TIMEOUT) -> bytes:
+        """Read exactly ``size`` bytes (fewer only if the server closed)."""
+        self.sock.settimeout(timeout)
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    def read_until_closed(self, timeout: float = TIMEOUT) -> bytes:
+        """Everything the server sends until it closes; ``TimeoutError`` if it keeps it open."""
+        self.sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        data = b""
+        while True:
+            try:
+                chunk = self.sock.recv(4096)
+            except ConnectionResetError:
+                return data
+            if not chunk:
+                return data
+            data += chunk
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"connection still open after {timeout}s; got {data!r}")
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def __enter__(self) -> RawSocket:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def log_excerpt(path: Path, needle: str) -> list[str]:
+    """The lines of log file ``path`` containing ``needle`` (for failure messages)."""
+    try:
+        return [line for line in path.read_text(errors="replace").splitlines() if needle in line]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,117 @@
+"""Kafka unreachable: nothing is acknowledged that Kafka did not store, and service resumes.
+
+Runs last (``disruptive``): it stops the test cluster's Kafka, then starts it again and
+waits until both ingest nodes and the router serve again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.clients import (
+    TIMEOUT,
+    PahoClient,
+    RawSocket,
+    aio_client,
+    collect,
+    connect_packet,
+    publish_packet,
+    unique,
+    wait_until,
+)
+from tests.servers import KAFKA_REQUEST_TIMEOUT, LocalCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
+
+#: Seconds beyond the Kafka request timeout that a refusal may take (scheduling, linger).
+MARGIN = 3.0
+
+#: Seconds the cluster may take to serve again once Kafka is back.
+RECOVERY_TIMEOUT = 120.0
+
+CONNACK_ACCEPTED = b"\x20\x02\x00\x00"
+CONNACK_SERVER_UNAVAILABLE_V311 = b"\x20\x02\x00\x03"
+SERVER_UNAVAILABLE = 0x88
+
+
+def _connect_v5(raw: RawSocket, client_id: str) -> bytes:
+    """Send a v5 CONNECT; return the CONNACK's flags and reason code."""
+    raw.send(connect_packet(client_id, level=5))
+    head = raw.read(2)
+    assert head[:1] == b"\x20" and len(head) == 2, head
+    return raw.read(head[1])[:2]
+
+
+async def _round_trip(sub_port: int, pub_port: int) -> None:
+    """A QoS 1 message from a client on ``pub_port`` reaches one on ``sub_port``."""
+    topic = unique("e2e/recovered")
+    async with (
+        aio_client(sub_port, unique("sub")) as sub,
+        aio_client(pub_port, unique("pub"), 4) as pub,
+    ):
+        await sub.subscribe(topic, qos=1)
+        await pub.publish(topic, b"back", qos=1)
+        [message] = await collect(sub, 1, timeout=10)
+    assert message.payload == b"back"
+
+
+async def _wait_until_served(cluster: LocalCluster) -> None:
+    """Retry round trips across both nodes and through HAProxy until they all succeed."""
+    node1, node2 = cluster.node_ports
+    deadline = time.monotonic() + RECOVERY_TIMEOUT
+    while True:
+        try:
+            await _round_trip(node1, node2)
+            await _round_trip(node2, node1)
+            await _round_trip(cluster.mqtt_port, cluster.mqtt_port)
+            return
+        except Exception as exc:  # any failure means "not yet": retried until the deadline
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"cluster not serving {RECOVERY_TIMEOUT}s after Kafka"
+                ) from exc
+
+
+async def test_no_puback_without_kafka_and_service_resumes(cluster: LocalCluster) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/outage")
+    v5 = PahoClient(node1, unique("outage5"))
+    v3 = RawSocket(node2)
+    try:
+        assert v5.connect() == 0
+        v3.send(connect_packet(unique("outage3")))
+        assert v3.read(4) == CONNACK_ACCEPTED
+        before = v5.publish(topic, b"ok", 1)
+        wait_until(lambda: before in v5.snapshot()[0], TIMEOUT, "the first PUBACK")
+        assert v5.snapshot()[0][before] == 0
+
+        assert cluster.stop("kafka")
+        try:
+            started = time.monotonic()
+            mid = v5.publish(topic, b"lost", 1)
+            v3.send(publish_packet(topic.encode(), b"lost", qos=1))
+            # v3.1.1 has no negative PUBACK: the connection is closed, nothing acknowledged.
+            assert v3.read_until_closed(KAFKA_REQUEST_TIMEOUT + MARGIN) == b""
+            wait_until(lambda: mid in v5.snapshot()[0], MARGIN, "the v5 PUBACK")
+            assert time.monotonic() - started < KAFKA_REQUEST_TIMEOUT + MARGIN
+            pubacks, disconnects = v5.snapshot()
+            assert pubacks[mid].value >= 0x80, pubacks[mid]
+            assert disconnects == []  # a refused PUBLISH does not end a v5 connection
+
+            # New connections are refused with the CONNACK the protocol has for this.
+            for port in (node1, node2):
+                with RawSocket(port) as raw:
+                    raw.send(connect_packet(unique("refused3")))
+                    answer = raw.read_until_closed(KAFKA_REQUEST_TIMEOUT + MARGIN)
+                    assert answer == CONNACK_SERVER_UNAVAILABLE_V311
+                with RawSocket(port) as raw:
+                    assert _connect_v5(raw, unique("refused5")) == bytes([0, SERVER_UNAVAILABLE])
+                    assert raw.read_until_closed(MARGIN) == b""
+        finally:
+            cluster.start("kafka")
+    finally:
+        v5.close()
+        v3.close()
+    await _wait_until_served(cluster)
