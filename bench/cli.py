@@ -1,0 +1,191 @@
+"""Command line: ``python -m bench run|compare|list`` (and ``python -m bench.loadgen``).
+
+``run <scenario>`` runs one scenario once against one broker and prints its report;
+``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
+``bench/results/<label>.{jsonl,md,png}``. See bench/README.md for the scenarios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from bench import brokers, results
+from bench.compare import compare, summary_line
+from bench.loadgen import runner
+from bench.loadgen.plan import SCENARIOS, Options, Timing, build
+
+VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", choices=SCENARIOS)
+    g = parser.add_argument_group("scenario options (default: the scenario's own)")
+    g.add_argument("--pairs", type=int, help="p2p / persistent-p2p: publisher→subscriber pairs")
+    g.add_argument("--publishers", type=int, help="fan-in / fan-out: publishers")
+    g.add_argument("--subscribers", type=int, help="fan-in / fan-out: subscribers")
+    g.add_argument("--qos", type=int, choices=(0, 1), help="QoS of publishes and subscriptions")
+    g.add_argument("--size", type=int, help="payload size in bytes (at least 20)")
+    g.add_argument("--rate", type=float, help="total msg/s over all publishers (default: unpaced)")
+    g.add_argument("--connections", type=int, help="connections scenario: idle clients to open")
+    g.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
+    g.add_argument(
+        "--inflight", type=int, default=64, help="QoS 1 PUBLISHes awaiting PUBACK per publisher"
+    )
+    t = parser.add_argument_group("timing and generator")
+    t.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured traffic")
+    t.add_argument("--duration", type=float, default=10.0, help="measure window, seconds")
+    t.add_argument("--drain", type=float, default=10.0, help="max seconds to await stragglers")
+    t.add_argument("--setup", type=float, default=30.0, help="max seconds to connect/subscribe")
+    t.add_argument("--hold", type=float, default=2.0, help="connections: seconds held open")
+    t.add_argument(
+        "--workers",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="generator processes (default: min(4, CPUs))",
+    )
+
+
+def _options(args: argparse.Namespace, host: str, port: int) -> tuple[Options, Timing]:
+    options = Options(
+        pairs=args.pairs,
+        publishers=args.publishers,
+        subscribers=args.subscribers,
+        qos=args.qos,
+        size=args.size,
+        rate=args.rate,
+        connections=args.connections,
+        version=VERSIONS[args.mqtt],
+        inflight=args.inflight,
+        host=host,
+        port=port,
+    )
+    timing = Timing(
+        warmup=args.warmup,
+        duration=args.duration,
+        drain=args.drain,
+        setup=args.setup,
+        hold=args.hold,
+    )
+    return options, timing
+
+
+def run_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``run``."""
+    _common(parser)
+    parser.add_argument(
+        "--broker",
+        choices=("cormorant", "mosquitto", "external"),
+        default="cormorant",
+        help="cormorant: the local cluster (CPU accounted); mosquitto: start one on "
+        "--port (default 18830); external: just --host/--port",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, help="default 1883, or 18830 for mosquitto")
+    parser.add_argument("--output", type=Path, help="append the result record to this .jsonl")
+
+
+def compare_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``compare``."""
+    _common(parser)
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
+    parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
+    parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
+    parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
+    parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
+
+
+@contextlib.contextmanager
+def _target(args: argparse.Namespace) -> Iterator[brokers.Target]:
+    if args.broker == "mosquitto":
+        with brokers.mosquitto(args.port or brokers.MOSQUITTO_PORT) as target:
+            yield target
+    elif args.broker == "cormorant":
+        yield brokers.cormorant(args.host, args.port)
+    else:
+        yield brokers.external(args.host, args.port or 1883)
+
+
+def do_run(args: argparse.Namespace) -> None:
+    """``run``: one scenario, one broker, once; prints the report as JSON."""
+    with _target(args) as target:
+        options, timing = _options(args, target.host, target.port)
+        plan = build(args.scenario, options, timing)
+        _log(f"{plan.label} against {target.name} at {target.host}:{target.port}")
+        report = runner.run(plan, target, args.workers, _log)
+    _log(summary_line(report))
+    rec = results.record(
+        label=plan.label,
+        scenario=plan.scenario,
+        broker=target.name,
+        round_=1,
+        options={"host": target.host, "port": target.port, **vars(args)},
+        report=report,
+    )
+    if args.output:
+        results.append(args.output, rec)
+    print(json.dumps(rec, indent=2, sort_keys=True, default=str))
+
+
+def do_compare(args: argparse.Namespace) -> None:
+    """``compare``: Cormorant vs Mosquitto, A B A B …"""
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    options, timing = _options(args, "127.0.0.1", args.port)
+    jsonl, md, png = compare(
+        args.scenario,
+        options,
+        timing,
+        rounds=args.rounds,
+        workers=args.workers,
+        mosquitto_port=args.mosquitto_port,
+        pause=args.pause,
+        results_dir=args.results_dir,
+        log=_log,
+    )
+    print(md.read_text(encoding="utf-8"))
+    _log(f"wrote {jsonl}, {md} and {png}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench``."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser(sub.add_parser("run", help="one scenario against one broker"))
+    compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
+    sub.add_parser("list", help="the scenario names")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            print("\n".join(SCENARIOS))
+        elif args.command == "run":
+            do_run(args)
+        else:
+            do_compare(args)
+    except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
+        raise SystemExit(f"bench: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("bench: interrupted") from None
+
+
+def run_main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.loadgen <scenario> …``: the ``run`` command."""
+    parser = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__)
+    run_parser(parser)
+    args = parser.parse_args(argv)
+    try:
+        do_run(args)
+    except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
+        raise SystemExit(f"bench: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("bench: interrupted") from None

@@ -1,0 +1,97 @@
+"""Side by side: one scenario against the local Cormorant cluster and a Mosquitto the bench
+starts, alternately (A B A B …), then the results file, Markdown table and chart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import brokers, chart, results
+from bench.loadgen import runner
+from bench.loadgen.plan import Options, Timing, build
+
+
+def compare(
+    scenario: str,
+    options: Options,
+    timing: Timing,
+    *,
+    rounds: int,
+    workers: int,
+    mosquitto_port: int,
+    pause: float,
+    results_dir: Path,
+    log: Callable[[str], None],
+) -> tuple[Path, Path, Path]:
+    """Run ``rounds`` rounds of Cormorant then Mosquitto; ``pause`` seconds between runs.
+
+    Returns the paths of the JSON lines file, the Markdown table and the PNG chart.
+
+    Raises:
+        brokers.BrokerUnavailable: the cluster is down, or Mosquitto cannot start.
+        runner.RunError: a run failed.
+    """
+    cormorant = brokers.cormorant(options.host, options.port)
+    brokers.mosquitto_binary()
+    records: list[dict[str, Any]] = []
+    label = build(scenario, options, timing).label
+    jsonl = results_dir / f"{label}.jsonl"
+    for round_ in range(1, rounds + 1):
+        for name in ("cormorant", "mosquitto"):
+            # A fresh Mosquitto per run: no heap left over from the previous run (which
+            # would hide the connections scenario's memory growth).
+            with contextlib.ExitStack() as stack:
+                target = (
+                    cormorant
+                    if name == "cormorant"
+                    else stack.enter_context(brokers.mosquitto(mosquitto_port))
+                )
+                opts = dataclasses.replace(options, host=target.host, port=target.port)
+                plan = build(scenario, opts, timing)
+                log(f"round {round_}/{rounds}: {label} against {target.name}")
+                report = runner.run(plan, target, workers, log)
+            log(summary_line(report))
+            rec = results.record(
+                label=label,
+                scenario=scenario,
+                broker=target.name,
+                round_=round_,
+                options={**dataclasses.asdict(opts), **dataclasses.asdict(timing)},
+                report=report,
+            )
+            results.append(jsonl, rec)
+            records.append(rec)
+            time.sleep(pause)
+    md = results_dir / f"{label}.md"
+    md.write_text(results.markdown(records), encoding="utf-8")
+    png = chart.draw(records, results_dir / f"{label}.png", ("cormorant", "mosquitto"))
+    return jsonl, md, png
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """One line of the headline figures of a report (for the console)."""
+    if "connects_per_s" in report:
+        per_conn = report["memory_per_connection_kib"]
+        return (
+            f"  {report['connections']} connections, {report['connects_per_s'] or 0:,.0f}/s, "
+            f"{per_conn if per_conn is not None else float('nan'):.2f} KiB/conn, "
+            f"{report['failed']} failed"
+        )
+    lat = report["latency_ms"]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    return (
+        f"  published {report['published_per_s']:,.0f}/s, delivered "
+        f"{report['delivered_per_s']:,.0f}/s, e2e p50/p99/max {ms(lat['p50'])}/"
+        f"{ms(lat['p99'])}/{ms(lat['max'])} ms, PUBACK p50/p99 "
+        f"{ms(report['puback_ms']['p50'])}/{ms(report['puback_ms']['p99'])} ms, lost "
+        f"{report['lost']}, dup {report['duplicates']}, broker CPU "
+        f"{report['broker_cpu_total_s']:.2f}s, generator CPU {report['generator_cpu_s']:.2f}s"
+    )

@@ -1,0 +1,122 @@
+"""The load generator's accounting (bench/loadgen/stats, runner.summarize, results)."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from bench import results
+from bench.loadgen import runner, stats
+from bench.loadgen.plan import Options, Timing, build
+from bench.loadgen.worker import SubscriberResult, WorkerResult
+
+
+def test_percentile_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert stats.percentile(values, 50) == 50
+    assert stats.percentile(values, 99) == 99
+    assert stats.percentile(values, 100) == 100
+    assert stats.percentile([5], 1) == 5
+    assert stats.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        stats.percentile(values, 0)
+
+
+def test_latency_summary_converts_ns_to_ms() -> None:
+    summary = stats.latency_summary_ms([3_000_000, 1_000_000, 2_000_000, 4_000_000])
+    assert summary == {"p50": 2.0, "p95": 4.0, "p99": 4.0, "max": 4.0}
+    assert stats.latency_summary_ms([]) == {"p50": None, "p95": None, "p99": None, "max": None}
+
+
+def test_median_skips_missing_values() -> None:
+    assert stats.median([3.0, None, 1.0, 2.0]) == 2.0
+    assert stats.median([4.0, 1.0]) == 2.5
+    assert stats.median([None]) is None
+
+
+def test_seq_tracker_counts_duplicates_and_reordering() -> None:
+    tracker = stats.SeqTracker()
+    assert [tracker.add(1, s) for s in (1, 2, 3, 2, 5, 4, 4)] == [
+        True, True, True, False, True, True, False,
+    ]  # fmt: skip
+    assert tracker.add(2, 10_000)  # the bitmap grows on demand
+    assert tracker.distinct() == {1: 5, 2: 1}
+    assert tracker.duplicates == 2
+    assert tracker.reordered == 1  # 4 after 5
+
+
+def test_lost_counts_only_expected_publishers() -> None:
+    sent = {0: 10, 1: 5, 2: 7}
+    assert stats.lost(sent, (0, 1), {0: 10, 1: 3, 2: 0}) == 2
+    assert stats.lost(sent, (2,), {}) == 7
+    assert stats.lost({0: 1}, (0,), {0: 1}) == 0
+
+
+def test_ratio() -> None:
+    assert stats.ratio(6.0, 3.0) == 2.0
+    assert stats.ratio(None, 3.0) is None
+    assert stats.ratio(1.0, 0.0) is None
+
+
+def test_summarize_combines_workers() -> None:
+    plan = build("fan-in", Options(publishers=2), Timing(duration=2.0))
+    sent = {0: 100, 1: 100}
+    sub = SubscriberResult(
+        expected=(0, 1), distinct={0: 100, 1: 98}, duplicates=3, reordered=0, received=201
+    )
+    parts = [
+        WorkerResult(50, 0, array("q"), array("q", [1_000_000]), {0: 100}, 0, 0),
+        WorkerResult(
+            50, 180, array("q", [2_000_000, 4_000_000]), array("q"), {1: 100}, 1, 0, [sub]
+        ),
+    ]
+    report = runner.summarize(
+        plan, parts, sent, broker_cpu={"a": 1.0, "b": 1.0}, generator_cpu=0.5,
+        generator_cpu_total=1.0, route_seconds=0.1,
+    )  # fmt: skip
+    assert report["published_per_s"] == 50.0
+    assert report["delivered_per_s"] == 90.0
+    assert report["lost"] == 2
+    assert report["duplicates"] == 3
+    assert report["expected_deliveries"] == 200
+    assert report["unacked"] == 1
+    assert report["latency_ms"]["p50"] == 2.0
+    assert report["puback_ms"]["p99"] == 1.0
+    assert report["delivered_per_cpu_s"] == 90.0
+
+
+def test_plans_of_every_scenario() -> None:
+    timing = Timing()
+    p2p = build("p2p", Options(pairs=3, rate=300), timing)
+    assert p2p.label == "p2p-rate300"
+    assert [p.rate for p in p2p.publishers] == [100.0] * 3
+    assert [s.expected for s in p2p.subscribers] == [(0,), (1,), (2,)]
+    assert build("fan-in", Options(qos=0), timing).label == "fan-in-qos0"
+    tbmq = build("fan-out-tbmq", Options(), timing)
+    assert (len(tbmq.publishers), tbmq.publishers[0].rate, tbmq.publishers[0].size) == (
+        100, 10.0, 66,
+    )  # fmt: skip
+    assert all(s.topic_filter == "#" and s.qos == 0 for s in tbmq.subscribers)
+    persistent = build("persistent-p2p", Options(), timing)
+    assert not any(c.clean for c in (*persistent.publishers, *persistent.subscribers))
+    conns = build("connections", Options(connections=10), timing)
+    assert [conns.share(i, 3).connections for i in range(3)] == [4, 3, 3]
+    with pytest.raises(ValueError):
+        build("nope", Options(), timing)
+
+
+def test_markdown_table_has_ratio() -> None:
+    def rec(broker: str, delivered: float) -> dict[str, object]:
+        return {
+            "label": "p2p", "scenario": "p2p", "broker": broker, "round": 1, "date": "d",
+            "machine": {"platform": "p", "cpu_count": 2, "python": "3.11"},
+            "git_commit": "c", "command": "python -m bench compare p2p",
+            "report": {"delivered_per_s": delivered, "latency_ms": {"p50": None},
+                       "broker_cpu_s": {"kafka": 1.0}},
+        }  # fmt: skip
+
+    text = results.markdown([rec("cormorant", 100.0), rec("mosquitto", 400.0)])
+    assert "| delivered msg/s | 100 | 400 | 0.25 |" in text
+    assert "| end-to-end p50 ms | - | - | - |" in text
+    assert "- cormorant: kafka 1.00" in text
