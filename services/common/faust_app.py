@@ -4,6 +4,12 @@ Each service is a faust-streaming app (DESIGN.md); this module keeps their Kafka
 one place: raw bytes serializers (records are encoded by :mod:`services.common.records`),
 ``acks=all`` production, an in-memory table store (no service keeps Faust tables) and no
 Faust web server.
+
+The apps run in Faust's producer-only mode: Faust's worker gives each service its life cycle
+(signals, logging, ``@app.task``, start-up and shutdown hooks) and its producer, while the
+hot-path topics are consumed by :mod:`services.common.kafka.consumer` (the measured reason is
+there). So Faust's own consumer never joins a group, and the app id is free to be the
+service's consumer group.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from services.common.settings import Settings
 def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     """Build the Faust app of ``service`` (e.g. ``"router"``), configured from ``settings``.
 
-    The app id (and so the consumer group) is ``<topic_prefix>cormorant-<service>``; the
-    producer waits for all in-sync replicas (``acks=-1``) and is idempotent.
+    The app id (the service's consumer group, ``app.conf.id``) is
+    ``<topic_prefix>cormorant-<service>``; the producer waits for all in-sync replicas
+    (``acks=-1``).
     ``overrides`` are passed to :class:`faust.App` last.
     """
     datadir = settings.state_dir / "faust" / service
@@ -43,7 +50,9 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
         "datadir": str(datadir),
     }
     options.update(overrides)
-    return faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
+    app = faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
+    app.producer_only = True
+    return app
 
 
 def run_worker(app: faust.App, settings: Settings) -> None:

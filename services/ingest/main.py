@@ -1,8 +1,8 @@
 """The ingest service: a Faust app that owns MQTT sockets (DESIGN.md, ``services/ingest``).
 
-Its producer writes ``msg.all`` and the client state topics; its agent reads the node's own
-``msg.downlink.<node_id>`` topic (its own consumer group, so it gets every partition) and
-writes each message to the target sockets. A state reader follows ``client.sessions`` and
+Its producer writes ``msg.all`` and the client state topics; a task reads the node's own
+``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer group) and writes
+each message to the target sockets. A state reader follows ``client.sessions`` and
 ``client.subscriptions`` in full for session takeover and session resumption.
 """
 
@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Awaitable
 
 import faust
 
 from services.common.faust_app import make_app, run_worker
 from services.common.kafka.admin import core_topic_specs, downlink_topic_spec, ensure_topics
+from services.common.kafka.consumer import (
+    Record,
+    assign_whole_topics,
+    consume_batches,
+    make_consumer,
+)
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.mqtt.errors import MQTTError
@@ -36,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> faust.App:
-    """Build the ingest node's Faust app: listener, state reader and downlink agent."""
+    """Build the ingest node's Faust app: listener, state reader and downlink reader."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, f"ingest-{settings.node_id}")
 
@@ -54,37 +60,43 @@ def build_app(settings: Settings) -> faust.App:
         [names.client_sessions, names.client_subscriptions],
         node.apply_state,
     )
-    serving = asyncio.Event()
     servers: list[asyncio.Server] = []
-    downlink = app.topic(names.downlink(settings.node_id), key_type=bytes, value_type=bytes)
+    downlink = names.downlink(settings.node_id)
 
-    @app.task
-    async def start_listener() -> None:
-        await reader.start()
-        servers.append(await start_server(node))
-        serving.set()
-        mark_ready(settings.ready_file, f"ingest {settings.node_id} {settings.mqtt_port}")
-
-    @app.agent(downlink)
-    async def deliver(stream: faust.StreamT[bytes]) -> AsyncIterator[None]:
-        await serving.wait()
-        async for event in stream.events():
-            message = event.message
+    async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
+        for record in records:
             try:
-                headers = _headers(message.headers)
+                headers = dict(record.headers or ())
                 meta = decode_meta(headers[HEADER_META])
                 targets = decode_targets(headers[HEADER_TARGETS])
-                node.deliver(meta, message.value or b"", targets)
+                node.deliver(meta, record.value or b"", targets)
             except (KeyError, RecordError, MQTTError, ValueError) as exc:
                 # A poisoned record is logged and skipped; it must never block the partition.
                 log.warning(
                     "skipping undeliverable downlink record %s[%d]@%d: %r",
-                    message.topic,
-                    message.partition,
-                    message.offset,
+                    record.topic,
+                    record.partition,
+                    record.offset,
                     exc,
                 )
-            yield None
+        return []  # delivery is best effort here: QoS 1 is tracked per connection
+
+    @app.task
+    async def serve() -> None:
+        await reader.start()
+        # The downlink topic is read from its end, outside any consumer group: its records
+        # are for the connections of this process's life only (a restarted node has none).
+        # The position is fixed before the listener opens, so no client misses a record.
+        consumer = make_consumer(settings, group_id=None)
+        await consumer.start()
+        try:
+            async with asyncio.timeout(60):
+                await assign_whole_topics(consumer, [downlink], from_end=True)
+            servers.append(await start_server(node))
+            mark_ready(settings.ready_file, f"ingest {settings.node_id} {settings.mqtt_port}")
+            await consume_batches(consumer, deliver_batch)
+        finally:
+            await consumer.stop()
 
     @app.on_before_shutdown.connect
     async def stop(app: faust.App, **kwargs: object) -> None:
@@ -101,15 +113,6 @@ def build_app(settings: Settings) -> faust.App:
         await reader.stop()
 
     return app
-
-
-def _headers(raw: object) -> dict[str, bytes]:
-    """Kafka record headers as a dict, whichever shape the transport delivered."""
-    if raw is None:
-        return {}
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    return {name: value for name, value in raw}  # type: ignore[attr-defined]
 
 
 async def prepare_topics(settings: Settings) -> None:

@@ -1,22 +1,27 @@
-"""The router service: a Faust agent on ``msg.all`` that writes downlink records.
+"""The router service: reads ``msg.all`` and writes one downlink record per message per node.
 
 State (subscriptions and client locations) is replayed from the compacted topics before the
 first message is routed, so a restarted router routes exactly as before. Before each batch the
 router waits until it has applied every state record that existed when the batch arrived
 (:meth:`CompactedTopicReader.barrier`): a subscription acknowledged by SUBACK before a
 PUBLISH was acknowledged is always honoured.
+
+``msg.all`` is read in the router's consumer group (``<prefix>cormorant-router``: more
+routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`;
+a batch's offsets are committed once its downlink records are in Kafka.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 
 import faust
 
 from services.common.faust_app import make_app, run_worker
 from services.common.kafka.admin import core_topic_specs, ensure_topics
+from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
@@ -32,12 +37,14 @@ from services.router.routing import RoutingTable
 
 log = logging.getLogger(__name__)
 
-BATCH_MAX = 1000
-BATCH_WITHIN_SECONDS = 0.002
+#: Most ``msg.all`` records routed as one batch (one state barrier, one commit point).
+BATCH_MAX = 2000
+
+Headers = list[tuple[str, bytes]]
 
 
 def build_app(settings: Settings) -> faust.App:
-    """Build the router's Faust app: the state reader and the ``msg.all`` agent."""
+    """Build the router's Faust app: the state reader and the ``msg.all`` routing task."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, "router")
     table = RoutingTable()
@@ -51,30 +58,31 @@ def build_app(settings: Settings) -> faust.App:
     reader = CompactedTopicReader(
         settings.kafka_bootstrap, [names.client_subscriptions, names.client_sessions], apply_state
     )
-    state_ready = asyncio.Event()
-    msg_all = app.topic(names.msg_all, value_type=bytes, key_type=bytes)
+
+    async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
+        await reader.barrier()
+        send = app.producer.send
+        acks: list[Awaitable[object]] = []
+        for record in records:
+            for topic, headers in downlink_records(table, names, record):
+                acks.append(await send(topic, record.key, record.value, None, None, headers))
+        return acks
 
     @app.task
-    async def start_state() -> None:
+    async def route() -> None:
         await reader.start()
-        state_ready.set()
-        mark_ready(settings.ready_file, "router")
         log.info(
             "router ready: %d subscriptions, %d sessions", len(table.trie), len(table.sessions)
         )
-
-    @app.agent(msg_all)
-    async def route(stream: faust.StreamT[bytes]) -> AsyncIterator[None]:
-        await state_ready.wait()
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_SECONDS):
-            await reader.barrier()
-            pending = []
-            for event in events:
-                for args in _downlink_records(table, names, event):
-                    pending.append(await app.producer.send(**args))
-            # The batch's offsets are committed only after its downlink records are in Kafka.
-            await asyncio.gather(*pending)
-            yield None
+        consumer = make_consumer(settings, group_id=app.conf.id)
+        await consumer.start()
+        try:
+            mark_ready(settings.ready_file, "router")
+            await consume_batches(
+                consumer, route_batch, topics=[names.msg_all], max_records=BATCH_MAX
+            )
+        finally:
+            await consumer.stop()
 
     @app.on_before_shutdown.connect
     async def stop_state(app: faust.App, **kwargs: object) -> None:
@@ -84,34 +92,26 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
-def _downlink_records(
-    table: RoutingTable, names: TopicNames, event: faust.EventT[bytes]
-) -> list[dict[str, object]]:
-    """The producer ``send`` arguments of one ``msg.all`` event's downlink records."""
-    message = event.message
-    headers = dict(message.headers or [])
+def downlink_records(
+    table: RoutingTable, names: TopicNames, record: Record
+) -> list[tuple[str, Headers]]:
+    """Topic and headers of each downlink record for one ``msg.all`` record (value and key
+    are the input's). A record that does not decode is logged and yields none."""
     try:
-        meta_raw = headers[HEADER_META]
+        meta_raw = dict(record.headers or ())[HEADER_META]
         meta = decode_meta(meta_raw)
-        publisher = (message.key or b"").decode("utf-8")
+        publisher = (record.key or b"").decode("utf-8")
     except (KeyError, RecordError, UnicodeDecodeError) as exc:
         log.warning(
             "skipping undecodable msg.all record %s[%d]@%d: %r",
-            message.topic,
-            message.partition,
-            message.offset,
+            record.topic,
+            record.partition,
+            record.offset,
             exc,
         )
         return []
     return [
-        {
-            "topic": names.downlink(node),
-            "key": message.key,
-            "value": message.value,
-            "partition": None,
-            "timestamp": None,
-            "headers": [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))],
-        }
+        (names.downlink(node), [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))])
         for node, targets in table.route(publisher, meta).items()
     ]
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from services.common.kafka.consumer import assign_whole_topics
+
 log = logging.getLogger(__name__)
 
 RecordHandler = Callable[[str, bytes, bytes | None, int], None]
@@ -36,9 +38,12 @@ class CompactedTopicReader:
         self._topics = list(topics)
         self._handler = handler
         self._consumer: AIOKafkaConsumer | None = None
+        self._probe: AIOKafkaConsumer | None = None
         self._positions: dict[TopicPartition, int] = {}
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._next_round: asyncio.Future[dict[TopicPartition, int]] | None = None
+        self._rounds: asyncio.Task[None] | None = None
 
     async def start(self, timeout: float = 60.0) -> None:
         """Assign all partitions, replay them to their current end, then follow in the background.
@@ -49,24 +54,21 @@ class CompactedTopicReader:
         """
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,
-            group_id=None,  # no group: every partition of the subscribed topics is assigned
+            group_id=None,  # no group: every partition of the topics is assigned
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
         )
+        # Asks for end offsets only. Its own connection matters: Kafka answers the requests
+        # of one connection in order, so on the follower's connection a ListOffsets would
+        # wait behind the follower's long-polling fetch (fetch_max_wait_ms) every time.
+        probe = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None)
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
-                # Checked first: subscribing to a missing topic would wait for it for the
-                # whole request timeout and then fail without naming it.
-                missing = set(self._topics) - await consumer.topics()
-                if missing:
-                    raise RuntimeError(f"Kafka topics {sorted(missing)} do not exist")
-                consumer.subscribe(self._topics)
-                while {tp.topic for tp in consumer.assignment()} != set(self._topics):
-                    await asyncio.sleep(0.05)  # assignment follows the next metadata answer
-                partitions = sorted(consumer.assignment())
-                await consumer.seek_to_beginning(*partitions)
+                await probe.start()
+                self._probe = probe
+                partitions = await assign_whole_topics(consumer, self._topics, from_end=False)
                 self._consumer = consumer
                 self._positions = {tp: 0 for tp in partitions}
                 self._task = asyncio.create_task(self._follow(), name="compacted-topic-reader")
@@ -74,26 +76,52 @@ class CompactedTopicReader:
         except BaseException:
             await self.stop()
             await consumer.stop()  # idempotent: also when stop() closed it already
+            await probe.stop()
             raise
 
     async def stop(self) -> None:
         """Stop following and close the consumer."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        for task in (self._task, self._rounds):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        for consumer in (self._consumer, self._probe):
+            if consumer is not None:
+                await consumer.stop()
         self._task = None
+        self._rounds = None
         self._consumer = None
+        self._probe = None
 
     async def barrier(self) -> None:
-        """Return once every record present in the topics at call time has been handled."""
-        assert self._consumer is not None, "start() first"
-        ends = await self._consumer.end_offsets(list(self._positions))
+        """Return once every record present in the topics at call time has been handled.
+
+        Concurrent callers share end-offset requests: a caller joins the next request to be
+        sent (never one already sent, which may predate its call), so a burst of callers
+        costs about two round trips to Kafka, not one each. Raises
+        ``aiokafka.errors.KafkaError`` if Kafka does not answer.
+        """
+        assert self._probe is not None, "start() first"
+        if self._next_round is None:
+            self._next_round = asyncio.get_running_loop().create_future()
+            if self._rounds is None or self._rounds.done():
+                self._rounds = asyncio.create_task(self._send_rounds())
+        ends = await asyncio.shield(self._next_round)
         async with self._progress:
             await self._progress.wait_for(
                 lambda: all(self._positions[tp] >= end for tp, end in ends.items())
             )
+
+    async def _send_rounds(self) -> None:
+        """Answer each round of :meth:`barrier` callers with one end-offsets request."""
+        assert self._probe is not None
+        while self._next_round is not None:
+            round_, self._next_round = self._next_round, None
+            try:
+                round_.set_result(await self._probe.end_offsets(list(self._positions)))
+            except Exception as exc:
+                round_.set_exception(exc)
+                round_.exception()  # retrieved here: a round nobody awaits any more is fine
 
     async def _follow(self) -> None:
         assert self._consumer is not None

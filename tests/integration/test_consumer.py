@@ -1,0 +1,167 @@
+"""consume_batches against the real broker: commit after acknowledgement, re-read on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from services.common.kafka.admin import TopicSpec, ensure_topics
+from services.common.kafka.consumer import Record, consume_batches, make_consumer
+from services.common.settings import Settings
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 3
+TIMEOUT = 20.0
+
+
+@dataclass
+class Topic:
+    """A fresh topic, a producer writing to it and settings pointing at the broker."""
+
+    name: str
+    producer: AIOKafkaProducer
+    settings: Settings
+
+    async def put_many(self, count: int) -> None:
+        """Write ``count`` records (keys k0..k{count-1}) and wait for Kafka's acks."""
+        acks = [
+            await self.producer.send(self.name, str(i).encode(), key=f"k{i}".encode())
+            for i in range(count)
+        ]
+        await asyncio.gather(*acks)
+
+    def consumer(self, group: str) -> AIOKafkaConsumer:
+        """A hot-path consumer in consumer group ``group`` (not started)."""
+        return make_consumer(self.settings, group_id=group, fetch_max_wait_ms=100)
+
+    async def committed(self, group: str) -> int:
+        """Offsets committed by ``group``, summed over the topic's partitions."""
+        probe = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, group_id=group)
+        await probe.start()
+        try:
+            total = 0
+            for p in range(PARTITIONS):
+                total += await probe.committed(TopicPartition(self.name, p)) or 0
+            return total
+        finally:
+            await probe.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def topic(kafka_bootstrap: str, settings: Settings) -> AsyncIterator[Topic]:
+    name = f"it-{uuid.uuid4().hex[:8]}.batches"
+    await ensure_topics(kafka_bootstrap, [TopicSpec(name, PARTITIONS)])
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        yield Topic(name, producer, settings)
+    finally:
+        await producer.stop()
+
+
+async def _until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait for ``predicate``; AssertionError naming ``what`` after TIMEOUT seconds."""
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not predicate():
+                await asyncio.sleep(0.02)  # polling pace of a condition with a deadline
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def _run(consumer: AIOKafkaConsumer, task: Awaitable[None]) -> asyncio.Task[None]:
+    await consumer.start()
+    return asyncio.ensure_future(task)
+
+
+async def _stop(consumer: AIOKafkaConsumer, task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await consumer.stop()
+
+
+async def test_offsets_are_committed_only_once_the_batch_is_acknowledged(topic: Topic) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    seen: list[bytes] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        seen.extend(r.value for r in records)
+        return [gate]
+
+    await topic.put_many(10)
+    consumer = topic.consumer(group)
+    task = await _run(
+        consumer, consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05)
+    )
+    try:
+        await _until(lambda: len(seen) == 10, "all ten records handled")
+        assert await topic.committed(group) == 0  # handled, but not acknowledged yet
+        gate.set_result(None)
+        async with asyncio.timeout(TIMEOUT):
+            while await topic.committed(group) != 10:
+                await asyncio.sleep(0.05)  # polling pace of a condition with a deadline
+    finally:
+        await _stop(consumer, task)
+    assert sorted(seen, key=int) == [str(i).encode() for i in range(10)]
+
+
+async def test_a_failed_batch_is_read_again_and_nothing_is_lost(topic: Topic) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    handled: list[bytes] = []
+    failures = 0
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        nonlocal failures
+        if failures < 2 and any(r.value == b"7" for r in records):
+            failures += 1
+            failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            failed.set_exception(RuntimeError("the store is down"))
+            return [failed]
+        handled.extend(r.value for r in records)
+        return []
+
+    await topic.put_many(20)
+    consumer = topic.consumer(group)
+    task = await _run(
+        consumer, consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05)
+    )
+    try:
+        await _until(lambda: b"7" in handled, "the failing record handled at last")
+        await _until(lambda: set(handled) == {str(i).encode() for i in range(20)}, "all records")
+        async with asyncio.timeout(TIMEOUT):
+            while await topic.committed(group) != 20:
+                await asyncio.sleep(0.05)  # polling pace of a condition with a deadline
+    finally:
+        await _stop(consumer, task)
+    assert failures == 2
+
+
+async def test_a_handler_that_raises_fails_its_batch_the_same_way(topic: Topic) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    handled: list[bytes] = []
+    raised = False
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise ConnectionError("Redis is down")
+        handled.extend(r.value for r in records)
+        return []
+
+    await topic.put_many(5)
+    consumer = topic.consumer(group)
+    task = await _run(consumer, consume_batches(consumer, handle, topics=[topic.name]))
+    try:
+        await _until(lambda: set(handled) == {str(i).encode() for i in range(5)}, "all records")
+    finally:
+        await _stop(consumer, task)
+    assert raised
