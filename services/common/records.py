@@ -8,13 +8,23 @@ format starts with a version byte so it can evolve. Decoding garbage raises
 Topic → key / value / headers:
 
 - ``msg.all``: key = publisher client id (UTF-8); value = payload; header ``m`` =
-  :class:`PublishMeta`.
+  :class:`PublishMeta`. A record with header ``q`` instead (value empty) is a retained
+  message request: key = the subscribing client's id, ``q`` = the new subscriptions whose
+  matching retained messages that client must get (:func:`encode_subscriptions`).
 - ``msg.downlink.<node_id>``: key = publisher client id; value = payload; header ``m`` =
-  :class:`PublishMeta`, header ``t`` = the node's targets (:func:`encode_targets`).
+  :class:`PublishMeta`, header ``t`` = the node's targets (:func:`encode_targets`). A record
+  with header ``r`` instead (value empty) asks the node to send PUBREL for each
+  (client id, Packet Identifier) of :func:`encode_releases` (QoS 2 resumed, MQTT 4.4).
+- ``msg.persisted``: key = subscriber client id; value = payload; headers ``m`` and ``t``
+  as in a downlink record, ``t`` holding that one subscriber.
+- ``msg.retained`` (compacted): key = Topic Name (UTF-8); value = payload; header ``m``;
+  a tombstone = no retained message on that topic (MQTT 3.3.1.3).
 - ``client.subscriptions`` (compacted): key = client id; value = the client's whole
   subscription set (:func:`encode_subscriptions`); a tombstone (None) = no subscriptions.
 - ``client.sessions`` (compacted): key = client id; value = :class:`SessionRecord`;
   a tombstone = session removed.
+- ``client.acks``: key = subscriber client id; value = :class:`AckRecord`: the client's
+  PUBACK / PUBREC / PUBCOMP of messages a store delivered.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from services.common.topics.trie import Subscription
 
 HEADER_META = "m"
 HEADER_TARGETS = "t"
+HEADER_RELEASES = "r"
+HEADER_RETAINED_REQUEST = "q"
 
 _VERSION = 1
 
@@ -130,12 +142,17 @@ class Target:
     ``qos`` is the granted QoS (min of publish and subscription QoS, MQTT 3.8.4);
     ``retain_as_published`` keeps the RETAIN flag (MQTT 5 3.8.3.1), otherwise it is cleared;
     ``subscription_identifiers`` are the matching subscriptions' identifiers (MQTT 5 3.3.4).
+    ``packet_id`` (1..65,535) is the Packet Identifier a message store assigned to this
+    delivery, to be used as is, or 0 when the ingest node picks one; ``dup`` marks a resend
+    of a delivery made before (MQTT 3.3.1.1: DUP=1, same Packet Identifier).
     """
 
     client_id: str
     qos: int
     retain_as_published: bool = False
     subscription_identifiers: tuple[int, ...] = ()
+    packet_id: int = 0
+    dup: bool = False
 
 
 MAX_TARGET_IDENTIFIERS = 255
@@ -153,9 +170,16 @@ def encode_targets(targets: Sequence[Target]) -> bytes:
     for t in targets:
         ids = t.subscription_identifiers[:MAX_TARGET_IDENTIFIERS]
         parts.append(_str16(t.client_id))
-        flags = t.qos | (0x04 if t.retain_as_published else 0)
+        flags = (
+            t.qos
+            | (0x04 if t.retain_as_published else 0)
+            | (0x08 if t.packet_id else 0)
+            | (0x10 if t.dup else 0)
+        )
         parts.append(struct.pack(">BB", flags, len(ids)))
         parts.append(struct.pack(f">{len(ids)}I", *ids))
+        if t.packet_id:
+            parts.append(struct.pack(">H", t.packet_id))
     return b"".join(parts)
 
 
@@ -172,14 +196,108 @@ def decode_targets(data: bytes) -> list[Target]:
             offset += 2
             ids = struct.unpack_from(f">{n_ids}I", data, offset)
             offset += 4 * n_ids
-            if flags & 0x03 == 3:
-                raise RecordError("invalid QoS in target")
-            targets.append(Target(client_id, flags & 0x03, bool(flags & 0x04), ids))
+            packet_id = 0
+            if flags & 0x08:
+                (packet_id,) = struct.unpack_from(">H", data, offset)
+                offset += 2
+            if flags & 0x03 == 3 or flags & 0xE0 or (flags & 0x08 and not packet_id):
+                raise RecordError("invalid target flags")
+            targets.append(
+                Target(
+                    client_id, flags & 0x03, bool(flags & 0x04), ids, packet_id, bool(flags & 0x10)
+                )
+            )
     except struct.error as exc:
         raise RecordError(f"truncated targets: {exc}") from exc
     if offset != len(data):
         raise RecordError("trailing bytes after targets")
     return targets
+
+
+def encode_releases(releases: Sequence[tuple[str, int]]) -> bytes:
+    """Encode the ``r`` header: (client id, Packet Identifier) pairs to send PUBREL for."""
+    parts = [struct.pack(">BI", _VERSION, len(releases))]
+    for client_id, packet_id in releases:
+        parts.append(_str16(client_id))
+        parts.append(struct.pack(">H", packet_id))
+    return b"".join(parts)
+
+
+def decode_releases(data: bytes) -> list[tuple[str, int]]:
+    """Decode an ``r`` header value. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "releases")
+    try:
+        (count,) = struct.unpack_from(">I", data, 1)
+        offset = 5
+        releases: list[tuple[str, int]] = []
+        for _ in range(count):
+            client_id, offset = _read_str(data, offset, ">H")
+            (packet_id,) = struct.unpack_from(">H", data, offset)
+            offset += 2
+            if not packet_id:
+                raise RecordError("Packet Identifier 0")
+            releases.append((client_id, packet_id))
+    except struct.error as exc:
+        raise RecordError(f"truncated releases: {exc}") from exc
+    if offset != len(data):
+        raise RecordError("trailing bytes after releases")
+    return releases
+
+
+# --------------------------------------------------------------------------------------------
+# client.acks
+
+
+class AckKind(IntEnum):
+    """The acknowledgement a subscriber sent, by MQTT Control Packet type (MQTT 4.3)."""
+
+    PUBACK = 4
+    PUBREC = 5
+    PUBCOMP = 7
+
+
+_ACK_HEAD = struct.Struct(">B16sI")  # version, session id, count
+
+
+@dataclass(slots=True)
+class AckRecord:
+    """Acknowledgements one client sent for deliveries that carried store-assigned Packet
+    Identifiers (``Target.packet_id``), oldest first.
+
+    ``session_id`` (16 bytes) is the session they belong to (``SessionRecord.session_id``):
+    an acknowledgement from before a Clean Start must not touch the new session's messages.
+    ``acks`` are ``(AckKind, Packet Identifier)`` pairs.
+    """
+
+    session_id: bytes
+    acks: list[tuple[AckKind, int]]
+
+
+def encode_ack(record: AckRecord) -> bytes:
+    """Encode a ``client.acks`` value. Raises ``ValueError`` if ``session_id`` is not 16 bytes."""
+    if len(record.session_id) != 16:
+        raise ValueError(f"session_id must be 16 bytes, got {len(record.session_id)}")
+    head = _ACK_HEAD.pack(_VERSION, record.session_id, len(record.acks))
+    return head + b"".join(struct.pack(">BH", int(kind), pid) for kind, pid in record.acks)
+
+
+def decode_ack(data: bytes) -> AckRecord:
+    """Decode a ``client.acks`` value. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "ack")
+    if len(data) < _ACK_HEAD.size:
+        raise RecordError("truncated ack record")
+    _, session_id, count = _ACK_HEAD.unpack_from(data, 0)
+    if len(data) != _ACK_HEAD.size + 3 * count:
+        raise RecordError("ack record length does not match its count")
+    acks: list[tuple[AckKind, int]] = []
+    for kind, packet_id in struct.iter_unpack(">BH", data[_ACK_HEAD.size :]):
+        try:
+            acks.append((AckKind(kind), packet_id))
+        except ValueError as exc:
+            raise RecordError(f"unknown acknowledgement kind {kind}") from exc
+        if not packet_id:
+            raise RecordError("Packet Identifier 0")
+    return AckRecord(session_id, acks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,6 +371,13 @@ class SessionRecord:
     connections of the same client for session takeover (MQTT 3.1.4-3);
     ``session_expiry_interval`` in seconds as the client asked (v5 3.1.2.11; 0 for v3);
     ``persistent`` follows DESIGN.md's rule (:func:`services.common.sessions.is_persistent`).
+    ``session_id`` (16 bytes) names the session: the ``connection_id`` of the connection that
+    started it, kept by every connection that resumes it; a new value means the old session
+    and everything stored for it are gone (Clean Start, MQTT 3.1.2.4). ``receive_maximum`` is
+    the client's Receive Maximum (MQTT 5.0 3.1.2.11.3; 65,535 when it sent none): stores keep
+    at most that many deliveries in flight. ``unreleased`` are the Packet Identifiers of
+    inbound QoS 2 PUBLISHes stored but not yet released by PUBREL (MQTT 4.3.3), so that a
+    resend after a reconnect, on any node, is not published twice.
     """
 
     node_id: str
@@ -265,6 +390,9 @@ class SessionRecord:
     session_expiry_interval: int = 0
     connected_at_ms: int = 0
     updated_at_ms: int = field(default=0)
+    session_id: bytes = bytes(16)
+    receive_maximum: int = 65535
+    unreleased: tuple[int, ...] = ()
 
 
 def encode_session(rec: SessionRecord) -> bytes:
@@ -273,8 +401,8 @@ def encode_session(rec: SessionRecord) -> bytes:
     Raises:
         ValueError: ``connection_id`` is not 16 bytes (it would not come back unchanged).
     """
-    if len(rec.connection_id) != 16:
-        raise ValueError(f"connection_id must be 16 bytes, got {len(rec.connection_id)}")
+    if len(rec.connection_id) != 16 or len(rec.session_id) != 16:
+        raise ValueError("connection_id and session_id must be 16 bytes")
     flags = (
         (0x01 if rec.connected else 0)
         | (0x02 if rec.clean_start else 0)
@@ -291,7 +419,14 @@ def encode_session(rec: SessionRecord) -> bytes:
         rec.updated_at_ms,
         rec.connection_id,
     )
-    return head + _str16(rec.node_id)
+    tail = struct.pack(
+        f">16sHH{len(rec.unreleased)}H",
+        rec.session_id,
+        rec.receive_maximum,
+        len(rec.unreleased),
+        *rec.unreleased,
+    )
+    return head + _str16(rec.node_id) + tail
 
 
 def decode_session(data: bytes) -> SessionRecord:
@@ -303,6 +438,13 @@ def decode_session(data: bytes) -> SessionRecord:
         data, 0
     )
     node_id, end = _read_str(data, _SESSION.size, ">H")
+    try:
+        session_id, receive_maximum, count = struct.unpack_from(">16sHH", data, end)
+        end += 20
+        unreleased = struct.unpack_from(f">{count}H", data, end)
+        end += 2 * count
+    except struct.error as exc:
+        raise RecordError(f"truncated session record: {exc}") from exc
     if end != len(data):
         raise RecordError("trailing bytes after session record")
     try:
@@ -320,4 +462,7 @@ def decode_session(data: bytes) -> SessionRecord:
         session_expiry_interval=expiry,
         connected_at_ms=connected_at,
         updated_at_ms=updated_at,
+        session_id=session_id,
+        receive_maximum=receive_maximum,
+        unreleased=unreleased,
     )

@@ -94,11 +94,16 @@ def handle_connect(
     )
     effects: list[Effect] = []
     if session_present:
+        assert previous is not None
         state.subscriptions = {s.topic_filter: s for s in previous_subs}
-    elif previous_subs:
-        # Clean start, or the old session was not persistent or has expired: its
-        # subscriptions end here.
-        effects.append(StoreSubscriptions(state.new_token(), []))
+        state.session_id = previous.session_id
+    else:
+        # A new session (MQTT 3.1.2.4): it is named after the connection that starts it.
+        state.session_id = state.connection_id
+        if previous_subs:
+            # Clean start, or the old session was not persistent or has expired: its
+            # subscriptions end here.
+            effects.append(StoreSubscriptions(state.new_token(), []))
 
     state.connected_at_ms = state.now_ms()
     state.connack_token = state.new_token()
@@ -120,6 +125,8 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
         session_expiry_interval=state.session_expiry_interval,
         connected_at_ms=state.connected_at_ms,
         updated_at_ms=state.now_ms(),
+        session_id=state.session_id,
+        receive_maximum=state.client_receive_maximum,
     )
 
 

@@ -53,6 +53,7 @@ class ConnectionState:
     connection_id: bytes
     now_ms: Callable[[], int]
     phase: Phase = Phase.AWAIT_CONNECT
+    session_id: bytes = bytes(16)
     client_id: str = ""
     protocol_version: int = 4
     clean_start: bool = True

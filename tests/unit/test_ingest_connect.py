@@ -48,6 +48,7 @@ from services.ingest.effects import (
 )
 
 VERSIONS = [4, 5]
+PREVIOUS_SESSION_ID = b"previous-session"
 
 
 def _record(
@@ -56,6 +57,7 @@ def _record(
     return SessionRecord(
         node_id="node-b",
         connection_id=bytes(16),
+        session_id=PREVIOUS_SESSION_ID,
         connected=connected,
         protocol_version=5,
         clean_start=not persistent,
@@ -85,6 +87,7 @@ def test_connack_only_after_the_session_record_is_stored(version: int) -> None:
         session_expiry_interval=0,
         connected_at_ms=NOW_MS,
         updated_at_ms=NOW_MS,
+        session_id=CONNECTION_ID,  # a new session is named after the connection starting it
     )
     assert client.conn.client_id == "dev-1"
     assert not client.conn.awaiting_connect
@@ -468,9 +471,12 @@ def test_persistent_session_is_resumed_with_its_subscriptions(version: int) -> N
     client = Client(version, previous=(_record(persistent=True), previous))
     effects = client.send(Connect(version, "c1", False, 30))
     assert of_type(effects, StoreSubscriptions) == []
-    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    stored = only(effects, StoreSession)
+    connack = only(client.packets(client.stored(stored.token)), ConnAck)
     assert connack.session_present is True
     assert client.conn.state.subscriptions == {s.topic_filter: s for s in previous}
+    assert stored.record is not None
+    assert stored.record.session_id == PREVIOUS_SESSION_ID  # the same session goes on
     # The resumed subscription is known: unsubscribing it stores the rest.
     store = only(client.send(Unsubscribe(5, ["a/b"])), StoreSubscriptions)
     assert store.subscriptions == [previous[1]]
@@ -484,10 +490,13 @@ def test_clean_start_discards_the_previous_subscriptions(version: int) -> None:
     tombstone = only(effects, StoreSubscriptions)
     assert tombstone.subscriptions == []
     assert effects.index(tombstone) < effects.index(only(effects, StoreSession))
-    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    stored = only(effects, StoreSession)
+    connack = only(client.packets(client.stored(stored.token)), ConnAck)
     assert connack.session_present is False
     assert client.conn.state.subscriptions == {}
     assert client.stored(tombstone.token) == []
+    assert stored.record is not None
+    assert stored.record.session_id == CONNECTION_ID  # a new session
 
 
 def test_non_persistent_previous_session_is_not_resumed() -> None:

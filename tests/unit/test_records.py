@@ -16,16 +16,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.records import (
+    AckKind,
+    AckRecord,
     ClientKind,
     PublishMeta,
     RecordError,
     SessionRecord,
     Target,
+    decode_ack,
     decode_meta,
+    decode_releases,
     decode_session,
     decode_subscriptions,
     decode_targets,
+    encode_ack,
     encode_meta,
+    encode_releases,
     encode_session,
     encode_subscriptions,
     encode_targets,
@@ -55,6 +61,15 @@ targets = st.builds(
     qos=QOS,
     retain_as_published=st.booleans(),
     subscription_identifiers=st.lists(SUB_ID, max_size=5).map(tuple),
+    packet_id=st.integers(0, 65535),
+    dup=st.booleans(),
+)
+PACKET_ID = st.integers(1, 65535)
+releases = st.lists(st.tuples(TEXT, PACKET_ID), max_size=6)
+acks = st.builds(
+    AckRecord,
+    session_id=st.binary(min_size=16, max_size=16),
+    acks=st.lists(st.tuples(st.sampled_from(AckKind), PACKET_ID), max_size=6),
 )
 sessions = st.builds(
     SessionRecord,
@@ -68,6 +83,9 @@ sessions = st.builds(
     session_expiry_interval=U32,
     connected_at_ms=U64,
     updated_at_ms=U64,
+    session_id=st.binary(min_size=16, max_size=16),
+    receive_maximum=st.integers(1, 65535),
+    unreleased=st.lists(PACKET_ID, max_size=5).map(tuple),
 )
 
 
@@ -99,6 +117,16 @@ def test_meta_round_trip(meta: PublishMeta) -> None:
 @given(st.lists(targets, max_size=6))
 def test_targets_round_trip(value: list[Target]) -> None:
     assert decode_targets(encode_targets(value)) == value
+
+
+@given(releases)
+def test_releases_round_trip(value: list[tuple[str, int]]) -> None:
+    assert decode_releases(encode_releases(value)) == value
+
+
+@given(acks)
+def test_ack_round_trip(record: AckRecord) -> None:
+    assert decode_ack(encode_ack(record)) == record
 
 
 @given(st.lists(subscriptions("client-1"), max_size=6))
@@ -146,6 +174,9 @@ ENCODED: dict[str, tuple[bytes, Callable[[bytes], Any]]] = {
         lambda data: decode_subscriptions("c", data),
     ),
     "session": (encode_session(_session()), decode_session),
+    "store-target": (encode_targets([Target("c1", 2, False, (), 65535, True)]), decode_targets),
+    "releases": (encode_releases([("c1", 7), ("c2", 65535)]), decode_releases),
+    "ack": (encode_ack(AckRecord(bytes(16), [(AckKind.PUBREC, 9)])), decode_ack),
 }
 FORMATS = sorted(ENCODED)
 
@@ -167,7 +198,7 @@ def test_unknown_version_is_a_record_error(name: str, version: int) -> None:
         decode(bytes([version]) + data[1:])
 
 
-@pytest.mark.parametrize("name", ["targets", "subscriptions", "session"])
+@pytest.mark.parametrize("name", ["targets", "subscriptions", "session", "releases", "ack"])
 def test_trailing_bytes_are_a_record_error(name: str) -> None:
     data, decode = ENCODED[name]
     with pytest.raises(RecordError):
@@ -224,6 +255,21 @@ def test_unknown_client_kind_is_a_record_error() -> None:
         decode_session(bytes(data))
 
 
+def test_a_target_flagged_with_packet_identifier_0_is_a_record_error() -> None:
+    data = bytearray(encode_targets([Target("c", 1, False, (), 5)]))
+    data[-2:] = b"\x00\x00"
+    with pytest.raises(RecordError):
+        decode_targets(bytes(data))
+
+
+@pytest.mark.parametrize("kind", [0, 6, 255])
+def test_an_unknown_ack_kind_is_a_record_error(kind: int) -> None:
+    data = bytearray(encode_ack(AckRecord(bytes(16), [(AckKind.PUBACK, 1)])))
+    data[-3] = kind
+    with pytest.raises(RecordError):
+        decode_ack(bytes(data))
+
+
 def test_huge_target_count_is_a_record_error() -> None:
     with pytest.raises(RecordError):
         decode_targets(struct.pack(">BI", 1, 2**32 - 1))
@@ -234,6 +280,8 @@ def _decode_any(data: bytes) -> None:
         decode_meta,
         decode_targets,
         decode_session,
+        decode_releases,
+        decode_ack,
         lambda d: decode_subscriptions("c", d),
     ):
         with contextlib.suppress(RecordError):
