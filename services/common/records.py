@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from services.common.mqtt.packets import PacketType
+from services.common.mqtt.properties import decode_properties
 from services.common.topics.trie import Subscription
 
 HEADER_META = "m"
@@ -105,6 +107,19 @@ class PublishMeta:
     received_at_ms: int
     protocol_version: int = 4
     properties: bytes = b""
+
+
+def expires_at_ms(meta: PublishMeta) -> int | None:
+    """When the message's Message Expiry Interval ends (Unix ms), or None if it has none.
+
+    The interval (MQTT 5.0 3.3.2.3.3, seconds) runs from ``received_at_ms``. Raises
+    ``MQTTError`` if the forwarded properties do not decode (a garbage record).
+    """
+    if not meta.properties:
+        return None
+    props, _ = decode_properties(meta.properties, 0, PacketType.PUBLISH)
+    interval = props.message_expiry_interval
+    return None if interval is None else meta.received_at_ms + interval * 1000
 
 
 def encode_meta(meta: PublishMeta) -> bytes:

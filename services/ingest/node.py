@@ -104,7 +104,9 @@ class IngestNode:
         """The latest session record and subscriptions of ``client_id`` known to this node."""
         return self.sessions.get(client_id), self.subscriptions.get(client_id, [])
 
-    def apply_state(self, topic: str, key: bytes, value: bytes | None, offset: int) -> None:
+    def apply_state(
+        self, topic: str, key: bytes, value: bytes | None, offset: int, headers: object = ()
+    ) -> None:
         """Apply one ``client.sessions`` / ``client.subscriptions`` record (the state reader).
 
         Raises ``RecordError`` / ``UnicodeDecodeError`` on garbage (the reader skips it).

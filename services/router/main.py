@@ -1,20 +1,28 @@
-"""The router service: reads ``msg.all`` and writes one downlink record per message per node.
+"""The router service: reads ``msg.all``, writes downlink and ``msg.persisted`` records.
 
-State (subscriptions and client locations) is replayed from the compacted topics before the
-first message is routed, so a restarted router routes exactly as before. Before each batch the
-router waits until it has applied every state record that existed when the batch arrived
-(:meth:`CompactedTopicReader.barrier`): a subscription acknowledged by SUBACK before a
-PUBLISH was acknowledged is always honoured.
+Each message becomes one downlink record per ingest node holding connected non-persistent
+subscribers, and one ``msg.persisted`` record per persistent DEVICE subscriber (its store,
+``device_persist``, delivers it). A retained message request (a ``msg.all`` record with
+header ``q``, written by the ingest node on SUBSCRIBE) is answered the same way, with the
+matching retained messages for that one subscriber (MQTT 3.3.1.3).
+
+State (subscriptions, client locations, retained messages) is replayed from the compacted
+topics before the first message is routed, so a restarted router routes exactly as before.
+Before each batch the router waits until it has applied every state record that existed
+when the batch arrived (:meth:`CompactedTopicReader.barrier`): a subscription acknowledged
+by SUBACK before a PUBLISH was acknowledged is always honoured, and so is a retained message
+stored before a SUBSCRIBE.
 
 ``msg.all`` is read in the router's consumer group (``<prefix>cormorant-router``: more
 routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`;
-a batch's offsets are committed once its downlink records are in Kafka.
+a batch's offsets are committed once its output records are in Kafka.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 
 import faust
@@ -24,16 +32,19 @@ from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
+from services.common.kafka.state_reader import Headers as StateHeaders
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import (
     HEADER_META,
+    HEADER_RETAINED_REQUEST,
     HEADER_TARGETS,
     RecordError,
     decode_meta,
+    decode_subscriptions,
     encode_targets,
 )
 from services.common.settings import Settings, get_settings
-from services.router.routing import RoutingTable
+from services.router.routing import Routes, RoutingTable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,8 @@ log = logging.getLogger(__name__)
 BATCH_MAX = 2000
 
 Headers = list[tuple[str, bytes]]
+Output = tuple[str, bytes | None, bytes | None, Headers]
+"""One record to produce: topic, key, value, headers."""
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -49,23 +62,30 @@ def build_app(settings: Settings) -> faust.App:
     app = make_app(settings, "router")
     table = RoutingTable()
 
-    def apply_state(topic: str, key: bytes, value: bytes | None, offset: int) -> None:
+    def apply_state(
+        topic: str, key: bytes, value: bytes | None, offset: int, headers: StateHeaders
+    ) -> None:
         if topic == names.client_subscriptions:
             table.apply_subscriptions_record(key, value)
-        else:
+        elif topic == names.client_sessions:
             table.apply_session_record(key, value)
+        else:
+            table.apply_retained_record(key, value, dict(headers).get(HEADER_META))
 
     reader = CompactedTopicReader(
-        settings.kafka_bootstrap, [names.client_subscriptions, names.client_sessions], apply_state
+        settings.kafka_bootstrap,
+        [names.client_subscriptions, names.client_sessions, names.msg_retained],
+        apply_state,
     )
 
     async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
         await reader.barrier()
         send = app.producer.send
+        now_ms = time.time_ns() // 1_000_000
         acks: list[Awaitable[object]] = []
         for record in records:
-            for topic, headers in downlink_records(table, names, record):
-                acks.append(await send(topic, record.key, record.value, None, None, headers))
+            for topic, key, value, headers in outputs(table, names, record, now_ms):
+                acks.append(await send(topic, key, value, None, None, headers))
         return acks
 
     @app.task
@@ -92,15 +112,27 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
-def downlink_records(
-    table: RoutingTable, names: TopicNames, record: Record
-) -> list[tuple[str, Headers]]:
-    """Topic and headers of each downlink record for one ``msg.all`` record (value and key
-    are the input's). A record that does not decode is logged and yields none."""
+def outputs(table: RoutingTable, names: TopicNames, record: Record, now_ms: int) -> list[Output]:
+    """The records to produce for one ``msg.all`` record; ``now_ms`` is Unix time in ms.
+
+    A record that does not decode is logged and yields none (it must not block the
+    partition).
+    """
     try:
-        meta_raw = dict(record.headers or ())[HEADER_META]
-        meta = decode_meta(meta_raw)
-        publisher = (record.key or b"").decode("utf-8")
+        headers = dict(record.headers or ())
+        client_id = (record.key or b"").decode("utf-8")
+        request = headers.get(HEADER_RETAINED_REQUEST)
+        if request is not None:
+            subscriptions = decode_subscriptions(client_id, request)
+            destination = table.destination(client_id)
+            out: list[Output] = []
+            for message, target in table.retained_for(client_id, subscriptions, now_ms):
+                routes = Routes()
+                routes.add(destination, target)
+                out += _outputs_of(names, record.key, message.payload, message.meta_raw, routes)
+            return out
+        meta_raw = headers[HEADER_META]
+        routes = table.route(client_id, decode_meta(meta_raw))
     except (KeyError, RecordError, UnicodeDecodeError) as exc:
         log.warning(
             "skipping undecodable msg.all record %s[%d]@%d: %r",
@@ -110,10 +142,32 @@ def downlink_records(
             exc,
         )
         return []
-    return [
-        (names.downlink(node), [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))])
-        for node, targets in table.route(publisher, meta).items()
+    return _outputs_of(names, record.key, record.value, meta_raw, routes)
+
+
+def _outputs_of(
+    names: TopicNames, key: bytes | None, payload: bytes | None, meta_raw: bytes, routes: Routes
+) -> list[Output]:
+    """One downlink record per node, one ``msg.persisted`` record per persistent target."""
+    out: list[Output] = [
+        (
+            names.downlink(node),
+            key,
+            payload,
+            [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))],
+        )
+        for node, targets in routes.by_node.items()
     ]
+    out.extend(
+        (
+            names.msg_persisted,
+            target.client_id.encode("utf-8"),
+            payload,
+            [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets([target]))],
+        )
+        for target in routes.persisted
+    )
+    return out
 
 
 def run() -> None:

@@ -27,7 +27,9 @@ class Applied:
     latest: dict[tuple[str, bytes], bytes | None] = field(default_factory=dict)
     offsets: list[tuple[str, bytes, int]] = field(default_factory=list)
 
-    def __call__(self, topic: str, key: bytes, value: bytes | None, offset: int) -> None:
+    def __call__(
+        self, topic: str, key: bytes, value: bytes | None, offset: int, headers: object
+    ) -> None:
         if value == POISON:
             raise ValueError("a record the service cannot decode")
         self.latest[topic, key] = value

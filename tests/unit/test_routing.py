@@ -9,11 +9,15 @@ from collections import Counter
 
 import pytest
 
+from services.common.mqtt.packets import PacketType
+from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
+    ClientKind,
     PublishMeta,
     RecordError,
     SessionRecord,
     Target,
+    encode_meta,
     encode_session,
     encode_subscriptions,
 )
@@ -64,7 +68,7 @@ def test_route_groups_targets_per_node() -> None:
         c=("n2", [_sub("c", "t/x")]),
         d=("n2", [_sub("d", "other")]),
     )
-    routed = table.route("pub", _meta("t/x"))
+    routed = table.route("pub", _meta("t/x")).by_node
     assert {node: sorted(t.client_id for t in ts) for node, ts in routed.items()} == {
         "n1": ["a", "b"],
         "n2": ["c"],
@@ -73,27 +77,27 @@ def test_route_groups_targets_per_node() -> None:
 
 def test_no_match_routes_nowhere() -> None:
     table = _table(a=("n1", [_sub("a", "t")]))
-    assert dict(table.route("pub", _meta("u"))) == {}
+    assert dict(table.route("pub", _meta("u")).by_node) == {}
 
 
 def test_disconnected_and_unknown_clients_are_skipped() -> None:
     table = _table(a=("n1", [_sub("a", "t")]), b=(None, [_sub("b", "t")]))
     table.set_subscriptions("ghost", [_sub("ghost", "t")])  # no session record at all
-    assert dict(table.route("pub", _meta("t"))) == {"n1": [Target("a", 1)]}
+    assert dict(table.route("pub", _meta("t")).by_node) == {"n1": [Target("a", 1)]}
 
 
 def test_session_tombstone_forgets_the_client() -> None:
     table = _table(a=("n1", [_sub("a", "t")]))
     table.set_session("a", None)
-    assert dict(table.route("pub", _meta("t"))) == {}
+    assert dict(table.route("pub", _meta("t")).by_node) == {}
     table.set_session("a", None)  # a second tombstone is harmless
-    assert dict(table.route("pub", _meta("t"))) == {}
+    assert dict(table.route("pub", _meta("t")).by_node) == {}
 
 
 def test_client_moving_to_another_node_is_routed_there() -> None:
     table = _table(a=("n1", [_sub("a", "t")]))
     table.set_session("a", _session("n2"))
-    assert list(table.route("pub", _meta("t"))) == ["n2"]
+    assert list(table.route("pub", _meta("t")).by_node) == ["n2"]
 
 
 @pytest.mark.parametrize(
@@ -101,7 +105,7 @@ def test_client_moving_to_another_node_is_routed_there() -> None:
 )
 def test_granted_qos_is_the_minimum(publish_qos: int, sub_qos: int, granted: int) -> None:
     table = _table(a=("n1", [_sub("a", "t", sub_qos)]))
-    [target] = table.route("pub", _meta("t", publish_qos))["n1"]
+    [target] = table.route("pub", _meta("t", publish_qos)).by_node["n1"]
     assert target.qos == granted
 
 
@@ -116,7 +120,7 @@ def test_overlapping_subscriptions_collapse_into_one_target() -> None:
             ],
         )
     )
-    assert table.route("pub", _meta("t/x", 2))["n1"] == [Target("a", 1, True, (1, 3))]
+    assert table.route("pub", _meta("t/x", 2)).by_node["n1"] == [Target("a", 1, True, (1, 3))]
 
 
 def test_no_local_skips_the_publisher_only() -> None:
@@ -124,7 +128,7 @@ def test_no_local_skips_the_publisher_only() -> None:
         a=("n1", [_sub("a", "t", no_local=True)]),
         b=("n1", [_sub("b", "t", no_local=True)]),
     )
-    assert [t.client_id for t in table.route("a", _meta("t"))["n1"]] == ["b"]
+    assert [t.client_id for t in table.route("a", _meta("t")).by_node["n1"]] == ["b"]
 
 
 def test_shared_group_round_robins_over_connected_members() -> None:
@@ -134,7 +138,7 @@ def test_shared_group_round_robins_over_connected_members() -> None:
     table = _table(**members)
     chosen = []
     for _ in range(6):
-        routed = table.route("pub", _meta("t/x"))
+        routed = table.route("pub", _meta("t/x")).by_node
         [(node, [target])] = routed.items()
         assert node == ("n2" if target.client_id == "m2" else "n1")
         chosen.append(target.client_id)
@@ -147,13 +151,13 @@ def test_shared_group_skips_disconnected_members() -> None:
         m2=(None, [_sub("m2", "$share/g/t")]),
         m3=("n1", [_sub("m3", "$share/g/t")]),
     )
-    chosen = [table.route("pub", _meta("t"))["n1"][0].client_id for _ in range(4)]
+    chosen = [table.route("pub", _meta("t")).by_node["n1"][0].client_id for _ in range(4)]
     assert Counter(chosen) == {"m1": 2, "m3": 2}
 
 
 def test_shared_group_without_connected_members_routes_nowhere() -> None:
     table = _table(m1=(None, [_sub("m1", "$share/g/t")]))
-    assert dict(table.route("pub", _meta("t"))) == {}
+    assert dict(table.route("pub", _meta("t")).by_node) == {}
 
 
 def test_each_shared_group_gets_one_copy_besides_plain_subscribers() -> None:
@@ -161,7 +165,7 @@ def test_each_shared_group_gets_one_copy_besides_plain_subscribers() -> None:
         a=("n1", [_sub("a", "$share/g1/t", 1, subscription_identifier=8), _sub("a", "t", 0)]),
         b=("n1", [_sub("b", "$share/g2/t", 0)]),
     )
-    targets = table.route("pub", _meta("t", 1))["n1"]
+    targets = table.route("pub", _meta("t", 1)).by_node["n1"]
     assert sorted(targets, key=lambda t: (t.client_id, t.qos)) == [
         Target("a", 0),
         Target("a", 1, False, (8,)),
@@ -172,8 +176,8 @@ def test_each_shared_group_gets_one_copy_besides_plain_subscribers() -> None:
 def test_replacing_subscriptions_drops_the_old_ones() -> None:
     table = _table(a=("n1", [_sub("a", "old")]))
     table.set_subscriptions("a", [_sub("a", "new")])
-    assert dict(table.route("pub", _meta("old"))) == {}
-    assert table.route("pub", _meta("new"))["n1"] == [Target("a", 1)]
+    assert dict(table.route("pub", _meta("old")).by_node) == {}
+    assert table.route("pub", _meta("new")).by_node["n1"] == [Target("a", 1)]
     table.set_subscriptions("a", [])
     assert len(table.trie) == 0
 
@@ -184,7 +188,7 @@ def test_invalid_subscription_in_a_record_is_skipped_not_fatal() -> None:
         "a", [_sub("a", "bad/#/x"), _sub("a", "$share/g/t", no_local=True), _sub("a", "ok")]
     )
     table.set_session("a", _session("n1"))
-    assert table.route("pub", _meta("ok"))["n1"] == [Target("a", 1)]
+    assert table.route("pub", _meta("ok")).by_node["n1"] == [Target("a", 1)]
     assert len(table.trie) == 1
 
 
@@ -195,9 +199,9 @@ def test_records_are_applied() -> None:
     table = RoutingTable()
     table.apply_subscriptions_record(b"a", encode_subscriptions([_sub("a", "t")]))
     table.apply_session_record(b"a", encode_session(_session("n1")))
-    assert table.route("pub", _meta("t"))["n1"] == [Target("a", 1)]
+    assert table.route("pub", _meta("t")).by_node["n1"] == [Target("a", 1)]
     table.apply_subscriptions_record(b"a", None)
-    assert dict(table.route("pub", _meta("t"))) == {}
+    assert dict(table.route("pub", _meta("t")).by_node) == {}
     table.apply_session_record(b"a", None)
     assert "a" not in table.sessions
 
@@ -223,3 +227,80 @@ def test_non_utf8_key_raises_record_error() -> None:
     with pytest.raises(RecordError):
         table.apply_session_record(b"\xff", None)
     assert table.sessions == {}
+
+
+# ---------------------------------------------------------------------- persistent sessions
+
+
+def _persistent(node: str, connected: bool) -> SessionRecord:
+    return SessionRecord(node, bytes(16), connected, 5, False, True, session_expiry_interval=60)
+
+
+@pytest.mark.parametrize("connected", [True, False], ids=["connected", "offline"])
+def test_a_persistent_device_session_is_routed_to_its_store(connected: bool) -> None:
+    table = _table(plain=("n1", [_sub("plain", "t/#")]))
+    table.set_subscriptions("dev", [_sub("dev", "t/+", 2, subscription_identifier=4)])
+    table.set_session("dev", _persistent("n2", connected))
+    routes = table.route("pub", _meta("t/x", 1))
+    assert routes.persisted == [Target("dev", 1, False, (4,))]
+    assert dict(routes.by_node) == {"n1": [Target("plain", 1)]}
+
+
+def test_an_application_session_does_not_go_to_the_device_store() -> None:
+    table = RoutingTable()
+    table.set_subscriptions("app", [_sub("app", "t")])
+    table.set_session(
+        "app", SessionRecord("n1", bytes(16), True, 5, False, True, ClientKind.APPLICATION)
+    )
+    assert table.route("pub", _meta("t")).persisted == []
+
+
+def test_a_shared_group_prefers_connected_members_then_stores_for_persistent_ones() -> None:
+    table = _table(m1=(None, [_sub("m1", "$share/g/t")]), m2=("n1", [_sub("m2", "$share/g/t")]))
+    table.set_subscriptions("p", [_sub("p", "$share/g/t")])
+    table.set_session("p", _persistent("n2", connected=False))
+    for _ in range(3):
+        routes = table.route("pub", _meta("t"))
+        assert (dict(routes.by_node), routes.persisted) == ({"n1": [Target("m2", 1)]}, [])
+    table.set_session("m2", _session("n1", connected=False))
+    routes = table.route("pub", _meta("t"))
+    assert (dict(routes.by_node), routes.persisted) == ({}, [Target("p", 1)])
+
+
+# ---------------------------------------------------------------------- retained messages
+
+
+def _retain(table: RoutingTable, topic: str, payload: bytes, qos: int, **meta: object) -> None:
+    raw = encode_meta(PublishMeta(topic, qos, True, **meta))  # type: ignore[arg-type]
+    table.apply_retained_record(topic.encode(), payload, raw)
+
+
+def test_retained_messages_for_new_subscriptions() -> None:
+    table = _table(a=("n1", []))
+    _retain(table, "s/1", b"one", 2, received_at_ms=0)
+    _retain(table, "s/2", b"two", 0, received_at_ms=0)
+    _retain(table, "other", b"x", 1, received_at_ms=0)
+    subs = [_sub("a", "s/+", 1, subscription_identifier=7), _sub("a", "s/1", 2)]
+    found = {m.meta.topic: (m.payload, t) for m, t in table.retained_for("a", subs, 1)}
+    # One delivery per topic, RETAIN forced on, QoS = min(message, best subscription).
+    assert found == {
+        "s/1": (b"one", Target("a", 2, True, (7,))),
+        "s/2": (b"two", Target("a", 0, True, (7,))),
+    }
+
+
+def test_retained_expired_deleted_and_undeliverable_cases() -> None:
+    table = _table(a=("n1", []), gone=(None, []))
+    expiring = encode_properties(Properties(message_expiry_interval=10), PacketType.PUBLISH)
+    _retain(table, "e", b"old", 1, received_at_ms=1_000, protocol_version=5, properties=expiring)
+    subs = [_sub("a", "#")]
+    assert [m.payload for m, _ in table.retained_for("a", subs, 10_999)] == [b"old"]
+    assert table.retained_for("a", subs, 11_000) == []  # the 10 s interval has passed
+    assert table.retained_for("gone", [_sub("gone", "#")], 0) == []  # nowhere to deliver
+    table.apply_retained_record(b"e", None, None)  # tombstone: retained message deleted
+    assert len(table.retained) == 0
+
+
+def test_retained_record_without_metadata_is_a_record_error() -> None:
+    with pytest.raises(RecordError):
+        RoutingTable().apply_retained_record(b"t", b"payload", None)

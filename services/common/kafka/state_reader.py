@@ -20,9 +20,11 @@ from services.common.kafka.consumer import assign_whole_topics
 
 log = logging.getLogger(__name__)
 
-RecordHandler = Callable[[str, bytes, bytes | None, int], None]
-"""Called as ``handler(topic, key, value, offset)``; ``value`` None is a tombstone. Records of
-one key share a partition (keyed topics), so offsets order them. Must not block."""
+Headers = Sequence[tuple[str, bytes]]
+
+RecordHandler = Callable[[str, bytes, bytes | None, int, Headers], None]
+"""Called as ``handler(topic, key, value, offset, headers)``; ``value`` None is a tombstone.
+Records of one key share a partition (keyed topics), so offsets order them. Must not block."""
 
 
 class CompactedTopicReader:
@@ -147,7 +149,9 @@ class CompactedTopicReader:
             )
             return
         try:
-            self._handler(record.topic, record.key, record.value, record.offset)
+            self._handler(
+                record.topic, record.key, record.value, record.offset, record.headers or ()
+            )
         except Exception:
             log.exception(
                 "skipping record %s[%d]@%d that could not be applied",

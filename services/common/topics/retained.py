@@ -114,9 +114,7 @@ class RetainedStore(Generic[V]):
                     stack.append((found, index + 1, [*path, level]))
 
     @staticmethod
-    def _below(
-        start: _Level[V], path: list[str], *, skip_dollar: bool
-    ) -> Iterator[tuple[str, V]]:
+    def _below(start: _Level[V], path: list[str], *, skip_dollar: bool) -> Iterator[tuple[str, V]]:
         """``start`` itself (``#`` matches the parent level, MQTT 4.7.1.2) and every node
         below it; with ``skip_dollar``, top-level names starting with ``$`` are left out."""
         if start.value is not None and path:
