@@ -25,6 +25,9 @@ Topic → key / value / headers:
   a tombstone = session removed.
 - ``client.acks``: key = subscriber client id; value = :class:`AckRecord`: the client's
   PUBACK / PUBREC / PUBCOMP of messages a store delivered.
+
+Not a Kafka topic but kept here with its siblings: :class:`StoredRecord`, what device_persist
+keeps per message in its store (Redis or PostgreSQL).
 """
 
 from __future__ import annotations
@@ -481,3 +484,50 @@ def decode_session(data: bytes) -> SessionRecord:
         receive_maximum=receive_maximum,
         unreleased=unreleased,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# device_persist's stored messages
+
+_STORED = struct.Struct(">B16sII")  # version, session id, meta length, targets length
+
+
+@dataclass(slots=True)
+class StoredRecord:
+    """A ``msg.persisted`` record as device_persist stores it for later delivery.
+
+    ``session_id`` is the subscriber's session when the message was stored: a message of an
+    earlier session is never delivered to a newer one (MQTT 3.1.2.4, Clean Start).
+    ``meta_raw`` and ``target`` are the record's ``m`` and ``t`` headers (one target),
+    ``payload`` its value.
+    """
+
+    session_id: bytes
+    meta_raw: bytes
+    target: Target
+    payload: bytes
+
+
+def encode_stored(record: StoredRecord) -> bytes:
+    """Encode ``record`` for a message store. Raises ``ValueError`` for a bad session id."""
+    if len(record.session_id) != 16:
+        raise ValueError("session_id must be 16 bytes")
+    targets = encode_targets([record.target])
+    head = _STORED.pack(_VERSION, record.session_id, len(record.meta_raw), len(targets))
+    return b"".join((head, record.meta_raw, targets, record.payload))
+
+
+def decode_stored(data: bytes) -> StoredRecord:
+    """Decode :func:`encode_stored`'s bytes. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "stored message")
+    if len(data) < _STORED.size:
+        raise RecordError("truncated stored message")
+    _, session_id, meta_len, targets_len = _STORED.unpack_from(data, 0)
+    meta_end = _STORED.size + meta_len
+    targets_end = meta_end + targets_len
+    if targets_end > len(data):
+        raise RecordError("truncated stored message")
+    targets = decode_targets(data[meta_end:targets_end])
+    if len(targets) != 1:
+        raise RecordError("a stored message has exactly one target")
+    return StoredRecord(session_id, data[_STORED.size : meta_end], targets[0], data[targets_end:])

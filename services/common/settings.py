@@ -51,12 +51,15 @@ class Settings(BaseSettings):
     replication_factor: int = Field(1, ge=1, description="Replication factor of new topics.")
     msg_all_partitions: int = Field(12, ge=1, description="Partitions of msg.all.")
     state_topic_partitions: int = Field(
-        12, ge=1, description="Partitions of client.sessions and client.subscriptions."
+        12,
+        ge=1,
+        description="Partitions of every topic keyed by client id: client.sessions, "
+        "client.subscriptions, client.acks, msg.persisted (equal counts keep one client's "
+        "records at the same partition number of each).",
     )
     downlink_partitions: int = Field(
         4, ge=1, description="Partitions of each msg.downlink.<node_id> topic."
     )
-    acks_partitions: int = Field(12, ge=1, description="Partitions of client.acks.")
     msg_retention_seconds: int = Field(
         7 * 24 * 3600, ge=60, description="retention.ms (as seconds) of msg.all."
     )
@@ -94,6 +97,25 @@ class Settings(BaseSettings):
     )
     connect_timeout_seconds: float = Field(
         10.0, gt=0, description="A socket must send CONNECT within this many seconds."
+    )
+    session_expiry_max_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="If set, a disconnected persistent session is deleted after at most this "
+        "many seconds, whatever its Session Expiry Interval (v3.1.1 sessions never expire "
+        "otherwise).",
+    )
+
+    # --- device_persist ----------------------------------------------------------------
+    persisted_inflight_max: int = Field(
+        256,
+        ge=1,
+        le=65535,
+        description="Stored messages in flight (sent, not yet acknowledged) per persistent "
+        "DEVICE client, within its Receive Maximum.",
+    )
+    session_expiry_check_seconds: float = Field(
+        5.0, gt=0, description="How often device_persist looks for expired sessions."
     )
 
     # --- ingest ----------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def handle_connect(
         not connect.clean_start
         and previous is not None
         and previous.persistent
-        and not session_expired(previous, state.now_ms())
+        and not session_expired(previous, state.now_ms(), settings.session_expiry_max_seconds)
     )
     effects: list[Effect] = []
     if session_present:

@@ -19,6 +19,7 @@ from services.common.records import (
     AckKind,
     AckRecord,
     ClientKind,
+    StoredRecord,
     PublishMeta,
     RecordError,
     SessionRecord,
@@ -27,12 +28,14 @@ from services.common.records import (
     decode_meta,
     decode_releases,
     decode_session,
+    decode_stored,
     decode_subscriptions,
     decode_targets,
     encode_ack,
     encode_meta,
     encode_releases,
     encode_session,
+    encode_stored,
     encode_subscriptions,
     encode_targets,
 )
@@ -124,6 +127,12 @@ def test_releases_round_trip(value: list[tuple[str, int]]) -> None:
     assert decode_releases(encode_releases(value)) == value
 
 
+@given(st.binary(min_size=16, max_size=16), st.binary(max_size=20), targets, st.binary())
+def test_stored_round_trip(session_id: bytes, meta: bytes, target: Target, payload: bytes) -> None:
+    record = StoredRecord(session_id, meta, target, payload)
+    assert decode_stored(encode_stored(record)) == record
+
+
 @given(acks)
 def test_ack_round_trip(record: AckRecord) -> None:
     assert decode_ack(encode_ack(record)) == record
@@ -177,6 +186,10 @@ ENCODED: dict[str, tuple[bytes, Callable[[bytes], Any]]] = {
     "store-target": (encode_targets([Target("c1", 2, False, (), 65535, True)]), decode_targets),
     "releases": (encode_releases([("c1", 7), ("c2", 65535)]), decode_releases),
     "ack": (encode_ack(AckRecord(bytes(16), [(AckKind.PUBREC, 9)])), decode_ack),
+    "stored": (
+        encode_stored(StoredRecord(bytes(16), b"meta", Target("c", 1), b"")),
+        decode_stored,
+    ),
 }
 FORMATS = sorted(ENCODED)
 
@@ -282,6 +295,7 @@ def _decode_any(data: bytes) -> None:
         decode_session,
         decode_releases,
         decode_ack,
+        decode_stored,
         lambda d: decode_subscriptions("c", d),
     ):
         with contextlib.suppress(RecordError):
