@@ -172,9 +172,11 @@ class PostgresMessageStore(MessageStore):
                 async with self._pool.connection() as conn, conn.transaction():
                     return await body(conn)
         except TimeoutError as exc:
+            # Also when the server refuses connections: the pool keeps retrying in the
+            # background (its log, psycopg.pool, has each attempt's error) until we give up.
             raise StoreUnavailable(
-                f"PostgreSQL store at {self._address}: {what} got no answer within "
-                f"{self._timeout} s"
+                f"PostgreSQL store at {self._address} is unavailable ({what}): no connection "
+                f"or no answer within {self._timeout} s"
             ) from exc
         except psycopg.OperationalError as exc:
             # Connection refused or lost, no pooled connection in time (PoolTimeout),
@@ -346,10 +348,13 @@ class PostgresMessageStore(MessageStore):
 
     async def count(self, client_id: str) -> int:
         """See :meth:`MessageStore.count`. One SELECT of the client's row."""
-        return (await self.stats(client_id)).stored
+        return (await self._counters("count", client_id)).stored
 
     async def stats(self, client_id: str) -> StoreStats:
         """See :meth:`MessageStore.stats`. One SELECT of the client's row."""
+        return await self._counters("stats", client_id)
+
+    async def _counters(self, what: str, client_id: str) -> StoreStats:
         key = client_key(client_id)
 
         async def body(conn: Connection) -> StoreStats:
@@ -359,7 +364,7 @@ class PostgresMessageStore(MessageStore):
             row = await cursor.fetchone()
             return StoreStats(0, 0) if row is None else StoreStats(int(row[0]), int(row[1]))
 
-        return await self._run("stats", body)
+        return await self._run(what, body)
 
     async def close(self) -> None:
         """See :meth:`MessageStore.close`. Closes the pool's connections."""

@@ -248,7 +248,8 @@ class RedisMessageStore(MessageStore):
                 return await call()
         except TimeoutError as exc:
             raise StoreUnavailable(
-                f"Redis store at {self._address}: {what} got no answer within {self._timeout} s"
+                f"Redis store at {self._address} is unavailable ({what}): no answer within "
+                f"{self._timeout} s"
             ) from exc
         except _UNAVAILABLE_ERRORS as exc:
             raise StoreUnavailable(
