@@ -8,9 +8,10 @@ Schema (``migrations/0001_message_store.sql``, applied on first use by :mod:`.mi
 - ``persisted_messages``: one row per message, primary key ``(client_ref, seq)`` (the queue
   order), unique ``(client_ref, packet_id)`` (identifier lookups).
 
-Every operation is one transaction (READ COMMITTED) that first locks the client's row with
-``SELECT ... FOR UPDATE``: operations on one client are serialised, and each statement after
-the lock sees everything committed before it.
+Every operation is one transaction (READ COMMITTED). One that changes a client first locks
+the client's row with ``SELECT ... FOR UPDATE``: changes to one client are serialised, and
+each statement after the lock sees everything committed before it. ``window`` reads without
+the lock and takes it only to delete expired messages.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ UPDATE persisted_clients
 _SCAN = """
 SELECT seq, packet_id, qos, state, expires_at_ms, data FROM persisted_messages
  WHERE client_ref = %s AND seq > %s ORDER BY seq LIMIT %s
+"""
+
+_DELETE_EXPIRED = """
+DELETE FROM persisted_messages
+ WHERE client_ref = %s AND seq = ANY(%s) AND state = 0 AND expires_at_ms <= %s
 """
 
 # PUBACK and PUBCOMP delete the message and lower the stored count in one statement;
@@ -256,7 +262,11 @@ class PostgresMessageStore(MessageStore):
             start = candidates[-1]
 
     async def window(self, client_id: str, limit: int, now_ms: int) -> list[StoredMessage]:
-        """See :meth:`MessageStore.window`. One transaction; O(log n + limit + expired)."""
+        """See :meth:`MessageStore.window`. One transaction; O(log n + limit + expired).
+
+        The scan takes one statement per batch, each with its own snapshot: a message
+        appended meanwhile may be included (it comes last), never one out of order.
+        """
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         if limit == 0:
@@ -264,7 +274,12 @@ class PostgresMessageStore(MessageStore):
         key = client_key(client_id)
 
         async def body(conn: Connection) -> list[StoredMessage]:
-            row = await self._lock(conn, key)
+            # No lock for reading: a transaction that locks a row gets a transaction id and
+            # waits for a WAL flush at commit, which would make every read cost an fsync.
+            cursor = await conn.execute(
+                "SELECT id FROM persisted_clients WHERE client_key = %s", (key,)
+            )
+            row = await cursor.fetchone()
             if row is None:
                 return []
             ref = row[0]
@@ -286,15 +301,15 @@ class PostgresMessageStore(MessageStore):
                             )
                         )
                 after = rows[-1][0]
-            if expired:
-                await conn.execute(
-                    "DELETE FROM persisted_messages WHERE client_ref = %s AND seq = ANY(%s)",
-                    (ref, expired),
-                )
-                await conn.execute(
-                    "UPDATE persisted_clients SET stored = stored - %s WHERE id = %s",
-                    (len(expired), ref),
-                )
+            if expired and await self._lock(conn, key) is not None:
+                # The condition is checked again under the lock: a message sent or deleted
+                # since the scan is left alone.
+                cursor = await conn.execute(_DELETE_EXPIRED, (ref, expired, now_ms))
+                if cursor.rowcount:
+                    await conn.execute(
+                        "UPDATE persisted_clients SET stored = stored - %s WHERE id = %s",
+                        (cursor.rowcount, ref),
+                    )
             return live
 
         return await self._run("window", body)
