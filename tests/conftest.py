@@ -51,7 +51,7 @@ def kafka_bootstrap(settings: Settings) -> str:
 def redis_server(settings: Settings) -> str:
     """A running Redis server: its URL ``redis://127.0.0.1:<port>/0``."""
     local_cluster.start_component(settings, redis.NAME)
-    return f"redis://127.0.0.1:{settings.redis_port}/0"
+    return redis.url(settings)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,9 +32,9 @@ def _default_cache_dir() -> Path:
 class Settings(BaseSettings):
     """All of Cormorant's settings (environment prefix ``CORMORANT_``).
 
-    Groups: Kafka connection and topic layout, MQTT limits, the ingest listener, and the
-    local cluster launcher. Validation errors raise ``pydantic.ValidationError`` naming the
-    offending variable.
+    Groups: Kafka connection and topic layout, MQTT limits, the ingest listener, the local
+    cluster launcher, and the message store of device_persist. Validation errors raise
+    ``pydantic.ValidationError`` naming the offending variable.
     """
 
     model_config = SettingsConfigDict(
@@ -151,6 +152,39 @@ class Settings(BaseSettings):
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
     )
     log_level: str = Field("INFO", description="Python logging level of the services.")
+
+    # --- device_persist store --------------------------------------------------------------
+    store_backend: Literal["redis", "postgres"] = Field(
+        "redis",
+        description="Where stored messages of persistent DEVICE sessions live: redis or postgres.",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="Redis of the message store (redis://host:port/db)."
+    )
+    redis_key_prefix: str = Field(
+        "cormorant:",
+        pattern=r"^[^{}]*$",
+        description="Prefix of every Redis key of the message store; no braces (hash tags).",
+    )
+    postgres_dsn: str = Field(
+        "postgresql://cormorant@127.0.0.1:5432/cormorant",
+        description="PostgreSQL of the message store (libpq connection URL).",
+    )
+    persisted_max_messages: int = Field(
+        10_000,
+        ge=1,
+        lt=65535,
+        description="Stored messages per client; the oldest is dropped past it (< 65535, "
+        "the number of Packet Identifiers).",
+    )
+    persisted_default_ttl_seconds: int = Field(
+        7 * 24 * 3600,
+        ge=1,
+        description="Lifetime of a stored message without a Message Expiry Interval (seconds).",
+    )
+    store_timeout_seconds: float = Field(
+        5.0, gt=0, description="How long one message store operation may take (seconds)."
+    )
 
 
 @lru_cache(maxsize=1)

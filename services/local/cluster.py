@@ -73,10 +73,13 @@ class ComponentStatus:
 
 
 def local_settings(settings: Settings) -> Settings:
-    """``settings`` as the local cluster runs them: local Kafka, absolute directories."""
+    """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
+    absolute directories."""
     return settings.model_copy(
         update={
             "kafka_bootstrap": kafka.bootstrap(settings),
+            "redis_url": redis.url(settings),
+            "postgres_dsn": postgres.dsn(settings),
             "state_dir": settings.state_dir.resolve(),
             "cache_dir": settings.cache_dir.resolve(),
         }

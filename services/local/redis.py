@@ -14,6 +14,11 @@ NAME = "redis"
 START_TIMEOUT = 60.0
 
 
+def url(settings: Settings) -> str:
+    """The URL of the local Redis server's database 0, e.g. for redis-py."""
+    return f"redis://127.0.0.1:{settings.redis_port}/0"
+
+
 def ping(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
     """Whether the Redis server at ``host:port`` answers PING with PONG.
 

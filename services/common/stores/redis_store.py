@@ -1,0 +1,335 @@
+"""The message store on Redis (the default backend): one Lua script per operation.
+
+Keys of one client (``P`` = the key prefix, ``C`` = the client id with ``%``, ``{`` and
+``}`` percent-encoded, so it holds no brace and the encoding is unambiguous):
+
+- ``P{C}:q``  sorted set: member = Packet Identifier (decimal), score = seq. The order of
+  the queue, the "is this identifier in use" test and identifier → seq, all O(log n).
+- ``P{C}:m``  hash: Packet Identifier → meta, an ASCII string ``<qos><state><expires_at_ms>``
+  (``"10"`` + ``"1767225600000"``: QoS 1, QUEUED). Small, so a state change rewrites little.
+- ``P{C}:d``  hash: Packet Identifier → data (bytes), written once and deleted once.
+- ``P{C}:c``  hash of counters: ``seq`` (last assigned), ``pid`` (last Packet Identifier),
+  ``off`` (highest source offset), ``dropped``, ``exp`` (latest expires_at_ms appended).
+
+``{C}`` is the Redis Cluster hash tag, so all of a client's keys live in one slot and one
+script may touch them all. Each append sets every key to expire (PEXPIREAT) at ``exp``: a
+client nobody touches any more vanishes when its last message would have expired.
+
+Each script is atomic on the server and does all its reads and checks before its first
+write, so a call is applied whole or not at all. The scripts start with ``#!lua`` (Redis 7):
+Redis then refuses a writing script before it starts when memory is full, instead of
+failing it halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from services.common.stores.base import (
+    MAX_PACKET_ID,
+    AckKind,
+    AppendResult,
+    MessageState,
+    MessageStore,
+    StoredMessage,
+    StoreError,
+    StoreStats,
+    StoreUnavailable,
+    check_append,
+    check_max_messages,
+)
+
+T = TypeVar("T")
+
+# KEYS q m d c; ARGV source_offset qos expires_at_ms data max_messages.
+# Returns {packet_id, dropped}; packet_id 0 when the offset was already appended.
+_APPEND = """#!lua
+local q, m, d, c = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local last = redis.call('HGET', c, 'off')
+if last and tonumber(ARGV[1]) <= tonumber(last) then
+  return {0, 0}
+end
+local cap = tonumber(ARGV[5])
+local dropped = 0
+-- A loop, not one pop: a lower cap than a previous process used trims the excess at once.
+while redis.call('ZCARD', q) >= cap do
+  local oldest = redis.call('ZPOPMIN', q)
+  redis.call('HDEL', m, oldest[1])
+  redis.call('HDEL', d, oldest[1])
+  dropped = dropped + 1
+end
+if dropped > 0 then
+  redis.call('HINCRBY', c, 'dropped', dropped)
+end
+-- The cap (< 65535) guarantees a free identifier, so this loop ends.
+local pid = tonumber(redis.call('HGET', c, 'pid') or '0')
+repeat
+  pid = pid % 65535 + 1
+until not redis.call('ZSCORE', q, pid)
+local seq = redis.call('HINCRBY', c, 'seq', 1)
+redis.call('ZADD', q, seq, pid)
+redis.call('HSET', m, pid, ARGV[2] .. '0' .. ARGV[3])
+redis.call('HSET', d, pid, ARGV[4])
+redis.call('HSET', c, 'pid', pid, 'off', ARGV[1])
+local exp = redis.call('HGET', c, 'exp')
+if not exp or tonumber(ARGV[3]) > tonumber(exp) then
+  exp = ARGV[3]
+  redis.call('HSET', c, 'exp', exp)
+end
+for _, key in ipairs(KEYS) do
+  redis.call('PEXPIREAT', key, exp)
+end
+return {pid, dropped}
+"""
+
+# KEYS q m d; ARGV limit now_ms. Returns {pid, seq, meta, data, pid, seq, ...}.
+_WINDOW = """#!lua
+local q, m, d = KEYS[1], KEYS[2], KEYS[3]
+local limit, now = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, live, expired = {}, 0, {}
+local from = '-inf'
+while live < limit do
+  local batch = redis.call('ZRANGEBYSCORE', q, from, '+inf', 'WITHSCORES', 'LIMIT', 0, limit - live)
+  if #batch == 0 then
+    break
+  end
+  for i = 1, #batch, 2 do
+    local pid, seq = batch[i], batch[i + 1]
+    local meta = redis.call('HGET', m, pid)
+    if string.sub(meta, 2, 2) == '0' and tonumber(string.sub(meta, 3)) <= now then
+      expired[#expired + 1] = pid
+    else
+      out[#out + 1] = pid
+      out[#out + 1] = seq
+      out[#out + 1] = meta
+      out[#out + 1] = redis.call('HGET', d, pid)
+      live = live + 1
+    end
+    from = '(' .. seq
+  end
+end
+for _, pid in ipairs(expired) do
+  redis.call('ZREM', q, pid)
+  redis.call('HDEL', m, pid)
+  redis.call('HDEL', d, pid)
+end
+return out
+"""
+
+# KEYS m; ARGV packet ids. QUEUED → SENT.
+_MARK_SENT = """#!lua
+-- One HGET per identifier rather than HMGET with unpack(): unpack is limited to a few
+-- thousand values by Lua's C stack, and a window may hold up to 65,535 identifiers.
+local m = KEYS[1]
+for _, pid in ipairs(ARGV) do
+  local meta = redis.call('HGET', m, pid)
+  if meta and string.sub(meta, 2, 2) == '0' then
+    redis.call('HSET', m, pid, string.sub(meta, 1, 1) .. '1' .. string.sub(meta, 3))
+  end
+end
+return 0
+"""
+
+# KEYS q m d; ARGV packet_id kind. Returns 1 if something changed, else 0.
+_ACKNOWLEDGE = """#!lua
+local q, m, d = KEYS[1], KEYS[2], KEYS[3]
+local pid, kind = ARGV[1], ARGV[2]
+local meta = redis.call('HGET', m, pid)
+if not meta then
+  return 0
+end
+local qos, state = string.sub(meta, 1, 1), string.sub(meta, 2, 2)
+if (kind == '4' and qos == '1') or (kind == '7' and qos == '2' and state == '2') then
+  redis.call('ZREM', q, pid)
+  redis.call('HDEL', m, pid)
+  redis.call('HDEL', d, pid)
+  return 1
+end
+if kind == '5' and qos == '2' and state ~= '2' then
+  redis.call('HSET', m, pid, '22' .. string.sub(meta, 3))
+  return 1
+end
+return 0
+"""
+
+# KEYS q m d c. Returns the number of messages deleted.
+_CLEAR = """#!lua
+local n = redis.call('ZCARD', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+return n
+"""
+
+# KEYS q c. Returns {stored, dropped}.
+_STATS = """#!lua
+return {redis.call('ZCARD', KEYS[1]), tonumber(redis.call('HGET', KEYS[2], 'dropped') or '0')}
+"""
+
+#: Replies that mean "this server cannot serve now, try again": a replica after a failover
+#: (READONLY), a server loading its data, a cluster without quorum, full memory.
+_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    OSError,
+)
+
+
+def _escape(client_id: str) -> str:
+    """``client_id`` with ``%``, ``{`` and ``}`` percent-encoded: no brace can end the tag."""
+    return client_id.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _public_address(url: str) -> str:
+    """``url`` without user name or password, for error messages."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = parts.port or 6379
+    return f"{parts.scheme}://{host}:{port}{parts.path}"
+
+
+class RedisMessageStore(MessageStore):
+    """:class:`MessageStore` on one Redis 7 server (or a Cluster's slot), via redis.asyncio.
+
+    ``url``: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS). ``key_prefix``
+    starts every key and must not contain ``{`` or ``}``. ``max_messages``: per-client cap,
+    1..65534. ``timeout``: seconds one operation may take, connecting included. Raises
+    ``ValueError`` for an invalid prefix or cap. Connects on first use.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "cormorant:",
+        max_messages: int = 10_000,
+        timeout: float = 5.0,
+    ) -> None:
+        if "{" in key_prefix or "}" in key_prefix:
+            raise ValueError(f"key_prefix must not contain braces, got {key_prefix!r}")
+        self._prefix = key_prefix
+        self._max_messages = check_max_messages(max_messages)
+        self._timeout = timeout
+        self._address = _public_address(url)
+        # No retries inside redis-py: a retried script could run twice after a lost reply,
+        # and the caller owns the retry policy (every operation is safe to repeat).
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._append = self._redis.register_script(_APPEND)
+        self._window = self._redis.register_script(_WINDOW)
+        self._mark_sent = self._redis.register_script(_MARK_SENT)
+        self._acknowledge = self._redis.register_script(_ACKNOWLEDGE)
+        self._clear = self._redis.register_script(_CLEAR)
+        self._stats = self._redis.register_script(_STATS)
+
+    def _keys(self, client_id: str) -> list[str]:
+        """The client's keys, in the order the scripts expect: q, m, d, c."""
+        base = f"{self._prefix}{{{_escape(client_id)}}}:"
+        return [base + "q", base + "m", base + "d", base + "c"]
+
+    async def _run(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Await ``call()`` within the timeout, turning redis-py's errors into StoreErrors."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await call()
+        except TimeoutError as exc:
+            raise StoreUnavailable(
+                f"Redis store at {self._address} is unavailable ({what}): no answer within "
+                f"{self._timeout} s"
+            ) from exc
+        except _UNAVAILABLE_ERRORS as exc:
+            raise StoreUnavailable(
+                f"Redis store at {self._address} is unavailable ({what}): {exc}"
+            ) from exc
+        except redis_errors.RedisError as exc:
+            raise StoreError(f"Redis store at {self._address}: {what} failed: {exc}") from exc
+
+    async def append(
+        self, client_id: str, source_offset: int, qos: int, expires_at_ms: int, data: bytes
+    ) -> AppendResult:
+        """See :meth:`MessageStore.append`. One EVALSHA; O(log n) plus O(log n) per drop."""
+        check_append(source_offset, qos, expires_at_ms)
+        args = [source_offset, qos, expires_at_ms, data, self._max_messages]
+        reply: list[int] = await self._run(
+            "append", lambda: self._append(keys=self._keys(client_id), args=args)
+        )
+        packet_id, dropped = reply
+        return AppendResult(packet_id or None, dropped)
+
+    async def window(self, client_id: str, limit: int, now_ms: int) -> list[StoredMessage]:
+        """See :meth:`MessageStore.window`. One EVALSHA; O(log n + limit + expired)."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if limit == 0:
+            return []
+        keys = self._keys(client_id)[:3]
+        reply: list[bytes] = await self._run(
+            "window", lambda: self._window(keys=keys, args=[limit, now_ms])
+        )
+        messages = []
+        for i in range(0, len(reply), 4):
+            packet_id, seq, meta, data = reply[i : i + 4]
+            messages.append(
+                StoredMessage(
+                    client_id=client_id,
+                    seq=int(seq),
+                    packet_id=int(packet_id),
+                    qos=meta[0] - 0x30,  # ASCII digit
+                    state=MessageState(meta[1] - 0x30),
+                    expires_at_ms=int(meta[2:]),
+                    data=data,
+                )
+            )
+        return messages
+
+    async def mark_sent(self, client_id: str, packet_ids: Sequence[int]) -> None:
+        """See :meth:`MessageStore.mark_sent`. One EVALSHA; O(len(packet_ids))."""
+        wanted = [pid for pid in packet_ids if 1 <= pid <= MAX_PACKET_ID]
+        if not wanted:
+            return
+        keys = self._keys(client_id)[1:2]
+        await self._run("mark_sent", lambda: self._mark_sent(keys=keys, args=wanted))
+
+    async def acknowledge(self, client_id: str, packet_id: int, kind: AckKind) -> bool:
+        """See :meth:`MessageStore.acknowledge`. One EVALSHA; O(log n)."""
+        keys = self._keys(client_id)[:3]
+        changed: int = await self._run(
+            "acknowledge",
+            lambda: self._acknowledge(keys=keys, args=[packet_id, int(AckKind(kind))]),
+        )
+        return changed == 1
+
+    async def clear(self, client_id: str) -> int:
+        """See :meth:`MessageStore.clear`. One EVALSHA; O(n) (the keys are freed)."""
+        deleted: int = await self._run("clear", lambda: self._clear(keys=self._keys(client_id)))
+        return deleted
+
+    async def count(self, client_id: str) -> int:
+        """See :meth:`MessageStore.count`. One ZCARD; O(1)."""
+        key = self._keys(client_id)[0]
+        stored: Any = await self._run("count", lambda: self._redis.zcard(key))
+        return int(stored)
+
+    async def stats(self, client_id: str) -> StoreStats:
+        """See :meth:`MessageStore.stats`. One EVALSHA; O(1)."""
+        q, _, _, c = self._keys(client_id)
+        stored, dropped = await self._run("stats", lambda: self._stats(keys=[q, c]))
+        return StoreStats(stored=int(stored), dropped=int(dropped))
+
+    async def close(self) -> None:
+        """See :meth:`MessageStore.close`. Closes the connection pool."""
+        await self._redis.aclose()
