@@ -45,6 +45,14 @@ def router() -> None:
     run()
 
 
+@main.command("device-persist")
+def device_persist() -> None:
+    """Run device_persist: stored messages of persistent DEVICE sessions (Redis/PostgreSQL)."""
+    from services.device_persist.main import run
+
+    run()
+
+
 @main.command("settings")
 def show_settings() -> None:
     """List every setting: environment variable, current value and meaning."""

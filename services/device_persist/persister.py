@@ -118,8 +118,9 @@ class DevicePersister:
     def assign(self, partitions: Iterable[int]) -> None:
         """The consumer group gave this instance ``partitions`` (of ``msg.persisted``): the
         connected clients in newly owned ones get what they had in flight again."""
-        new = set(partitions) - self.owned
-        self.owned = set(partitions)
+        owned = set(partitions)
+        new = owned - self.owned
+        self.owned = owned
         count = self.settings.state_topic_partitions
         for client_id, session in self.sessions.items():
             if session.connected and partition_of(client_id, count) in new:

@@ -31,6 +31,7 @@ SERVICE_STOP_TIMEOUT = 20.0
 INFRA_STOP_TIMEOUT = 30.0
 
 ROUTER = "router"
+DEVICE_PERSIST = "device-persist"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +150,7 @@ def infrastructure(settings: Settings) -> list[Component]:
 
 
 def services_of(settings: Settings) -> list[Component]:
-    """The ingest nodes, the router and HAProxy, in start order."""
+    """The ingest nodes, the router, device_persist and HAProxy, in start order."""
     settings = local_settings(settings)
     nodes = [
         Component(
@@ -176,8 +177,15 @@ def services_of(settings: Settings) -> list[Component]:
         ready_file=ready_file(settings, ROUTER),
         stop_timeout=SERVICE_STOP_TIMEOUT,
     )
+    device_persist = Component(
+        DEVICE_PERSIST,
+        None,
+        partial(_start_service, settings, DEVICE_PERSIST, "device-persist", None),
+        ready_file=ready_file(settings, DEVICE_PERSIST),
+        stop_timeout=SERVICE_STOP_TIMEOUT,
+    )
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
-    return [*nodes, router, proxy]
+    return [*nodes, router, device_persist, proxy]
 
 
 def components(settings: Settings) -> list[Component]:

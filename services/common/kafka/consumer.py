@@ -104,9 +104,15 @@ class _Batch:
 class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
     """Tracks batches in flight and commits what is acknowledged, in order."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, commit: bool) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        commit: bool,
+        on_assigned: Callable[[set[TopicPartition]], None] | None,
+    ) -> None:
         self.consumer = consumer
         self.commit = commit
+        self.on_assigned = on_assigned
         self.in_flight: deque[_Batch] = deque()
         self.committable: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
@@ -164,7 +170,9 @@ class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
             self.committed.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        """Nothing to do: reading resumes from the committed offsets."""
+        """Reading resumes from the committed offsets; the service hears of its partitions."""
+        if self.on_assigned is not None:
+            self.on_assigned(set(assigned))
 
 
 async def _first_error(acks: Sequence[Awaitable[object]]) -> BaseException | None:
@@ -183,6 +191,7 @@ async def consume_batches(
     max_records: int = 2000,
     max_in_flight: int = 4,
     commit_interval: float = 0.2,
+    on_assigned: Callable[[set[TopicPartition]], None] | None = None,
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
 
@@ -193,8 +202,10 @@ async def consume_batches(
     ``max_in_flight`` of them may await their acknowledgements at once. A failed batch is
     logged and read again (with everything after it) after :data:`RETRY_BACKOFF_SECONDS`:
     at-least-once. Runs until cancelled; then what is acknowledged is committed.
+    ``on_assigned`` is told the partitions the group gives this consumer after each
+    rebalance (all of them, not only the new ones).
     """
-    committer = _Committer(consumer, commit=bool(topics))
+    committer = _Committer(consumer, bool(topics), on_assigned)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
     last_commit = time.monotonic()

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from services.common.records import AckKind as AckKind  # re-exported: part of the interface
+
 #: The largest Packet Identifier (MQTT 5.0 2.2.1): identifiers are 1..65535.
 MAX_PACKET_ID = 65535
 
@@ -50,14 +52,6 @@ class MessageState(IntEnum):
     """Sent, awaiting PUBACK (QoS 1) or PUBREC (QoS 2): a resend carries DUP=1."""
     RELEASED = 2
     """QoS 2 only: PUBREC received; only PUBREL is resent, until PUBCOMP."""
-
-
-class AckKind(IntEnum):
-    """A client's acknowledgement of a delivered message, by MQTT control packet type."""
-
-    PUBACK = 4
-    PUBREC = 5
-    PUBCOMP = 7
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,114 @@
+"""The device_persist service: stored messages of persistent DEVICE sessions (DESIGN.md).
+
+``msg.persisted`` and ``client.acks`` are read together in the consumer group
+``<prefix>cormorant-device-persist`` with the range assignor: both are keyed by client id
+with the same partition count, so each instance gets the same partition numbers of both and
+owns every record about its clients. ``client.sessions`` is followed in full (where each
+client is connected, its session and Receive Maximum). The logic is in
+:mod:`services.device_persist.persister`; this module wires it to Kafka and the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+
+import faust
+from aiokafka import TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from services.common.faust_app import make_app, run_worker
+from services.common.kafka.admin import core_topic_specs, ensure_topics
+from services.common.kafka.consumer import Record, consume_batches, make_consumer
+from services.common.kafka.names import TopicNames
+from services.common.kafka.state_reader import CompactedTopicReader, Headers
+from services.common.readiness import clear_ready, mark_ready
+from services.common.settings import Settings, get_settings
+from services.common.stores import open_store
+from services.device_persist.persister import DevicePersister
+
+log = logging.getLogger(__name__)
+
+#: Most records handled as one batch (one state barrier, one commit point).
+BATCH_MAX = 1000
+
+
+def build_app(settings: Settings) -> faust.App:
+    """Build device_persist's Faust app: session reader, store, consumer and timers."""
+    names = TopicNames.from_settings(settings)
+    app = make_app(settings, "device-persist")
+    store = open_store(settings)
+
+    async def send(
+        topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> Awaitable[object]:
+        return await app.producer.send(topic, key, value, None, None, headers)
+
+    persister = DevicePersister(settings, store, send)
+
+    def apply_session(
+        topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
+    ) -> None:
+        persister.apply_session(key, value)
+
+    reader = CompactedTopicReader(settings.kafka_bootstrap, [names.client_sessions], apply_session)
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        # Session records stored before these records were are applied first: a message
+        # is stamped with the session it was routed for.
+        await reader.barrier()
+        return await persister.handle_batch(records, time.time_ns() // 1_000_000)
+
+    def assigned(partitions: set[TopicPartition]) -> None:
+        persister.assign(tp.partition for tp in partitions if tp.topic == names.msg_persisted)
+
+    @app.task
+    async def serve() -> None:
+        await reader.start()
+        persister.go_live()
+        consumer = make_consumer(
+            settings, group_id=app.conf.id, partition_assignment_strategy=(RangePartitionAssignor,)
+        )
+        await consumer.start()
+        dirty = asyncio.create_task(persister.run_dirty(), name="device-persist-dirty")
+        try:
+            mark_ready(settings.ready_file, "device_persist")
+            await consume_batches(
+                consumer,
+                handle,
+                topics=[names.msg_persisted, names.client_acks],
+                max_records=BATCH_MAX,
+                on_assigned=assigned,
+            )
+        finally:
+            dirty.cancel()
+            await consumer.stop()
+
+    @app.timer(settings.session_expiry_check_seconds)
+    async def expire_sessions() -> None:
+        try:
+            acks = await persister.expire_sessions(time.time_ns() // 1_000_000)
+            await asyncio.gather(*acks)
+        except Exception as exc:  # the store or Kafka is down: the next tick tries again
+            log.warning("session expiry check failed: %r", exc)
+
+    @app.on_before_shutdown.connect
+    async def stop(app: faust.App, **kwargs: object) -> None:
+        clear_ready(settings.ready_file)
+        await reader.stop()
+        await store.close()
+
+    return app
+
+
+def run() -> None:
+    """Entry point of ``cormorant device-persist``."""
+    settings = get_settings()
+    asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap, core_topic_specs(settings), settings.replication_factor
+        )
+    )
+    run_worker(build_app(settings), settings)
