@@ -473,6 +473,27 @@ async def test_an_unreachable_server_raises_store_unavailable(backend: str) -> N
         await store.close()
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+async def test_a_call_that_times_out_changes_nothing(backend: Backend) -> None:
+    # Another session holds the client's row lock for longer than the store's timeout.
+    store = backend.make(timeout=0.5)
+    client = new_client()
+    await store.append(client, 0, 1, FAR, b"first")
+    async with await psycopg.AsyncConnection.connect(backend.url) as blocker:
+        await blocker.execute(
+            "SELECT 1 FROM persisted_clients WHERE client_key = %s FOR UPDATE",
+            (client_key(client),),
+        )
+        with pytest.raises(StoreUnavailable, match=r"PostgreSQL.*within 0\.5 s"):
+            await store.append(client, 1, 1, FAR, b"second")
+        with pytest.raises(StoreUnavailable):
+            await store.acknowledge(client, 1, AckKind.PUBACK)
+        await blocker.rollback()
+
+    assert [m.data for m in await store.window(client, 10, now_ms=0)] == [b"first"]
+    assert await store.append(client, 1, 1, FAR, b"second") == AppendResult(2, 0)
+
+
 # --- factory ---------------------------------------------------------------------------------
 
 
