@@ -7,11 +7,13 @@ that they are downloaded once per machine, not once per session.
 
 from __future__ import annotations
 
+import signal
 import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.readiness import clear_ready
 from services.common.settings import Settings
 from services.local import cluster, haproxy, kafka, processes
 
@@ -106,6 +108,12 @@ class LocalCluster:
     def stop(self, name: str) -> bool:
         """Stop process ``name`` cleanly; True if it was running. KeyError if unknown."""
         return cluster.stop_component(self.settings, name)
+
+    def kill(self, name: str) -> bool:
+        """``kill -9`` process ``name`` (no clean shutdown); True if it was running."""
+        killed = processes.stop(self.settings.state_dir, name, signal.SIGKILL, timeout=10.0)
+        clear_ready(cluster.ready_file(self.settings, name))
+        return killed
 
     def start(self, name: str) -> int:
         """Start process ``name`` and wait until it is ready; return its pid."""

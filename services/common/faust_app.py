@@ -18,6 +18,7 @@ from typing import Any
 
 import faust
 
+from services.common.kafka import partitioner
 from services.common.settings import Settings
 
 
@@ -39,6 +40,7 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
         "key_serializer": "raw",
         "value_serializer": "raw",
         "producer_acks": -1,
+        "producer_partitioner": partitioner.partition,
         "producer_linger": settings.producer_linger_seconds,
         "producer_request_timeout": settings.kafka_request_timeout_seconds,
         "producer_max_request_size": max(settings.max_packet_size * 2, 1024 * 1024),

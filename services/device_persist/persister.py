@@ -35,10 +35,9 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 
-from aiokafka.partitioner import murmur2
-
 from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
+from services.common.kafka.partitioner import partition_of as key_partition
 from services.common.mqtt.errors import MQTTError
 from services.common.records import (
     HEADER_META,
@@ -73,9 +72,8 @@ resolves once Kafka acknowledged it."""
 
 
 def partition_of(client_id: str, partitions: int) -> int:
-    """The partition of a record keyed by ``client_id`` (the Java client's and aiokafka's
-    default partitioner: murmur2 of the key, positive, modulo the partition count)."""
-    return (murmur2(client_id.encode("utf-8")) & 0x7FFFFFFF) % partitions
+    """The partition of every record keyed by ``client_id`` in a topic of ``partitions``."""
+    return key_partition(client_id.encode("utf-8"), partitions)
 
 
 @dataclass(slots=True)
