@@ -107,7 +107,7 @@ def test_v5_connack_advertises_the_server_limits() -> None:
     assert props.receive_maximum == 7
     assert props.maximum_packet_size == 4096
     assert props.topic_alias_maximum == 3
-    assert props.retain_available is False  # retained messages are not stored (3.2.2.3.5)
+    assert props.retain_available is None  # absent: retained messages are available (3.2.2.3.5)
     assert props.assigned_client_identifier is None
 
 
@@ -600,7 +600,7 @@ def test_connection_lost_before_connect_writes_nothing() -> None:
 def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
     client = Client(5)
     client.connect()
-    effects = client.conn.taken_over()
+    effects = client.conn.taken_over(new_clean_start=False)
     disconnect = only(client.packets(effects), Disconnect)
     assert disconnect.reason_code == ReasonCode.SESSION_TAKEN_OVER
     assert closes(effects)
@@ -613,7 +613,7 @@ def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
 def test_v311_taken_over_just_closes() -> None:
     client = Client(4)
     client.connect()
-    effects = client.conn.taken_over()
+    effects = client.conn.taken_over(new_clean_start=False)
     assert client.packets(effects) == []
     assert closes(effects)
     assert client.conn.connection_lost() == []

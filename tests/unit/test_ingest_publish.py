@@ -205,13 +205,6 @@ def test_v311_pubrel_for_unknown_id_still_gets_pubcomp() -> None:
     assert client.packets(client.send(PubRel(77))) == [PubComp(77)]
 
 
-@pytest.mark.parametrize("packet", [PubRec(1), PubComp(1)])
-def test_unexpected_pubrec_or_pubcomp_is_a_protocol_error(packet: PubRec | PubComp) -> None:
-    # The server never sends QoS 2 to subscribers; DISCONNECT cannot carry 0x92.
-    client = _connected(5)
-    assert _disconnect_code(client, client.send(packet)) == ReasonCode.PROTOCOL_ERROR
-
-
 # ---------------------------------------------------------------------- topic names
 
 
@@ -318,18 +311,17 @@ def test_v311_has_no_receive_maximum() -> None:
 # ---------------------------------------------------------------------- retain and properties
 
 
-def test_v5_retain_is_not_supported_0x9a() -> None:
-    client = Client(5)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_retain_is_stored_with_the_flag(version: int) -> None:
+    # Retained messages are available (CONNACK says nothing else, MQTT 5.0 3.2.2.3.5): the
+    # router keeps them, the PUBLISH goes to msg.all with RETAIN as sent (MQTT 3.3.1.3).
+    client = Client(version)
     connack = client.connect()
-    assert connack.properties.retain_available is False
-    effects = client.send(Publish("t", b"", retain=True))
-    assert store_effects(effects) == []
-    assert _disconnect_code(client, effects) == ReasonCode.RETAIN_NOT_SUPPORTED
-
-
-def test_v311_retain_is_stored_with_the_flag() -> None:
-    client = _connected(4)
-    assert only(client.send(Publish("t", b"", retain=True)), StorePublish).meta.retain is True
+    assert connack.properties.retain_available is None
+    store = only(client.send(Publish("t", b"", qos=1, retain=True, packet_id=1)), StorePublish)
+    assert store.meta.retain is True
+    assert client.packets(client.stored(store.token)) == [PubAck(1)]
+    assert not client.conn.closed
 
 
 def test_v5_client_subscription_identifier_is_a_protocol_error() -> None:
