@@ -1,9 +1,15 @@
 """The ingest service: a Faust app that owns MQTT sockets (DESIGN.md, ``services/ingest``).
 
-Its producer writes ``msg.all`` and the client state topics; a task reads the node's own
-``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer group) and writes
-each message to the target sockets. A state reader follows ``client.sessions`` and
-``client.subscriptions`` in full for session takeover and session resumption.
+Its producer writes ``msg.all``, ``client.acks`` and the client state topics; a task reads
+the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer
+group) and writes each message to the target sockets, or sends the PUBRELs a record with
+header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
+in full for session takeover, session resumption and Will Messages waiting out their delay.
+
+At start, once the state is read and before the listener opens, the sessions still shown
+connected to this node are ended (their connections died with the previous process); at
+shutdown every connection is closed and its Will Message and end records are stored before
+the producer stops.
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ def build_app(settings: Settings) -> faust.App:
                     record.offset,
                     exc,
                 )
-        return []  # delivery is best effort here: QoS 1 is tracked per connection
+        return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
     @app.task
     async def serve() -> None:

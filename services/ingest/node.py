@@ -93,9 +93,10 @@ class Client(Protocol):
 
 @dataclass
 class _StoreQueue:
-    """Store effects of one connection, sent to Kafka one by one in order."""
+    """Store effects of one connection, sent to Kafka one by one in order; a Will Message
+    published at once goes the same way, behind the client's last PUBLISHes (MQTT 4.6)."""
 
-    items: deque[tuple[Client, StoreEffect]] = field(default_factory=deque)
+    items: deque[tuple[Client, StoreEffect | PublishWill]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
 
 
@@ -233,7 +234,7 @@ class IngestNode:
     def _will(self, client: Client, effect: PublishWill) -> None:
         client_id = client.connection.client_id
         if effect.delay_seconds == 0:
-            self._publish_will(client_id, effect.meta, effect.payload)
+            self._enqueue_store(client, effect)
             return
         earlier = self.waiting_wills.pop(client_id, None)
         if earlier is not None:
@@ -265,7 +266,8 @@ class IngestNode:
             log.info("client %r reconnected: its Will Message is not sent", client_id)
 
     def _publish_will(self, client_id: str, meta: PublishMeta, payload: bytes) -> None:
-        """Write a Will Message to ``msg.all``, stamped now; failures are logged."""
+        """Write a Will Message that waited out its delay to ``msg.all``, stamped now;
+        failures are logged."""
         meta = dataclasses.replace(meta, received_at_ms=now_ms())
         headers = [(HEADER_META, encode_meta(meta))]
         task = asyncio.create_task(
@@ -287,7 +289,7 @@ class IngestNode:
     # ----------------------------------------------------------------------------------------
     # store effects
 
-    def _enqueue_store(self, client: Client, effect: StoreEffect) -> None:
+    def _enqueue_store(self, client: Client, effect: StoreEffect | PublishWill) -> None:
         queue = self._queues.setdefault(id(client), _StoreQueue())
         queue.items.append((client, effect))
         if queue.task is None:
@@ -299,14 +301,13 @@ class IngestNode:
             while queue.items:
                 client, effect = queue.items.popleft()
                 topic, record_key, value, headers = self._record_of(client, effect)
-                token = effect.token
                 try:
                     pending = await self._send(topic, record_key, value, headers)
                 except Exception as exc:  # Kafka unreachable or the record refused
                     log.warning("could not queue a record for %s: %r", topic, exc)
-                    self.run(client, client.connection.store_failed(token))
+                    self._store_failed(client, effect)
                     continue
-                task = asyncio.create_task(self._await_ack(client, effect, token, pending))
+                task = asyncio.create_task(self._await_ack(client, effect, pending))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         finally:
@@ -315,25 +316,33 @@ class IngestNode:
                 self._queues.pop(key, None)
 
     async def _await_ack(
-        self, client: Client, effect: StoreEffect, token: int, pending: Awaitable[object]
+        self, client: Client, effect: StoreEffect | PublishWill, pending: Awaitable[object]
     ) -> None:
         try:
             metadata = await asyncio.wait_for(pending, self.settings.kafka_request_timeout_seconds)
         except Exception as exc:
             log.warning("Kafka did not store a record of %r: %r", client.connection.client_id, exc)
-            self.run(client, client.connection.store_failed(token))
+            self._store_failed(client, effect)
             return
+        if isinstance(effect, PublishWill):
+            return  # nobody waits for a Will Message
         if isinstance(effect, StoreSession) and effect.record is not None:
             offset = getattr(metadata, "offset", None)
             if effect.record.connected and isinstance(offset, int):
                 client.connect_offset = max(client.connect_offset or -1, offset)
-        self.run(client, client.connection.stored(token))
+        self.run(client, client.connection.stored(effect.token))
+
+    def _store_failed(self, client: Client, effect: StoreEffect | PublishWill) -> None:
+        if isinstance(effect, PublishWill):
+            log.warning("the Will Message of %r was not stored", client.connection.client_id)
+        else:
+            self.run(client, client.connection.store_failed(effect.token))
 
     def _record_of(
-        self, client: Client, effect: StoreEffect
+        self, client: Client, effect: StoreEffect | PublishWill
     ) -> tuple[str, bytes, bytes | None, Headers | None]:
         key = client.connection.client_id.encode("utf-8")
-        if isinstance(effect, StorePublish):
+        if isinstance(effect, StorePublish | PublishWill):
             return (
                 self.names.msg_all,
                 key,
