@@ -206,3 +206,19 @@ async def test_a_subscription_acknowledged_is_honoured_by_the_next_publish(
                 except TimeoutError:
                     lost.append(i)
     assert lost == [], f"first message lost in rounds {lost} of {rounds}"
+
+
+async def test_a_v5_retained_publish_is_accepted_and_delivered_live(cluster: LocalCluster) -> None:
+    """RETAIN is available (no 0x9A); a live subscriber gets the message with RETAIN
+    cleared, as its subscription is not Retain As Published (MQTT 5.0 3.3.1.3)."""
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/retain")
+    async with (
+        aio_client(node1, unique("sub")) as sub,
+        aio_client(node2, unique("pub")) as pub,
+    ):
+        await sub.subscribe(topic, qos=1)
+        await pub.publish(topic, b"kept", qos=1, retain=True)  # refused: DISCONNECT 0x9A
+        [message] = await collect(sub, 1)
+        await pub.publish(topic, b"", qos=1, retain=True)  # clears it for later tests
+    assert (message.payload, message.retain) == (b"kept", False)
