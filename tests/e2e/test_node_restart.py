@@ -19,8 +19,6 @@ import signal
 import psutil
 import pytest
 
-from services.common.kafka.names import TopicNames
-from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import SessionRecord, decode_session
 from tests.e2e.clients import (
     TIMEOUT,
@@ -31,6 +29,7 @@ from tests.e2e.clients import (
     session_connect_packet,
     unique,
 )
+from tests.e2e.kafka_view import latest_state
 from tests.servers import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
@@ -81,30 +80,6 @@ async def test_a_stopped_node_publishes_the_will_messages_of_its_clients(
     assert sorted(m.payload for m in wills) == [b"at once", b"delayed"]  # type: ignore[type-var]
 
 
-async def _latest_records(cluster: LocalCluster) -> tuple[dict[str, bytes | None], set[str]]:
-    """The latest value of every ``client.sessions`` key, and the client ids that have a
-    ``client.subscriptions`` record, as the state topics hold them now."""
-    names = TopicNames.from_settings(cluster.settings)
-    sessions: dict[str, bytes | None] = {}
-    subscribed: set[str] = set()
-
-    def apply(topic: str, key: bytes, value: bytes | None, offset: int) -> None:
-        client_id = key.decode()
-        if topic == names.client_sessions:
-            sessions[client_id] = value
-        elif value is None:
-            subscribed.discard(client_id)
-        else:
-            subscribed.add(client_id)
-
-    reader = CompactedTopicReader(
-        cluster.kafka_bootstrap, [names.client_sessions, names.client_subscriptions], apply
-    )
-    await reader.start(timeout=TIMEOUT)
-    await reader.stop()
-    return sessions, subscribed
-
-
 def _session(sessions: dict[str, bytes | None], client_id: str) -> SessionRecord | None:
     value = sessions[client_id]
     return None if value is None else decode_session(value)
@@ -124,7 +99,7 @@ async def test_a_killed_nodes_sessions_are_ended_when_it_starts_again(
         )
         assert passing.connect() == 0
         assert [rc.value for rc in passing.subscribe(unique("e2e/restart"), 1)] == [1]
-        sessions, subscribed = await _latest_records(cluster)
+        sessions, subscribed = await latest_state(cluster)
         before = _session(sessions, persistent_id)
         assert before is not None and before.connected
         assert passing_id in subscribed
@@ -138,7 +113,7 @@ async def test_a_killed_nodes_sessions_are_ended_when_it_starts_again(
         finally:
             cluster.start(NODE)
     passing.close()
-    sessions, subscribed = await _latest_records(cluster)
+    sessions, subscribed = await latest_state(cluster)
     after = _session(sessions, persistent_id)
     assert after is not None
     assert (after.connected, after.persistent, after.session_id) == (
