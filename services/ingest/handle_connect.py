@@ -268,9 +268,17 @@ def restate_session(state: ConnectionState, record: SessionRecord | None) -> lis
 
     An older connection of the same session may have stored QoS 2 messages after this one
     read the session at CONNECT; their Packet Identifiers are kept, so that their resends
-    are acknowledged without being published twice (MQTT 4.3.3).
+    are acknowledged without being published twice (MQTT 4.3.3). Only while this connection
+    has had no QoS 2 PUBLISH or PUBREL of its own: after that, the older connection's view
+    may list an id the client has since released here, and keeping it would swallow the
+    next message that reuses the id.
     """
-    if record is not None and record.session_id == state.session_id and state.persistent:
+    if (
+        record is not None
+        and record.session_id == state.session_id
+        and state.persistent
+        and not state.inbound_qos2_seen
+    ):
         state.unreleased_qos2.update(record.unreleased)
     return [StoreSession(state.new_token(), session_record(state, connected=True))]
 

@@ -73,6 +73,7 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     if packet.qos:
         assert packet.packet_id is not None, "the decoder requires a Packet Identifier"
         if packet.qos == 2:
+            state.inbound_qos2_seen = True
             if any(p.packet_id == packet.packet_id for p in state.pending_acks):
                 # A resend of a PUBLISH still being stored: its PUBREC (with the store's
                 # outcome) answers both; a second PUBREC must not claim success early.
@@ -153,6 +154,7 @@ def handle_pubrel(state: ConnectionState, packet: PubRel) -> list[Effect]:
     For a persistent session PUBCOMP waits until a session record without the id is stored.
     An id that is not unreleased gets PUBCOMP 0x92 Packet Identifier not found (v5).
     """
+    state.inbound_qos2_seen = True
     if packet.packet_id not in state.unreleased_qos2:
         unknown = PubComp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
         return [Send(state.encode(unknown))]

@@ -123,6 +123,7 @@ class ConnectionState:
     pending_acks: deque[PendingAck] = field(default_factory=deque)
     token_to_ack: dict[int, PendingAck] = field(default_factory=dict)
     unreleased_qos2: set[int] = field(default_factory=set)
+    inbound_qos2_seen: bool = False  # a QoS 2 PUBLISH or PUBREL came on this connection
     unsaved: RecordWaiters = field(default_factory=RecordWaiters)
     session_dirty: bool = False
     record_waiters: dict[int, RecordWaiters] = field(default_factory=dict)

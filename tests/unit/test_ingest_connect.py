@@ -27,6 +27,7 @@ from services.common.mqtt.packets import (
     PingResp,
     PubAck,
     Publish,
+    PubRel,
     Subscribe,
     SubscriptionRequest,
     UnsubAck,
@@ -681,6 +682,20 @@ def test_a_late_record_of_the_same_session_adds_its_unreleased_ids() -> None:
     assert record.connection_id == CONNECTION_ID and record.session_id == PREVIOUS_SESSION_ID
     assert record.unreleased == (1, 2)
     assert client.conn.state.unreleased_qos2 == {1, 2}
+
+
+def test_a_late_record_adds_nothing_once_the_client_sent_qos2_packets() -> None:
+    # The client may have released an id here that the older connection still lists.
+    previous = _record(persistent=True)
+    previous.unreleased = (1,)
+    client = Client(5, previous=(previous, []))
+    client.connect("c1", clean_start=False)
+    client.store_all(client.send(PubRel(1)))
+    late = _record(persistent=True, connected=True)
+    late.unreleased = (1, 2)
+    record = only(client.conn.older_session_record(late), StoreSession).record
+    assert record is not None and record.unreleased == ()
+    assert client.conn.state.unreleased_qos2 == set()
 
 
 @pytest.mark.parametrize("late", [None, "another-session"])
