@@ -189,10 +189,10 @@ class IngestNode:
         waiting = self.waiting_wills.get(client_id)
         if waiting is None or record is None or not record.connected:
             return
-        if record.connection_id == waiting.connection_id or offset <= (
-            waiting.connect_offset if waiting.connect_offset is not None else -1
-        ):
-            return
+        if record.connection_id == waiting.connection_id:
+            return  # the will's own connection
+        if waiting.connect_offset is not None and offset <= waiting.connect_offset:
+            return  # written before that connection's own records: older
         self._settle_will(client_id, record.clean_start)
 
     # ----------------------------------------------------------------------------------------
@@ -236,9 +236,7 @@ class IngestNode:
         if effect.delay_seconds == 0:
             self._enqueue_store(client, effect)
             return
-        earlier = self.waiting_wills.pop(client_id, None)
-        if earlier is not None:
-            earlier.timer.cancel()
+        # No other will of this client waits: its registration settled any (_register).
         timer = asyncio.get_running_loop().call_later(
             effect.delay_seconds, self._will_delay_passed, client_id
         )
@@ -375,8 +373,10 @@ class IngestNode:
         forwarded = _forwarded(meta)
         expires_at_ms = delivery.expires_at(forwarded, meta.received_at_ms)
         if expires_at_ms is not None:
+            # Shared by the QoS 0 encodings; each connection checks the expiry again itself.
             left = delivery.remaining_interval(expires_at_ms, now_ms())
-            forwarded.message_expiry_interval = left if left is not None else 1
+            if left is not None:
+                forwarded.message_expiry_interval = left
         encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
         delivered = 0
         for target in targets:
