@@ -284,7 +284,11 @@ class AckRecord:
 
     ``session_id`` (16 bytes) is the session they belong to (``SessionRecord.session_id``):
     an acknowledgement from before a Clean Start must not touch the new session's messages.
-    ``acks`` are ``(AckKind, Packet Identifier)`` pairs.
+    ``acks`` are ``(AckKind, Packet Identifier)`` pairs. A delivery that ends without the
+    usual acknowledgements (a PUBREC with a failure Reason Code, MQTT 4.3.3; a message the
+    ingest node discarded as over the client's Maximum Packet Size, MQTT 5.0 3.1.2.11.4, or
+    as expired before it was sent, 3.3.2.3.3) is reported as complete all the same: PUBACK
+    for QoS 1, PUBREC followed by PUBCOMP for QoS 2.
     """
 
     session_id: bytes

@@ -2,10 +2,10 @@
 
 :class:`ServerConnection` owns the protocol state of one network connection (MQTT 3.1.1 and
 5.0): the stream decoder, the connection phase, Packet Identifiers in flight both ways, topic
-aliases and keep alive. It never touches a socket or Kafka; the shell carries out the
-:mod:`effects <services.ingest.effects>` it returns. Each packet kind is handled in its own
-module (``handle_connect``, ``handle_publish``, ``handle_subscribe``, ``delivery``), as in
-Mosquitto's ``src/``.
+aliases, keep alive and the Will Message. It never touches a socket or Kafka; the shell
+carries out the :mod:`effects <services.ingest.effects>` it returns. Each concern is handled
+in its own module (``handle_connect``, ``handle_publish``, ``handle_subscribe``,
+``delivery``, ``will``), as in Mosquitto's ``src/``.
 """
 
 from __future__ import annotations
@@ -22,15 +22,18 @@ from services.common.mqtt.packets import (
     PingReq,
     PingResp,
     PubAck,
+    PubComp,
     Publish,
+    PubRec,
     PubRel,
     Subscribe,
     Unsubscribe,
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import SessionRecord
 from services.common.settings import Settings
-from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe
+from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe, will
 from services.ingest.effects import Close, Effect, Send
 from services.ingest.state import ConnectionState, Phase, PreviousSession
 
@@ -42,8 +45,10 @@ class ServerConnection:
 
     ``settings`` gives the server's limits; ``previous_session`` is consulted on CONNECT;
     ``now_ms`` returns Unix time in milliseconds. Feed bytes with :meth:`receive_data`, report
-    store outcomes with :meth:`stored` / :meth:`store_failed`, and deliver downlink messages
-    with :meth:`deliver`; each returns the effects to carry out, in order.
+    store outcomes with :meth:`stored` / :meth:`store_failed`, deliver downlink messages with
+    :meth:`deliver` and :meth:`release`; each returns the effects to carry out, in order. The
+    acknowledgements of store-assigned deliveries and the session record of QoS 2 changes
+    gathered during one call leave as one record each, at the end of its effects.
     """
 
     def __init__(
@@ -99,6 +104,14 @@ class ServerConnection:
                 effects.extend(self.protocol_violation(exc))
             if self.closed:
                 break
+        return self._finish(effects)
+
+    def _finish(self, effects: list[Effect]) -> list[Effect]:
+        """Append the records gathered during one call: the session record the QoS 2
+        exchanges wait for, then the client's acknowledgements for the message store."""
+        state = self.state
+        effects += handle_publish.flush_session_record(state)
+        effects += delivery.flush_acks(state)
         return effects
 
     def _dispatch(self, packet: Packet) -> list[Effect]:
@@ -119,6 +132,10 @@ class ServerConnection:
             return handle_publish.handle_publish(state, packet)
         if isinstance(packet, PubAck):
             return delivery.handle_puback(state, packet)
+        if isinstance(packet, PubRec):
+            return delivery.handle_pubrec(state, packet)
+        if isinstance(packet, PubComp):
+            return delivery.handle_pubcomp(state, packet)
         if isinstance(packet, PubRel):
             return handle_publish.handle_pubrel(state, packet)
         if isinstance(packet, PingReq):
@@ -129,8 +146,6 @@ class ServerConnection:
             return handle_subscribe.handle_unsubscribe(state, packet)
         if isinstance(packet, Disconnect):
             return handle_connect.handle_disconnect(state, packet)
-        # PUBREC/PUBCOMP included: the server grants at most QoS 1 to subscribers, so it never
-        # awaits them (and 0x92 is not a DISCONNECT Reason Code, MQTT 5.0 3.14.2.1).
         raise MQTTError(f"unexpected {type(packet).__name__}", ReasonCode.PROTOCOL_ERROR)
 
     def stored(self, token: int) -> list[Effect]:
@@ -148,17 +163,21 @@ class ServerConnection:
                 except MQTTError as exc:
                     effects.extend(self.protocol_violation(exc))
             state.early_packets.clear()
-            return effects
+            return self._finish(effects)
         if token in state.pending_subacks:
-            return [Send(state.encode(state.pending_subacks.pop(token)))]
-        return handle_publish.publish_outcome(state, token, ok=True)
+            return handle_subscribe.subscribe_outcome(state, token)
+        if token in state.record_waiters:
+            return self._session_record_outcome(token, ok=True)
+        return self._finish(handle_publish.publish_outcome(state, token, ok=True))
 
     def store_failed(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
 
         Nothing unstored is ever acknowledged: a failed PUBLISH gets a v5 PUBACK/PUBREC with
         Reason Code 0x80, or (v3.1.1, which has no negative acknowledgement) the connection
-        is closed so the client resends it. A failed CONNECT gets CONNACK 0x88 / 0x03.
+        is closed so the client resends it. A failed CONNECT gets CONNACK 0x88 / 0x03. A
+        failed subscription set, retained request or PUBREL record closes the connection
+        (v5: DISCONNECT 0x80): their acknowledgements cannot say "failed".
         """
         state = self.state
         if self.closed:
@@ -170,17 +189,38 @@ class ServerConnection:
             return self.protocol_violation(
                 MQTTError("subscriptions could not be stored", ReasonCode.UNSPECIFIED_ERROR)
             )
-        return handle_publish.publish_outcome(state, token, ok=False)
+        if token in state.record_waiters:
+            return self._session_record_outcome(token, ok=False)
+        return self._finish(handle_publish.publish_outcome(state, token, ok=False))
 
-    def deliver(self, packet: Publish, encoded: bytes | None = None) -> list[Effect]:
+    def _session_record_outcome(self, token: int, ok: bool) -> list[Effect]:
+        effects, release_failed = handle_publish.session_record_outcome(self.state, token, ok)
+        if release_failed:
+            effects += self.protocol_violation(
+                MQTTError("a PUBREL could not be recorded", ReasonCode.UNSPECIFIED_ERROR)
+            )
+        return self._finish(effects)
+
+    def deliver(
+        self, packet: Publish, encoded: bytes | None = None, expires_at_ms: int | None = None
+    ) -> list[Effect]:
         """Send a routed message to this client: ``packet`` already carries the granted QoS,
-        RETAIN flag and properties; Packet Identifier and in-flight window are handled here.
-        ``encoded`` optionally holds a QoS 0 ``packet`` already encoded for this client's
-        protocol version (shared by a fan-out).
+        RETAIN and DUP flags, properties, and a store-assigned Packet Identifier or None; the
+        node's own Packet Identifiers, the in-flight window and the remaining Message Expiry
+        Interval are handled here. ``encoded`` optionally holds a QoS 0 ``packet`` already
+        encoded for this client's protocol version (shared by a fan-out); ``expires_at_ms``
+        is when the message expires (Unix ms, None: never).
         """
         if self.state.phase is not Phase.CONNECTED:
             return []
-        return delivery.deliver(self.state, packet, encoded)
+        return self._finish(delivery.deliver(self.state, packet, encoded, expires_at_ms))
+
+    def release(self, packet_id: int) -> list[Effect]:
+        """Send PUBREL for a store-assigned QoS 2 delivery the client received (PUBREC) on
+        an earlier connection of its session (MQTT 4.4); PUBCOMP is then expected."""
+        if self.state.phase is not Phase.CONNECTED:
+            return []
+        return delivery.release(self.state, packet_id)
 
     def keep_alive_expired(self) -> list[Effect]:
         """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D)."""
@@ -190,18 +230,32 @@ class ServerConnection:
             MQTTError("keep alive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT)
         )
 
-    def taken_over(self) -> list[Effect]:
+    def taken_over(self, new_clean_start: bool) -> list[Effect]:
         """Another connection took this client's session (MQTT 3.1.4-3; v5 DISCONNECT 0x8E).
 
-        The session now belongs to the new connection, so this one writes no end records.
+        The session now belongs to the new connection, so this one writes no end records;
+        its Will Message is published or discarded as :func:`will.on_taken_over` says, from
+        ``new_clean_start``, the new connection's Clean Start.
         """
         self.state.session_ended = True
-        return self.disconnect_and_close(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
+        effects = will.on_taken_over(self.state, new_clean_start)
+        return effects + self.disconnect_and_close(
+            ReasonCode.SESSION_TAKEN_OVER, "session taken over"
+        )
 
     def connection_lost(self) -> list[Effect]:
-        """The socket is gone: the session's end records to store (none if already ended)."""
+        """The socket is gone: the Will Message (unless a normal DISCONNECT discarded it) and
+        the session's end records (none if already ended); each at most once."""
         self.state.phase = Phase.CLOSED
-        return handle_connect.end_session(self.state)
+        return will.on_close(self.state) + handle_connect.end_session(self.state)
+
+    def older_session_record(self, record: SessionRecord | None) -> list[Effect]:
+        """A session record of an older connection of this client (or a tombstone) landed
+        after this connection's: store this connection's record again (see
+        :func:`handle_connect.restate_session`)."""
+        if self.closed:
+            return []
+        return handle_connect.restate_session(self.state, record)
 
     def protocol_violation(self, exc: MQTTError) -> list[Effect]:
         """The MQTT-mandated reaction to ``exc`` (MQTT 4.13): CONNACK or DISCONNECT, then close."""

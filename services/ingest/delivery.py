@@ -1,43 +1,114 @@
-"""Outbound PUBLISH to a subscriber and its PUBACK (MQTT 4.3.2, 4.4, 4.9; 5.0 3.1.2.11.3-4).
+"""Outbound PUBLISH to a subscriber and its acknowledgements (MQTT 4.3.2, 4.3.3, 4.4, 4.9;
+5.0 3.1.2.11.3-4, 3.3.2.3.3).
 
-QoS 1 deliveries take a free Packet Identifier and count against the client's Receive
-Maximum (v5; 65,535 when unset); further messages wait in order in a per-connection queue.
-A packet larger than the client's Maximum Packet Size is discarded for that client, as if it
-had been delivered (MQTT 5.0 3.1.2.11.4).
+QoS 1 and 2 deliveries take a Packet Identifier and count against the client's Receive
+Maximum (v5; 65,535 when unset) until PUBACK, or PUBCOMP for QoS 2 (PUBREC → PUBREL →
+PUBCOMP), or a PUBREC with a failure Reason Code (MQTT 5.0 4.9). Further messages wait in
+order in a per-connection queue. A packet larger than the client's Maximum Packet Size is
+discarded for that client, as if it had been delivered (MQTT 5.0 3.1.2.11.4).
+
+Two kinds of deliveries share a connection:
+
+- the node's own: the router's messages for non-persistent sessions; this module picks the
+  Packet Identifier and keeps the in-flight window;
+- store-assigned: a message store (``device_persist``) picked the Packet Identifier
+  (``Target.packet_id``), sets DUP on resends after a reconnect and keeps at most the
+  client's Receive Maximum of them in flight itself, so they are sent at once. Every
+  acknowledgement of one is reported to the store (``client.acks``, one record per read):
+  PUBACK; PUBREC then PUBCOMP. A delivery that ends without them (a PUBREC with a failure
+  Reason Code, or a message discarded as too large or expired) is reported as complete:
+  PUBACK for QoS 1, PUBREC followed by PUBCOMP for QoS 2. The store also asks for PUBREL
+  of QoS 2 messages the client acknowledged with PUBREC before a reconnect
+  (:func:`release`).
+
+Message Expiry (MQTT 5.0 3.3.2.3.3): a message is sent with the time it has left, rounded up
+to whole seconds; one whose interval has passed before onward delivery started is not sent
+[MQTT-3.3.2-5]. A store's resend (DUP) was started before, so it is always sent.
 """
 
 from __future__ import annotations
 
 import logging
 
-from services.common.mqtt.packets import PubAck, Publish
-from services.ingest.effects import Effect, Send
-from services.ingest.state import ConnectionState, Outbound
+from services.common.mqtt.errors import ProtocolError
+from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
+from services.common.mqtt.properties import Properties
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import AckKind, AckRecord
+from services.ingest.effects import Effect, Send, StoreAcks
+from services.ingest.state import ConnectionState, Outbound, Queued
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 10_000
-"""Messages a non-persistent connection may have waiting for its in-flight window; beyond
-that the oldest are dropped (a slow consumer must not exhaust the node's memory)."""
+"""Messages a connection may have waiting for its in-flight window; beyond that the oldest
+are dropped (a slow consumer must not exhaust the node's memory)."""
 
 
-def deliver(state: ConnectionState, packet: Publish, encoded: bytes | None = None) -> list[Effect]:
-    """Send ``packet`` (QoS 0 or 1) to the client, or queue it behind the in-flight window.
+# ------------------------------------------------------------------------------ expiry
 
-    ``encoded`` may carry the packet already encoded for this protocol version (QoS 0 only:
-    one encoding shared by every subscriber of a fan-out).
+
+def expires_at(properties: Properties, received_at_ms: int) -> int | None:
+    """When a message received at ``received_at_ms`` (Unix ms) expires, in Unix ms, from its
+    Message Expiry Interval (seconds, MQTT 5.0 3.3.2.3.3); None if it has none."""
+    interval = properties.message_expiry_interval
+    return None if interval is None else received_at_ms + interval * 1000
+
+
+def remaining_interval(expires_at_ms: int, now_ms: int) -> int | None:
+    """The Message Expiry Interval to send at ``now_ms``: the seconds left, rounded up (so a
+    live message never says 0), or None once it has expired [MQTT-3.3.2-6]."""
+    left_ms = expires_at_ms - now_ms
+    return None if left_ms <= 0 else -(-left_ms // 1000)
+
+
+def _set_remaining(state: ConnectionState, packet: Publish, expires_at_ms: int | None) -> bool:
+    """Put the time left into ``packet`` (v5); False if the message has expired."""
+    if expires_at_ms is None:
+        return True
+    remaining = remaining_interval(expires_at_ms, state.now_ms())
+    if remaining is None:
+        return False
+    if state.protocol_version == 5:
+        packet.properties.message_expiry_interval = remaining
+    return True
+
+
+# ------------------------------------------------------------------------------ sending
+
+
+def deliver(
+    state: ConnectionState,
+    packet: Publish,
+    encoded: bytes | None = None,
+    expires_at_ms: int | None = None,
+) -> list[Effect]:
+    """Send ``packet`` to the client, or queue it behind the in-flight window.
+
+    ``packet.packet_id`` is set for a store-assigned delivery (QoS 1/2) and None otherwise.
+    ``encoded`` may carry a QoS 0 packet already encoded for this protocol version, its
+    Message Expiry Interval included (one encoding shared by every subscriber of a fan-out).
+    ``expires_at_ms`` is when the message expires (Unix ms; None: never).
     """
+    if packet.qos and packet.packet_id:
+        return _deliver_store_assigned(state, packet, expires_at_ms)
     if packet.qos == 0:
-        return _send(state, encoded if encoded is not None else state.encode(packet))
+        if encoded is None:
+            if not _set_remaining(state, packet, expires_at_ms):
+                return []
+            encoded = state.encode(packet)
+        elif expires_at_ms is not None and expires_at_ms <= state.now_ms():
+            return []
+        return _send(state, encoded)
     if len(state.outbound) >= state.client_receive_maximum or state.outbound_queue:
         if len(state.outbound_queue) >= MAX_QUEUED:
             state.outbound_queue.popleft()
             log.warning(
                 "client %r: outbound queue full, dropped its oldest message", state.client_id
             )
-        state.outbound_queue.append(packet)
+        state.outbound_queue.append(Queued(packet, expires_at_ms))
         return []
-    return _send_with_packet_id(state, packet)
+    return _send_with_packet_id(state, packet, expires_at_ms)
 
 
 def _send(state: ConnectionState, data: bytes) -> list[Effect]:
@@ -60,21 +131,149 @@ def _next_packet_id(state: ConnectionState) -> int:
             return packet_id
 
 
-def _send_with_packet_id(state: ConnectionState, packet: Publish) -> list[Effect]:
+def _send_with_packet_id(
+    state: ConnectionState, packet: Publish, expires_at_ms: int | None
+) -> list[Effect]:
+    if not _set_remaining(state, packet, expires_at_ms):
+        return []  # expired while it waited for the window [MQTT-3.3.2-5]
     packet.packet_id = _next_packet_id(state)
     effects = _send(state, state.encode(packet))
     if effects:
-        state.outbound[packet.packet_id] = Outbound(packet)
+        state.outbound[packet.packet_id] = Outbound(packet.qos)
     return effects
+
+
+def _deliver_store_assigned(
+    state: ConnectionState, packet: Publish, expires_at_ms: int | None
+) -> list[Effect]:
+    packet_id = packet.packet_id
+    assert packet_id is not None
+    if packet_id in state.outbound:
+        # Already in flight here: a repeated downlink record. The store resends what stays
+        # unacknowledged after the next reconnect (MQTT 4.4).
+        log.info("client %r: Packet Identifier %d already in flight", state.client_id, packet_id)
+        return []
+    if not _set_remaining(state, packet, expires_at_ms):
+        if not packet.dup:
+            _completed_unsent(state, packet.qos, packet_id)
+            return []
+        # A resend: onward delivery had started, so it goes out with the least interval.
+        if state.protocol_version == 5:
+            packet.properties.message_expiry_interval = 1
+    effects = _send(state, state.encode(packet))
+    if effects:
+        state.outbound[packet_id] = Outbound(packet.qos, store_assigned=True)
+    else:
+        _completed_unsent(state, packet.qos, packet_id)
+    return effects
+
+
+def _completed_unsent(state: ConnectionState, qos: int, packet_id: int) -> None:
+    """Report a store-assigned delivery discarded without sending as complete."""
+    if qos == 1:
+        state.acks_out.append((AckKind.PUBACK, packet_id))
+    else:
+        state.acks_out += [(AckKind.PUBREC, packet_id), (AckKind.PUBCOMP, packet_id)]
+
+
+def release(state: ConnectionState, packet_id: int) -> list[Effect]:
+    """Send PUBREL for a store-assigned QoS 2 delivery the client acknowledged with PUBREC
+    on an earlier connection (MQTT 4.4: PUBREL is resent on a resumed session); it stays in
+    flight until PUBCOMP."""
+    entry = state.outbound.get(packet_id)
+    if entry is not None and not entry.store_assigned:
+        log.info(
+            "client %r: PUBREL asked for Packet Identifier %d, in use by another delivery",
+            state.client_id,
+            packet_id,
+        )
+        return []
+    state.outbound[packet_id] = Outbound(2, store_assigned=True, released=True)
+    return [Send(state.encode(PubRel(packet_id)))]
+
+
+# ------------------------------------------------------------------------------ acknowledgements
 
 
 def handle_puback(state: ConnectionState, packet: PubAck) -> list[Effect]:
-    """The client acknowledged a QoS 1 delivery: free its Packet Identifier, send queued ones."""
-    if state.outbound.pop(packet.packet_id, None) is None:
+    """The client acknowledged a QoS 1 delivery, with any Reason Code: it is complete.
+
+    Raises :class:`ProtocolError` if the Packet Identifier is in flight with QoS 2. A PUBACK
+    for an unknown one is ignored (logged).
+    """
+    entry = state.outbound.get(packet.packet_id)
+    if entry is None:
         log.info(
             "client %r: PUBACK for unknown Packet Identifier %d", state.client_id, packet.packet_id
         )
+        return []
+    if entry.qos != 1:
+        raise ProtocolError(f"PUBACK for QoS 2 delivery {packet.packet_id}")
+    return _complete(state, packet.packet_id, entry, AckKind.PUBACK)
+
+
+def handle_pubrec(state: ConnectionState, packet: PubRec) -> list[Effect]:
+    """The client received a QoS 2 delivery: answer PUBREL; with a failure Reason Code
+    (>= 0x80) the delivery is over instead (MQTT 4.3.3, 4.9).
+
+    An unknown Packet Identifier gets PUBREL 0x92 Packet Identifier not found (v5) so the
+    client can complete its side. Raises :class:`ProtocolError` if it is in flight with QoS 1.
+    """
+    packet_id = packet.packet_id
+    entry = state.outbound.get(packet_id)
+    if entry is None:
+        log.info("client %r: PUBREC for unknown Packet Identifier %d", state.client_id, packet_id)
+        return [Send(state.encode(PubRel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)))]
+    if entry.qos != 2:
+        raise ProtocolError(f"PUBREC for QoS 1 delivery {packet_id}")
+    if entry.released:
+        return [Send(state.encode(PubRel(packet_id)))]  # PUBREL already sent: again
+    if packet.reason_code >= 0x80:
+        if entry.store_assigned:
+            state.acks_out.append((AckKind.PUBREC, packet_id))
+        return _complete(state, packet_id, entry, AckKind.PUBCOMP)
+    entry.released = True
+    if entry.store_assigned:
+        state.acks_out.append((AckKind.PUBREC, packet_id))
+    return [Send(state.encode(PubRel(packet_id)))]
+
+
+def handle_pubcomp(state: ConnectionState, packet: PubComp) -> list[Effect]:
+    """The client completed a QoS 2 delivery (with any Reason Code): free its identifier.
+
+    Raises :class:`ProtocolError` if no PUBREL was sent for it. A PUBCOMP for an unknown
+    Packet Identifier is ignored (logged).
+    """
+    entry = state.outbound.get(packet.packet_id)
+    if entry is None:
+        log.info(
+            "client %r: PUBCOMP for unknown Packet Identifier %d", state.client_id, packet.packet_id
+        )
+        return []
+    if not entry.released:
+        raise ProtocolError(f"PUBCOMP before PUBREL for {packet.packet_id}")
+    return _complete(state, packet.packet_id, entry, AckKind.PUBCOMP)
+
+
+def _complete(
+    state: ConnectionState, packet_id: int, entry: Outbound, kind: AckKind
+) -> list[Effect]:
+    """End the delivery of ``packet_id`` and send what waited for its window slot."""
+    del state.outbound[packet_id]
+    if entry.store_assigned:
+        state.acks_out.append((kind, packet_id))
     effects: list[Effect] = []
     while state.outbound_queue and len(state.outbound) < state.client_receive_maximum:
-        effects.extend(_send_with_packet_id(state, state.outbound_queue.popleft()))
+        queued = state.outbound_queue.popleft()
+        effects.extend(_send_with_packet_id(state, queued.packet, queued.expires_at_ms))
     return effects
+
+
+def flush_acks(state: ConnectionState) -> list[Effect]:
+    """The ``client.acks`` record of the acknowledgements gathered since the last flush
+    (one record per read of the socket), or [] if there are none."""
+    if not state.acks_out:
+        return []
+    record = AckRecord(state.session_id, state.acks_out)
+    state.acks_out = []
+    return [StoreAcks(state.new_token(), record)]

@@ -2,14 +2,16 @@
 
 The asyncio shell (:mod:`services.ingest.server`) carries out each effect in order and reports
 the outcome of the ``Store*`` effects back with ``ServerConnection.stored(token)`` or
-``ServerConnection.store_failed(token)``.
+``ServerConnection.store_failed(token)``. :class:`PublishWill` is the one effect with a
+timer: the shell publishes the Will Message after its delay unless a newer connection of the
+client settles it first (:func:`services.ingest.will.published_on_new_connection`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.records import PublishMeta, SessionRecord
+from services.common.records import AckRecord, PublishMeta, SessionRecord
 from services.common.topics.trie import Subscription
 
 
@@ -53,10 +55,48 @@ class StoreSession:
 
 
 @dataclass(slots=True)
+class StoreAcks:
+    """Write this client's acknowledgements of store-assigned deliveries to ``client.acks``.
+
+    Nothing waits for it: the outcome is only logged (a store that misses an acknowledgement
+    resends the message after the next reconnect, MQTT 4.4).
+    """
+
+    token: int
+    record: AckRecord
+
+
+@dataclass(slots=True)
+class StoreRetainedRequest:
+    """Ask for the retained messages matching ``subscriptions`` (MQTT 3.3.1.3, 3.8.3.1):
+    a ``msg.all`` record keyed by this client's id, empty value, header ``q``."""
+
+    token: int
+    subscriptions: list[Subscription]
+
+
+@dataclass(slots=True)
+class PublishWill:
+    """Publish this client's Will Message to ``msg.all`` after ``delay_seconds`` (0: now).
+
+    ``meta.received_at_ms`` is when the network connection closed; the shell stamps the
+    moment it really publishes, since the Message Expiry Interval of a Will Message runs from
+    its publication (MQTT 5.0 3.1.3.2.4). Nothing waits for the write (failures are logged).
+    """
+
+    delay_seconds: int
+    meta: PublishMeta
+    payload: bytes
+
+
+@dataclass(slots=True)
 class Connected:
     """The session is established (CONNACK sent): the shell registers the client by id."""
 
     client_id: str
 
 
-Effect = Send | Close | StorePublish | StoreSubscriptions | StoreSession | Connected
+StoreEffect = StorePublish | StoreSubscriptions | StoreSession | StoreAcks | StoreRetainedRequest
+"""The effects that write one Kafka record and report back through their ``token``."""
+
+Effect = Send | Close | StoreEffect | PublishWill | Connected

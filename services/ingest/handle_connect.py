@@ -4,11 +4,17 @@ A CONNECT is accepted in two steps: :func:`handle_connect` validates it and asks
 store the session record in ``client.sessions``; :func:`connect_stored` sends CONNACK once
 Kafka has it, so every node sees the session (and takes over an older connection) before the
 client is told it is connected.
+
+The session record also carries the Packet Identifiers of inbound QoS 2 messages not yet
+released (MQTT 4.3.3), so a session resumed on any node knows them; :func:`session_record`
+says which ones each record lists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import Iterable
 
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
@@ -17,6 +23,7 @@ from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
 from services.common.records import SessionRecord
 from services.common.sessions import is_persistent, session_expired
 from services.common.topics.validation import validate_topic_name
+from services.ingest import will
 from services.ingest.effects import Close, Connected, Effect, Send, StoreSession, StoreSubscriptions
 from services.ingest.state import ConnectionState, Phase, PreviousSession
 
@@ -50,6 +57,7 @@ def handle_connect(
         validate_topic_name(connect.will.topic)
 
     settings = state.settings
+    state.will = connect.will
     state.client_id = client_id
     state.clean_start = connect.clean_start
     state.session_expiry_interval = props.session_expiry_interval or 0
@@ -81,11 +89,11 @@ def handle_connect(
         connack_props.maximum_packet_size = settings.max_packet_size
         if settings.topic_alias_maximum:
             connack_props.topic_alias_maximum = settings.topic_alias_maximum
-        # Retained messages are not stored yet: say so, as MQTT 5 lets a server (3.2.2.3.5).
-        connack_props.retain_available = False
     state.keep_alive = keep_alive
 
     previous, previous_subs = previous_session(client_id)
+    if previous is not None:
+        state.previous_connection_id = previous.connection_id
     session_present = (
         not connect.clean_start
         and previous is not None
@@ -97,6 +105,9 @@ def handle_connect(
         assert previous is not None
         state.subscriptions = {s.topic_filter: s for s in previous_subs}
         state.session_id = previous.session_id
+        # QoS 2 messages stored but not released: a resend is acknowledged, not published
+        # again, whichever node stored it (MQTT 4.3.3).
+        state.unreleased_qos2 = set(previous.unreleased)
     else:
         # A new session (MQTT 3.1.2.4): it is named after the connection that starts it.
         state.session_id = state.connection_id
@@ -114,7 +125,15 @@ def handle_connect(
 
 
 def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
-    """This connection's ``client.sessions`` record."""
+    """This connection's ``client.sessions`` record.
+
+    ``unreleased`` lists the inbound QoS 2 Packet Identifiers of the session (MQTT 4.3.3).
+    While connected, a record also lists the ids whose PUBLISH is still being stored (their
+    PUBREC waits for a record that includes them) and leaves out those whose PUBREL is being
+    recorded (their PUBCOMP waits for a record without them). An end record lists only the
+    ids that were acknowledged with PUBREC: a PUBLISH whose storing did not finish is not
+    acknowledged, so the client resends it, and it must then be stored again.
+    """
     return SessionRecord(
         node_id=state.node_id,
         connection_id=state.connection_id,
@@ -127,13 +146,30 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
         updated_at_ms=state.now_ms(),
         session_id=state.session_id,
         receive_maximum=state.client_receive_maximum,
+        unreleased=(
+            _recorded_unreleased(state) if connected else tuple(sorted(state.unreleased_qos2))
+        ),
     )
+
+
+def _recorded_unreleased(state: ConnectionState) -> tuple[int, ...]:
+    ids = set(state.unreleased_qos2)
+    ids.update(p.packet_id for p in state.pending_acks if p.qos == 2 and not p.failed)
+    ids.difference_update(_releasing(state))
+    return tuple(sorted(ids))
+
+
+def _releasing(state: ConnectionState) -> Iterable[int]:
+    yield from state.unsaved.releases
+    for waiters in state.record_waiters.values():
+        yield from waiters.releases
 
 
 def connect_stored(state: ConnectionState) -> list[Effect]:
     """The session record is in Kafka: send CONNACK; the shell registers the client."""
     assert state.connack is not None
     state.phase = Phase.CONNECTED
+    state.accepted = True
     return [Send(state.encode(state.connack)), Connected(state.client_id)]
 
 
@@ -191,7 +227,9 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
     """A client's DISCONNECT: end the session as it asks, then close (MQTT 3.14.4).
 
     A v5 DISCONNECT may change the Session Expiry Interval, but not from 0 to non-zero
-    (3.14.2.2.2: Protocol Error).
+    (3.14.2.2.2: Protocol Error). A v3.1.1 DISCONNECT and a v5 one with Reason Code 0x00
+    discard the Will Message; any other Reason Code (0x04 Disconnect with Will Message
+    included) leaves it to be published when the connection closes (3.14.4, 3.1.2.5).
     """
     expiry = packet.properties.session_expiry_interval
     if expiry is not None:
@@ -199,6 +237,8 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
             raise ProtocolError("Session Expiry Interval cannot change from 0 on DISCONNECT")
         state.session_expiry_interval = expiry
         state.persistent = is_persistent(state.protocol_version, state.clean_start, expiry)
+    if state.protocol_version < 5 or packet.reason_code == ReasonCode.SUCCESS:
+        will.discard(state)
     state.phase = Phase.CLOSED
     return [*end_session(state), Close("client sent DISCONNECT")]
 
@@ -219,3 +259,38 @@ def end_session(state: ConnectionState) -> list[Effect]:
         effects.append(StoreSubscriptions(state.new_token(), []))
     effects.append(StoreSession(state.new_token(), None))
     return effects
+
+
+def restate_session(state: ConnectionState, record: SessionRecord | None) -> list[Effect]:
+    """A ``client.sessions`` record of an older connection of this client (or a tombstone)
+    landed after this connection's own records: store this connection's record again, so
+    the latest record names the connection that holds the session.
+
+    An older connection of the same session may have stored QoS 2 messages after this one
+    read the session at CONNECT; their Packet Identifiers are kept, so that their resends
+    are acknowledged without being published twice (MQTT 4.3.3). Only while this connection
+    has had no QoS 2 PUBLISH or PUBREL of its own: after that, the older connection's view
+    may list an id the client has since released here, and keeping it would swallow the
+    next message that reuses the id.
+    """
+    if (
+        record is not None
+        and record.session_id == state.session_id
+        and state.persistent
+        and not state.inbound_qos2_seen
+    ):
+        state.unreleased_qos2.update(record.unreleased)
+    return [StoreSession(state.new_token(), session_record(state, connected=True))]
+
+
+def orphaned_session_end(record: SessionRecord, now_ms: int) -> SessionRecord | None:
+    """The record that ends a session whose connection died with its ingest node's process.
+
+    As :func:`end_session` does for a closed connection: a persistent session is marked
+    disconnected as of ``now_ms`` (Unix ms; its Session Expiry Interval runs from then) and
+    keeps everything else, unreleased QoS 2 Packet Identifiers included; a non-persistent
+    one is deleted (None: a tombstone; its subscriptions must be deleted too).
+    """
+    if not record.persistent:
+        return None
+    return dataclasses.replace(record, connected=False, updated_at_ms=now_ms)

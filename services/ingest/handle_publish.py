@@ -3,6 +3,15 @@
 A QoS 1/2 PUBLISH is acknowledged (PUBACK / PUBREC) only after Kafka stored it with
 ``acks=all``, and acknowledgements leave in the order the PUBLISHes arrived (MQTT 4.6), even
 when Kafka answers out of order.
+
+QoS 2 is exactly once across reconnects (MQTT 4.3.3): the Packet Identifier of a stored
+PUBLISH stays "unreleased" until PUBREL, and a resend of it is acknowledged without being
+published again. For a persistent session the unreleased ids live in the session record, so
+that any node resuming the session knows them: PUBREC waits until both the ``msg.all``
+record and a session record listing the id are stored, and PUBCOMP until a session record
+without it is. One session record serves all the QoS 2 PUBLISHes and PUBRELs of one read
+(:func:`flush_session_record`). A non-persistent session keeps them in memory only: it ends
+with its connection.
 """
 
 from __future__ import annotations
@@ -15,8 +24,9 @@ from services.common.mqtt.properties import Properties, encode_properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta
 from services.common.topics.validation import validate_topic_name
-from services.ingest.effects import Close, Effect, Send, StorePublish
-from services.ingest.state import ConnectionState, PendingAck, Phase
+from services.ingest.effects import Close, Effect, Send, StorePublish, StoreSession
+from services.ingest.handle_connect import session_record
+from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
 
 
 def _resolve_topic(state: ConnectionState, packet: Publish) -> str:
@@ -51,27 +61,26 @@ def forwarded_properties(props: Properties) -> bytes:
 def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     """Validate an inbound PUBLISH and ask the shell to store it in ``msg.all``.
 
+    RETAIN is kept in the stored metadata; the router keeps retained messages (MQTT 3.3.1.3).
     Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
-    Receive Maximum exceeded (v5), 0x9A Retain not supported (v5, as CONNACK announced),
-    0x82 Protocol Error for a Subscription Identifier sent by a client (3.3.4-6).
+    Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
+    a client (3.3.4-6).
     """
     topic = _resolve_topic(state, packet)
     validate_topic_name(topic)
-    if state.protocol_version == 5:
-        if packet.retain:
-            raise MQTTError("retained messages are not available", ReasonCode.RETAIN_NOT_SUPPORTED)
-        if packet.properties.subscription_identifiers:
-            raise ProtocolError("a client must not send a Subscription Identifier")
+    if state.protocol_version == 5 and packet.properties.subscription_identifiers:
+        raise ProtocolError("a client must not send a Subscription Identifier")
     if packet.qos:
         assert packet.packet_id is not None, "the decoder requires a Packet Identifier"
         if packet.qos == 2:
+            state.inbound_qos2_seen = True
             if any(p.packet_id == packet.packet_id for p in state.pending_acks):
                 # A resend of a PUBLISH still being stored: its PUBREC (with the store's
                 # outcome) answers both; a second PUBREC must not claim success early.
                 return []
             if packet.packet_id in state.unreleased_qos2:
                 # A resent QoS 2 PUBLISH: stored once already, so only acknowledge (4.3.3).
-                state.pending_acks.append(PendingAck(packet.packet_id, 2, done=True))
+                state.pending_acks.append(PendingAck(packet.packet_id, 2, outstanding=0))
                 return _release_acks(state)
         if state.protocol_version == 5 and (
             len(state.pending_acks) + len(state.unreleased_qos2) >= state.settings.receive_maximum
@@ -91,6 +100,9 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         pending = PendingAck(packet.packet_id, packet.qos)
         state.pending_acks.append(pending)
         state.token_to_ack[token] = pending
+        if packet.qos == 2 and state.persistent:
+            pending.outstanding += 1
+            state.unsaved.acks.append(pending)
     return [StorePublish(token, meta, packet.payload)]
 
 
@@ -99,9 +111,18 @@ def publish_outcome(state: ConnectionState, token: int, ok: bool) -> list[Effect
     pending = state.token_to_ack.pop(token, None)
     if pending is None:
         return []  # QoS 0, or an end-of-session record: nobody waits for it
-    pending.done = True
-    pending.failed = not ok
+    _answered(state, pending, ok)
     return _release_acks(state)
+
+
+def _answered(state: ConnectionState, pending: PendingAck, ok: bool) -> None:
+    pending.outstanding -= 1
+    if not ok and not pending.failed:
+        pending.failed = True
+        if pending.qos == 2 and state.persistent:
+            # A session record may already list this id: the next one must not, or a later
+            # PUBLISH reusing the id would be taken for a resend and lost (MQTT 4.3.3).
+            state.session_dirty = True
 
 
 def _release_acks(state: ConnectionState) -> list[Effect]:
@@ -128,10 +149,56 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
 
 
 def handle_pubrel(state: ConnectionState, packet: PubRel) -> list[Effect]:
-    """PUBREL → PUBCOMP; the Packet Identifier may be reused afterwards (MQTT 4.3.3)."""
-    if packet.packet_id in state.unreleased_qos2:
-        state.unreleased_qos2.discard(packet.packet_id)
-        reason = ReasonCode.SUCCESS
-    else:
-        reason = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-    return [Send(state.encode(PubComp(packet.packet_id, reason)))]
+    """PUBREL → PUBCOMP; the Packet Identifier may be reused afterwards (MQTT 4.3.3).
+
+    For a persistent session PUBCOMP waits until a session record without the id is stored.
+    An id that is not unreleased gets PUBCOMP 0x92 Packet Identifier not found (v5).
+    """
+    state.inbound_qos2_seen = True
+    if packet.packet_id not in state.unreleased_qos2:
+        unknown = PubComp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+        return [Send(state.encode(unknown))]
+    if state.persistent:
+        state.unsaved.releases.append(packet.packet_id)
+        return []
+    state.unreleased_qos2.discard(packet.packet_id)
+    return [Send(state.encode(PubComp(packet.packet_id)))]
+
+
+def flush_session_record(state: ConnectionState) -> list[Effect]:
+    """The one session record that the QoS 2 PUBLISHes and PUBRELs handled since the last
+    flush wait for (or that corrects an earlier one after a failed store); [] if none is
+    needed or the connection is closed (its end record follows)."""
+    if not (state.unsaved or state.session_dirty) or state.phase is not Phase.CONNECTED:
+        return []
+    token = state.new_token()
+    record = session_record(state, connected=True)
+    state.record_waiters[token] = state.unsaved
+    state.unsaved = RecordWaiters()
+    state.session_dirty = False
+    return [StoreSession(token, record)]
+
+
+def session_record_outcome(
+    state: ConnectionState, token: int, ok: bool
+) -> tuple[list[Effect], bool]:
+    """Kafka's answer for the session record stored under ``token``.
+
+    Stored: the waiting PUBRECs may leave (in order) and the PUBCOMPs are sent. Not stored:
+    the waiting PUBLISHes are refused as if their own store had failed. Returns the effects
+    and whether a PUBREL went unrecorded: PUBCOMP has no Reason Code to refuse it with, so
+    the caller closes the connection and the client resends the PUBREL after reconnecting
+    (MQTT 4.4).
+    """
+    waiters = state.record_waiters.pop(token)
+    for pending in waiters.acks:
+        _answered(state, pending, ok)
+    effects = _release_acks(state)
+    if not waiters.releases or state.phase is Phase.CLOSED:
+        return effects, False
+    if not ok:
+        return effects, True
+    for packet_id in waiters.releases:
+        state.unreleased_qos2.discard(packet_id)
+    comps = b"".join(state.encode(PubComp(packet_id)) for packet_id in waiters.releases)
+    return [*effects, Send(comps)], False

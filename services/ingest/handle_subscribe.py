@@ -3,6 +3,10 @@
 The client's whole subscription set is rewritten to ``client.subscriptions`` (compacted, keyed
 by client id) and SUBACK/UNSUBACK is sent only once Kafka stored it: a subscription that was
 acknowledged is seen by every router.
+
+Retained messages (MQTT 3.3.1.3, 5.0 3.8.3.1 Retain Handling) are kept and sent by the
+router; a SUBSCRIBE asks for them with one ``msg.all`` record listing the new subscriptions
+that want them, and its SUBACK also waits for that record.
 """
 
 from __future__ import annotations
@@ -12,17 +16,28 @@ from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscrib
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.topics.trie import Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
-from services.ingest.effects import Effect, Send, StoreSubscriptions
-from services.ingest.state import ConnectionState
+from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
+from services.ingest.state import ConnectionState, PendingSubAck
 
-# QoS 2 delivery to subscribers is not offered yet: a QoS 2 request is granted QoS 1, which
-# MQTT allows (3.8.4: the granted QoS may be lower than requested).
-MAX_GRANTED_QOS = 1
+MAX_GRANTED_QOS = 2
+"""The highest QoS granted to a subscription (MQTT 3.8.4): every QoS is delivered."""
 
 
 def _failure(state: ConnectionState, exc: MQTTError) -> int:
     """The per-filter failure code: the Reason Code (v5) or 0x80 Failure (v3.1.1)."""
     return exc.reason_code if state.protocol_version == 5 else 0x80
+
+
+def wants_retained(retain_handling: int, existed: bool, shared: bool) -> bool:
+    """Whether a subscription just made gets the matching retained messages.
+
+    Retain Handling (MQTT 5.0 3.8.3.1): 0 at every subscribe, 1 only if the subscription
+    did not exist before, 2 never; MQTT 3.1.1 subscriptions behave as 0 (3.3.1.3). A Shared
+    Subscription never gets retained messages on subscribe (MQTT 5.0 4.8.2).
+    """
+    if shared:
+        return False
+    return retain_handling == 0 or (retain_handling == 1 and not existed)
 
 
 def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
@@ -34,6 +49,7 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
     ids = packet.properties.subscription_identifiers
     identifier = ids[0] if ids else None
     updated = dict(state.subscriptions)
+    retained: dict[str, Subscription] = {}
     codes: list[int] = []
     for request in packet.subscriptions:
         try:
@@ -45,7 +61,7 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
         if shared is not None and request.no_local:
             raise ProtocolError("No Local is not allowed on a Shared Subscription")
         granted = min(request.qos, MAX_GRANTED_QOS)
-        updated[request.topic_filter] = Subscription(
+        subscription = Subscription(
             client_id=state.client_id,
             topic_filter=request.topic_filter,
             qos=granted,
@@ -54,8 +70,14 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             retain_handling=request.retain_handling,
             subscription_identifier=identifier,
         )
+        existed = request.topic_filter in state.subscriptions
+        if wants_retained(request.retain_handling, existed, shared is not None):
+            retained[request.topic_filter] = subscription
+        else:
+            retained.pop(request.topic_filter, None)
+        updated[request.topic_filter] = subscription
         codes.append(granted)
-    return _store(state, updated, SubAck(packet.packet_id, codes))
+    return _store(state, updated, SubAck(packet.packet_id, codes), list(retained.values()))
 
 
 def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effect]:
@@ -73,20 +95,40 @@ def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effe
         else:
             codes.append(ReasonCode.SUCCESS)
     ack = UnsubAck(packet.packet_id, codes if state.protocol_version == 5 else [])
-    return _store(state, updated, ack)
+    return _store(state, updated, ack, [])
 
 
 def _store(
-    state: ConnectionState, updated: dict[str, Subscription], ack: SubAck | UnsubAck
+    state: ConnectionState,
+    updated: dict[str, Subscription],
+    ack: SubAck | UnsubAck,
+    retained: list[Subscription],
 ) -> list[Effect]:
-    """Store the new set if it changed, and send ``ack`` once it is stored.
+    """Store the new set if it changed and the retained request if any, and send ``ack``
+    once both are stored.
 
-    An unchanged set is acknowledged at once, unless an earlier change is still being
-    stored: then the set is written again, so ``ack`` too waits until Kafka has it.
+    An unchanged set is not written again, unless an earlier change is still being stored:
+    then it is, so ``ack`` too waits until Kafka has it.
     """
-    if updated == state.subscriptions and not state.pending_subacks:
+    effects: list[Effect] = []
+    tokens: list[int] = []
+    if updated != state.subscriptions or state.pending_subacks:
+        state.subscriptions = updated
+        tokens.append(state.new_token())
+        effects.append(StoreSubscriptions(tokens[-1], list(updated.values())))
+    if retained:
+        tokens.append(state.new_token())
+        effects.append(StoreRetainedRequest(tokens[-1], retained))
+    if not tokens:
         return [Send(state.encode(ack))]
-    state.subscriptions = updated
-    token = state.new_token()
-    state.pending_subacks[token] = ack
-    return [StoreSubscriptions(token, list(updated.values()))]
+    waiter = PendingSubAck(ack, len(tokens))
+    for token in tokens:
+        state.pending_subacks[token] = waiter
+    return effects
+
+
+def subscribe_outcome(state: ConnectionState, token: int) -> list[Effect]:
+    """One store a SUBACK/UNSUBACK waits for is in Kafka; send it once all of them are."""
+    waiter = state.pending_subacks.pop(token)
+    waiter.outstanding -= 1
+    return [Send(state.encode(waiter.packet))] if waiter.outstanding == 0 else []

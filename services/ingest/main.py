@@ -1,9 +1,15 @@
 """The ingest service: a Faust app that owns MQTT sockets (DESIGN.md, ``services/ingest``).
 
-Its producer writes ``msg.all`` and the client state topics; a task reads the node's own
-``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer group) and writes
-each message to the target sockets. A state reader follows ``client.sessions`` and
-``client.subscriptions`` in full for session takeover and session resumption.
+Its producer writes ``msg.all``, ``client.acks`` and the client state topics; a task reads
+the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer
+group) and writes each message to the target sockets, or sends the PUBRELs a record with
+header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
+in full for session takeover, session resumption and Will Messages waiting out their delay.
+
+At start, once the state is read and before the listener opens, the sessions still shown
+connected to this node are ended (their connections died with the previous process); at
+shutdown every connection is closed and its Will Message and end records are stored before
+the producer stops.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from services.common.kafka.consumer import (
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.mqtt.errors import MQTTError
-from services.common.mqtt.reason_codes import ReasonCode
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import (
     HEADER_META,
+    HEADER_RELEASES,
     HEADER_TARGETS,
     RecordError,
     decode_meta,
+    decode_releases,
     decode_targets,
 )
 from services.common.settings import Settings, get_settings
@@ -67,6 +74,9 @@ def build_app(settings: Settings) -> faust.App:
         for record in records:
             try:
                 headers = dict(record.headers or ())
+                if HEADER_RELEASES in headers:
+                    node.release(decode_releases(headers[HEADER_RELEASES]))
+                    continue
                 meta = decode_meta(headers[HEADER_META])
                 targets = decode_targets(headers[HEADER_TARGETS])
                 node.deliver(meta, record.value or b"", targets)
@@ -79,11 +89,13 @@ def build_app(settings: Settings) -> faust.App:
                     record.offset,
                     exc,
                 )
-        return []  # delivery is best effort here: QoS 1 is tracked per connection
+        return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
     @app.task
     async def serve() -> None:
         await reader.start()
+        # Sessions the state shows connected here died with the previous process.
+        await node.reconcile()
         # The downlink topic is read from its end, outside any consumer group: its records
         # are for the connections of this process's life only (a restarted node has none).
         # The position is fixed before the listener opens, so no client misses a record.
@@ -103,13 +115,7 @@ def build_app(settings: Settings) -> faust.App:
         clear_ready(settings.ready_file)
         for server in servers:
             server.close()
-        for client in list(node.clients.values()):
-            node.run(
-                client,
-                client.connection.disconnect_and_close(
-                    ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down"
-                ),
-            )
+        await node.shut_down()  # wills and end records, while the producer still runs
         await reader.stop()
 
     return app

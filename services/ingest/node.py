@@ -4,8 +4,13 @@
 ``Store*`` effects of every connection on Kafka (in order per connection, acknowledgements
 pipelined), hands downlink records to the target clients, and applies ``client.sessions``
 records from other nodes: a newer connection of one of its clients elsewhere takes the
-session over (MQTT 3.1.4-3); a stale "disconnected" record written after this node's own
-connect record is corrected by writing the connect record again.
+session over (MQTT 3.1.4-3); a record of an older connection written after this node's own
+connect record is corrected by writing the connection's record again.
+
+It also holds the timers of Will Messages waiting out their Will Delay Interval: a new
+connection of the client, here (registration) or on another node (its connected session
+record), settles such a will as :func:`services.ingest.will.published_on_new_connection`
+says; at shutdown the waiting ones are published at once, before the producer stops.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,32 +28,49 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import PacketType, Publish
 from services.common.mqtt.properties import Properties, decode_properties
+from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     HEADER_META,
+    HEADER_RETAINED_REQUEST,
     PublishMeta,
     SessionRecord,
     Target,
     decode_session,
     decode_subscriptions,
+    encode_ack,
     encode_meta,
     encode_session,
     encode_subscriptions,
 )
 from services.common.settings import Settings
 from services.common.topics.trie import Subscription
+from services.ingest import delivery, will
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import (
     Close,
     Connected,
     Effect,
+    PublishWill,
     Send,
+    StoreAcks,
+    StoreEffect,
     StorePublish,
+    StoreRetainedRequest,
     StoreSession,
     StoreSubscriptions,
 )
-from services.ingest.handle_connect import session_record
+from services.ingest.handle_connect import orphaned_session_end
 
 log = logging.getLogger(__name__)
+
+#: Seconds a node's shutdown waits for its last records (end records, wills) to be stored.
+SHUTDOWN_FLUSH_SECONDS = 10.0
+
+
+def now_ms() -> int:
+    """Unix time in milliseconds."""
+    return time.time_ns() // 1_000_000
+
 
 Headers = list[tuple[str, bytes]]
 SendRecord = Callable[[str, bytes, bytes | None, Headers | None], Awaitable[Awaitable[object]]]
@@ -70,10 +93,23 @@ class Client(Protocol):
 
 @dataclass
 class _StoreQueue:
-    """Store effects of one connection, sent to Kafka one by one in order."""
+    """Store effects of one connection, sent to Kafka one by one in order; a Will Message
+    published at once goes the same way, behind the client's last PUBLISHes (MQTT 4.6)."""
 
-    items: deque[tuple[Client, Effect]] = field(default_factory=deque)
+    items: deque[tuple[Client, StoreEffect | PublishWill]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _WaitingWill:
+    """A Will Message waiting out its delay: its timer, and the connection it belongs to
+    (``connection_id``, ``connect_offset``) to tell that connection's records from newer ones."""
+
+    timer: asyncio.TimerHandle
+    connection_id: bytes
+    connect_offset: int | None
+    meta: PublishMeta
+    payload: bytes
 
 
 class IngestNode:
@@ -94,6 +130,7 @@ class IngestNode:
         self.clients: dict[str, Client] = {}
         self.sessions: dict[str, SessionRecord] = {}
         self.subscriptions: dict[str, list[Subscription]] = {}
+        self.waiting_wills: dict[str, _WaitingWill] = {}
         self._queues: dict[int, _StoreQueue] = {}
         self._background: set[asyncio.Task[None]] = set()
 
@@ -123,24 +160,42 @@ class IngestNode:
             self.sessions.pop(client_id, None)
         else:
             self.sessions[client_id] = record
+        self._check_waiting_will(client_id, record, offset)
         self._check_ownership(client_id, record, offset)
 
     def _check_ownership(self, client_id: str, record: SessionRecord | None, offset: int) -> None:
         client = self.clients.get(client_id)
         if client is None or client.connect_offset is None or offset <= client.connect_offset:
             return  # not ours, or older than our own connect record
-        if record is not None and record.connection_id == client.connection.state.connection_id:
+        state = client.connection.state
+        if record is not None and record.connection_id == state.connection_id:
             return
-        if record is not None and record.connected:
+        if (
+            record is not None
+            and record.connected
+            and record.connection_id != state.previous_connection_id
+        ):
             log.info(
                 "client %r connected elsewhere (node %s): taking over", client_id, record.node_id
             )
             self.clients.pop(client_id, None)
-            self.run(client, client.connection.taken_over())
+            self.run(client, client.connection.taken_over(record.clean_start))
         else:
-            # An older connection's end record landed after ours: say again who holds it.
-            state = client.connection.state
-            self.run(client, [StoreSession(state.new_token(), session_record(state, True))])
+            # An older connection's record landed after ours: say again who holds it.
+            self.run(client, client.connection.older_session_record(record))
+
+    def _check_waiting_will(
+        self, client_id: str, record: SessionRecord | None, offset: int
+    ) -> None:
+        """A newer connection of a client whose Will Message waits here settles it."""
+        waiting = self.waiting_wills.get(client_id)
+        if waiting is None or record is None or not record.connected:
+            return
+        if record.connection_id == waiting.connection_id:
+            return  # the will's own connection
+        if waiting.connect_offset is not None and offset <= waiting.connect_offset:
+            return  # written before that connection's own records: older
+        self._settle_will(client_id, record.clean_start)
 
     # ----------------------------------------------------------------------------------------
     # effects
@@ -155,15 +210,19 @@ class IngestNode:
                 client.close()
             elif isinstance(effect, Connected):
                 self._register(client, effect.client_id)
+            elif isinstance(effect, PublishWill):
+                self._will(client, effect)
             else:
                 self._enqueue_store(client, effect)
 
     def _register(self, client: Client, client_id: str) -> None:
         old = self.clients.get(client_id)
         self.clients[client_id] = client
+        clean_start = client.connection.state.clean_start
+        self._settle_will(client_id, clean_start)
         if old is not None and old is not client:
             log.info("client %r reconnected on this node: taking over", client_id)
-            self.run(old, old.connection.taken_over())
+            self.run(old, old.connection.taken_over(clean_start))
 
     def unregister(self, client: Client) -> None:
         """Forget ``client`` (its socket closed) unless a newer connection replaced it."""
@@ -171,7 +230,66 @@ class IngestNode:
         if self.clients.get(client_id) is client:
             del self.clients[client_id]
 
-    def _enqueue_store(self, client: Client, effect: Effect) -> None:
+    # ----------------------------------------------------------------------------------------
+    # will messages
+
+    def _will(self, client: Client, effect: PublishWill) -> None:
+        client_id = client.connection.client_id
+        if effect.delay_seconds == 0:
+            self._enqueue_store(client, effect)
+            return
+        # No other will of this client waits: its registration settled any (_register).
+        timer = asyncio.get_running_loop().call_later(
+            effect.delay_seconds, self._will_delay_passed, client_id
+        )
+        self.waiting_wills[client_id] = _WaitingWill(
+            timer,
+            client.connection.state.connection_id,
+            client.connect_offset,
+            effect.meta,
+            effect.payload,
+        )
+
+    def _will_delay_passed(self, client_id: str) -> None:
+        waiting = self.waiting_wills.pop(client_id)
+        self._publish_will(client_id, waiting.meta, waiting.payload)
+
+    def _settle_will(self, client_id: str, new_clean_start: bool) -> None:
+        """A new connection of ``client_id`` was made: publish or discard its waiting will."""
+        waiting = self.waiting_wills.pop(client_id, None)
+        if waiting is None:
+            return
+        waiting.timer.cancel()
+        if will.published_on_new_connection(new_clean_start):
+            self._publish_will(client_id, waiting.meta, waiting.payload)
+        else:
+            log.info("client %r reconnected: its Will Message is not sent", client_id)
+
+    def _publish_will(self, client_id: str, meta: PublishMeta, payload: bytes) -> None:
+        """Write a Will Message that waited out its delay to ``msg.all``, stamped now;
+        failures are logged."""
+        meta = dataclasses.replace(meta, received_at_ms=now_ms())
+        headers = [(HEADER_META, encode_meta(meta))]
+        task = asyncio.create_task(
+            self._write_logged(self.names.msg_all, client_id.encode("utf-8"), payload, headers)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_logged(
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers | None
+    ) -> None:
+        """Write one record nobody waits for; a failure is logged."""
+        try:
+            pending = await self._send(topic, key, value, headers)
+            await asyncio.wait_for(pending, self.settings.kafka_request_timeout_seconds)
+        except Exception as exc:
+            log.warning("could not write a record of %r to %s: %r", key, topic, exc)
+
+    # ----------------------------------------------------------------------------------------
+    # store effects
+
+    def _enqueue_store(self, client: Client, effect: StoreEffect | PublishWill) -> None:
         queue = self._queues.setdefault(id(client), _StoreQueue())
         queue.items.append((client, effect))
         if queue.task is None:
@@ -183,14 +301,13 @@ class IngestNode:
             while queue.items:
                 client, effect = queue.items.popleft()
                 topic, record_key, value, headers = self._record_of(client, effect)
-                token = effect.token  # type: ignore[union-attr]
                 try:
                     pending = await self._send(topic, record_key, value, headers)
                 except Exception as exc:  # Kafka unreachable or the record refused
                     log.warning("could not queue a record for %s: %r", topic, exc)
-                    self.run(client, client.connection.store_failed(token))
+                    self._store_failed(client, effect)
                     continue
-                task = asyncio.create_task(self._await_ack(client, effect, token, pending))
+                task = asyncio.create_task(self._await_ack(client, effect, pending))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         finally:
@@ -199,25 +316,33 @@ class IngestNode:
                 self._queues.pop(key, None)
 
     async def _await_ack(
-        self, client: Client, effect: Effect, token: int, pending: Awaitable[object]
+        self, client: Client, effect: StoreEffect | PublishWill, pending: Awaitable[object]
     ) -> None:
         try:
             metadata = await asyncio.wait_for(pending, self.settings.kafka_request_timeout_seconds)
         except Exception as exc:
             log.warning("Kafka did not store a record of %r: %r", client.connection.client_id, exc)
-            self.run(client, client.connection.store_failed(token))
+            self._store_failed(client, effect)
             return
+        if isinstance(effect, PublishWill):
+            return  # nobody waits for a Will Message
         if isinstance(effect, StoreSession) and effect.record is not None:
             offset = getattr(metadata, "offset", None)
             if effect.record.connected and isinstance(offset, int):
                 client.connect_offset = max(client.connect_offset or -1, offset)
-        self.run(client, client.connection.stored(token))
+        self.run(client, client.connection.stored(effect.token))
+
+    def _store_failed(self, client: Client, effect: StoreEffect | PublishWill) -> None:
+        if isinstance(effect, PublishWill):
+            log.warning("the Will Message of %r was not stored", client.connection.client_id)
+        else:
+            self.run(client, client.connection.store_failed(effect.token))
 
     def _record_of(
-        self, client: Client, effect: Effect
+        self, client: Client, effect: StoreEffect | PublishWill
     ) -> tuple[str, bytes, bytes | None, Headers | None]:
         key = client.connection.client_id.encode("utf-8")
-        if isinstance(effect, StorePublish):
+        if isinstance(effect, StorePublish | PublishWill):
             return (
                 self.names.msg_all,
                 key,
@@ -230,7 +355,11 @@ class IngestNode:
         if isinstance(effect, StoreSession):
             value = None if effect.record is None else encode_session(effect.record)
             return self.names.client_sessions, key, value, None
-        raise TypeError(f"not a store effect: {effect!r}")
+        if isinstance(effect, StoreAcks):
+            return self.names.client_acks, key, encode_ack(effect.record), None
+        assert isinstance(effect, StoreRetainedRequest)
+        headers = [(HEADER_RETAINED_REQUEST, encode_subscriptions(effect.subscriptions))]
+        return self.names.msg_all, key, b"", headers
 
     # ----------------------------------------------------------------------------------------
     # downlink
@@ -239,9 +368,17 @@ class IngestNode:
         """Send one downlink record to its targets connected here; returns how many got it.
 
         QoS 0 packets are encoded once per variant (protocol version, RETAIN, Subscription
-        Identifiers) and the same bytes go to every socket (DESIGN.md: encode-once fan-out).
+        Identifiers) and the same bytes go to every socket (DESIGN.md: encode-once fan-out),
+        with the Message Expiry Interval left at this moment. A target's store-assigned
+        Packet Identifier and DUP flag are used as they are.
         """
-        shared_props: Properties | None = None
+        forwarded = _forwarded(meta)
+        expires_at_ms = delivery.expires_at(forwarded, meta.received_at_ms)
+        if expires_at_ms is not None:
+            # Shared by the QoS 0 encodings; each connection checks the expiry again itself.
+            left = delivery.remaining_interval(expires_at_ms, now_ms())
+            if left is not None:
+                forwarded.message_expiry_interval = left
         encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
         delivered = 0
         for target in targets:
@@ -252,21 +389,90 @@ class IngestNode:
             retain = meta.retain and target.retain_as_published
             props = Properties()
             if version == 5:
-                if shared_props is None:
-                    shared_props = _forwarded(meta)
                 props = dataclasses.replace(
-                    shared_props, subscription_identifiers=list(target.subscription_identifiers)
+                    forwarded, subscription_identifiers=list(target.subscription_identifiers)
                 )
-            packet = Publish(meta.topic, payload, target.qos, retain, False, None, props)
+            packet = Publish(
+                meta.topic, payload, target.qos, retain, target.dup, target.packet_id or None, props
+            )
             ready = None
             if target.qos == 0:
                 variant = (version, retain, target.subscription_identifiers if version == 5 else ())
                 ready = encoded.get(variant)
                 if ready is None:
                     ready = encoded[variant] = encode(packet, version)
-            self.run(client, client.connection.deliver(packet, ready))
+            self.run(client, client.connection.deliver(packet, ready, expires_at_ms))
             delivered += 1
         return delivered
+
+    def release(self, releases: list[tuple[str, int]]) -> None:
+        """Send PUBREL for each (client id, Packet Identifier) whose client is connected
+        here: QoS 2 deliveries a message store saw acknowledged with PUBREC (MQTT 4.4)."""
+        for client_id, packet_id in releases:
+            client = self.clients.get(client_id)
+            if client is not None:
+                self.run(client, client.connection.release(packet_id))
+
+    # ----------------------------------------------------------------------------------------
+    # start and stop
+
+    async def reconcile(self) -> int:
+        """End the sessions that the state topics show connected to this node: at start,
+        before the listener opens, their connections died with the previous process.
+
+        Writes their end records as a closed connection would (persistent: marked
+        disconnected; otherwise tombstones of its subscriptions and session), so routers
+        stop sending to this node for them and other services see them offline. Call it once
+        the state reader has caught up. Returns how many sessions it ended; write failures
+        are logged.
+        """
+        node_id = self.settings.node_id
+        orphans = [
+            (client_id, record)
+            for client_id, record in self.sessions.items()
+            if record.node_id == node_id and record.connected
+        ]
+        now = now_ms()
+        writes = []
+        for client_id, record in orphans:
+            key = client_id.encode("utf-8")
+            end = orphaned_session_end(record, now)
+            if end is None and self.subscriptions.get(client_id):
+                writes.append(self._write_logged(self.names.client_subscriptions, key, None, None))
+            value = None if end is None else encode_session(end)
+            writes.append(self._write_logged(self.names.client_sessions, key, value, None))
+        await asyncio.gather(*writes)
+        if orphans:
+            log.info("node %s: ended %d sessions of its previous process", node_id, len(orphans))
+        return len(orphans)
+
+    def _in_flight(self) -> set[asyncio.Task[None]]:
+        queues = {q.task for q in self._queues.values() if q.task is not None}
+        return queues | self._background
+
+    async def shut_down(self) -> None:
+        """Close every connection (v5: DISCONNECT 0x8B Server shutting down), write their
+        end records and Will Messages, publish the wills still waiting out their delay, and
+        wait (at most :data:`SHUTDOWN_FLUSH_SECONDS`) until Kafka has them."""
+        for client in list(self.clients.values()):
+            connection = client.connection
+            self.run(
+                client,
+                connection.disconnect_and_close(
+                    ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down"
+                ),
+            )
+            self.run(client, connection.connection_lost())
+        for client_id in list(self.waiting_wills):
+            waiting = self.waiting_wills.pop(client_id)
+            waiting.timer.cancel()
+            self._publish_will(client_id, waiting.meta, waiting.payload)
+        try:
+            async with asyncio.timeout(SHUTDOWN_FLUSH_SECONDS):
+                while pending := self._in_flight():
+                    await asyncio.wait(pending)
+        except TimeoutError:
+            log.warning("shutdown: some records may not be stored")
 
 
 def _forwarded(meta: PublishMeta) -> Properties:

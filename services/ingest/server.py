@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import cast
 
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
-from services.ingest.effects import Effect, StorePublish, StoreSession, StoreSubscriptions
-from services.ingest.node import IngestNode
+from services.ingest.effects import Effect, StoreEffect
+from services.ingest.node import IngestNode, now_ms
 
 log = logging.getLogger(__name__)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class MQTTServerProtocol(asyncio.Protocol):
@@ -41,7 +36,7 @@ class MQTTServerProtocol(asyncio.Protocol):
             node.settings.node_id,
             new_connection_id(),
             node.previous_session,
-            _now_ms,
+            now_ms,
         )
         self.connect_offset: int | None = None
         self.transport: asyncio.Transport | None = None
@@ -94,7 +89,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         pending: list[Effect] = self.connection.receive_data(data)
         while pending:
             effect = pending.pop(0)
-            if isinstance(effect, StorePublish | StoreSession | StoreSubscriptions):
+            if isinstance(effect, StoreEffect):
                 pending[:0] = self.connection.store_failed(effect.token)
             else:
                 self.node.run(self, [effect])
@@ -106,7 +101,8 @@ class MQTTServerProtocol(asyncio.Protocol):
             self._arm_timer()  # CONNECT replaced the connect timeout with keep alive
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Socket gone: store the session's end records, forget the client."""
+        """Socket gone: forget the client, publish its Will Message and store the session's
+        end records (as the connection decides)."""
         if self._timer is not None:
             self._timer.cancel()
         self.node.unregister(self)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.common.mqtt.codec import encode
-from services.common.mqtt.packets import Packet, Publish
-from services.common.records import SessionRecord
+from services.common.mqtt.packets import Packet, Publish, Will
+from services.common.records import AckKind, SessionRecord
 from services.common.settings import Settings
 from services.common.topics.trie import Subscription
 
@@ -29,19 +29,68 @@ class Phase(enum.Enum):
 
 @dataclass(slots=True)
 class PendingAck:
-    """An inbound QoS 1/2 PUBLISH waiting for Kafka; answered in arrival order (MQTT 4.6)."""
+    """An inbound QoS 1/2 PUBLISH waiting for Kafka; answered in arrival order (MQTT 4.6).
+
+    ``outstanding`` counts the stores it still waits for: its ``msg.all`` record and, for a
+    QoS 2 PUBLISH of a persistent session, a session record listing its Packet Identifier.
+    """
 
     packet_id: int
     qos: int
-    done: bool = False
+    outstanding: int = 1
     failed: bool = False
+
+    @property
+    def done(self) -> bool:
+        """True once every store it waited for has answered."""
+        return self.outstanding == 0
+
+
+@dataclass(slots=True)
+class RecordWaiters:
+    """What waits for one session record of a persistent session (MQTT 4.3.3).
+
+    ``acks``: QoS 2 PUBLISHes whose PUBREC needs their Packet Identifier recorded as
+    unreleased; ``releases``: Packet Identifiers whose PUBCOMP needs them recorded as released.
+    """
+
+    acks: list[PendingAck] = field(default_factory=list)
+    releases: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.acks or self.releases)
+
+
+@dataclass(slots=True)
+class PendingSubAck:
+    """A SUBACK/UNSUBACK waiting for ``outstanding`` stores (subscriptions, retained request)."""
+
+    packet: Packet
+    outstanding: int
 
 
 @dataclass(slots=True)
 class Outbound:
-    """A QoS 1 PUBLISH sent to the client and not yet acknowledged (MQTT 4.4)."""
+    """A QoS 1/2 PUBLISH sent to the client and not yet completed (MQTT 4.3.2, 4.3.3).
+
+    ``store_assigned``: its Packet Identifier came from a message store, which must hear of
+    every acknowledgement; ``released``: (QoS 2) PUBREC received and PUBREL sent, PUBCOMP due.
+    """
+
+    qos: int
+    store_assigned: bool = False
+    released: bool = False
+
+
+@dataclass(slots=True)
+class Queued:
+    """A QoS 1/2 message waiting for a free slot of the client's Receive Maximum.
+
+    ``expires_at_ms``: Unix ms when its Message Expiry Interval ends, None if it never does.
+    """
 
     packet: Publish
+    expires_at_ms: int | None
 
 
 @dataclass
@@ -63,13 +112,23 @@ class ConnectionState:
     connected_at_ms: int = 0
     request_problem_information: bool = True
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    # the connection whose session record was the latest at CONNECT: its late records are
+    # not a takeover (MQTT 3.1.4-3 is about newer connections only)
+    previous_connection_id: bytes | None = None
+    # the Will Message (MQTT 3.1.2.5), armed once CONNACK has accepted the connection
+    will: Will | None = None
+    accepted: bool = False
     # inbound (client → server)
     next_token: int = 1
     pending_acks: deque[PendingAck] = field(default_factory=deque)
     token_to_ack: dict[int, PendingAck] = field(default_factory=dict)
     unreleased_qos2: set[int] = field(default_factory=set)
+    inbound_qos2_seen: bool = False  # a QoS 2 PUBLISH or PUBREL came on this connection
+    unsaved: RecordWaiters = field(default_factory=RecordWaiters)
+    session_dirty: bool = False
+    record_waiters: dict[int, RecordWaiters] = field(default_factory=dict)
     topic_aliases: dict[int, str] = field(default_factory=dict)
-    pending_subacks: dict[int, Packet] = field(default_factory=dict)
+    pending_subacks: dict[int, PendingSubAck] = field(default_factory=dict)
     early_packets: list[Packet] = field(default_factory=list)
     connack_token: int | None = None
     connack: Packet | None = None
@@ -79,8 +138,9 @@ class ConnectionState:
     client_maximum_packet_size: int = 268_435_460
     client_topic_alias_maximum: int = 0
     outbound: dict[int, Outbound] = field(default_factory=dict)
-    outbound_queue: deque[Publish] = field(default_factory=deque)
+    outbound_queue: deque[Queued] = field(default_factory=deque)
     last_packet_id: int = 0
+    acks_out: list[tuple[AckKind, int]] = field(default_factory=list)
 
     def new_token(self) -> int:
         """A fresh token naming one ``Store*`` effect of this connection."""

@@ -27,6 +27,8 @@ from pathlib import Path
 import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 HOST = "127.0.0.1"
@@ -108,11 +110,18 @@ class PahoClient:
     ``pubacks`` maps message ids to the PUBACK reason code; ``disconnects`` lists the reason
     codes of the connection's ends (a v5 DISCONNECT's, or "Unspecified error" for a lost
     socket); ``messages`` queues received messages. It never reconnects by itself.
+    ``clean_start`` and ``session_expiry`` (seconds, v5) go into CONNECT, as does
+    ``receive_maximum`` (v5); with ``manual_ack`` received QoS 1/2 messages are acknowledged
+    only by :meth:`ack`.
     """
 
     port: int
     client_id: str
     version: int = 5
+    clean_start: bool = True
+    session_expiry: int | None = None
+    receive_maximum: int | None = None
+    manual_ack: bool = False
     connack: queue.Queue[ReasonCode] = field(default_factory=queue.Queue)
     pubacks: dict[int, ReasonCode] = field(default_factory=dict)
     disconnects: list[ReasonCode] = field(default_factory=list)
@@ -124,13 +133,17 @@ class PahoClient:
     def __post_init__(self) -> None:
         protocol = paho.MQTTv5 if self.version == 5 else paho.MQTTv311
         self.client = paho.Client(
-            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=protocol,
+            clean_session=None if self.version == 5 else self.clean_start,
         )
         self.client.on_connect = lambda _c, _u, _f, rc, _p: self.connack.put(rc)
         self.client.on_publish = self._on_publish
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = lambda _c, _u, message: self.messages.put(message)
         self.client.on_subscribe = lambda _c, _u, _mid, codes, _p: self.subacks.put(codes)
+        self.client.manual_ack_set(self.manual_ack)
 
     def _on_publish(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
         with self._lock:
@@ -144,7 +157,17 @@ class PahoClient:
 
     def connect(self) -> ReasonCode:
         """Connect, start the network thread, and return CONNACK's reason code."""
-        self.client.connect(HOST, self.port, keepalive=60)
+        if self.version == 5:
+            props = Properties(PacketTypes.CONNECT)
+            if self.session_expiry is not None:
+                props.SessionExpiryInterval = self.session_expiry
+            if self.receive_maximum is not None:
+                props.ReceiveMaximum = self.receive_maximum
+            self.client.connect(
+                HOST, self.port, keepalive=60, clean_start=self.clean_start, properties=props
+            )
+        else:
+            self.client.connect(HOST, self.port, keepalive=60)
         self._thread = threading.Thread(target=self._network, daemon=True)
         self._thread.start()
         return self.connack.get(timeout=TIMEOUT)
@@ -160,9 +183,29 @@ class PahoClient:
         self.client.subscribe(topic_filter, qos)
         return self.subacks.get(timeout=TIMEOUT)
 
-    def publish(self, topic: str, payload: bytes, qos: int) -> int:
-        """Queue a PUBLISH; returns its message id (key of :attr:`pubacks`)."""
-        return self.client.publish(topic, payload, qos).mid
+    def publish(
+        self, topic: str, payload: bytes, qos: int, properties: Properties | None = None
+    ) -> int:
+        """Queue a PUBLISH (v5 ``properties`` optional); returns its message id (key of
+        :attr:`pubacks`)."""
+        return self.client.publish(topic, payload, qos, properties=properties).mid
+
+    def will_set(
+        self, topic: str, payload: bytes, qos: int, properties: Properties | None = None
+    ) -> None:
+        """Set the Will Message CONNECT will carry (before :meth:`connect`)."""
+        self.client.will_set(topic, payload, qos, properties=properties)
+
+    def ack(self, message: paho.MQTTMessage) -> None:
+        """Acknowledge ``message`` (with ``manual_ack``)."""
+        self.client.ack(message.mid, message.qos)
+
+    def disconnect(self, reason_code: int) -> None:
+        """Send a v5 DISCONNECT with ``reason_code`` and wait for the network thread to end."""
+        reason = ReasonCode(PacketTypes.DISCONNECT, identifier=reason_code)
+        self.client.disconnect(reasoncode=reason)
+        if self._thread is not None:
+            self._thread.join(TIMEOUT)
 
     def snapshot(self) -> tuple[dict[int, ReasonCode], list[ReasonCode]]:
         """Copies of (pubacks, disconnects), taken together."""
@@ -276,13 +319,51 @@ def connect_packet(
     return packet(0x10, body + _utf8(client_id.encode()))
 
 
+def session_connect_packet(
+    client_id: str,
+    *,
+    level: int,
+    clean_start: bool,
+    keep_alive: int = 60,
+    session_expiry: int = 0,
+    will: tuple[str, bytes] | None = None,
+    will_delay: int = 0,
+) -> bytes:
+    """A CONNECT of protocol ``level`` (4 = 3.1.1, 5) with session options and an optional
+    QoS 0 Will Message (topic, payload); v5 carries ``session_expiry`` and ``will_delay``
+    (seconds) when they are not 0."""
+    flags = (0x02 if clean_start else 0) | (0x04 if will else 0)
+    body = _utf8(b"MQTT") + bytes([level, flags]) + struct.pack(">H", keep_alive)
+    if level == 5:
+        props = b"\x11" + struct.pack(">I", session_expiry) if session_expiry else b""
+        body += _vbi(len(props)) + props
+    body += _utf8(client_id.encode())
+    if will is not None:
+        if level == 5:
+            will_props = b"\x18" + struct.pack(">I", will_delay) if will_delay else b""
+            body += _vbi(len(will_props)) + will_props
+        body += _utf8(will[0].encode()) + _utf8(will[1])
+    return packet(0x10, body)
+
+
 def publish_packet(
-    topic: bytes, payload: bytes, *, qos: int, packet_id: int = 1, v5: bool = False
+    topic: bytes,
+    payload: bytes,
+    *,
+    qos: int,
+    packet_id: int = 1,
+    v5: bool = False,
+    dup: bool = False,
 ) -> bytes:
     """A PUBLISH whose Topic Name is the raw ``topic`` bytes (they may be invalid UTF-8)."""
     body = _utf8(topic) + (struct.pack(">H", packet_id) if qos else b"")
     body += b"\x00" if v5 else b""
-    return packet(0x30 | qos << 1, body + payload)
+    return packet(0x30 | qos << 1 | (0x08 if dup else 0), body + payload)
+
+
+def pubrel_packet(packet_id: int) -> bytes:
+    """A PUBREL (its fixed header flags are 0b0010, MQTT 3.6.1)."""
+    return packet(0x62, struct.pack(">H", packet_id))
 
 
 class RawSocket:
@@ -305,6 +386,23 @@ class RawSocket:
                 break
             data += chunk
         return data
+
+    def read_packet(self, timeout: float = TIMEOUT) -> tuple[int, bytes]:
+        """The next control packet: its first byte and its body. ``AssertionError`` if the
+        server closes first."""
+        head = self.read(1, timeout)
+        assert head, "the server closed the connection"
+        length, multiplier = 0, 1
+        while True:
+            digit = self.read(1, timeout)
+            assert digit, "the server closed the connection"
+            length += (digit[0] & 0x7F) * multiplier
+            multiplier *= 128
+            if not digit[0] & 0x80:
+                break
+        body = self.read(length, timeout)
+        assert len(body) == length, "the server closed the connection"
+        return head[0], body
 
     def read_until_closed(self, timeout: float = TIMEOUT) -> bytes:
         """Everything the server sends until it closes; ``TimeoutError`` if it keeps it open."""

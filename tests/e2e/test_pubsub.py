@@ -93,15 +93,23 @@ async def test_granted_qos_is_the_minimum_of_publish_and_subscription(
             (await sub.subscribe(f"{base}/s{qos}", qos=qos))[0].value  # type: ignore[union-attr]
             for qos in (0, 1, 2)
         ]
-        sends = [("s0", 1), ("s1", 0), ("s1", 1), ("s2", 1), ("s2", 0)]
+        # The QoS 2 delivery is last: paho hands a QoS 2 message to the application when
+        # PUBREL arrives, after messages sent behind it (the packets keep their order).
+        sends = [("s0", 2), ("s1", 0), ("s1", 2), ("s2", 1), ("s2", 0), ("s2", 2)]
         for level, qos in sends:
             await pub.publish(f"{base}/{level}", f"{level}q{qos}".encode(), qos=qos)
         messages = await collect(sub, len(sends))
-    # QoS 2 deliveries are not offered: SUBACK grants QoS 1, as MQTT 3.8.4 allows.
-    assert granted == [0, 1, 1]
-    # Delivery order across QoS 0 and 1 messages of one publisher is kept too.
+    assert granted == [0, 1, 2]
+    # Delivery order across QoS 0, 1 and 2 messages of one publisher is kept too.
     got = [(m.payload, m.qos) for m in messages]
-    assert got == [(b"s0q1", 0), (b"s1q0", 0), (b"s1q1", 1), (b"s2q1", 1), (b"s2q0", 0)]
+    assert got == [
+        (b"s0q2", 0),
+        (b"s1q0", 0),
+        (b"s1q2", 1),
+        (b"s2q1", 1),
+        (b"s2q0", 0),
+        (b"s2q2", 2),
+    ]
 
 
 async def test_a_thousand_qos1_messages_arrive_complete_and_in_order(
@@ -198,3 +206,19 @@ async def test_a_subscription_acknowledged_is_honoured_by_the_next_publish(
                 except TimeoutError:
                     lost.append(i)
     assert lost == [], f"first message lost in rounds {lost} of {rounds}"
+
+
+async def test_a_v5_retained_publish_is_accepted_and_delivered_live(cluster: LocalCluster) -> None:
+    """RETAIN is available (no 0x9A); a live subscriber gets the message with RETAIN
+    cleared, as its subscription is not Retain As Published (MQTT 5.0 3.3.1.3)."""
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/retain")
+    async with (
+        aio_client(node1, unique("sub")) as sub,
+        aio_client(node2, unique("pub")) as pub,
+    ):
+        await sub.subscribe(topic, qos=1)
+        await pub.publish(topic, b"kept", qos=1, retain=True)  # refused: DISCONNECT 0x9A
+        [message] = await collect(sub, 1)
+        await pub.publish(topic, b"", qos=1, retain=True)  # clears it for later tests
+    assert (message.payload, message.retain) == (b"kept", False)

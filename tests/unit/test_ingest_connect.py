@@ -27,6 +27,7 @@ from services.common.mqtt.packets import (
     PingResp,
     PubAck,
     Publish,
+    PubRel,
     Subscribe,
     SubscriptionRequest,
     UnsubAck,
@@ -46,6 +47,7 @@ from services.ingest.effects import (
     StoreSession,
     StoreSubscriptions,
 )
+from services.ingest.handle_connect import orphaned_session_end
 
 VERSIONS = [4, 5]
 PREVIOUS_SESSION_ID = b"previous-session"
@@ -107,7 +109,7 @@ def test_v5_connack_advertises_the_server_limits() -> None:
     assert props.receive_maximum == 7
     assert props.maximum_packet_size == 4096
     assert props.topic_alias_maximum == 3
-    assert props.retain_available is False  # retained messages are not stored (3.2.2.3.5)
+    assert props.retain_available is None  # absent: retained messages are available (3.2.2.3.5)
     assert props.assigned_client_identifier is None
 
 
@@ -600,7 +602,7 @@ def test_connection_lost_before_connect_writes_nothing() -> None:
 def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
     client = Client(5)
     client.connect()
-    effects = client.conn.taken_over()
+    effects = client.conn.taken_over(new_clean_start=False)
     disconnect = only(client.packets(effects), Disconnect)
     assert disconnect.reason_code == ReasonCode.SESSION_TAKEN_OVER
     assert closes(effects)
@@ -613,7 +615,7 @@ def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
 def test_v311_taken_over_just_closes() -> None:
     client = Client(4)
     client.connect()
-    effects = client.conn.taken_over()
+    effects = client.conn.taken_over(new_clean_start=False)
     assert client.packets(effects) == []
     assert closes(effects)
     assert client.conn.connection_lost() == []
@@ -653,3 +655,94 @@ def test_unsuback_round_trip_after_resume_in_v311_has_no_codes() -> None:
     client.connect("c1", clean_start=False)
     store = only(client.send(Unsubscribe(3, ["a"])), StoreSubscriptions)
     assert client.packets(client.stored(store.token)) == [UnsubAck(3)]
+
+
+# ------------------------------------------------------------ records of older connections
+
+
+def test_the_previous_connection_is_remembered() -> None:
+    client = Client(5, previous=(_record(persistent=False, connected=True), []))
+    client.connect("c1")
+    assert client.conn.state.previous_connection_id == bytes(16)
+    assert Client(5).conn.state.previous_connection_id is None
+
+
+def test_a_late_record_of_the_same_session_adds_its_unreleased_ids() -> None:
+    # The older connection stored a QoS 2 message after this one read the session: its
+    # resend must still be acknowledged without being published again (MQTT 4.3.3).
+    previous = _record(persistent=True)
+    previous.unreleased = (1,)
+    client = Client(5, previous=(previous, []))
+    client.connect("c1", clean_start=False)
+    late = _record(persistent=True, connected=True)
+    late.unreleased = (1, 2)
+    effects = client.conn.older_session_record(late)
+    record = only(effects, StoreSession).record
+    assert record is not None and record.connected
+    assert record.connection_id == CONNECTION_ID and record.session_id == PREVIOUS_SESSION_ID
+    assert record.unreleased == (1, 2)
+    assert client.conn.state.unreleased_qos2 == {1, 2}
+
+
+def test_a_late_record_adds_nothing_once_the_client_sent_qos2_packets() -> None:
+    # The client may have released an id here that the older connection still lists.
+    previous = _record(persistent=True)
+    previous.unreleased = (1,)
+    client = Client(5, previous=(previous, []))
+    client.connect("c1", clean_start=False)
+    client.store_all(client.send(PubRel(1)))
+    late = _record(persistent=True, connected=True)
+    late.unreleased = (1, 2)
+    record = only(client.conn.older_session_record(late), StoreSession).record
+    assert record is not None and record.unreleased == ()
+    assert client.conn.state.unreleased_qos2 == set()
+
+
+@pytest.mark.parametrize("late", [None, "another-session"])
+def test_a_late_record_of_another_session_or_a_tombstone_is_only_overwritten(
+    late: str | None,
+) -> None:
+    client = Client(5, previous=(_record(persistent=True), []))
+    client.connect("c1", clean_start=True)
+    record = None
+    if late is not None:
+        record = _record(persistent=True, connected=True)
+        record.unreleased = (9,)
+    effects = client.conn.older_session_record(record)
+    stored = only(effects, StoreSession).record
+    assert stored is not None and stored.connected and stored.unreleased == ()
+    assert client.conn.state.unreleased_qos2 == set()
+
+
+def test_a_closed_connection_does_not_restate_its_session() -> None:
+    client = Client(5)
+    client.connect()
+    client.conn.connection_lost()
+    assert client.conn.older_session_record(None) == []
+
+
+# ---------------------------------------------------------------------- node restart
+
+
+def test_an_orphaned_persistent_session_is_marked_disconnected() -> None:
+    record = _record(persistent=True, connected=True)
+    record.unreleased = (4,)
+    end = orphaned_session_end(record, NOW_MS + 9)
+    assert end is not None
+    assert end == SessionRecord(
+        node_id=record.node_id,
+        connection_id=record.connection_id,
+        connected=False,
+        protocol_version=record.protocol_version,
+        clean_start=record.clean_start,
+        persistent=True,
+        session_expiry_interval=record.session_expiry_interval,
+        updated_at_ms=NOW_MS + 9,  # its Session Expiry Interval runs from now
+        session_id=PREVIOUS_SESSION_ID,
+        unreleased=(4,),
+    )
+    assert record.connected  # the input is left as it was
+
+
+def test_an_orphaned_non_persistent_session_is_deleted() -> None:
+    assert orphaned_session_end(_record(persistent=False, connected=True), NOW_MS) is None

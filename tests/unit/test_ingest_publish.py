@@ -1,4 +1,5 @@
-"""Inbound PUBLISH, its acknowledgements and the v5 PUBLISH rules of the sans-IO ingest core.
+"""Inbound PUBLISH, its acknowledgements and the v5 PUBLISH rules of the sans-IO ingest core,
+with QoS 2 exactly once across reconnects (unreleased ids in the session record).
 
 MQTT 3.1.1 sections 3.3-3.7, 4.3, 4.6; MQTT 5.0 sections 3.3-3.7, 4.3, 4.6, 4.9, 3.3.2.3.4.
 """
@@ -19,10 +20,11 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties, decode_properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import PublishMeta
-from services.ingest.effects import Effect, StorePublish
+from services.common.records import PublishMeta, SessionRecord
+from services.ingest.effects import Effect, Send, StorePublish, StoreSession
 
 VERSIONS = [4, 5]
+PREVIOUS_SESSION = b"the-old-session!"
 
 
 def _connected(version: int, **settings: int) -> Client:
@@ -205,13 +207,6 @@ def test_v311_pubrel_for_unknown_id_still_gets_pubcomp() -> None:
     assert client.packets(client.send(PubRel(77))) == [PubComp(77)]
 
 
-@pytest.mark.parametrize("packet", [PubRec(1), PubComp(1)])
-def test_unexpected_pubrec_or_pubcomp_is_a_protocol_error(packet: PubRec | PubComp) -> None:
-    # The server never sends QoS 2 to subscribers; DISCONNECT cannot carry 0x92.
-    client = _connected(5)
-    assert _disconnect_code(client, client.send(packet)) == ReasonCode.PROTOCOL_ERROR
-
-
 # ---------------------------------------------------------------------- topic names
 
 
@@ -318,18 +313,17 @@ def test_v311_has_no_receive_maximum() -> None:
 # ---------------------------------------------------------------------- retain and properties
 
 
-def test_v5_retain_is_not_supported_0x9a() -> None:
-    client = Client(5)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_retain_is_stored_with_the_flag(version: int) -> None:
+    # Retained messages are available (CONNACK says nothing else, MQTT 5.0 3.2.2.3.5): the
+    # router keeps them, the PUBLISH goes to msg.all with RETAIN as sent (MQTT 3.3.1.3).
+    client = Client(version)
     connack = client.connect()
-    assert connack.properties.retain_available is False
-    effects = client.send(Publish("t", b"", retain=True))
-    assert store_effects(effects) == []
-    assert _disconnect_code(client, effects) == ReasonCode.RETAIN_NOT_SUPPORTED
-
-
-def test_v311_retain_is_stored_with_the_flag() -> None:
-    client = _connected(4)
-    assert only(client.send(Publish("t", b"", retain=True)), StorePublish).meta.retain is True
+    assert connack.properties.retain_available is None
+    store = only(client.send(Publish("t", b"", qos=1, retain=True, packet_id=1)), StorePublish)
+    assert store.meta.retain is True
+    assert client.packets(client.stored(store.token)) == [PubAck(1)]
+    assert not client.conn.closed
 
 
 def test_v5_client_subscription_identifier_is_a_protocol_error() -> None:
@@ -376,3 +370,172 @@ def test_received_time_comes_from_the_clock() -> None:
     client = _connected(4)
     client.now = NOW_MS + 1234
     assert only(client.send(Publish("t", b"")), StorePublish).meta.received_at_ms == NOW_MS + 1234
+
+
+# ------------------------------------------------------------ QoS 2 of persistent sessions
+
+
+def _persistent(version: int, unreleased: tuple[int, ...] = ()) -> Client:
+    """A client resuming a persistent session whose record lists ``unreleased`` ids."""
+    previous = SessionRecord(
+        node_id="node-b",
+        connection_id=bytes(16),
+        connected=False,
+        protocol_version=version,
+        clean_start=False,
+        persistent=True,
+        session_id=PREVIOUS_SESSION,
+        updated_at_ms=NOW_MS,
+        unreleased=unreleased,
+    )
+    client = Client(version, previous=(previous, []))
+    assert client.connect(clean_start=False).session_present
+    return client
+
+
+def _session_record(effects: list[Effect]) -> StoreSession:
+    """The one session record of ``effects``: the resumed session's, connected."""
+    store = only(effects, StoreSession)
+    assert store.record is not None and store.record.connected
+    assert store.record.session_id == PREVIOUS_SESSION
+    return store
+
+
+def _recorded(effects: list[Effect]) -> tuple[int, ...]:
+    """The unreleased Packet Identifiers listed by the one session record of ``effects``."""
+    record = _session_record(effects).record
+    assert record is not None
+    return record.unreleased
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("record_first", [True, False])
+def test_pubrec_waits_for_the_message_and_a_session_record_listing_its_id(
+    version: int, record_first: bool
+) -> None:
+    client = _persistent(version, unreleased=(3,))
+    effects = client.send(Publish("t", b"m", qos=2, packet_id=9))
+    publish, record = effects
+    assert isinstance(publish, StorePublish)
+    assert _recorded(effects) == (3, 9)
+    first, second = (record, publish) if record_first else (publish, record)
+    assert client.stored(first.token) == []
+    assert client.packets(client.stored(second.token)) == [PubRec(9)]
+
+
+def test_one_session_record_serves_every_qos2_publish_of_a_read() -> None:
+    client = _persistent(5)
+    effects = client.send(
+        Publish("t", b"", qos=2, packet_id=1),
+        Publish("t", b"", qos=1, packet_id=2),
+        Publish("t", b"", qos=2, packet_id=3),
+    )
+    assert [type(e) for e in effects] == [StorePublish] * 3 + [StoreSession]
+    assert _recorded(effects) == (1, 3)
+    assert client.packets(client.store_all(effects)) == [PubRec(1), PubAck(2), PubRec(3)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_non_persistent_sessions_keep_qos2_ids_in_memory_only(version: int) -> None:
+    client = _connected(version)
+    effects = client.send(Publish("t", b"", qos=2, packet_id=4))
+    assert [type(e) for e in effects] == [StorePublish]
+    client.store_all(effects)
+    assert client.send(PubRel(4)) == [Send(client.conn.state.encode(PubComp(4)))]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pubcomp_waits_for_a_session_record_without_the_id(version: int) -> None:
+    client = _persistent(version, unreleased=(5, 6))
+    effects = client.send(PubRel(5))
+    assert client.packets(effects) == []
+    assert _recorded(effects) == (6,)
+    assert client.packets(client.stored(_session_record(effects).token)) == [PubComp(5)]
+    assert client.conn.state.unreleased_qos2 == {6}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_resumed_session_acknowledges_a_resend_without_publishing_it(version: int) -> None:
+    client = _persistent(version, unreleased=(7,))
+    effects = client.send(Publish("t", b"again", qos=2, dup=True, packet_id=7))
+    assert store_effects(effects) == []
+    assert client.packets(effects) == [PubRec(7)]
+    released = client.send(PubRel(7))
+    assert client.packets(client.store_all(released)) == [PubComp(7)]
+    # Released: the identifier now names a new message.
+    fresh = client.send(Publish("t", b"new", qos=2, packet_id=7))
+    assert only(fresh, StorePublish).payload == b"new"
+
+
+def test_a_clean_start_forgets_the_stored_ids() -> None:
+    previous = SessionRecord(
+        "node-b", bytes(16), False, 5, False, True, session_id=PREVIOUS_SESSION, unreleased=(7,)
+    )
+    client = Client(5, previous=(previous, []))
+    client.connect(clean_start=True)
+    assert client.conn.state.unreleased_qos2 == set()
+    assert isinstance(
+        only(client.send(Publish("t", b"", qos=2, packet_id=7)), StorePublish), StorePublish
+    )
+
+
+def test_a_failed_session_record_refuses_the_publish_and_is_corrected() -> None:
+    client = _persistent(5)
+    publish, record = client.send(Publish("t", b"", qos=2, packet_id=8))
+    assert client.stored(publish.token) == []
+    effects = client.store_failed(record.token)
+    assert client.packets(effects) == [
+        PubRec(8, 0x80, Properties(reason_string="the message could not be stored"))
+    ]
+    # The refused id may be in Kafka after all: a new record says it is not unreleased.
+    assert _recorded(effects) == ()
+    assert not client.conn.closed
+
+
+def test_a_failed_message_store_is_corrected_in_the_session_record() -> None:
+    client = _persistent(5)
+    publish, record = client.send(Publish("t", b"", qos=2, packet_id=8))
+    assert client.stored(record.token) == []
+    effects = client.store_failed(publish.token)
+    assert only(client.packets(effects), PubRec).reason_code == 0x80
+    assert _recorded(effects) == ()
+
+
+def test_v311_failed_qos2_store_closes_and_the_end_record_leaves_the_id_out() -> None:
+    client = _persistent(4, unreleased=(2,))
+    publish, record = client.send(Publish("t", b"", qos=2, packet_id=8))
+    client.stored(record.token)
+    assert closes(client.store_failed(publish.token))
+    end = only(client.conn.connection_lost(), StoreSession).record
+    assert end is not None and not end.connected
+    assert end.unreleased == (2,)  # resent after the reconnect, 8 is stored again
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_pubrel_that_cannot_be_recorded_closes_and_keeps_the_id(version: int) -> None:
+    client = _persistent(version, unreleased=(5,))
+    record = only(client.send(PubRel(5)), StoreSession)
+    effects = client.store_failed(record.token)
+    assert of_type(client.packets(effects), PubComp) == []
+    assert closes(effects)
+    if version == 5:
+        assert only(client.packets(effects), Disconnect).reason_code == 0x80
+    end = only(client.conn.connection_lost(), StoreSession).record
+    assert end is not None and end.unreleased == (5,)  # the client resends PUBREL
+
+
+def test_end_record_lists_only_acknowledged_ids() -> None:
+    client = _persistent(5, unreleased=(1,))
+    client.store_all(client.send(Publish("t", b"", qos=2, packet_id=2)))
+    client.send(Publish("t", b"", qos=2, packet_id=3))  # not stored yet: no PUBREC sent
+    client.send(PubRel(1))  # its record not stored yet: PUBCOMP not sent
+    end = only(client.conn.connection_lost(), StoreSession).record
+    assert end is not None and end.unreleased == (1, 2)
+
+
+def test_records_while_connected_list_pending_ids_and_leave_out_releasing_ones() -> None:
+    client = _persistent(5, unreleased=(1, 2))
+    release = only(client.send(PubRel(1)), StoreSession)
+    effects = client.send(Publish("t", b"", qos=2, packet_id=3))
+    assert _recorded(effects) == (2, 3)
+    assert client.packets(client.stored(release.token)) == [PubComp(1)]

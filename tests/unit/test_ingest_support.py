@@ -25,9 +25,8 @@ from services.ingest.effects import (
     Connected,
     Effect,
     Send,
-    StorePublish,
+    StoreEffect,
     StoreSession,
-    StoreSubscriptions,
 )
 
 E = TypeVar("E")
@@ -92,6 +91,17 @@ class Client:
         """Kafka refused the effect ``token``."""
         return self._keep(self.conn.store_failed(token))
 
+    def store_all(self, effects: Iterable[Effect]) -> list[Effect]:
+        """Kafka stored every store effect of ``effects``, in order; returns what followed
+        (store effects among them are stored too, until none is left)."""
+        after: list[Effect] = []
+        todo = store_effects(effects)
+        while todo:
+            more = self.stored(todo.pop(0).token)
+            after += more
+            todo += store_effects(more)
+        return after
+
     def connect(
         self,
         client_id: str = "c1",
@@ -138,11 +148,9 @@ def closes(effects: Iterable[Effect]) -> bool:
     return bool(effects) and isinstance(effects[-1], Close)
 
 
-def store_effects(
-    effects: Iterable[Effect],
-) -> list[StorePublish | StoreSubscriptions | StoreSession]:
-    """The effects that write to Kafka."""
-    return [e for e in effects if isinstance(e, StorePublish | StoreSubscriptions | StoreSession)]
+def store_effects(effects: Iterable[Effect]) -> list[StoreEffect]:
+    """The effects that write one record to Kafka and report back by token."""
+    return [e for e in effects if isinstance(e, StoreEffect)]
 
 
 # ---------------------------------------------------------------------- the harness itself

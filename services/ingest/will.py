@@ -1,0 +1,107 @@
+"""Will Messages (MQTT 3.1.1 3.1.2.5; MQTT 5.0 3.1.2.5, 3.1.3.2, 3.14.2.1, 3.14.4).
+
+A CONNECT's Will Message is armed once CONNACK accepted the connection. It is published, as
+a PUBLISH from that client with the Will QoS, RETAIN and the forwardable Will Properties,
+when the network connection closes without a normal DISCONNECT: socket loss, keep-alive
+timeout, a protocol error or malformed packet, a server shutdown, or a v5 DISCONNECT with
+any Reason Code other than 0x00 (0x04 Disconnect with Will Message asks for it). A v3.1.1
+DISCONNECT or a v5 DISCONNECT 0x00 discards it [MQTT-3.14.4-3].
+
+Publication waits min(Will Delay Interval, Session Expiry Interval) seconds: the Will
+Message goes out when the delay has passed or the session ends, whichever comes first
+[MQTT-3.1.2-8], so a session that ends at disconnect (expiry 0) publishes at once. A new
+network connection of the client settles a will still waiting (see
+:func:`published_on_new_connection`); the wait itself is a timer of the shell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.common.mqtt.packets import PacketType
+from services.common.mqtt.properties import Properties, encode_properties
+from services.common.records import PublishMeta
+from services.ingest.effects import Effect, PublishWill
+from services.ingest.state import ConnectionState
+
+
+def will_delay(state: ConnectionState) -> int:
+    """Seconds between the close of the connection and the Will Message's publication.
+
+    min(Will Delay Interval, Session Expiry Interval) in MQTT 5.0 (3.1.3.2.2, 3.1.2.11.2);
+    0 in MQTT 3.1.1, which has no delay. The Session Expiry Interval is the one in force at
+    the close (a v5 DISCONNECT may have changed it).
+    """
+    if state.will is None or state.protocol_version < 5:
+        return 0
+    delay = state.will.properties.will_delay_interval or 0
+    return min(delay, state.session_expiry_interval)
+
+
+def discard(state: ConnectionState) -> None:
+    """Delete the Will Message without publishing it (normal DISCONNECT, MQTT-3.14.4-3)."""
+    state.will = None
+
+
+def on_close(state: ConnectionState) -> list[Effect]:
+    """The network connection closed without a normal DISCONNECT: publish the Will Message
+    after :func:`will_delay` seconds. Returns [] if there is none, the connection was never
+    accepted, or it was published or discarded already (once only, MQTT-3.1.2-10)."""
+    if state.will is None or not state.accepted:
+        return []
+    return [_publish(state, will_delay(state))]
+
+
+def on_taken_over(state: ConnectionState, new_clean_start: bool) -> list[Effect]:
+    """A newer connection of the client took the session over (MQTT 3.1.4-3).
+
+    The old connection's Will Message is published at once when its delay is 0 or when the
+    new connection starts a clean session, which ends the old one (MQTT 5.0 3.1.2.4,
+    3.1.3.2.2); otherwise the new connection continues the session before the delay has
+    passed, which cancels the Will Message [MQTT-3.1.3-9].
+    """
+    if state.will is None or not state.accepted:
+        return []
+    if will_delay(state) == 0 or new_clean_start:
+        return [_publish(state, 0)]
+    discard(state)
+    return []
+
+
+def published_on_new_connection(new_clean_start: bool) -> bool:
+    """Whether a Will Message still waiting out its delay is published (True) or discarded
+    (False) when a new connection with the same Client Identifier is made.
+
+    A new connection with Clean Start 0 continues the session before the delay has passed,
+    so the Will Message must not be sent [MQTT-3.1.3-9]; with Clean Start 1 the old session
+    ends (MQTT 5.0 3.1.2.4), and a session's end publishes its Will Message [MQTT-3.1.2-8].
+    """
+    return new_clean_start
+
+
+def _publish(state: ConnectionState, delay: int) -> PublishWill:
+    will = state.will
+    assert will is not None
+    state.will = None  # removed once published (MQTT-3.1.2-10)
+    return PublishWill(
+        delay,
+        PublishMeta(
+            topic=will.topic,
+            qos=will.qos,
+            retain=will.retain,
+            received_at_ms=state.now_ms(),
+            protocol_version=state.protocol_version,
+            properties=forwarded_will_properties(will.properties),
+        ),
+        will.payload,
+    )
+
+
+def forwarded_will_properties(props: Properties) -> bytes:
+    """The Will Properties sent on with the Will Message, as PUBLISH properties (MQTT 5.0
+    3.1.3.2): all of them but the Will Delay Interval, which only the server uses. b"" when
+    none are left."""
+    kept = dataclasses.replace(props, will_delay_interval=None)
+    if kept == Properties():
+        return b""
+    return encode_properties(kept, PacketType.PUBLISH)

@@ -1,0 +1,157 @@
+"""Will Messages through the whole cluster (MQTT 3.1.2.5; MQTT 5.0 3.1.2.5, 3.1.3.2.2,
+3.14.2.1): published when a connection ends without a normal DISCONNECT, after the Will Delay
+Interval unless the client reconnects first, on either node.
+
+The subscriber sits on the other node than the client whose Will Message it waits for, so
+each Will Message crosses Kafka (msg.all → router → msg.downlink.<node>).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.e2e.clients import (
+    TIMEOUT,
+    PahoClient,
+    RawSocket,
+    aio_client,
+    collect,
+    no_message,
+    session_connect_packet,
+    unique,
+)
+from tests.servers import LocalCluster
+
+pytestmark = pytest.mark.cluster
+
+KEEP_ALIVE_TIMEOUT = 0x8D
+DISCONNECT_WITH_WILL_MESSAGE = 0x04
+
+#: Seconds the Will Delay Interval tests use: long enough for a reconnect to land first.
+WILL_DELAY = 4
+
+
+def _connect(raw: RawSocket, packet: bytes) -> tuple[bool, int]:
+    """Send a hand-made CONNECT; returns CONNACK's (Session Present, reason code)."""
+    raw.send(packet)
+    kind, body = raw.read_packet()
+    assert kind == 0x20, (kind, body)
+    return bool(body[0] & 0x01), body[1]
+
+
+@pytest.mark.parametrize("level", [4, 5], ids=["v311", "v5"])
+async def test_socket_loss_publishes_the_will(cluster: LocalCluster, level: int) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/will-lost")
+    async with aio_client(node2, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        with RawSocket(node1) as raw:
+            connect = session_connect_packet(
+                unique("dies"), level=level, clean_start=True, will=(topic, b"lost")
+            )
+            assert _connect(raw, connect) == (False, 0)
+        [will] = await collect(watcher, 1)
+    assert (str(will.topic), will.payload) == (topic, b"lost")
+
+
+async def test_keep_alive_timeout_publishes_the_will(cluster: LocalCluster) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/will-silent")
+    async with aio_client(node2, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        with RawSocket(node1) as raw:
+            connect = session_connect_packet(
+                unique("silent"), level=5, clean_start=True, keep_alive=1, will=(topic, b"silent")
+            )
+            assert _connect(raw, connect) == (False, 0)
+            started = time.monotonic()
+            # Silent from now on: closed after 1.5 times the Keep Alive (MQTT 3.1.2.10).
+            rest = raw.read_until_closed()
+            assert time.monotonic() - started >= 1.4
+        assert rest[:1] == b"\xe0" and rest[2] == KEEP_ALIVE_TIMEOUT, rest
+        [will] = await collect(watcher, 1)
+    assert will.payload == b"silent"
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+async def test_a_normal_disconnect_publishes_no_will(cluster: LocalCluster, version: int) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/will-normal")
+    async with aio_client(node2, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        leaving = PahoClient(node1, unique("leaves"), version=version)
+        leaving.will_set(topic, b"should not be sent", 1)
+        assert leaving.connect() == 0
+        leaving.close()  # DISCONNECT (v5: Reason Code 0x00)
+        async with aio_client(node1, unique("marker")) as marker:
+            await marker.publish(topic, b"marker", qos=1)
+        [message] = await collect(watcher, 1)
+        assert message.payload == b"marker"
+        await no_message(watcher, 1.0)
+
+
+async def test_disconnect_with_will_message_publishes_it(cluster: LocalCluster) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/will-asked")
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.ContentType = "text/plain"
+    will_props.UserProperty = ("reason", "asked")
+    async with aio_client(node2, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        leaving = PahoClient(node1, unique("asks"))
+        leaving.will_set(topic, b"as asked", 1, will_props)
+        assert leaving.connect() == 0
+        leaving.disconnect(DISCONNECT_WITH_WILL_MESSAGE)
+        [will] = await collect(watcher, 1)
+    assert will.payload == b"as asked"
+    assert will.properties is not None
+    assert will.properties.ContentType == "text/plain"  # type: ignore[attr-defined]
+    assert will.properties.UserProperty == [("reason", "asked")]  # type: ignore[attr-defined]
+
+
+def _delayed_will_client(client_id: str, topic: str) -> bytes:
+    """A v5 CONNECT continuing a session (expiry 60 s) with a delayed Will Message."""
+    return session_connect_packet(
+        client_id,
+        level=5,
+        clean_start=False,
+        session_expiry=60,
+        will=(topic, b"delayed"),
+        will_delay=WILL_DELAY,
+    )
+
+
+async def test_the_will_waits_out_its_delay(cluster: LocalCluster) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/will-delay")
+    async with aio_client(node2, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        with RawSocket(node1) as raw:
+            _connect(raw, _delayed_will_client(unique("late"), topic))
+        closed = time.monotonic()
+        [will] = await collect(watcher, 1, timeout=WILL_DELAY + TIMEOUT)
+        waited = time.monotonic() - closed
+    assert will.payload == b"delayed"
+    assert waited >= WILL_DELAY - 0.1, f"published {waited:.2f}s after the close"
+
+
+async def test_a_reconnect_on_the_other_node_cancels_a_delayed_will(
+    cluster: LocalCluster,
+) -> None:
+    node1, node2 = cluster.node_ports
+    client_id = unique("returns")
+    topic = unique("e2e/will-cancelled")
+    async with aio_client(node1, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        with RawSocket(node1) as raw:
+            _connect(raw, _delayed_will_client(client_id, topic))
+        # Back before the delay has passed, continuing the session on the other node.
+        with RawSocket(node2) as again:
+            back = session_connect_packet(client_id, level=5, clean_start=False, session_expiry=60)
+            assert _connect(again, back) == (True, 0)
+            await no_message(watcher, WILL_DELAY + 2.0)
+            again.send(b"\xe0\x00")  # DISCONNECT, normal

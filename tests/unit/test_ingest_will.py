@@ -1,0 +1,249 @@
+"""Will Messages of the sans-IO ingest core: when they are published, after what delay, and
+what a session takeover or a new connection does to them.
+
+MQTT 3.1.1 sections 3.1.2.5-3.1.2.7, 3.14; MQTT 5.0 sections 3.1.2.5, 3.1.3.2 (Will
+Properties, 3.1.3.2.2 Will Delay Interval), 3.1.4, 3.14.2.1 (Reason Code 0x04), 3.14.4.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_ingest_support import NOW_MS, Client, closes, of_type, only
+
+from services.common.mqtt.codec import encode
+from services.common.mqtt.packets import (
+    Connect,
+    Disconnect,
+    PacketType,
+    PingReq,
+    Will,
+)
+from services.common.mqtt.properties import Properties, decode_properties
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import PublishMeta
+from services.ingest.effects import PublishWill, StoreSession
+from services.ingest.will import published_on_new_connection
+
+VERSIONS = [4, 5]
+
+
+def _with_will(
+    version: int = 5,
+    will: Will | None = None,
+    expiry: int | None = None,
+    clean_start: bool = True,
+) -> Client:
+    """A client connected with a Will Message (and a Session Expiry Interval, v5)."""
+    client = Client(version)
+    props = Properties(session_expiry_interval=expiry)
+    connect = Connect(
+        version,
+        "dev",
+        clean_start,
+        30,
+        will=will or Will("status/dev", b"offline", 1, True),
+        properties=props,
+    )
+    record = only(client.send(connect), StoreSession)
+    client.stored(record.token)
+    return client
+
+
+def _delayed(delay: int) -> Will:
+    return Will("status/dev", b"gone", 0, False, Properties(will_delay_interval=delay))
+
+
+# ---------------------------------------------------------------------- when it is published
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_socket_loss_publishes_the_will_before_the_end_records(version: int) -> None:
+    client = _with_will(version)
+    client.now = NOW_MS + 700
+    effects = client.conn.connection_lost()
+    will = effects[0]
+    assert isinstance(will, PublishWill)
+    assert will.delay_seconds == 0
+    assert will.meta == PublishMeta("status/dev", 1, True, NOW_MS + 700, version, b"")
+    assert will.payload == b"offline"
+    assert isinstance(effects[1], StoreSession)
+    assert client.conn.connection_lost() == []  # published once (MQTT-3.1.2-10)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_keep_alive_timeout_publishes_the_will(version: int) -> None:
+    client = _with_will(version)
+    assert of_type(client.conn.keep_alive_expired(), PublishWill) == []  # at the close
+    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_protocol_error_publishes_the_will(version: int) -> None:
+    client = _with_will(version)
+    assert closes(client.send_bytes(b"\x00\x00"))  # reserved packet type: malformed
+    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+
+
+def test_server_shutdown_publishes_the_will() -> None:
+    client = _with_will(5)
+    effects = client.conn.disconnect_and_close(ReasonCode.SERVER_SHUTTING_DOWN, "shutdown")
+    assert only(client.packets(effects), Disconnect).reason_code == 0x8B
+    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [(4, 0x00), (5, ReasonCode.SUCCESS)],
+    ids=["v311", "v5-normal"],
+)
+def test_a_normal_disconnect_discards_the_will(version: int, reason: int) -> None:
+    client = _with_will(version)
+    effects = client.send(Disconnect(reason))
+    assert of_type(effects, PublishWill) == []
+    assert closes(effects)
+    assert client.conn.connection_lost() == []
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [ReasonCode.DISCONNECT_WITH_WILL_MESSAGE, ReasonCode.UNSPECIFIED_ERROR],
+    ids=["0x04", "0x80"],
+)
+def test_a_v5_disconnect_other_than_normal_keeps_the_will(reason: int) -> None:
+    client = _with_will(5)
+    effects = client.send(Disconnect(reason))
+    assert closes(effects)
+    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+
+
+def test_no_will_before_connack() -> None:
+    client = Client(5)
+    client.send(Connect(5, "dev", True, 30, will=Will("w", b"")))
+    assert of_type(client.conn.connection_lost(), PublishWill) == []
+
+
+def test_no_will_for_a_refused_connect() -> None:
+    client = Client(5)
+    record = only(client.send(Connect(5, "dev", True, 30, will=Will("w", b""))), StoreSession)
+    assert closes(client.store_failed(record.token))
+    assert client.conn.connection_lost() == []
+
+
+def test_no_will_flag_no_will() -> None:
+    client = Client(5)
+    client.connect()
+    assert of_type(client.conn.connection_lost(), PublishWill) == []
+
+
+# ---------------------------------------------------------------------- what it carries
+
+
+def test_will_properties_are_forwarded_without_the_will_delay() -> None:
+    props = Properties(
+        will_delay_interval=5,
+        payload_format_indicator=1,
+        message_expiry_interval=60,
+        content_type="text/plain",
+        response_topic="r",
+        correlation_data=b"\x01",
+        user_properties=[("k", "v")],
+    )
+    client = _with_will(5, Will("w", b"bye", 2, False, props), expiry=0)
+    will = only(client.conn.connection_lost(), PublishWill)
+    forwarded, _ = decode_properties(will.meta.properties, 0, PacketType.PUBLISH)
+    assert forwarded == Properties(
+        payload_format_indicator=1,
+        message_expiry_interval=60,
+        content_type="text/plain",
+        response_topic="r",
+        correlation_data=b"\x01",
+        user_properties=[("k", "v")],
+    )
+    assert (will.meta.qos, will.meta.retain) == (2, False)
+
+
+def test_a_will_delay_alone_forwards_no_properties() -> None:
+    client = _with_will(5, _delayed(5), expiry=0)
+    assert only(client.conn.connection_lost(), PublishWill).meta.properties == b""
+
+
+def test_v311_will_round_trips_through_the_codec() -> None:
+    # The Will fields of a v3.1.1 CONNECT reach the published message unchanged.
+    client = Client(4)
+    raw = encode(Connect(4, "dev", True, 30, will=Will("a/b", b"\x00\xff", 2, True)), 4)
+    client.stored(only(client.send_bytes(raw), StoreSession).token)
+    will = only(client.conn.connection_lost(), PublishWill)
+    assert (will.meta.topic, will.payload, will.meta.qos, will.meta.retain) == (
+        "a/b",
+        b"\x00\xff",
+        2,
+        True,
+    )
+
+
+# ---------------------------------------------------------------------- Will Delay Interval
+
+
+@pytest.mark.parametrize(
+    ("delay", "expiry", "published_after"),
+    [
+        (30, 60, 30),
+        (30, 10, 10),  # the session ends first
+        (30, 0, 0),  # a session that ends at disconnect: at once
+        (30, 0xFFFFFFFF, 30),
+        (0, 60, 0),
+    ],
+)
+def test_the_delay_is_the_least_of_will_delay_and_session_expiry(
+    delay: int, expiry: int, published_after: int
+) -> None:
+    client = _with_will(5, _delayed(delay), expiry=expiry)
+    assert only(client.conn.connection_lost(), PublishWill).delay_seconds == published_after
+
+
+def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
+    client = _with_will(5, _delayed(30), expiry=60)
+    client.send(
+        Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE, Properties(session_expiry_interval=5))
+    )
+    assert only(client.conn.connection_lost(), PublishWill).delay_seconds == 5
+
+
+def test_v311_has_no_will_delay() -> None:
+    client = _with_will(4, clean_start=False)
+    assert only(client.conn.connection_lost(), PublishWill).delay_seconds == 0
+
+
+# ------------------------------------------------------------ takeover and new connections
+
+
+@pytest.mark.parametrize(
+    ("delay", "new_clean_start", "published"),
+    [(0, False, True), (0, True, True), (10, True, True), (10, False, False)],
+)
+def test_takeover_publishes_the_will_at_once_or_cancels_it(
+    delay: int, new_clean_start: bool, published: bool
+) -> None:
+    client = _with_will(5, _delayed(delay), expiry=60, clean_start=False)
+    effects = client.conn.taken_over(new_clean_start)
+    wills = of_type(effects, PublishWill)
+    assert [w.delay_seconds for w in wills] == ([0] if published else [])
+    assert only(client.packets(effects), Disconnect).reason_code == 0x8E
+    assert closes(effects)
+    assert client.conn.connection_lost() == []  # settled at the takeover
+
+
+def test_v311_takeover_publishes_the_will() -> None:
+    client = _with_will(4, clean_start=False)
+    assert len(of_type(client.conn.taken_over(new_clean_start=False), PublishWill)) == 1
+
+
+@pytest.mark.parametrize(("clean_start", "published"), [(True, True), (False, False)])
+def test_a_new_connection_settles_a_waiting_will(clean_start: bool, published: bool) -> None:
+    assert published_on_new_connection(clean_start) is published
+
+
+def test_nothing_after_the_will_is_published_reaches_the_closed_connection() -> None:
+    client = _with_will(5)
+    client.conn.connection_lost()
+    assert client.send(PingReq()) == []
