@@ -78,10 +78,13 @@ def partition_of(client_id: str, partitions: int) -> int:
 
 @dataclass(slots=True)
 class _Cursor:
-    """What the current connection of a client has been sent."""
+    """What the current connection of a client has been sent (``sent_seq``), and up to
+    which ``seq`` earlier connections were (``sent_before``: those go again with DUP=1,
+    even when the store has not recorded them as sent yet)."""
 
     connection_id: bytes
     sent_seq: int = 0
+    sent_before: int = 0
 
 
 class DevicePersister:
@@ -167,7 +170,7 @@ class DevicePersister:
             failed: set[str] = set()
             for client_id in dirty:
                 try:
-                    await self.serve(client_id)
+                    await asyncio.gather(*await self.serve(client_id))
                 except Exception as exc:
                     log.warning("client %r: stored messages not served: %r", client_id, exc)
                     failed.add(client_id)
@@ -286,7 +289,8 @@ class DevicePersister:
             return []
         cursor = self._cursors.get(client_id)
         if cursor is None or cursor.connection_id != session.connection_id:
-            cursor = self._cursors[client_id] = _Cursor(session.connection_id)
+            before = 0 if cursor is None else max(cursor.sent_seq, cursor.sent_before)
+            cursor = self._cursors[client_id] = _Cursor(session.connection_id, 0, before)
         limit = max(1, min(session.receive_maximum, self.settings.persisted_inflight_max))
         now = now_ms if now_ms is not None else _now_ms()
         window = await self.store.window(client_id, limit, now)
@@ -311,7 +315,7 @@ class DevicePersister:
             target = replace(
                 stored.target,
                 packet_id=message.packet_id,
-                dup=message.state is MessageState.SENT,
+                dup=message.state is MessageState.SENT or message.seq <= cursor.sent_before,
             )
             acks.append(
                 await self._publish(session, client_id, stored.meta_raw, target, stored.payload)
@@ -331,7 +335,9 @@ class DevicePersister:
             cursor.sent_seq = fresh[-1].seq
         await self._discard(client_id, stale)
         if queued:
-            acks.append(self._mark_sent_after(client_id, queued, list(acks)))
+            # Started now, not when the caller gets round to awaiting it: a resend after a
+            # reconnect must find the message SENT (DUP=1).
+            acks.append(asyncio.ensure_future(self._mark_sent_after(client_id, queued, list(acks))))
         if stale:
             self._mark_dirty(client_id)  # the window had room for more
         return acks
