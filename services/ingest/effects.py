@@ -39,6 +39,16 @@ class StorePublish:
 
 
 @dataclass(slots=True)
+class StoreRetained:
+    """Keep a PUBLISH with RETAIN as its topic's retained message in ``msg.retained`` (key:
+    the Topic Name); an empty payload deletes the topic's retained message (MQTT 3.3.1.3)."""
+
+    token: int
+    meta: PublishMeta
+    payload: bytes
+
+
+@dataclass(slots=True)
 class StoreSubscriptions:
     """Write this client's whole subscription set to ``client.subscriptions`` ([] = tombstone)."""
 
@@ -96,7 +106,14 @@ class Connected:
     client_id: str
 
 
-StoreEffect = StorePublish | StoreSubscriptions | StoreSession | StoreAcks | StoreRetainedRequest
+StoreEffect = (
+    StorePublish
+    | StoreRetained
+    | StoreSubscriptions
+    | StoreSession
+    | StoreAcks
+    | StoreRetainedRequest
+)
 """The effects that write one Kafka record and report back through their ``token``."""
 
 Effect = Send | Close | StoreEffect | PublishWill | Connected

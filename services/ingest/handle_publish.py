@@ -24,7 +24,14 @@ from services.common.mqtt.properties import Properties, encode_properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta
 from services.common.topics.validation import validate_topic_name
-from services.ingest.effects import Close, Effect, Send, StorePublish, StoreSession
+from services.ingest.effects import (
+    Close,
+    Effect,
+    Send,
+    StorePublish,
+    StoreRetained,
+    StoreSession,
+)
 from services.ingest.handle_connect import session_record
 from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
 
@@ -61,7 +68,9 @@ def forwarded_properties(props: Properties) -> bytes:
 def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     """Validate an inbound PUBLISH and ask the shell to store it in ``msg.all``.
 
-    RETAIN is kept in the stored metadata; the router keeps retained messages (MQTT 3.3.1.3).
+    A PUBLISH with RETAIN is also written to ``msg.retained`` (an empty payload deletes the
+    topic's retained message, MQTT 3.3.1.3), and its PUBACK/PUBREC waits for both records:
+    a retained message acknowledged is seen by every later SUBSCRIBE.
     Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
     a client (3.3.4-6).
@@ -95,15 +104,23 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         properties=forwarded_properties(packet.properties) if state.protocol_version == 5 else b"",
     )
     token = state.new_token()
+    effects: list[Effect] = [StorePublish(token, meta, packet.payload)]
+    retained_token = None
+    if packet.retain:
+        retained_token = state.new_token()
+        effects.append(StoreRetained(retained_token, meta, packet.payload))
     if packet.qos:
         assert packet.packet_id is not None
         pending = PendingAck(packet.packet_id, packet.qos)
         state.pending_acks.append(pending)
         state.token_to_ack[token] = pending
+        if retained_token is not None:
+            pending.outstanding += 1
+            state.token_to_ack[retained_token] = pending
         if packet.qos == 2 and state.persistent:
             pending.outstanding += 1
             state.unsaved.acks.append(pending)
-    return [StorePublish(token, meta, packet.payload)]
+    return effects
 
 
 def publish_outcome(state: ConnectionState, token: int, ok: bool) -> list[Effect]:

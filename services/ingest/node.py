@@ -55,6 +55,7 @@ from services.ingest.effects import (
     StoreAcks,
     StoreEffect,
     StorePublish,
+    StoreRetained,
     StoreRetainedRequest,
     StoreSession,
     StoreSubscriptions,
@@ -237,6 +238,11 @@ class IngestNode:
         client_id = client.connection.client_id
         if effect.delay_seconds == 0:
             self._enqueue_store(client, effect)
+            if effect.meta.retain:
+                state = client.connection.state
+                self._enqueue_store(
+                    client, StoreRetained(state.new_token(), effect.meta, effect.payload)
+                )
             return
         # No other will of this client waits: its registration settled any (_register).
         timer = asyncio.get_running_loop().call_later(
@@ -270,11 +276,13 @@ class IngestNode:
         failures are logged."""
         meta = dataclasses.replace(meta, received_at_ms=now_ms())
         headers = [(HEADER_META, encode_meta(meta))]
-        task = asyncio.create_task(
-            self._write_logged(self.names.msg_all, client_id.encode("utf-8"), payload, headers)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        records = [(self.names.msg_all, client_id.encode("utf-8"), payload, headers)]
+        if meta.retain:
+            records.append(self._retained_record(meta, payload))
+        for record in records:
+            task = asyncio.create_task(self._write_logged(*record))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _write_logged(
         self, topic: str, key: bytes, value: bytes | None, headers: Headers | None
@@ -349,6 +357,8 @@ class IngestNode:
                 effect.payload,
                 [(HEADER_META, encode_meta(effect.meta))],
             )
+        if isinstance(effect, StoreRetained):
+            return self._retained_record(effect.meta, effect.payload)
         if isinstance(effect, StoreSubscriptions):
             value = encode_subscriptions(effect.subscriptions) if effect.subscriptions else None
             return self.names.client_subscriptions, key, value, None
@@ -360,6 +370,18 @@ class IngestNode:
         assert isinstance(effect, StoreRetainedRequest)
         headers = [(HEADER_RETAINED_REQUEST, encode_subscriptions(effect.subscriptions))]
         return self.names.msg_all, key, b"", headers
+
+    def _retained_record(
+        self, meta: PublishMeta, payload: bytes
+    ) -> tuple[str, bytes, bytes | None, Headers | None]:
+        """The ``msg.retained`` record of a retained message (a tombstone for an empty one)."""
+        value = payload or None
+        return (
+            self.names.msg_retained,
+            meta.topic.encode("utf-8"),
+            value,
+            [(HEADER_META, encode_meta(meta))],
+        )
 
     # ----------------------------------------------------------------------------------------
     # downlink

@@ -28,9 +28,7 @@ async def latest_state(cluster: LocalCluster) -> tuple[dict[str, bytes | None], 
     sessions: dict[str, bytes | None] = {}
     subscribed: set[str] = set()
 
-    def apply(
-        topic: str, key: bytes, value: bytes | None, offset: int, headers: object
-    ) -> None:
+    def apply(topic: str, key: bytes, value: bytes | None, offset: int, headers: object) -> None:
         client_id = key.decode()
         if topic == names.client_sessions:
             sessions[client_id] = value

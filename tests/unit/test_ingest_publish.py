@@ -21,7 +21,7 @@ from services.common.mqtt.packets import (
 from services.common.mqtt.properties import Properties, decode_properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta, SessionRecord
-from services.ingest.effects import Effect, Send, StorePublish, StoreSession
+from services.ingest.effects import Effect, Send, StorePublish, StoreRetained, StoreSession
 
 VERSIONS = [4, 5]
 PREVIOUS_SESSION = b"the-old-session!"
@@ -314,16 +314,41 @@ def test_v311_has_no_receive_maximum() -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_retain_is_stored_with_the_flag(version: int) -> None:
+def test_retain_is_stored_with_the_flag_and_kept_as_the_retained_message(version: int) -> None:
     # Retained messages are available (CONNACK says nothing else, MQTT 5.0 3.2.2.3.5): the
-    # router keeps them, the PUBLISH goes to msg.all with RETAIN as sent (MQTT 3.3.1.3).
+    # PUBLISH goes to msg.all with RETAIN as sent and to msg.retained (MQTT 3.3.1.3), and
+    # PUBACK waits for both.
     client = Client(version)
     connack = client.connect()
     assert connack.properties.retain_available is None
-    store = only(client.send(Publish("t", b"", qos=1, retain=True, packet_id=1)), StorePublish)
-    assert store.meta.retain is True
+    effects = client.send(Publish("t", b"keep", qos=1, retain=True, packet_id=1))
+    store, retained = only(effects, StorePublish), only(effects, StoreRetained)
+    assert effects.index(store) < effects.index(retained)
+    assert store.meta.retain is True and (retained.meta, retained.payload) == (store.meta, b"keep")
+    assert client.packets(client.stored(retained.token)) == []
     assert client.packets(client.stored(store.token)) == [PubAck(1)]
     assert not client.conn.closed
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_retained_message_not_stored_is_not_acknowledged(qos: int) -> None:
+    client = _connected(5)
+    effects = client.send(Publish("t", b"", qos=qos, retain=True, packet_id=qos or None))
+    retained = only(effects, StoreRetained)
+    assert retained.payload == b""  # empty: deletes the topic's retained message
+    out = client.store_failed(retained.token)
+    if qos:
+        refused = Properties(reason_string="the message could not be stored")
+        assert client.packets(client.stored(only(effects, StorePublish).token)) == [
+            PubAck(1, ReasonCode.UNSPECIFIED_ERROR, refused)
+        ]
+    else:
+        assert out == []
+
+
+def test_without_retain_nothing_goes_to_msg_retained() -> None:
+    client = _connected(4)
+    assert of_type(client.send(Publish("t", b"x", qos=1, packet_id=1)), StoreRetained) == []
 
 
 def test_v5_client_subscription_identifier_is_a_protocol_error() -> None:
