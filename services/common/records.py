@@ -17,6 +17,16 @@ Topic → key / value / headers:
   (client id, Packet Identifier) of :func:`encode_releases` (QoS 2 resumed, MQTT 4.4).
 - ``msg.persisted``: key = subscriber client id; value = payload; headers ``m`` and ``t``
   as in a downlink record, ``t`` holding that one subscriber.
+- ``msg.app.<client>`` (one topic per persistent APPLICATION client,
+  :meth:`~services.common.kafka.names.TopicNames.app`): key = publisher client id (so
+  per-publisher order holds in a partition); value = payload; headers ``m`` and ``t`` as in
+  ``msg.persisted`` (``t`` holding that client), header ``s`` = the 16-byte
+  ``SessionRecord.session_id`` the message was routed for (a message of an earlier session
+  is not delivered to a newer one, MQTT 3.1.2.4).
+- ``msg.app-shared.<group>`` (one topic per Shared Subscription with APPLICATION members):
+  key = publisher client id; value = payload; header ``m`` only: the member that reads it
+  is chosen by Kafka, and its own subscription gives QoS, Retain As Published and
+  Subscription Identifier.
 - ``msg.retained`` (compacted): key = Topic Name (UTF-8); value = payload; header ``m``;
   a tombstone = no retained message on that topic (MQTT 3.3.1.3).
 - ``client.subscriptions`` (compacted): key = client id; value = the client's whole
@@ -24,7 +34,7 @@ Topic → key / value / headers:
 - ``client.sessions`` (compacted): key = client id; value = :class:`SessionRecord`;
   a tombstone = session removed.
 - ``client.acks``: key = subscriber client id; value = :class:`AckRecord`: the client's
-  PUBACK / PUBREC / PUBCOMP of messages a store delivered.
+  PUBACK / PUBREC / PUBCOMP of messages a store (device_persist, app_delivery) delivered.
 
 Not a Kafka topic but kept here with its siblings: :class:`StoredRecord`, what device_persist
 keeps per message in its store (Redis or PostgreSQL).
@@ -45,6 +55,7 @@ HEADER_META = "m"
 HEADER_TARGETS = "t"
 HEADER_RELEASES = "r"
 HEADER_RETAINED_REQUEST = "q"
+HEADER_SESSION = "s"
 
 _VERSION = 1
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
 
-from services.common.records import SessionRecord
+from services.common.records import ClientKind, SessionRecord
 
 
 def is_persistent(protocol_version: int, clean_start: bool, session_expiry_interval: int) -> bool:
@@ -16,6 +18,25 @@ def is_persistent(protocol_version: int, clean_start: bool, session_expiry_inter
     if protocol_version < 5:
         return not clean_start
     return session_expiry_interval > 0 or not clean_start
+
+
+def client_kind(client_id: str, application_patterns: Iterable[str]) -> ClientKind:
+    """A client's kind (DESIGN.md, TBMQ's DEVICE/APPLICATION split).
+
+    Until authentication gives it with the credentials, the setting
+    ``application_client_ids`` does: a client whose identifier matches one of its
+    shell-style patterns (case-sensitive :func:`fnmatch.fnmatchcase`) is an APPLICATION
+    client, any other a DEVICE.
+    """
+    if any(fnmatchcase(client_id, pattern) for pattern in application_patterns):
+        return ClientKind.APPLICATION
+    return ClientKind.DEVICE
+
+
+def is_application_store(record: SessionRecord | None) -> bool:
+    """Whether a session's messages go through its own ``msg.app`` topic: a persistent
+    APPLICATION session (non-persistent APPLICATION clients are routed like DEVICE ones)."""
+    return record is not None and record.persistent and record.kind is ClientKind.APPLICATION
 
 
 NEVER_EXPIRES = 0xFFFF_FFFF

@@ -107,6 +107,41 @@ class Settings(BaseSettings):
         "otherwise).",
     )
 
+    # --- APPLICATION clients (app_delivery) -------------------------------------------
+    application_client_ids: list[str] = Field(
+        default_factory=list,
+        description="Client Identifier patterns of APPLICATION clients, shell-style globs "
+        "(fnmatch: * ? [seq]); every other client is a DEVICE. In the environment a JSON "
+        'list: CORMORANT_APPLICATION_CLIENT_IDS=\'["app-*", "analytics"]\'.',
+    )
+    app_topic_partitions: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Partitions of each msg.app.<client_id> topic (created at the client's "
+        "first connect; changing it later does not touch existing topics).",
+    )
+    app_shared_topic_partitions: int = Field(
+        12,
+        ge=1,
+        le=64,
+        description="Partitions of each msg.app-shared.<group> topic: Kafka spreads them over "
+        "the group's APPLICATION members, so more members than partitions leaves some idle.",
+    )
+    app_retention_seconds: int = Field(
+        7 * 24 * 3600,
+        ge=60,
+        description="retention.ms (as seconds) of the msg.app.* topics: how long an offline "
+        "APPLICATION client's messages wait for it.",
+    )
+    app_inflight_max: int = Field(
+        1000,
+        ge=1,
+        le=16384,
+        description="Deliveries in flight (sent, not yet acknowledged) per APPLICATION client, "
+        "within its Receive Maximum.",
+    )
+
     # --- device_persist ----------------------------------------------------------------
     persisted_inflight_max: int = Field(
         256,

@@ -8,6 +8,7 @@ answers metadata, the service's ready file exists) and is a no-op for a running 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -90,14 +91,17 @@ def local_settings(settings: Settings) -> Settings:
 def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     """The environment of a service process: this one's, plus every setting as CORMORANT_*.
 
-    Unset optional settings (None) are left out. ``overrides`` (setting name → value) win.
+    Unset optional settings (None) are left out; lists are written as JSON, the form
+    pydantic-settings reads them in. ``overrides`` (setting name → value) win.
     The settings file is switched off (``CORMORANT_SETTINGS_FILE=/dev/null``) so that the
     child sees exactly the launcher's resolved settings, not a file read from its own cwd.
     """
     env = dict(os.environ)
     values = {k: v for k, v in settings.model_dump(mode="json").items() if v is not None}
     values.update(overrides)
-    env.update({f"CORMORANT_{name.upper()}": str(value) for name, value in values.items()})
+    for name, value in values.items():
+        text = json.dumps(value) if isinstance(value, list) else str(value)
+        env[f"CORMORANT_{name.upper()}"] = text
     env["CORMORANT_SETTINGS_FILE"] = os.devnull
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach the log file as they are written
     # The project root, so that ``-m services.cli`` imports even when not pip-installed.

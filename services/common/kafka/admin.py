@@ -13,7 +13,14 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    GroupIdNotFound,
+    KafkaError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
+from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from services.common.kafka.names import TopicNames
 from services.common.settings import Settings
@@ -57,6 +64,56 @@ def downlink_topic_spec(settings: Settings, node_id: str) -> TopicSpec:
         settings.downlink_partitions,
         {"retention.ms": str(settings.downlink_retention_seconds * 1000)},
     )
+
+
+def app_topic_spec(settings: Settings, client_id: str) -> TopicSpec:
+    """``msg.app.<client>`` of a persistent APPLICATION client (TBMQ's per-client topic):
+    ``app_topic_partitions`` partitions, retention ``app_retention_seconds``."""
+    return TopicSpec(
+        TopicNames.from_settings(settings).app(client_id),
+        settings.app_topic_partitions,
+        {"retention.ms": str(settings.app_retention_seconds * 1000)},
+    )
+
+
+def app_shared_topic_spec(settings: Settings, share_name: str, topic_filter: str) -> TopicSpec:
+    """``msg.app-shared.<group>`` of Shared Subscription ``$share/<share_name>/<filter>``:
+    ``app_shared_topic_partitions`` partitions, retention ``app_retention_seconds``."""
+    return TopicSpec(
+        TopicNames.from_settings(settings).app_shared(share_name, topic_filter),
+        settings.app_shared_topic_partitions,
+        {"retention.ms": str(settings.app_retention_seconds * 1000)},
+    )
+
+
+async def delete_topics_and_groups(
+    bootstrap: str, topics: list[str], groups: list[str], timeout: float = 30.0
+) -> None:
+    """Delete ``topics`` and the consumer groups ``groups`` (with their committed offsets).
+
+    What does not exist is skipped. A group must have no active member (Kafka answers
+    ``NON_EMPTY_GROUP`` otherwise). ``timeout`` in seconds. Raises
+    ``aiokafka.errors.KafkaError`` on any other failure.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await admin.start()
+        if topics:
+            response = await admin.delete_topics(topics)
+            for name, code, *_ in response.topic_error_codes:
+                error = for_code(code)
+                if code and error is not UnknownTopicOrPartitionError:
+                    raise error(f"deleting topic {name}")
+        for group in groups:
+            # aiokafka 0.14's admin client has no DeleteGroups call; its request type exists.
+            coordinator = await admin.find_coordinator(group)
+            response = await admin._send_request(DeleteGroupsRequest([group]), coordinator)
+            for name, code in response.results:
+                error = for_code(code)
+                if code and error is not GroupIdNotFound:
+                    raise error(f"deleting consumer group {name}")
+    finally:
+        await admin.close()
 
 
 async def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:

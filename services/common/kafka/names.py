@@ -2,10 +2,18 @@
 
 All names are prefixed by ``Settings.topic_prefix`` so that several Cormorant clusters (or
 test runs) can share one Kafka cluster.
+
+APPLICATION clients have topics (and consumer groups) of their own, named after a client id
+or a Shared Subscription (TBMQ's ``tbmq.msg.app.$CLIENT_ID``). MQTT allows any UTF-8 there,
+Kafka only ``[A-Za-z0-9._-]`` and 249 characters, and Kafka refuses a topic whose name equals
+an existing one once ``.`` and ``_`` are taken as the same character. :func:`escape` maps
+every string into the charset injectively and without ``.``, and :func:`fitted` keeps names
+within the length limit, so two clients (or groups) never share a topic.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from services.common.settings import Settings
@@ -17,6 +25,50 @@ CLIENT_SESSIONS = "client.sessions"
 CLIENT_SUBSCRIPTIONS = "client.subscriptions"
 CLIENT_ACKS = "client.acks"
 DOWNLINK_PREFIX = "msg.downlink."
+APP_PREFIX = "msg.app."
+APP_SHARED_PREFIX = "msg.app-shared."
+APP_GROUP_PREFIX = "cormorant-app."
+APP_SHARED_GROUP_PREFIX = "cormorant-app-shared."
+
+KAFKA_TOPIC_MAX = 249
+"""The longest topic name Kafka accepts (``Topic.MAX_NAME_LENGTH``)."""
+
+_KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+_DIGEST_MARK = "__"  # never produced by escape(): there "_" is always followed by hex digits
+
+
+def escape(text: str) -> str:
+    """``text`` in Kafka's topic charset, injectively, without ``.``.
+
+    Each UTF-8 byte of ``text`` in ``[A-Za-z0-9-]`` is kept; every other byte (``.`` and
+    ``_`` included) becomes ``_`` and its two lowercase hex digits: ``"a.b_c"`` →
+    ``"a_2eb_5fc"``. Distinct strings give distinct results, also when Kafka equates ``.``
+    and ``_`` (the result has no ``.``).
+    """
+    return "".join(chr(byte) if byte in _KEPT else f"_{byte:02x}" for byte in text.encode("utf-8"))
+
+
+def fitted(head: str, escaped: str) -> str:
+    """``head + escaped`` if it fits in :data:`KAFKA_TOPIC_MAX` characters, else a shortened
+    form: ``head``, a prefix of ``escaped`` (not cut inside an escape), ``__`` and the
+    SHA-256 of ``escaped`` in hex. ``escaped`` must come from :func:`escape`; the result is
+    then injective in it (``__`` never occurs in an escaped string, so a shortened name never
+    equals a full one, and two shortened names differ by their digest).
+
+    Raises ``ValueError`` if ``head`` leaves no room for the digest.
+    """
+    name = head + escaped
+    if len(name) <= KAFKA_TOPIC_MAX:
+        return name
+    digest = hashlib.sha256(escaped.encode("ascii")).hexdigest()
+    keep = KAFKA_TOPIC_MAX - len(head) - len(_DIGEST_MARK) - len(digest)
+    if keep < 0:
+        raise ValueError(f"topic name head {head!r} is too long")
+    cut = escaped[:keep]
+    escape_at = cut.rfind("_", max(0, len(cut) - 2))
+    if escape_at >= 0:
+        cut = cut[:escape_at]  # do not end inside an escape
+    return head + cut + _DIGEST_MARK + digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +115,29 @@ class TopicNames:
     def downlink(self, node_id: str) -> str:
         """The downlink topic read by ingest node ``node_id``."""
         return f"{self.prefix}{DOWNLINK_PREFIX}{node_id}"
+
+    def app(self, client_id: str) -> str:
+        """``msg.app.<client>``: the messages of one persistent APPLICATION client, keyed
+        by publisher client id. Raises ``ValueError`` if the prefix is over 170 characters."""
+        return fitted(self.prefix + APP_PREFIX, escape(client_id))
+
+    def app_group(self, client_id: str) -> str:
+        """The consumer group whose committed offsets are an APPLICATION client's position
+        in its ``msg.app`` topic (app_delivery commits them once the client acknowledged)."""
+        return fitted(self.prefix + APP_GROUP_PREFIX, escape(client_id))
+
+    def app_shared(self, share_name: str, topic_filter: str) -> str:
+        """``msg.app-shared.<group>``: the messages of Shared Subscription
+        ``$share/<share_name>/<topic_filter>`` (MQTT 5.0 4.8.2) for its APPLICATION members.
+
+        The ShareName cannot hold ``/``, so ``<share_name>/<topic_filter>`` names the pair
+        injectively before it is escaped. (``msg.app-shared.`` rather than a name under
+        ``msg.app.``: no client's topic can then collide with a group's, ``.``/``_`` rule
+        included.)
+        """
+        return fitted(self.prefix + APP_SHARED_PREFIX, escape(f"{share_name}/{topic_filter}"))
+
+    def app_shared_group(self, share_name: str, topic_filter: str) -> str:
+        """The one consumer group that all APPLICATION members of a Shared Subscription
+        read :meth:`app_shared` in, so Kafka balances its partitions over them."""
+        return fitted(self.prefix + APP_SHARED_GROUP_PREFIX, escape(f"{share_name}/{topic_filter}"))
