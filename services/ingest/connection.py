@@ -149,10 +149,13 @@ class ServerConnection:
         raise MQTTError(f"unexpected {type(packet).__name__}", ReasonCode.PROTOCOL_ERROR)
 
     def stored(self, token: int) -> list[Effect]:
-        """Report that the ``Store*`` effect named ``token`` reached Kafka (acks=all)."""
+        """Report that the ``Store*`` effect named ``token`` reached Kafka (acks=all), or
+        that the :class:`~services.ingest.effects.CreateAppTopic` named ``token`` is done."""
         state = self.state
         if self.closed:
             return []
+        if token == state.app_topic_token:
+            return handle_connect.app_topic_created(state)
         if token == state.connack_token:
             effects = handle_connect.connect_stored(state)
             for packet in state.early_packets:
@@ -175,14 +178,15 @@ class ServerConnection:
 
         Nothing unstored is ever acknowledged: a failed PUBLISH gets a v5 PUBACK/PUBREC with
         Reason Code 0x80, or (v3.1.1, which has no negative acknowledgement) the connection
-        is closed so the client resends it. A failed CONNECT gets CONNACK 0x88 / 0x03. A
-        failed subscription set, retained request or PUBREL record closes the connection
-        (v5: DISCONNECT 0x80): their acknowledgements cannot say "failed".
+        is closed so the client resends it. A failed CONNECT (its session record, or an
+        APPLICATION client's topic) gets CONNACK 0x88 / 0x03. A failed subscription set,
+        retained request or PUBREL record closes the connection (v5: DISCONNECT 0x80):
+        their acknowledgements cannot say "failed".
         """
         state = self.state
         if self.closed:
             return []
-        if token == state.connack_token:
+        if token in (state.connack_token, state.app_topic_token):
             return handle_connect.connect_failed(state)
         if token in state.pending_subacks:
             state.pending_subacks.pop(token)

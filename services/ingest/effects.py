@@ -2,7 +2,8 @@
 
 The asyncio shell (:mod:`services.ingest.server`) carries out each effect in order and reports
 the outcome of the ``Store*`` effects back with ``ServerConnection.stored(token)`` or
-``ServerConnection.store_failed(token)``. :class:`PublishWill` is the one effect with a
+``ServerConnection.store_failed(token)``, and so the outcome of :class:`CreateAppTopic`.
+:class:`PublishWill` is the one effect with a
 timer: the shell publishes the Will Message after its delay unless a newer connection of the
 client settles it first (:func:`services.ingest.will.published_on_new_connection`).
 """
@@ -100,6 +101,17 @@ class PublishWill:
 
 
 @dataclass(slots=True)
+class CreateAppTopic:
+    """Make sure this persistent APPLICATION client's ``msg.app.<client>`` topic exists
+    (create it if not), and report back through ``token`` like a ``Store*`` effect: the
+    session record that CONNACK waits for is stored only after it, so an accepted
+    APPLICATION client always has its topic (TBMQ creates it at the first connect)."""
+
+    token: int
+    client_id: str
+
+
+@dataclass(slots=True)
 class Connected:
     """The session is established (CONNACK sent): the shell registers the client by id."""
 
@@ -116,4 +128,4 @@ StoreEffect = (
 )
 """The effects that write one Kafka record and report back through their ``token``."""
 
-Effect = Send | Close | StoreEffect | PublishWill | Connected
+Effect = Send | Close | StoreEffect | CreateAppTopic | PublishWill | Connected

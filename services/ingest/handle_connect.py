@@ -5,6 +5,11 @@ store the session record in ``client.sessions``; :func:`connect_stored` sends CO
 Kafka has it, so every node sees the session (and takes over an older connection) before the
 client is told it is connected.
 
+A persistent APPLICATION client (its kind comes from ``application_client_ids`` until
+authentication lands) has its ``msg.app.<client>`` topic made sure of first
+(:class:`CreateAppTopic`), and only then its session record stored: a CONNACK implies that
+the topic the router writes its messages to exists.
+
 The session record also carries the Packet Identifiers of inbound QoS 2 messages not yet
 released (MQTT 4.3.3), so a session resumed on any node knows them; :func:`session_record`
 says which ones each record lists.
@@ -20,11 +25,19 @@ from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedPro
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
-from services.common.records import SessionRecord
-from services.common.sessions import is_persistent, session_expired
+from services.common.records import ClientKind, SessionRecord
+from services.common.sessions import client_kind, is_persistent, session_expired
 from services.common.topics.validation import validate_topic_name
 from services.ingest import will
-from services.ingest.effects import Close, Connected, Effect, Send, StoreSession, StoreSubscriptions
+from services.ingest.effects import (
+    Close,
+    Connected,
+    CreateAppTopic,
+    Effect,
+    Send,
+    StoreSession,
+    StoreSubscriptions,
+)
 from services.ingest.state import ConnectionState, Phase, PreviousSession
 
 
@@ -64,6 +77,7 @@ def handle_connect(
     state.persistent = is_persistent(
         connect.protocol_version, connect.clean_start, state.session_expiry_interval
     )
+    state.kind = client_kind(client_id, settings.application_client_ids)
     if props.receive_maximum is not None:
         state.client_receive_maximum = props.receive_maximum
     if props.maximum_packet_size is not None:
@@ -120,8 +134,20 @@ def handle_connect(
     state.connack_token = state.new_token()
     state.connack = ConnAck(session_present, ReasonCode.SUCCESS, connack_props)
     state.phase = Phase.CONNECTING
-    effects.append(StoreSession(state.connack_token, session_record(state, connected=True)))
+    if state.persistent and state.kind is ClientKind.APPLICATION:
+        state.app_topic_token = state.new_token()
+        effects.append(CreateAppTopic(state.app_topic_token, client_id))
+    else:
+        effects.append(StoreSession(state.connack_token, session_record(state, connected=True)))
     return effects
+
+
+def app_topic_created(state: ConnectionState) -> list[Effect]:
+    """The client's ``msg.app.<client>`` topic exists: store the session record CONNACK
+    waits for."""
+    assert state.connack_token is not None
+    state.app_topic_token = None
+    return [StoreSession(state.connack_token, session_record(state, connected=True))]
 
 
 def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
@@ -141,6 +167,7 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
         protocol_version=state.protocol_version,
         clean_start=state.clean_start,
         persistent=state.persistent,
+        kind=state.kind,
         session_expiry_interval=state.session_expiry_interval,
         connected_at_ms=state.connected_at_ms,
         updated_at_ms=state.now_ms(),
@@ -174,7 +201,8 @@ def connect_stored(state: ConnectionState) -> list[Effect]:
 
 
 def connect_failed(state: ConnectionState) -> list[Effect]:
-    """The session record could not be stored: CONNACK Server unavailable, then close."""
+    """The session record (or an APPLICATION client's topic) could not be stored: CONNACK
+    Server unavailable (v3.1.1: 0x03), then close."""
     state.session_ended = True
     return refuse(state, MQTTError("Kafka unavailable", ReasonCode.SERVER_UNAVAILABLE))
 

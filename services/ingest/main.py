@@ -1,6 +1,7 @@
 """The ingest service: a Faust app that owns MQTT sockets (DESIGN.md, ``services/ingest``).
 
-Its producer writes ``msg.all``, ``client.acks`` and the client state topics; a task reads
+Its producer writes ``msg.all``, ``client.acks`` and the client state topics (and its admin
+client creates a persistent APPLICATION client's ``msg.app`` topic at CONNECT); a task reads
 the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
@@ -21,7 +22,12 @@ from collections.abc import Awaitable
 import faust
 
 from services.common.faust_app import make_app, run_worker
-from services.common.kafka.admin import core_topic_specs, downlink_topic_spec, ensure_topics
+from services.common.kafka.admin import (
+    app_topic_spec,
+    core_topic_specs,
+    downlink_topic_spec,
+    ensure_topics,
+)
 from services.common.kafka.consumer import (
     Record,
     assign_whole_topics,
@@ -61,7 +67,14 @@ def build_app(settings: Settings) -> faust.App:
     async def sync_state() -> None:
         await reader.barrier()
 
-    node = IngestNode(settings, send, sync_state)
+    async def ensure_app_topic(client_id: str) -> None:
+        await ensure_topics(
+            settings.kafka_bootstrap,
+            [app_topic_spec(settings, client_id)],
+            settings.replication_factor,
+        )
+
+    node = IngestNode(settings, send, sync_state, ensure_app_topic)
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
         [names.client_sessions, names.client_subscriptions],

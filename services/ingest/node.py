@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +49,7 @@ from services.ingest.connection import ServerConnection
 from services.ingest.effects import (
     Close,
     Connected,
+    CreateAppTopic,
     Effect,
     PublishWill,
     Send,
@@ -77,6 +78,10 @@ Headers = list[tuple[str, bytes]]
 SendRecord = Callable[[str, bytes, bytes | None, Headers | None], Awaitable[Awaitable[object]]]
 """``await send(topic, key, value, headers)`` queues a record and returns a future that
 resolves with the record's metadata (it has an ``offset``) once Kafka acknowledged it."""
+
+EnsureAppTopic = Callable[[str], Awaitable[None]]
+"""``await ensure(client_id)`` returns once the client's ``msg.app.<client>`` topic exists
+(created if it did not); raises if it cannot be made sure of."""
 
 
 class Client(Protocol):
@@ -117,15 +122,22 @@ class IngestNode:
     """Registry of this node's clients plus the Kafka side of their effects.
 
     ``send`` produces a record (see :data:`SendRecord`); ``sync_state`` returns once the
-    state topics have been applied up to their current end; ``settings`` gives the node id,
-    topic names and the Kafka request timeout (seconds).
+    state topics have been applied up to their current end; ``ensure_app_topic`` makes
+    sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`); ``settings``
+    gives the node id, topic names and the Kafka request timeout (seconds), which also
+    bounds ``ensure_app_topic``.
     """
 
     def __init__(
-        self, settings: Settings, send: SendRecord, sync_state: Callable[[], Awaitable[None]]
+        self,
+        settings: Settings,
+        send: SendRecord,
+        sync_state: Callable[[], Awaitable[None]],
+        ensure_app_topic: EnsureAppTopic,
     ) -> None:
         self.settings = settings
         self.sync_state = sync_state
+        self._ensure_app_topic = ensure_app_topic
         self.names = TopicNames.from_settings(settings)
         self._send = send
         self.clients: dict[str, Client] = {}
@@ -213,8 +225,29 @@ class IngestNode:
                 self._register(client, effect.client_id)
             elif isinstance(effect, PublishWill):
                 self._will(client, effect)
+            elif isinstance(effect, CreateAppTopic):
+                self._background_task(self._create_app_topic(client, effect))
             else:
                 self._enqueue_store(client, effect)
+
+    def _background_task(self, coroutine: Coroutine[object, object, None]) -> None:
+        """Run ``coroutine`` as a task the node's shutdown waits for."""
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _create_app_topic(self, client: Client, effect: CreateAppTopic) -> None:
+        """Make sure of the client's ``msg.app`` topic, then report to its connection."""
+        try:
+            await asyncio.wait_for(
+                self._ensure_app_topic(effect.client_id),
+                self.settings.kafka_request_timeout_seconds,
+            )
+        except Exception as exc:
+            log.warning("client %r: its msg.app topic could not be made: %r", effect.client_id, exc)
+            self.run(client, client.connection.store_failed(effect.token))
+            return
+        self.run(client, client.connection.stored(effect.token))
 
     def _register(self, client: Client, client_id: str) -> None:
         old = self.clients.get(client_id)

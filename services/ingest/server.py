@@ -13,7 +13,7 @@ from typing import cast
 
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
-from services.ingest.effects import Effect, StoreEffect
+from services.ingest.effects import CreateAppTopic, Effect, StoreEffect
 from services.ingest.node import IngestNode, now_ms
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         pending: list[Effect] = self.connection.receive_data(data)
         while pending:
             effect = pending.pop(0)
-            if isinstance(effect, StoreEffect):
+            if isinstance(effect, StoreEffect | CreateAppTopic):
                 pending[:0] = self.connection.store_failed(effect.token)
             else:
                 self.node.run(self, [effect])

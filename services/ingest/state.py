@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Packet, Publish, Will
-from services.common.records import AckKind, SessionRecord
+from services.common.records import AckKind, ClientKind, SessionRecord
 from services.common.settings import Settings
 from services.common.topics.trie import Subscription
 
@@ -107,6 +107,7 @@ class ConnectionState:
     protocol_version: int = 4
     clean_start: bool = True
     persistent: bool = False
+    kind: ClientKind = ClientKind.DEVICE
     session_expiry_interval: int = 0
     keep_alive: int = 0
     connected_at_ms: int = 0
@@ -132,6 +133,8 @@ class ConnectionState:
     early_packets: list[Packet] = field(default_factory=list)
     connack_token: int | None = None
     connack: Packet | None = None
+    # a persistent APPLICATION client's topic being made sure of before its session record
+    app_topic_token: int | None = None
     session_ended: bool = False
     # outbound (server → client)
     client_receive_maximum: int = 65535

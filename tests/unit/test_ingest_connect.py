@@ -36,12 +36,14 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import SessionRecord
-from services.common.sessions import is_persistent
+from services.common.records import ClientKind, SessionRecord
+from services.common.sessions import client_kind, is_persistent
+from services.common.settings import Settings
 from services.common.topics.trie import Subscription
 from services.ingest.effects import (
     Close,
     Connected,
+    CreateAppTopic,
     Send,
     StorePublish,
     StoreSession,
@@ -746,3 +748,62 @@ def test_an_orphaned_persistent_session_is_marked_disconnected() -> None:
 
 def test_an_orphaned_non_persistent_session_is_deleted() -> None:
     assert orphaned_session_end(_record(persistent=False, connected=True), NOW_MS) is None
+
+
+# ---------------------------------------------------------------------- APPLICATION clients
+
+
+def _app_settings() -> Settings:
+    return make_settings(application_client_ids=["app-*", "analytics"])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_persistent_application_client_gets_its_topic_before_its_session_record(
+    version: int,
+) -> None:
+    client = Client(version, _app_settings())
+    props = Properties(session_expiry_interval=60) if version == 5 else Properties()
+    effects = client.send(Connect(version, "app-1", version == 5, 30, properties=props))
+    # First the topic: no session record, no CONNACK yet.
+    create = only(effects, CreateAppTopic)
+    assert effects == [create] and create.client_id == "app-1"
+    after = client.stored(create.token)
+    record = only(after, StoreSession)
+    assert after == [record]
+    assert record.record is not None
+    assert (record.record.kind, record.record.persistent) == (ClientKind.APPLICATION, True)
+    connack = only(client.packets(client.stored(record.token)), ConnAck)
+    assert connack.reason_code == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_topic_that_cannot_be_made_refuses_the_connect_as_server_unavailable(
+    version: int,
+) -> None:
+    client = Client(version, _app_settings())
+    effects = client.send(Connect(version, "analytics", False, 30))
+    after = client.store_failed(only(effects, CreateAppTopic).token)
+    connack = only(client.packets(after), ConnAck)
+    assert connack.reason_code == (ReasonCode.SERVER_UNAVAILABLE if version == 5 else 0x03)
+    assert closes(after) and of_type(after, StoreSession) == []
+
+
+def test_non_persistent_application_and_device_clients_need_no_topic() -> None:
+    app = Client(5, _app_settings())
+    record = only(app.send(Connect(5, "app-2", True, 30)), StoreSession).record
+    assert record is not None and record.kind is ClientKind.APPLICATION
+    device = Client(4, _app_settings())
+    effects = device.send(Connect(4, "dev-app-1", False, 30))  # patterns match whole ids
+    assert of_type(effects, CreateAppTopic) == []
+    record = only(effects, StoreSession).record
+    assert record is not None and (record.kind, record.persistent) == (ClientKind.DEVICE, True)
+
+
+def test_client_kind_patterns() -> None:
+    patterns = ["app-*", "analytics", "svc-[ab]?"]
+    assert client_kind("app-", patterns) is ClientKind.APPLICATION
+    assert client_kind("svc-a1", patterns) is ClientKind.APPLICATION
+    assert client_kind("svc-c1", patterns) is ClientKind.DEVICE
+    assert client_kind("App-1", patterns) is ClientKind.DEVICE  # case-sensitive
+    assert client_kind("analytics2", patterns) is ClientKind.DEVICE
+    assert client_kind("anything", []) is ClientKind.DEVICE
