@@ -1,10 +1,13 @@
-"""The router service: reads ``msg.all``, writes downlink and ``msg.persisted`` records.
+"""The router service: reads ``msg.all``, writes downlink, ``msg.persisted`` and ``msg.app``
+records.
 
 Each message becomes one downlink record per ingest node holding connected non-persistent
-subscribers, and one ``msg.persisted`` record per persistent DEVICE subscriber (its store,
-``device_persist``, delivers it). A retained message request (a ``msg.all`` record with
-header ``q``, written by the ingest node on SUBSCRIBE) is answered the same way, with the
-matching retained messages for that one subscriber (MQTT 3.3.1.3).
+subscribers, one ``msg.persisted`` record per persistent DEVICE subscriber (its store,
+``device_persist``, delivers it), one ``msg.app.<client>`` record per persistent APPLICATION
+subscriber and one ``msg.app-shared.<group>`` record per Shared Subscription served by its
+APPLICATION members (``app_delivery`` delivers both). A retained message request (a
+``msg.all`` record with header ``q``, written by the ingest node on SUBSCRIBE) is answered
+the same way, with the matching retained messages for that one subscriber (MQTT 3.3.1.3).
 
 State (subscriptions, client locations, retained messages) is replayed from the compacted
 topics before the first message is routed, so a restarted router routes exactly as before.
@@ -28,7 +31,7 @@ from collections.abc import Awaitable
 import faust
 
 from services.common.faust_app import make_app, run_worker
-from services.common.kafka.admin import core_topic_specs, ensure_topics
+from services.common.kafka.admin import app_spec_of, core_topic_specs, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
@@ -37,6 +40,7 @@ from services.common.readiness import clear_ready, mark_ready
 from services.common.records import (
     HEADER_META,
     HEADER_RETAINED_REQUEST,
+    HEADER_SESSION,
     HEADER_TARGETS,
     RecordError,
     decode_meta,
@@ -78,14 +82,34 @@ def build_app(settings: Settings) -> faust.App:
         apply_state,
     )
 
+    # APPLICATION topics known to exist. The ingest node creates a client's msg.app topic
+    # before its CONNACK and app_delivery before serving it; the router makes sure of each
+    # once more (and of msg.app-shared topics, which only it creates) before its first
+    # write, since a write to a missing topic waits for it for the whole request timeout.
+    app_topics: set[str] = set()
+
     async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
         await reader.barrier()
         send = app.producer.send
         now_ms = time.time_ns() // 1_000_000
+        batch = [out for record in records for out in outputs(table, names, record, now_ms)]
+        specs = {
+            spec.name: spec
+            for topic, *_ in batch
+            if topic not in app_topics and (spec := app_spec_of(settings, topic)) is not None
+        }
         acks: list[Awaitable[object]] = []
-        for record in records:
-            for topic, key, value, headers in outputs(table, names, record, now_ms):
+        try:
+            if specs:
+                await ensure_topics(
+                    settings.kafka_bootstrap, list(specs.values()), settings.replication_factor
+                )
+                app_topics.update(specs)
+            for topic, key, value, headers in batch:
                 acks.append(await send(topic, key, value, None, None, headers))
+        except Exception:
+            app_topics.clear()  # one may have been deleted: the retry makes sure again
+            raise
         return acks
 
     @app.task
@@ -128,7 +152,7 @@ def outputs(table: RoutingTable, names: TopicNames, record: Record, now_ms: int)
             out: list[Output] = []
             for message, target in table.retained_for(client_id, subscriptions, now_ms):
                 routes = Routes()
-                routes.add(destination, target)
+                routes.add(destination, target, table.session_id(client_id))
                 out += _outputs_of(names, record.key, message.payload, message.meta_raw, routes)
             return out
         meta_raw = headers[HEADER_META]
@@ -148,7 +172,9 @@ def outputs(table: RoutingTable, names: TopicNames, record: Record, now_ms: int)
 def _outputs_of(
     names: TopicNames, key: bytes | None, payload: bytes | None, meta_raw: bytes, routes: Routes
 ) -> list[Output]:
-    """One downlink record per node, one ``msg.persisted`` record per persistent target."""
+    """One downlink record per node, one ``msg.persisted`` record per persistent DEVICE
+    target, one ``msg.app`` record per persistent APPLICATION target (with its session id),
+    one ``msg.app-shared`` record per APPLICATION shared group."""
     out: list[Output] = [
         (
             names.downlink(node),
@@ -166,6 +192,23 @@ def _outputs_of(
             [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets([target]))],
         )
         for target in routes.persisted
+    )
+    out.extend(
+        (
+            names.app(target.client_id),
+            key,
+            payload,
+            [
+                (HEADER_META, meta_raw),
+                (HEADER_TARGETS, encode_targets([target])),
+                (HEADER_SESSION, session_id),
+            ],
+        )
+        for target, session_id in routes.app
+    )
+    out.extend(
+        (names.app_shared(share_name, topic_filter), key, payload, [(HEADER_META, meta_raw)])
+        for share_name, topic_filter in routes.app_shared
     )
     return out
 

@@ -4,10 +4,15 @@
 latest session record of every client (from ``client.sessions``) and the retained messages
 (from ``msg.retained``). :meth:`RoutingTable.route` turns one message into :class:`Routes`:
 one target list per ingest node for connected non-persistent sessions (DESIGN.md: one
-downlink record per message per node, never one per subscriber), and one target per
+downlink record per message per node, never one per subscriber), one target per
 persistent DEVICE session, whose messages go through its store (``msg.persisted``) whether
-it is connected or not. :meth:`RoutingTable.retained_for` answers a retained message request
-(a new subscription, MQTT 3.3.1.3) the same way.
+it is connected or not, and one target per persistent APPLICATION session, whose messages go
+to its own topic (``msg.app.<client>``, read by app_delivery), connected or not. A Shared
+Subscription whose chosen member is a persistent APPLICATION client gets one record in the
+group's topic (``msg.app-shared.<group>``) instead: its APPLICATION members read that topic
+as one Kafka consumer group (TBMQ's APPLICATION shared subscriptions).
+:meth:`RoutingTable.retained_for` answers a retained message request (a new subscription,
+MQTT 3.3.1.3) the same way.
 """
 
 from __future__ import annotations
@@ -48,16 +53,24 @@ class Routes:
 
     ``by_node``: ingest node id → its targets (connected non-persistent sessions), one
     downlink record each; ``persisted``: one target per persistent DEVICE session, one
-    ``msg.persisted`` record each (keyed by the target's client id).
+    ``msg.persisted`` record each (keyed by the target's client id); ``app``: one
+    (target, session id) per persistent APPLICATION session, one ``msg.app.<client>``
+    record each; ``app_shared``: the Shared Subscriptions, as (ShareName, Topic Filter), that
+    get one ``msg.app-shared.<group>`` record each.
     """
 
     by_node: dict[str, list[Target]] = field(default_factory=lambda: defaultdict(list))
     persisted: list[Target] = field(default_factory=list)
+    app: list[tuple[Target, bytes]] = field(default_factory=list)
+    app_shared: list[tuple[str, str]] = field(default_factory=list)
 
-    def add(self, destination: str | None, target: Target) -> None:
-        """Add ``target`` for ``destination`` (:meth:`RoutingTable.destination`)."""
+    def add(self, destination: str | None, target: Target, session_id: bytes = bytes(16)) -> None:
+        """Add ``target`` for ``destination`` (:meth:`RoutingTable.destination`);
+        ``session_id`` is the session an APPLICATION target's message is routed for."""
         if destination == PERSISTED:
             self.persisted.append(target)
+        elif destination == APPLICATION:
+            self.app.append((target, session_id))
         elif destination is not None:
             self.by_node[destination].append(target)
 
@@ -65,6 +78,10 @@ class Routes:
 PERSISTED = "\x00persisted"
 """The destination of a persistent DEVICE session: its store, not a node (never a node id:
 node ids are ``[A-Za-z0-9_-]``)."""
+
+APPLICATION = "\x00application"
+"""The destination of a persistent APPLICATION session: its own ``msg.app.<client>``
+topic."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +150,20 @@ class RoutingTable:
 
     def destination(self, client_id: str) -> str | None:
         """Where ``client_id``'s messages go: :data:`PERSISTED` for a persistent DEVICE
-        session (connected or not), the node id of a connected non-persistent session, or
-        None (no session, or a non-persistent one that is not connected: dropped)."""
+        session and :data:`APPLICATION` for a persistent APPLICATION one (connected or not),
+        the node id of a connected non-persistent session (either kind), or None (no
+        session, or a non-persistent one that is not connected: dropped)."""
         session = self.sessions.get(client_id)
         if session is None:
             return None
-        if session.persistent and session.kind is ClientKind.DEVICE:
-            return PERSISTED
+        if session.persistent:
+            return PERSISTED if session.kind is ClientKind.DEVICE else APPLICATION
         return session.node_id if session.connected else None
+
+    def session_id(self, client_id: str) -> bytes:
+        """The session id of ``client_id``'s latest session record (zeros if none)."""
+        session = self.sessions.get(client_id)
+        return bytes(16) if session is None else session.session_id
 
     def route(self, publisher: str, meta: PublishMeta) -> Routes:
         """Where one message goes (:class:`Routes`).
@@ -149,6 +172,10 @@ class RoutingTable:
         subscriptions of one client give one delivery at their highest QoS (MQTT 3.3.4); one
         member of each shared subscription group gets the message, round robin over the
         connected members, or over the persistent ones when none is connected (MQTT 4.8.2).
+        When the member chosen is a persistent APPLICATION client, the message goes to the
+        group's topic, which all its APPLICATION members share through Kafka: in a group
+        of DEVICE and APPLICATION members, each DEVICE member gets its turn and the
+        APPLICATION members together get theirs.
         """
         match = self.trie.match(meta.topic, publisher)
         routes = Routes()
@@ -161,12 +188,15 @@ class RoutingTable:
                     client.retain_as_published,
                     tuple(client.subscription_identifiers),
                 )
-                routes.add(destination, target)
+                routes.add(destination, target, self.session_id(client.client_id))
         for group_key, members in match.shared.items():
             chosen = self._choose_member(group_key, members)
             if chosen is None:
                 continue
             sub, destination = chosen
+            if destination == APPLICATION:
+                routes.app_shared.append(group_key)
+                continue
             ids = () if sub.subscription_identifier is None else (sub.subscription_identifier,)
             routes.add(
                 destination,

@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 
+from services.common.kafka.names import TopicNames
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
@@ -17,12 +19,14 @@ from services.common.records import (
     RecordError,
     SessionRecord,
     Target,
+    decode_targets,
     encode_meta,
     encode_session,
     encode_subscriptions,
 )
 from services.common.topics.trie import Subscription
-from services.router.routing import RoutingTable
+from services.router.main import outputs
+from services.router.routing import APPLICATION, RoutingTable
 
 
 def _session(node: str, connected: bool = True) -> SessionRecord:
@@ -246,13 +250,91 @@ def test_a_persistent_device_session_is_routed_to_its_store(connected: bool) -> 
     assert dict(routes.by_node) == {"n1": [Target("plain", 1)]}
 
 
-def test_an_application_session_does_not_go_to_the_device_store() -> None:
+# ---------------------------------------------------------------------- APPLICATION clients
+
+APP_SESSION = b"app-session-0001"
+
+
+def _app(node: str, connected: bool, persistent: bool = True) -> SessionRecord:
+    return SessionRecord(
+        node,
+        bytes(16),
+        connected,
+        5,
+        not persistent,
+        persistent,
+        ClientKind.APPLICATION,
+        session_expiry_interval=60 if persistent else 0,
+        session_id=APP_SESSION,
+    )
+
+
+@pytest.mark.parametrize("connected", [True, False], ids=["connected", "offline"])
+def test_a_persistent_application_session_is_routed_to_its_own_topic(connected: bool) -> None:
+    table = _table(plain=("n1", [_sub("plain", "t/#")]))
+    table.set_subscriptions("app", [_sub("app", "t/+", 2, subscription_identifier=9)])
+    table.set_session("app", _app("n2", connected))
+    routes = table.route("pub", _meta("t/x", 1))
+    # One target with the session it was routed for; never the DEVICE store, never a node.
+    assert routes.app == [(Target("app", 1, False, (9,)), APP_SESSION)]
+    assert routes.persisted == []
+    assert dict(routes.by_node) == {"n1": [Target("plain", 1)]}
+
+
+def test_a_non_persistent_application_client_is_routed_like_a_device() -> None:
     table = RoutingTable()
     table.set_subscriptions("app", [_sub("app", "t")])
-    table.set_session(
-        "app", SessionRecord("n1", bytes(16), True, 5, False, True, ClientKind.APPLICATION)
-    )
-    assert table.route("pub", _meta("t")).persisted == []
+    table.set_session("app", _app("n1", connected=True, persistent=False))
+    routes = table.route("pub", _meta("t"))
+    assert (dict(routes.by_node), routes.app) == ({"n1": [Target("app", 1)]}, [])
+    table.set_session("app", _app("n1", connected=False, persistent=False))
+    routes = table.route("pub", _meta("t"))
+    assert (dict(routes.by_node), routes.app) == ({}, [])
+
+
+def test_a_shared_group_of_application_members_writes_one_record_to_its_topic() -> None:
+    table = RoutingTable()
+    for member, connected in (("a1", True), ("a2", False), ("a3", True)):
+        table.set_subscriptions(member, [_sub(member, "$share/g/t/#")])
+        table.set_session(member, _app("n1", connected))
+    table.set_subscriptions("other", [_sub("other", "$share/h/t/+")])
+    table.set_session("other", _app("n2", connected=False))
+    for _ in range(4):
+        routes = table.route("pub", _meta("t/x"))
+        assert sorted(routes.app_shared) == [("g", "t/#"), ("h", "t/+")]
+        assert (routes.app, dict(routes.by_node), routes.persisted) == ([], {}, [])
+
+
+def test_a_mixed_shared_group_gives_devices_their_turns_and_applications_theirs() -> None:
+    table = _table(d1=("n1", [_sub("d1", "$share/g/t")]), d2=("n2", [_sub("d2", "$share/g/t")]))
+    table.set_subscriptions("app", [_sub("app", "$share/g/t")])
+    table.set_session("app", _app("n1", connected=True))
+    turns: Counter[str] = Counter()
+    for _ in range(30):
+        routes = table.route("pub", _meta("t"))
+        chosen = [t.client_id for ts in routes.by_node.values() for t in ts]
+        chosen += ["app-topic" for _ in routes.app_shared]
+        assert len(chosen) == 1
+        turns[chosen[0]] += 1
+    assert turns == {"d1": 10, "d2": 10, "app-topic": 10}
+
+
+def test_an_offline_application_member_keeps_the_groups_messages_in_its_topic() -> None:
+    table = _table(d=(None, [_sub("d", "$share/g/t")]))
+    table.set_subscriptions("app", [_sub("app", "$share/g/t")])
+    table.set_session("app", _app("n1", connected=False))
+    routes = table.route("pub", _meta("t"))
+    assert (routes.app_shared, dict(routes.by_node)) == ([("g", "t")], {})
+
+
+def test_retained_messages_for_an_application_client_go_to_its_topic() -> None:
+    table = RoutingTable()
+    table.set_session("app", _app("n1", connected=True))
+    table.apply_retained_record(b"r", b"kept", encode_meta(PublishMeta("r", 1, True, 0)))
+    assert table.destination("app") == APPLICATION
+    assert table.session_id("app") == APP_SESSION
+    [(message, target)] = table.retained_for("app", [_sub("app", "r")], 0)
+    assert (message.payload, target) == (b"kept", Target("app", 1, True))
 
 
 def test_a_shared_group_prefers_connected_members_then_stores_for_persistent_ones() -> None:
@@ -304,3 +386,24 @@ def test_retained_expired_deleted_and_undeliverable_cases() -> None:
 def test_retained_record_without_metadata_is_a_record_error() -> None:
     with pytest.raises(RecordError):
         RoutingTable().apply_retained_record(b"t", b"payload", None)
+
+
+def test_application_records_carry_payload_meta_target_and_session() -> None:
+    names = TopicNames("p.")
+    table = RoutingTable()
+    table.set_subscriptions("app", [_sub("app", "t/#")])
+    table.set_session("app", _app("n1", connected=False))
+    table.set_subscriptions("m", [_sub("m", "$share/grp/t/+", 1)])
+    table.set_session("m", _app("n2", connected=True))
+    meta = encode_meta(_meta("t/x", 1))
+    record = ConsumerRecord(
+        names.msg_all, 0, 7, 0, 0, b"pub-1", b"payload", None, 0, 0, [("m", meta)]
+    )
+    out = {topic: (key, value, dict(headers)) for topic, key, value, headers in
+           outputs(table, names, record, 0)}  # fmt: skip
+    assert set(out) == {names.app("app"), names.app_shared("grp", "t/+")}
+    key, value, headers = out[names.app("app")]
+    # Keyed by the publisher: its messages keep their order in the client's topic.
+    assert (key, value, headers["m"], headers["s"]) == (b"pub-1", b"payload", meta, APP_SESSION)
+    assert decode_targets(headers["t"]) == [Target("app", 1)]
+    assert out[names.app_shared("grp", "t/+")] == (b"pub-1", b"payload", {"m": meta})

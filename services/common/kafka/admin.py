@@ -22,7 +22,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
-from services.common.kafka.names import TopicNames
+from services.common.kafka.names import APP_PREFIX, APP_SHARED_PREFIX, TopicNames
 from services.common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,19 @@ def app_shared_topic_spec(settings: Settings, share_name: str, topic_filter: str
         settings.app_shared_topic_partitions,
         {"retention.ms": str(settings.app_retention_seconds * 1000)},
     )
+
+
+def app_spec_of(settings: Settings, topic: str) -> TopicSpec | None:
+    """The spec of ``topic`` if it is an APPLICATION topic (``msg.app.<client>`` or
+    ``msg.app-shared.<group>``, by its name), else None: for a writer that holds only the
+    name."""
+    names = TopicNames.from_settings(settings)
+    retention = {"retention.ms": str(settings.app_retention_seconds * 1000)}
+    if topic.startswith(names.prefix + APP_SHARED_PREFIX):
+        return TopicSpec(topic, settings.app_shared_topic_partitions, retention)
+    if topic.startswith(names.prefix + APP_PREFIX):
+        return TopicSpec(topic, settings.app_topic_partitions, retention)
+    return None
 
 
 async def delete_topics_and_groups(
