@@ -53,6 +53,14 @@ def device_persist() -> None:
     run()
 
 
+@main.command("app-delivery")
+def app_delivery() -> None:
+    """Run app_delivery: APPLICATION clients' messages from their Kafka topics."""
+    from services.app_delivery.main import run
+
+    run()
+
+
 @main.command("settings")
 def show_settings() -> None:
     """List every setting: environment variable, current value and meaning."""

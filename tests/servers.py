@@ -32,6 +32,9 @@ PORT_TRIES = 20
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
 
+#: Client ids of APPLICATION clients in the test cluster (``application_client_ids``).
+APPLICATION_IDS = "app-*"
+
 
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
@@ -71,6 +74,7 @@ def make_test_settings(state_dir: Path) -> Settings:
         topic_prefix=f"test-{uuid.uuid4().hex[:8]}.",
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
         kafka_request_timeout_seconds=KAFKA_REQUEST_TIMEOUT,
+        application_client_ids=[APPLICATION_IDS],
         **ports,
     )
 
@@ -118,6 +122,11 @@ class LocalCluster:
     def start(self, name: str) -> int:
         """Start process ``name`` and wait until it is ready; return its pid."""
         return cluster.start_component(self.settings, name)
+
+    def start_app_delivery(self, name: str) -> int:
+        """Start one more app_delivery instance as process ``name`` (stop it with
+        :meth:`stop` or :meth:`kill`; ``down`` stops it too); return its pid."""
+        return cluster.start_app_delivery(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

@@ -95,11 +95,12 @@ class Delivery:
 @dataclass(slots=True)
 class Sendable:
     """What :meth:`ClientWindow.sendable` found to send: ``publishes`` in order, PUBREL for
-    ``releases`` (Packet Identifiers), and the new ``sent_upto`` of partitions (``marks``)
-    that must be committed before any of it is sent."""
+    ``releases`` (QoS 2 deliveries the client answered with PUBREC on an earlier
+    connection), and the new ``sent_upto`` of partitions (``marks``) that must be committed
+    before any of it is sent."""
 
     publishes: list[Delivery] = field(default_factory=list)
-    releases: list[int] = field(default_factory=list)
+    releases: list[Delivery] = field(default_factory=list)
     marks: dict[TopicPartition, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
@@ -258,7 +259,7 @@ class ClientWindow:
                 entry.sent_here = True
                 self.in_flight += 1
                 source.cursor += 1
-                out.releases.append(entry.packet_id)
+                out.releases.append(Delivery(tp, offset, entry, entry.packet_id, True))
                 return True
             if not dup and entry.expires_at_ms is not None and entry.expires_at_ms <= now_ms:
                 source.cursor += 1
@@ -298,8 +299,8 @@ class ClientWindow:
                 return candidate
 
     def unsend(self, deliveries: Iterable[Delivery]) -> None:
-        """The downlink records of ``deliveries`` were not stored: send them again on this
-        connection (their ``sent_upto`` mark stays, so they go with DUP=1)."""
+        """The downlink records of ``deliveries`` (PUBLISHes or PUBRELs) were not stored:
+        send them again on this connection (their ``sent_upto`` mark stays: DUP=1)."""
         for delivery in deliveries:
             source = self.sources.get(delivery.tp)
             entry = None if source is None else source.entries.get(delivery.offset)
@@ -338,9 +339,9 @@ class ClientWindow:
             tp, offset = at
             return self._apply(self.sources[tp], offset, kind)
         for source in self.sources.values():
-            offset = source.offset_of(packet_id)
-            if offset is not None:
-                return self._apply(source, offset, kind)
+            derived = source.offset_of(packet_id)
+            if derived is not None:
+                return self._apply(source, derived, kind)
         return False
 
     def _apply(self, source: Source, offset: int, kind: AckKind) -> bool:

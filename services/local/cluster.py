@@ -1,9 +1,10 @@
 """The whole local cluster: which processes it has, in which order they start and stop.
 
 Infrastructure (Kafka, Redis, PostgreSQL) comes first, then the services: the ingest nodes,
-the router, and HAProxy last so that clients only reach nodes that are ready. ``down``
-stops in the opposite order. Every start waits for real readiness (port accepts, Kafka
-answers metadata, the service's ready file exists) and is a no-op for a running process.
+the router, device_persist, app_delivery, and HAProxy last so that clients only reach nodes
+that are ready. ``down`` stops in the opposite order. Every start waits for real readiness
+(port accepts, Kafka answers metadata, the service's ready file exists) and is a no-op for a
+running process.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ INFRA_STOP_TIMEOUT = 30.0
 
 ROUTER = "router"
 DEVICE_PERSIST = "device-persist"
+APP_DELIVERY = "app-delivery"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,8 @@ def infrastructure(settings: Settings) -> list[Component]:
 
 
 def services_of(settings: Settings) -> list[Component]:
-    """The ingest nodes, the router, device_persist and HAProxy, in start order."""
+    """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
+    order."""
     settings = local_settings(settings)
     nodes = [
         Component(
@@ -188,8 +191,15 @@ def services_of(settings: Settings) -> list[Component]:
         ready_file=ready_file(settings, DEVICE_PERSIST),
         stop_timeout=SERVICE_STOP_TIMEOUT,
     )
+    app_delivery = Component(
+        APP_DELIVERY,
+        None,
+        partial(_start_service, settings, APP_DELIVERY, "app-delivery", None),
+        ready_file=ready_file(settings, APP_DELIVERY),
+        stop_timeout=SERVICE_STOP_TIMEOUT,
+    )
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
-    return [*nodes, router, device_persist, proxy]
+    return [*nodes, router, device_persist, app_delivery, proxy]
 
 
 def components(settings: Settings) -> list[Component]:
@@ -225,6 +235,14 @@ def up(settings: Settings) -> dict[str, int]:
     Harmless when already running. Raises :class:`~services.local.processes.StartError`.
     """
     return up_infrastructure(settings) | up_services(settings)
+
+
+def start_app_delivery(settings: Settings, name: str) -> int:
+    """Start one more app_delivery instance as process ``name`` (its instances share the
+    APPLICATION clients through their consumer group) and wait until it is ready; return
+    its pid. ``down`` stops it with the rest. Raises
+    :class:`~services.local.processes.StartError`."""
+    return _start_service(local_settings(settings), name, "app-delivery", None)
 
 
 def _find_component(settings: Settings, name: str) -> Component:

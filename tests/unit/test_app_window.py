@@ -113,7 +113,7 @@ def test_a_new_connection_gets_the_unacknowledged_again_with_dup_and_pubrel() ->
     window.acknowledge(AckKind.PUBCOMP, 2)  # offset 1 complete
     window.new_connection()
     out = window.sendable(NOW)
-    assert out.releases == [1]
+    assert [d.packet_id for d in out.releases] == [1]
     assert [(d.offset, d.packet_id, d.dup) for d in out.publishes] == [(2, 3, True)]
     assert out.marks == {}
     assert window.in_flight == 2

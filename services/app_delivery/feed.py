@@ -1,0 +1,428 @@
+"""Delivery to one connected persistent APPLICATION client, straight from Kafka (TBMQ: one
+Kafka consumer per APPLICATION client, reading ``msg.app.<client>``).
+
+A :class:`ClientFeed` lives while its client is connected and owned by this app_delivery
+instance. It reads:
+
+- the client's own topic with a consumer that is assigned every partition by hand, in the
+  consumer group :meth:`~services.common.kafka.names.TopicNames.app_group` whose committed
+  offsets are the client's durable position (no group member ever joins that group: the
+  instance that owns the client is the only one reading it, by the ownership group);
+- for each Shared Subscription the client has, the group's topic, as a member of the group's
+  one consumer group (:meth:`~services.common.kafka.names.TopicNames.app_shared_group`), so
+  that Kafka spreads its partitions over the members.
+
+Records become downlink records for the client's node, with the Packet Identifier and DUP
+flag the :class:`~services.app_delivery.window.ClientWindow` gives them (store-assigned
+deliveries: the node sends them as they are and reports every acknowledgement to
+``client.acks``). Before any delivery is sent, the offsets are committed with what was sent
+as metadata, so a restarted instance resends those with DUP=1; as acknowledgements come in,
+the offset below which everything is acknowledged is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import OffsetAndMetadata
+
+from services.app_delivery.window import (
+    ClientWindow,
+    Delivery,
+    Entry,
+    Sendable,
+    decode_mark,
+    encode_mark,
+)
+from services.common.kafka.admin import app_shared_topic_spec, ensure_topics
+from services.common.kafka.consumer import Record, make_consumer
+from services.common.kafka.names import TopicNames
+from services.common.mqtt.errors import MQTTError
+from services.common.records import (
+    HEADER_META,
+    HEADER_RELEASES,
+    HEADER_SESSION,
+    HEADER_TARGETS,
+    AckRecord,
+    RecordError,
+    SessionRecord,
+    Target,
+    decode_meta,
+    decode_targets,
+    encode_releases,
+    encode_targets,
+    expires_at_ms,
+)
+from services.common.settings import Settings
+from services.common.topics.trie import Subscription
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, bytes]]
+SendRecord = Callable[[str, bytes, bytes | None, Headers], Awaitable[Awaitable[object]]]
+"""``await send(topic, key, value, headers)`` queues a record; the returned awaitable
+resolves once Kafka acknowledged it."""
+
+SharedKey = tuple[str, str]
+"""A Shared Subscription: (ShareName, Topic Filter)."""
+
+#: Records a feed fetches ahead of its window (on top of the window itself).
+PREFETCH = 1000
+
+#: Most acknowledgement records kept for a feed that has not read its position yet.
+EARLY_ACKS_MAX = 10_000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class FeedError(RuntimeError):
+    """A feed cannot go on (its topic is missing, or Kafka failed it); it is restarted."""
+
+
+class ClientFeed:
+    """Delivery to one connected persistent APPLICATION client.
+
+    ``session`` is the client's connected session record (node, connection, session id,
+    Receive Maximum); ``send`` produces records; ``admin`` reads committed offsets and
+    partition counts; ``on_failure`` is called (once) when a background task of the feed
+    fails, so that its owner restarts it. Call :meth:`start`, then :meth:`update`,
+    :meth:`acknowledge` and :meth:`set_shared` as things change, and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        client_id: str,
+        session: SessionRecord,
+        send: SendRecord,
+        admin: AIOKafkaAdminClient,
+        on_failure: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.names = TopicNames.from_settings(settings)
+        self.client_id = client_id
+        self.session = session
+        self.session_id = session.session_id
+        self.failed = False
+        self.window = ClientWindow(self._limit(session))
+        self._key = client_id.encode("utf-8")
+        self._send = send
+        self._admin = admin
+        self._on_failure = on_failure
+        self._topic = self.names.app(client_id)
+        self._own: AIOKafkaConsumer | None = None
+        self._shared: dict[SharedKey, AIOKafkaConsumer] = {}
+        self._shared_subs: dict[str, Subscription] = {}  # shared topic -> the subscription
+        self._consumer_of: dict[TopicPartition, AIOKafkaConsumer] = {}
+        self._committed: dict[TopicPartition, tuple[int, int]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._early: list[AckRecord] | None = []  # None once the position is read
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._confirming: set[asyncio.Task[None]] = set()
+
+    def _limit(self, session: SessionRecord) -> int:
+        return max(1, min(session.receive_maximum, self.settings.app_inflight_max))
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        """Read the client's position in its own topic and start delivering.
+
+        Raises :class:`FeedError` if the topic does not exist, ``KafkaError`` if Kafka
+        fails; nothing is left running then.
+        """
+        consumer = make_consumer(self.settings, group_id=self.names.app_group(self.client_id))
+        await consumer.start()
+        self._own = consumer
+        try:
+            tps = await self._partitions(self._topic)
+            consumer.assign(tps)
+            await self._restore(consumer, self.names.app_group(self.client_id), tps, len(tps))
+        except BaseException:
+            await self.stop()
+            raise
+        for ack in self._early or ():
+            self._apply(ack)
+        self._early = None
+        self._spawn("own-fetch", self._fetch(consumer))
+        self._spawn("send", self._send_loop())
+        self._wake.set()
+
+    async def _partitions(self, topic: str) -> list[TopicPartition]:
+        [meta] = await self._admin.describe_topics([topic])
+        if meta.get("error_code") or not meta.get("partitions"):
+            raise FeedError(f"topic {topic} is missing")
+        return [TopicPartition(topic, p["partition"]) for p in meta["partitions"]]
+
+    async def _restore(
+        self,
+        consumer: AIOKafkaConsumer,
+        group: str,
+        tps: list[TopicPartition],
+        own_partitions: int | None,
+    ) -> None:
+        """Add ``tps`` to the window at their committed offsets (the beginning where none
+        is committed) with the ``sent_upto`` their metadata records."""
+        committed = await self._admin.list_consumer_group_offsets(group, partitions=tps)
+        missing = [tp for tp in tps if committed.get(tp, OffsetAndMetadata(-1, "")).offset < 0]
+        beginnings = await consumer.beginning_offsets(missing) if missing else {}
+        for tp in tps:
+            mark = committed.get(tp, OffsetAndMetadata(-1, ""))
+            low = mark.offset if mark.offset >= 0 else beginnings[tp]
+            self.window.add_source(tp, low, decode_mark(mark.metadata), own_partitions)
+            self._committed[tp] = (low, max(low, decode_mark(mark.metadata)))
+            self._consumer_of[tp] = consumer
+            consumer.seek(tp, low)
+
+    async def stop(self) -> None:
+        """Stop delivering: commit what is acknowledged, close the consumers (the shared
+        ones leave their groups). Errors of the last commit are logged."""
+        tasks = list(self._tasks.values()) + list(self._confirming)
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._commit(self.window.commit_points())
+        for consumer in [*self._shared.values(), self._own]:
+            if consumer is not None:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+        self._shared.clear()
+        self._own = None
+
+    def _spawn(self, name: str, coroutine: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(coroutine, name=f"app-feed-{name}")
+        self._tasks[name] = task
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self.failed:
+            return
+        error = task.exception()
+        if error is not None:
+            log.warning("client %r: delivery failed, restarting it: %r", self.client_id, error)
+            self.failed = True
+            self._on_failure()
+
+    # ------------------------------------------------------------------ changes
+
+    def update(self, session: SessionRecord) -> None:
+        """The client's latest session record (same session): a new connection gets what
+        is unacknowledged again (MQTT 4.4), wherever it is now."""
+        new_connection = session.connection_id != self.session.connection_id
+        self.session = session
+        self.window.limit = self._limit(session)
+        if new_connection:
+            self.window.new_connection()
+        self._wake.set()
+
+    def acknowledge(self, ack: AckRecord) -> None:
+        """Apply the client's acknowledgements (``client.acks``); others sessions' are
+        ignored."""
+        if ack.session_id != self.session_id:
+            return
+        if self._early is not None:
+            if len(self._early) < EARLY_ACKS_MAX:
+                self._early.append(ack)
+            return
+        self._apply(ack)
+
+    def _apply(self, ack: AckRecord) -> None:
+        for kind, packet_id in ack.acks:
+            self.window.acknowledge(kind, packet_id)
+        self._wake.set()
+
+    async def set_shared(self, subscriptions: dict[SharedKey, Subscription]) -> None:
+        """Be a member of exactly these Shared Subscriptions' groups (the client's own
+        subscriptions); joining makes sure the group's topic exists."""
+        for key in [k for k in self._shared if k not in subscriptions]:
+            consumer = self._shared.pop(key)
+            topic = self.names.app_shared(*key)
+            self._shared_subs.pop(topic, None)
+            await consumer.stop()  # its listener commits and lets go of its partitions
+        for key, subscription in subscriptions.items():
+            topic = self.names.app_shared(*key)
+            self._shared_subs[topic] = subscription
+            if key in self._shared:
+                continue
+            await ensure_topics(
+                self.settings.kafka_bootstrap,
+                [app_shared_topic_spec(self.settings, *key)],
+                self.settings.replication_factor,
+            )
+            group = self.names.app_shared_group(*key)
+            consumer = make_consumer(self.settings, group_id=group)
+            await consumer.start()
+            self._shared[key] = consumer
+            consumer.subscribe([topic], listener=_SharedMember(self, consumer, group))
+            self._spawn(f"shared-fetch-{topic}", self._fetch(consumer))
+
+    async def drop_partitions(self, tps: list[TopicPartition]) -> None:
+        """Shared partitions Kafka moves to another member: commit what is acknowledged
+        and stop reading them (failures are logged: the next member reads again)."""
+        points = {tp: p for tp, p in self.window.commit_points().items() if tp in tps}
+        await self._commit(points)
+        for tp in tps:
+            self.window.remove_source(tp)
+            self._consumer_of.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    async def add_partitions(
+        self, consumer: AIOKafkaConsumer, group: str, tps: list[TopicPartition]
+    ) -> None:
+        """Shared partitions Kafka gave this member: read them from the group's position."""
+        if tps:
+            await self._restore(consumer, group, sorted(tps), None)
+            self._wake.set()
+
+    # ------------------------------------------------------------------ reading
+
+    async def _fetch(self, consumer: AIOKafkaConsumer) -> None:
+        """Hand fetched records to the window, at most :data:`PREFETCH` ahead of it."""
+        while True:
+            room = self.window.limit + PREFETCH - self.window.backlog()
+            if room <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            batches = await consumer.getmany(timeout_ms=1000, max_records=min(room, 2000))
+            for tp, records in batches.items():
+                for record in records:
+                    self.window.add(tp, record.offset, self._entry(record))
+            if batches:
+                self._wake.set()
+
+    def _entry(self, record: Record) -> Entry | None:
+        """The window entry of a fetched record; None for one that is not for this session
+        or does not decode (logged)."""
+        try:
+            headers = dict(record.headers or ())
+            meta_raw = headers[HEADER_META]
+            meta = decode_meta(meta_raw)
+            deadline = expires_at_ms(meta)
+            if record.topic == self._topic:
+                if headers.get(HEADER_SESSION) != self.session_id:
+                    return None  # routed for an earlier session (MQTT 3.1.2.4)
+                [target] = decode_targets(headers[HEADER_TARGETS])
+            else:
+                target = self._shared_target(record.topic, meta.qos)
+        except (KeyError, ValueError, RecordError, MQTTError) as exc:
+            log.warning(
+                "skipping undecodable record %s[%d]@%d: %r",
+                record.topic,
+                record.partition,
+                record.offset,
+                exc,
+            )
+            return None
+        return Entry(target, meta_raw, record.value or b"", record.key, deadline)
+
+    def _shared_target(self, topic: str, qos: int) -> Target:
+        """The client's delivery of a shared topic's message, from its own subscription."""
+        sub = self._shared_subs[topic]
+        ids = () if sub.subscription_identifier is None else (sub.subscription_identifier,)
+        return Target(self.client_id, min(qos, sub.qos), sub.retain_as_published, ids)
+
+    # ------------------------------------------------------------------ sending
+
+    async def _send_loop(self) -> None:
+        """Send what the window allows whenever something changed: commit first, then the
+        downlink records."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            out = self.window.sendable(_now_ms())
+            failed = await self._commit(self.window.commit_points())
+            if failed:
+                # Not recorded as sent: those partitions' deliveries wait for the next turn.
+                held = [d for d in [*out.publishes, *out.releases] if d.tp in failed]
+                self.window.unsend(held)
+                out = Sendable(
+                    [d for d in out.publishes if d.tp not in failed],
+                    [d for d in out.releases if d.tp not in failed],
+                )
+            if out:
+                await self._deliver(out)
+            if self.window.backlog() < self.window.limit + PREFETCH:
+                self._room.set()
+
+    async def _commit(self, points: dict[TopicPartition, tuple[int, int]]) -> set[TopicPartition]:
+        """Commit the (offset, sent mark) of partitions that changed; returns the shared
+        partitions whose commit failed (a rebalance took them). A failed commit of the own
+        topic raises ``KafkaError``."""
+        by_consumer: dict[int, tuple[AIOKafkaConsumer, dict[TopicPartition, OffsetAndMetadata]]]
+        by_consumer = {}
+        for tp, point in points.items():
+            consumer = self._consumer_of.get(tp)
+            if consumer is None or self._committed.get(tp) == point:
+                continue
+            low, sent_upto = point
+            _, offsets = by_consumer.setdefault(id(consumer), (consumer, {}))
+            offsets[tp] = OffsetAndMetadata(low, encode_mark(sent_upto))
+        failed: set[TopicPartition] = set()
+        for consumer, offsets in by_consumer.values():
+            try:
+                await consumer.commit(offsets)
+            except Exception as exc:
+                if consumer is self._own:
+                    raise
+                # A shared member's partitions can be taken by a rebalance at any time.
+                log.info("client %r: shared commit failed: %r", self.client_id, exc)
+                failed.update(offsets)
+                continue
+            for tp, mark in offsets.items():
+                self._committed[tp] = (mark.offset, decode_mark(mark.metadata))
+        return failed
+
+    async def _deliver(self, out: Sendable) -> None:
+        """Downlink records for ``out`` on the client's node; a failed write puts the
+        delivery back in the window."""
+        topic = self.names.downlink(self.session.node_id)
+        acks: list[Awaitable[object]] = []
+        for delivery in out.publishes:
+            entry = delivery.entry
+            target = replace(entry.target, packet_id=delivery.packet_id, dup=delivery.dup)
+            headers = [(HEADER_META, entry.meta_raw), (HEADER_TARGETS, encode_targets([target]))]
+            acks.append(await self._send(topic, self._key, entry.payload, headers))
+        if out.releases:
+            releases = [(self.client_id, d.packet_id) for d in out.releases]
+            headers = [(HEADER_RELEASES, encode_releases(releases))]
+            acks.append(await self._send(topic, self._key, b"", headers))
+        task = asyncio.create_task(self._confirm(acks, [*out.publishes, *out.releases]))
+        self._confirming.add(task)
+        task.add_done_callback(self._confirming.discard)
+
+    async def _confirm(self, acks: list[Awaitable[object]], deliveries: list[Delivery]) -> None:
+        results = await asyncio.gather(*acks, return_exceptions=True)
+        if any(isinstance(r, BaseException) for r in results):
+            log.warning("client %r: downlink records not stored, sending again", self.client_id)
+            self.window.unsend(deliveries)
+            self._wake.set()
+
+
+class _SharedMember(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Follows the partitions Kafka gives a feed's member consumer of a shared group."""
+
+    def __init__(self, feed: ClientFeed, consumer: AIOKafkaConsumer, group: str) -> None:
+        self.feed = feed
+        self.consumer = consumer
+        self.group = group
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Commit what is acknowledged, then let the partitions go."""
+        await self.feed.drop_partitions(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Read the new partitions from the group's committed offsets."""
+        await self.feed.add_partitions(self.consumer, self.group, assigned)
