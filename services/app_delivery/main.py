@@ -19,7 +19,6 @@ from collections.abc import Awaitable
 
 import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
@@ -135,21 +134,17 @@ def build_app(settings: Settings) -> faust.App:
     """Build app_delivery's Faust app: the ownership consumer, the feeds, the expiry timer."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, "app-delivery")
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap,
-        request_timeout_ms=max(int(settings.kafka_request_timeout_seconds * 1000), 15000),
-    )
 
     async def send(
         topic: str, key: bytes, value: bytes | None, headers: Headers
     ) -> Awaitable[object]:
         return await app.producer.send(topic, key, value, None, None, headers)
 
-    delivery = AppDelivery(settings, send, admin)
+    delivery = AppDelivery(settings, send)
 
     @app.task
     async def serve() -> None:
-        await admin.start()
+        await delivery.start()
         consumer = make_consumer(
             settings,
             group_id=app.conf.id,
@@ -175,7 +170,6 @@ def build_app(settings: Settings) -> faust.App:
             await asyncio.gather(reading, return_exceptions=True)
             await delivery.close()
             await consumer.stop()
-            await admin.close()
 
     @app.timer(settings.session_expiry_check_seconds)
     async def expire_sessions() -> None:

@@ -59,16 +59,17 @@ EARLY_ACKS_MAX = 1000
 class AppDelivery:
     """The clients of the assigned partitions, their feeds and their topics' life.
 
-    ``send`` produces records; ``admin`` is a started admin client for the feeds;
-    ``settings`` gives topic names, the partition count of the state topics and the session
-    expiry cap. Record handlers never block; the work is done by one task per client.
+    ``send`` produces records; ``settings`` gives Kafka's address, topic names, the
+    partition count of the state topics and the session expiry cap. Call :meth:`start`
+    first (it opens the admin client the feeds share) and :meth:`close` last. Record
+    handlers never block; the work is done by one task per client.
     """
 
-    def __init__(self, settings: Settings, send: SendRecord, admin: AIOKafkaAdminClient) -> None:
+    def __init__(self, settings: Settings, send: SendRecord) -> None:
         self.settings = settings
         self.names = TopicNames.from_settings(settings)
         self._send = send
-        self._admin = admin
+        self._admin: AIOKafkaAdminClient | None = None
         self.sessions: dict[str, SessionRecord] = {}  # persistent APPLICATION sessions only
         self.subscriptions: dict[str, list[Subscription]] = {}
         self.owned: set[int] = set()
@@ -127,13 +128,23 @@ class AppDelivery:
         for names in (self._replayed, self._to_delete, self._expiring):
             names -= {c for c in names if self.partition(c) in gone}
 
+    async def start(self) -> None:
+        """Open the admin client. Raises ``KafkaError`` if Kafka cannot be reached."""
+        self._admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            request_timeout_ms=max(int(self.settings.kafka_request_timeout_seconds * 1000), 15000),
+        )
+        await self._admin.start()
+
     async def close(self) -> None:
-        """Stop every feed (at shutdown)."""
+        """Stop every feed and close the admin client (at shutdown)."""
         for worker in list(self._workers.values()):
             worker.cancel()
         await asyncio.gather(*self._workers.values(), return_exceptions=True)
         feeds, self.feeds = list(self.feeds.values()), {}
         await asyncio.gather(*(feed.stop() for feed in feeds), return_exceptions=True)
+        if self._admin is not None:
+            await self._admin.close()
 
     # ------------------------------------------------------------------ records
 
@@ -240,6 +251,7 @@ class AppDelivery:
                 [app_topic_spec(self.settings, client_id)],
                 self.settings.replication_factor,
             )
+            assert self._admin is not None, "start() first"
             feed = ClientFeed(
                 self.settings,
                 client_id,

@@ -437,3 +437,112 @@ def log_excerpt(path: Path, needle: str) -> list[str]:
         return [line for line in path.read_text(errors="replace").splitlines() if needle in line]
     except FileNotFoundError:
         return []
+
+
+# --------------------------------------------------------------------------------------------
+# many light publishers
+
+
+class RawPublishers:
+    """``count`` MQTT 3.1.1 QoS 1 publishers on raw sockets, all driven by one asyncio loop
+    on one thread: hundreds of them cost little CPU, which a 2-core machine leaves to the
+    broker.
+
+    Publisher ``i`` sends ``messages`` PUBLISHes to ``topic_of(i)``, at most ``inflight``
+    awaiting their PUBACK; payload ``<tag>/<i>/<seq>`` (zero-padded to ``size`` bytes).
+    :attr:`acked` holds the payloads acknowledged (PUBACK received); :attr:`sent` counts
+    PUBLISHes written. A publisher whose connection fails stops (its unacknowledged
+    messages are not in ``acked``): it does not reconnect.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        count: int,
+        messages: int,
+        topic_of: Callable[[int], str],
+        *,
+        tag: str,
+        inflight: int = 10,
+        size: int = 64,
+    ) -> None:
+        self.port = port
+        self.count = count
+        self.messages = messages
+        self.topic_of = topic_of
+        self.tag = tag
+        self.inflight = inflight
+        self.size = size
+        self.acked: set[bytes] = set()
+        self.sent = 0
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def payload(self, publisher: int, seq: int) -> bytes:
+        """The payload of message ``seq`` of ``publisher``."""
+        return f"{self.tag}/{publisher:03d}/{seq:06d}".encode().ljust(self.size, b"\0")
+
+    def start(self) -> None:
+        """Connect every publisher and start publishing, in the background."""
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait until every publisher is done (all acknowledged, or failed)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"publishers still running after {timeout}s"
+
+    def acked_count(self) -> int:
+        """How many PUBLISHes were acknowledged so far."""
+        with self._lock:
+            return len(self.acked)
+
+    def _run(self) -> None:
+        asyncio.run(self._all())
+
+    async def _all(self) -> None:
+        await asyncio.gather(*(self._one(i) for i in range(self.count)))
+
+    async def _one(self, index: int) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(HOST, self.port)
+        except OSError as exc:
+            self.errors.append(f"publisher {index}: {exc!r}")
+            return
+        try:
+            writer.write(connect_packet(f"rawpub-{self.tag}-{index}"))
+            head = await asyncio.wait_for(reader.readexactly(4), TIMEOUT)
+            assert head[0] == 0x20 and head[3] == 0, f"CONNACK refused: {head!r}"
+            topic = self.topic_of(index).encode()
+            pending: dict[int, bytes] = {}
+            window = asyncio.Semaphore(self.inflight)
+            done = asyncio.Event()
+
+            async def read_acks() -> None:
+                while pending or not done.is_set():
+                    first = await asyncio.wait_for(reader.readexactly(4), TIMEOUT * 4)
+                    assert first[0] == 0x40, f"expected PUBACK, got {first!r}"
+                    payload = pending.pop(struct.unpack(">H", first[2:])[0])
+                    with self._lock:
+                        self.acked.add(payload)
+                    window.release()
+
+            acks = asyncio.create_task(read_acks())
+            for seq in range(self.messages):
+                await window.acquire()
+                packet_id = seq % 65535 + 1
+                payload = self.payload(index, seq)
+                pending[packet_id] = payload
+                writer.write(publish_packet(topic, payload, qos=1, packet_id=packet_id))
+                with self._lock:
+                    self.sent += 1
+                if acks.done():
+                    break
+            done.set()
+            await acks
+            writer.write(b"\xe0\x00")  # DISCONNECT
+            await writer.drain()
+        except (OSError, AssertionError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            self.errors.append(f"publisher {index}: {exc!r}")
+        finally:
+            writer.close()
