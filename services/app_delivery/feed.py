@@ -35,6 +35,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from services.app_delivery.window import (
     ClientWindow,
+    CommitPoint,
     Delivery,
     Entry,
     Sendable,
@@ -123,7 +124,7 @@ class ClientFeed:
         self._shared: dict[SharedKey, AIOKafkaConsumer] = {}
         self._shared_subs: dict[str, Subscription] = {}  # shared topic -> the subscription
         self._consumer_of: dict[TopicPartition, AIOKafkaConsumer] = {}
-        self._committed: dict[TopicPartition, tuple[int, int]] = {}
+        self._committed: dict[TopicPartition, CommitPoint] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._early: list[AckRecord] | None = []  # None once the position is read
         self._wake = asyncio.Event()
@@ -179,8 +180,9 @@ class ClientFeed:
         for tp in tps:
             mark = committed.get(tp, OffsetAndMetadata(-1, ""))
             low = mark.offset if mark.offset >= 0 else beginnings[tp]
-            self.window.add_source(tp, low, decode_mark(mark.metadata), own_partitions)
-            self._committed[tp] = (low, max(low, decode_mark(mark.metadata)))
+            sent_upto, released = decode_mark(mark.metadata, low)
+            self.window.add_source(tp, low, sent_upto, own_partitions, released)
+            self._committed[tp] = self.window.commit_points()[tp]
             self._consumer_of[tp] = consumer
             consumer.seek(tp, low)
 
@@ -357,7 +359,7 @@ class ClientFeed:
             if self.window.backlog() < self.window.limit + PREFETCH:
                 self._room.set()
 
-    async def _commit(self, points: dict[TopicPartition, tuple[int, int]]) -> set[TopicPartition]:
+    async def _commit(self, points: dict[TopicPartition, CommitPoint]) -> set[TopicPartition]:
         """Commit the (offset, sent mark) of partitions that changed; returns the shared
         partitions whose commit failed (a rebalance took them). A failed commit of the own
         topic raises ``KafkaError``."""
@@ -367,9 +369,8 @@ class ClientFeed:
             consumer = self._consumer_of.get(tp)
             if consumer is None or self._committed.get(tp) == point:
                 continue
-            low, sent_upto = point
             _, offsets = by_consumer.setdefault(id(consumer), (consumer, {}))
-            offsets[tp] = OffsetAndMetadata(low, encode_mark(sent_upto))
+            offsets[tp] = OffsetAndMetadata(point.low, encode_mark(point))
         failed: set[TopicPartition] = set()
         for consumer, offsets in by_consumer.values():
             try:
@@ -381,8 +382,7 @@ class ClientFeed:
                 log.info("client %r: shared commit failed: %r", self.client_id, exc)
                 failed.update(offsets)
                 continue
-            for tp, mark in offsets.items():
-                self._committed[tp] = (mark.offset, decode_mark(mark.metadata))
+            self._committed.update({tp: points[tp] for tp in offsets})
         return failed
 
     async def _deliver(self, out: Sendable) -> None:

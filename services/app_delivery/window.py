@@ -9,7 +9,8 @@ it. Per partition (a :class:`Source`), offsets move through three marks:
   durable position (TBMQ: commit only once the client acknowledged).
 - ``sent_upto``: every offset below was sent to the client on some connection. It is
   committed as the offset's metadata *before* the deliveries are sent, so that after any
-  crash they are resent with DUP=1 (MQTT 3.3.1.1).
+  crash they are resent with DUP=1 (MQTT 3.3.1.1); so are the offsets of QoS 2 deliveries
+  the client answered with PUBREC, which then get PUBREL (MQTT 4.4).
 - ``cursor``: every offset below was sent on the current connection (or skipped).
 
 A new connection (MQTT 4.4) moves every cursor back to ``low``: what is unacknowledged goes
@@ -31,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from aiokafka import TopicPartition
 
@@ -158,16 +160,30 @@ class ClientWindow:
     # ------------------------------------------------------------------ partitions
 
     def add_source(
-        self, tp: TopicPartition, low: int, sent_upto: int, partitions: int | None
+        self,
+        tp: TopicPartition,
+        low: int,
+        sent_upto: int,
+        partitions: int | None,
+        released: Iterable[int] = (),
     ) -> None:
-        """Start reading ``tp`` at ``low`` (its committed offset); ``sent_upto`` from the
-        commit's metadata. ``partitions``: the own topic's partition count, so that the
-        partition's Packet Identifiers derive from offsets; None for a shared topic."""
+        """Start reading ``tp`` at ``low`` (its committed offset); ``sent_upto`` and the
+        ``released`` offsets (QoS 2 deliveries answered with PUBREC) from the commit's
+        metadata. ``partitions``: the own topic's partition count, so that the partition's
+        Packet Identifiers derive from offsets; None for a shared topic."""
         span = base = 0
         if partitions is not None:
             span = span_of(partitions)
             base = tp.partition * span
-        self.sources[tp] = Source(low, max(low, sent_upto), span, base, cursor=low, fetched=low)
+        self.sources[tp] = Source(
+            low,
+            max(low, sent_upto),
+            span,
+            base,
+            cursor=low,
+            fetched=low,
+            early_releases={o for o in released if low <= o < sent_upto} if span else set(),
+        )
 
     def remove_source(self, tp: TopicPartition) -> None:
         """Stop reading ``tp`` (it moved to another member of its group). Its deliveries
@@ -394,21 +410,52 @@ class ClientWindow:
 
     # ------------------------------------------------------------------ commits
 
-    def commit_points(self) -> dict[TopicPartition, tuple[int, int]]:
-        """Per partition: (``low``, ``sent_upto``), what to commit (offset, metadata)."""
-        return {tp: (s.low, s.sent_upto) for tp, s in self.sources.items()}
+    def commit_points(self) -> dict[TopicPartition, CommitPoint]:
+        """Per partition, what to commit: the offset and what its metadata records."""
+        points = {}
+        for tp, source in self.sources.items():
+            released: tuple[int, ...] = ()
+            if source.span:  # a shared identifier means nothing to a restarted instance
+                ids = {o for o, e in source.entries.items() if e.released}
+                released = tuple(sorted(ids | source.early_releases))
+            points[tp] = CommitPoint(source.low, max(source.low, source.sent_upto), released)
+        return points
 
 
-def encode_mark(sent_upto: int) -> str:
-    """The commit metadata that records ``sent_upto`` (Kafka keeps it with the offset)."""
-    return f"sent:{sent_upto}"
+class CommitPoint(NamedTuple):
+    """A partition's committed offset (``low``) and its metadata: ``sent_upto`` and the
+    offsets answered with PUBREC (``released``: after a restart they get PUBREL, MQTT 4.4)."""
+
+    low: int
+    sent_upto: int
+    released: tuple[int, ...] = ()
 
 
-def decode_mark(metadata: str | None) -> int:
-    """``sent_upto`` from :func:`encode_mark`'s metadata; 0 for none or anything else."""
-    if metadata and metadata.startswith("sent:"):
-        try:
-            return max(0, int(metadata[5:]))
-        except ValueError:
-            return 0
-    return 0
+METADATA_MAX = 4000
+"""Characters of commit metadata written at most (Kafka's ``offset.metadata.max.bytes`` is
+4,096 by default); released offsets that do not fit are left out (they get their PUBLISH
+again, DUP=1, which the client answers with PUBREC without delivering it twice)."""
+
+
+def encode_mark(point: CommitPoint) -> str:
+    """The commit metadata of ``point``: ``sent:<sent_upto>`` and, if any, ``;rel:`` and
+    the released offsets as distances from ``low``, comma-separated."""
+    text = f"sent:{point.sent_upto}"
+    if point.released:
+        text += ";rel:" + ",".join(str(o - point.low) for o in point.released)
+        if len(text) > METADATA_MAX:
+            text = text[: text.rindex(",", 0, METADATA_MAX)]
+    return text
+
+
+def decode_mark(metadata: str | None, low: int) -> tuple[int, tuple[int, ...]]:
+    """(``sent_upto``, released offsets) from :func:`encode_mark`'s metadata of a commit
+    at ``low``; (0, ()) for none or anything else."""
+    try:
+        sent, _, released = (metadata or "").partition(";rel:")
+        if not sent.startswith("sent:"):
+            return 0, ()
+        offsets = tuple(low + int(d) for d in released.split(",")) if released else ()
+        return max(0, int(sent[5:])), offsets
+    except ValueError:
+        return 0, ()

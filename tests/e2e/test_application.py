@@ -10,6 +10,7 @@ the fan-in test are raw sockets, many per thread, to keep the machine free for t
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 import uuid
 
@@ -17,9 +18,19 @@ import pytest
 
 from services.common.kafka.names import TopicNames
 from services.common.records import ClientKind, decode_session
-from tests.e2e.clients import RawPublishers, unique, wait_until
+from tests.e2e.clients import TIMEOUT, PahoClient, RawPublishers, unique, wait_until
 from tests.e2e.kafka_view import latest_state
-from tests.e2e.test_persistent import DRAIN, Publisher, Subscriber, _numbered
+from tests.e2e.test_persistent import (
+    DRAIN,
+    Publisher,
+    Subscriber,
+    _ack,
+    _expect,
+    _numbered,
+    _quiet,
+    _raw_subscriber,
+    _read_packet,
+)
 from tests.servers import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -99,3 +110,41 @@ def test_fan_in_of_50000_messages_survives_two_subscriber_kills(cluster: LocalCl
     print(
         f"fan-in: {total} messages, {len(repeats)} redelivered, {time.monotonic() - started:.1f} s"
     )
+
+
+def test_unacknowledged_deliveries_come_again_with_dup_the_same_ids_and_receive_maximum(
+    cluster: LocalCluster,
+) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/app-dup")
+    client_id = _app_id("dup")
+    sock = _raw_subscriber(node1, client_id, topic, 2, rm=3)
+    publisher = PahoClient(node2, unique("q2pub"))
+    publisher.connect()
+    try:
+        for payload in _numbered(5):
+            publisher.client.publish(topic, payload, qos=2).wait_for_publish(TIMEOUT)
+        first = [_expect(sock, 3).publish() for _ in range(3)]
+        assert [(dup, payload) for _, dup, payload in first] == [(False, p) for p in _numbered(3)]
+        _quiet(sock, 1.0)  # Receive Maximum 3: the fourth waits
+        sock.send(_ack(0x50, first[0][0]))  # PUBREC of the first: it is released
+        _expect(sock, 6)  # PUBREL from the node
+        sock.close()  # gone before PUBCOMP, with two more unacknowledged
+        sock = _raw_subscriber(node2, client_id, "", 2, rm=3)
+        got = [_read_packet(sock) for _ in range(3)]
+        kinds = sorted(p.kind for p in got if p is not None)
+        assert kinds == [3, 3, 6], got  # two PUBLISHes again and the PUBREL
+        again = [p.publish() for p in got if p is not None and p.kind == 3]
+        assert sorted(again) == sorted((pid, True, payload) for pid, _, payload in first[1:])
+        for pid, _, _ in again:
+            sock.send(_ack(0x50, pid))
+            assert _expect(sock, 6).body[:2] == struct.pack(">H", pid)
+            sock.send(_ack(0x70, pid))
+        sock.send(_ack(0x70, first[0][0]))
+        rest = [_expect(sock, 3).publish() for _ in range(2)]
+        assert [(dup, payload) for _, dup, payload in rest] == [
+            (False, p) for p in _numbered(5)[3:]
+        ]
+    finally:
+        publisher.close()
+        sock.close()

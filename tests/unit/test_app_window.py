@@ -12,9 +12,11 @@ import pytest
 from aiokafka import TopicPartition
 
 from services.app_delivery.window import (
+    METADATA_MAX,
     OWN_PACKET_IDS,
     SHARED_PACKET_IDS,
     ClientWindow,
+    CommitPoint,
     Entry,
     decode_mark,
     encode_mark,
@@ -62,10 +64,16 @@ def test_packet_ids_derive_from_offsets_one_span_per_partition() -> None:
 
 
 def test_commit_metadata_round_trip() -> None:
-    assert decode_mark(encode_mark(1234)) == 1234
-    assert (
-        decode_mark(None) == decode_mark("") == decode_mark("other") == decode_mark("sent:x") == 0
-    )
+    point = CommitPoint(100, 130, (100, 117))
+    assert decode_mark(encode_mark(point), 100) == (130, (100, 117))
+    assert decode_mark(encode_mark(CommitPoint(5, 9)), 5) == (9, ())
+    for garbage in (None, "", "other", "sent:x", "sent:3;rel:a"):
+        assert decode_mark(garbage, 0) == (0, ())
+    crowded = CommitPoint(0, 100_000, tuple(range(0, 100_000, 7)))
+    text = encode_mark(crowded)
+    assert len(text) <= METADATA_MAX
+    sent_upto, released = decode_mark(text, 0)
+    assert sent_upto == 100_000 and released == crowded.released[: len(released)]
 
 
 # ---------------------------------------------------------------------- the window
@@ -83,10 +91,10 @@ def test_deliveries_flow_in_order_within_the_window() -> None:
     assert out.marks == {OWN: 3}  # committed before they are sent
     assert _sent(window) == []  # full
     assert window.acknowledge(AckKind.PUBACK, 2)
-    assert window.commit_points() == {OWN: (0, 3)}  # offset 0 still unacknowledged
+    assert window.commit_points() == {OWN: CommitPoint(0, 3)}  # offset 0 still unacknowledged
     assert _sent(window) == [(3, 4, False)]
     assert window.acknowledge(AckKind.PUBACK, 1)
-    assert window.commit_points() == {OWN: (2, 4)}
+    assert window.commit_points() == {OWN: CommitPoint(2, 4)}
     assert _sent(window) == [(4, 5, False)]
 
 
@@ -120,7 +128,7 @@ def test_a_new_connection_gets_the_unacknowledged_again_with_dup_and_pubrel() ->
     window.acknowledge(AckKind.PUBCOMP, 1)
     window.acknowledge(AckKind.PUBREC, 3)
     window.acknowledge(AckKind.PUBCOMP, 3)
-    assert window.commit_points() == {OWN: (3, 3)} and window.in_flight == 0
+    assert window.commit_points() == {OWN: CommitPoint(3, 3)} and window.in_flight == 0
 
 
 def test_after_a_restart_what_was_sent_goes_with_dup_and_early_acks_count() -> None:
@@ -133,6 +141,21 @@ def test_after_a_restart_what_was_sent_goes_with_dup_and_early_acks_count() -> N
     assert _sent(window) == [(10, 11, True), (12, 13, True), (13, 14, False), (14, 15, False)]
 
 
+def test_qos2_releases_survive_a_restart_in_the_commit_metadata() -> None:
+    window = _window(limit=10)
+    _fill(window, OWN, range(3), qos=2)
+    _sent(window)
+    window.acknowledge(AckKind.PUBREC, 2)  # offset 1 released
+    point = window.commit_points()[OWN]
+    assert point == CommitPoint(0, 3, (1,))
+    restarted = ClientWindow(10)
+    restarted.add_source(OWN, 0, *decode_mark(encode_mark(point), 0)[:1], 1, (1,))
+    _fill(restarted, OWN, range(3), qos=2)
+    out = restarted.sendable(NOW)
+    assert [(d.offset, d.dup) for d in out.publishes] == [(0, True), (2, True)]
+    assert [(d.offset, d.packet_id) for d in out.releases] == [(1, 2)]
+
+
 def test_qos0_is_sent_once_outside_the_window_and_never_again() -> None:
     window = _window(limit=1)
     _fill(window, OWN, range(2), qos=1)
@@ -141,13 +164,13 @@ def test_qos0_is_sent_once_outside_the_window_and_never_again() -> None:
     window.acknowledge(AckKind.PUBACK, 1)
     # QoS 0 does not count against Receive Maximum: it follows at once, and is complete.
     assert _sent(window) == [(1, 2, False), (2, 0, False), (3, 0, False)]
-    assert window.commit_points() == {OWN: (1, 4)}
+    assert window.commit_points() == {OWN: CommitPoint(1, 4)}
     window.acknowledge(AckKind.PUBACK, 2)
-    assert window.commit_points() == {OWN: (4, 4)}
+    assert window.commit_points() == {OWN: CommitPoint(4, 4)}
     restarted = _window(limit=5, low=2, sent_upto=4)
     _fill(restarted, OWN, range(2, 4), qos=0)
     assert _sent(restarted) == []  # at most once
-    assert restarted.commit_points() == {OWN: (4, 4)}
+    assert restarted.commit_points() == {OWN: CommitPoint(4, 4)}
 
 
 def test_expired_messages_are_skipped_unless_they_were_sent_before() -> None:
@@ -162,7 +185,7 @@ def test_records_for_no_one_and_gaps_are_complete() -> None:
     window = _window()
     window.add(OWN, 0, None)  # another session's record
     window.add(OWN, 5, _entry())  # 1..4 deleted by retention before they were read
-    assert window.commit_points() == {OWN: (5, 0)}
+    assert window.commit_points() == {OWN: CommitPoint(5, 5)}
     assert _sent(window) == [(5, 6, False)]
 
 
@@ -199,7 +222,7 @@ def test_shared_deliveries_take_identifiers_of_their_own_range() -> None:
     # Round robin between the partitions.
     assert [offset for offset, _, _ in sent][:4] == [0, 100, 1, 101]
     assert window.acknowledge(AckKind.PUBACK, shared[0])
-    assert window.commit_points()[SHARED] == (101, 103)
+    assert window.commit_points()[SHARED] == CommitPoint(101, 103)
 
 
 def test_a_moved_shared_partition_keeps_its_deliveries_in_flight_until_acknowledged() -> None:
