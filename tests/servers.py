@@ -125,8 +125,12 @@ class LocalCluster:
 
     def start_app_delivery(self, name: str) -> int:
         """Start one more app_delivery instance as process ``name`` (stop it with
-        :meth:`stop` or :meth:`kill`; ``down`` stops it too); return its pid."""
+        :meth:`stop_app_delivery` or :meth:`kill`; ``down`` stops it too); return its pid."""
         return cluster.start_app_delivery(self.settings, name)
+
+    def stop_app_delivery(self, name: str) -> bool:
+        """Stop the extra app_delivery instance ``name`` cleanly; True if it was running."""
+        return cluster.stop_app_delivery(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

@@ -245,6 +245,15 @@ def start_app_delivery(settings: Settings, name: str) -> int:
     return _start_service(local_settings(settings), name, "app-delivery", None)
 
 
+def stop_app_delivery(settings: Settings, name: str) -> bool:
+    """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
+    True if it was running."""
+    settings = local_settings(settings)
+    stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
+    clear_ready(ready_file(settings, name))
+    return stopped
+
+
 def _find_component(settings: Settings, name: str) -> Component:
     for part in components(settings):
         if part.name == name:

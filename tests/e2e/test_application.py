@@ -15,10 +15,19 @@ import time
 import uuid
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from services.common.kafka.names import TopicNames
+from services.common.kafka.partitioner import partition_of
 from services.common.records import ClientKind, decode_session
-from tests.e2e.clients import TIMEOUT, PahoClient, RawPublishers, unique, wait_until
+from tests.e2e.clients import (
+    TIMEOUT,
+    PahoClient,
+    RawPublishers,
+    log_excerpt,
+    unique,
+    wait_until,
+)
 from tests.e2e.kafka_view import latest_state
 from tests.e2e.test_persistent import (
     DRAIN,
@@ -148,3 +157,198 @@ def test_unacknowledged_deliveries_come_again_with_dup_the_same_ids_and_receive_
     finally:
         publisher.close()
         sock.close()
+
+
+# ------------------------------------------------------------------ app_delivery instances
+
+
+@pytest.mark.disruptive
+def test_kill_9_of_app_delivery_mid_stream_loses_nothing(cluster: LocalCluster) -> None:
+    run = uuid.uuid4().hex[:8]
+    sub = Subscriber(_app_id("k9"), version=5)
+    sub.connect(cluster.mqtt_port)
+    sub.subscribe(f"k9/{run}/#", 1)
+    publishers = RawPublishers(
+        cluster.mqtt_port, 20, 300, lambda i: f"k9/{run}/{i}", tag=run, inflight=5
+    )
+    publishers.start()
+    try:
+        wait_until(lambda: len(set(sub.payloads())) >= 2000, DRAIN, "the first deliveries")
+        assert cluster.kill("app-delivery")
+        cluster.start("app-delivery")
+        publishers.join(DRAIN)
+        assert publishers.errors == []
+        acked = set(publishers.acked)
+        wait_until(lambda: acked <= set(sub.payloads()), DRAIN, "every acknowledged message")
+    finally:
+        sub.stop()
+    assert len(acked) == 6000
+    assert set(sub.payloads()) == acked
+    assert all(dup for _, dup in sub.duplicates()), "a redelivery without DUP"
+
+
+def _ids_on_partitions(partitions: range, count: int) -> list[str]:
+    """APPLICATION client ids whose state records land on ``partitions`` (one each), so
+    that every instance of a rebalanced group owns some of them."""
+    wanted = set(partitions)
+    ids: dict[int, str] = {}
+    while len(ids) < len(wanted):
+        candidate = _app_id("r")
+        partition = partition_of(candidate.encode(), count)
+        if partition in wanted and partition not in ids:
+            ids[partition] = candidate
+    return [ids[p] for p in sorted(ids)]
+
+
+def _served_by(cluster: LocalCluster, instance: str, clients: list[str]) -> set[str]:
+    """The clients whose feed ``instance`` started (its log says so)."""
+    lines = log_excerpt(cluster.log(instance), "delivering from its topic")
+    return {c for c in clients if any(f"'{c}'" in line for line in lines)}
+
+
+@pytest.mark.disruptive
+def test_app_delivery_instances_share_clients_and_a_third_rebalances_them(
+    cluster: LocalCluster,
+) -> None:
+    partitions = cluster.settings.state_topic_partitions
+    clients = _ids_on_partitions(range(10), partitions)
+    topic = unique("e2e/rebalance")
+    subs = [Subscriber(client_id, version=5) for client_id in clients]
+    extra = ["app-delivery-2", "app-delivery-3"]
+    cluster.start_app_delivery(extra[0])
+    publisher = Publisher(cluster.mqtt_port)
+    try:
+        for sub in subs:
+            sub.connect(cluster.mqtt_port)
+            sub.subscribe(topic, 1)
+        payloads = _numbered(400, "rb")
+        publisher.publish(topic, payloads[:200], pace=0.005)
+        for instance in ("app-delivery", extra[0]):
+            assert _served_by(cluster, instance, clients), f"{instance} served no client"
+        cluster.start_app_delivery(extra[1])  # joins the group: the clients are rebalanced
+        publisher.publish(topic, payloads[200:], pace=0.005)
+        publisher.wait_acked(400)
+        for sub in subs:
+            wait_until(lambda s=sub: set(payloads) <= set(s.payloads()), DRAIN, sub.client_id)
+        assert _served_by(cluster, extra[1], clients), "the third instance served no client"
+    finally:
+        publisher.close()
+        for sub in subs:
+            sub.stop()
+        for instance in extra:
+            cluster.stop_app_delivery(instance)
+    for sub in subs:
+        assert set(sub.payloads()) == set(payloads)
+        # Per-publisher order of first arrivals (MQTT 4.6), across the rebalance.
+        assert sub.first_copies() == payloads
+        assert all(dup for _, dup in sub.duplicates()), "a redelivery without DUP"
+
+
+# ------------------------------------------------------------------ Shared Subscriptions
+
+
+def test_a_shared_group_of_three_device_members_gets_about_a_third_each(
+    cluster: LocalCluster,
+) -> None:
+    topic = unique("e2e/share-dev")
+    members = [PahoClient(cluster.mqtt_port, unique(f"dev-m{i}")) for i in range(3)]
+    publisher = Publisher(cluster.node_ports[0])
+    try:
+        for member in members:
+            assert member.connect() == 0
+            member.subscribe(f"$share/devs/{topic}", 1)
+        payloads = _numbered(300, "sh")
+        publisher.publish(topic, payloads)
+        publisher.wait_acked(300)
+
+        def got(member: PahoClient) -> list[bytes]:
+            return [bytes(m.payload) for m in list(member.messages.queue)]
+
+        wait_until(lambda: sum(len(got(m)) for m in members) >= 300, DRAIN, "300 deliveries")
+        shares = [got(m) for m in members]
+    finally:
+        publisher.close()
+        for member in members:
+            member.close()
+    assert sorted(p for share in shares for p in share) == payloads  # each message once
+    assert all(80 <= len(share) <= 120 for share in shares), [len(s) for s in shares]
+
+
+async def _group_members(cluster: LocalCluster, group: str) -> int:
+    """How many members of consumer ``group`` hold partitions now."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    await admin.start()
+    try:
+        [description] = await admin.describe_consumer_groups([group])
+        [_, _, state, _, _, members, *_] = description.groups[0]
+        return len(members) if state == "Stable" else 0
+    finally:
+        await admin.close()
+
+
+def test_application_members_of_a_shared_group_split_its_topic_through_kafka(
+    cluster: LocalCluster,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    topic_filter = f"appshare/{run}/#"
+    members = [Subscriber(_app_id(f"sh{i}"), version=5) for i in range(3)]
+    group = TopicNames.from_settings(cluster.settings).app_shared_group("apps", topic_filter)
+    try:
+        for member in members:
+            member.connect(cluster.mqtt_port)
+            member.subscribe(f"$share/apps/{topic_filter}", 1)
+        # Kafka spreads the group topic's partitions once all three consumers have joined.
+        wait_until(
+            lambda: asyncio.run(_group_members(cluster, group)) == 3, DRAIN, "3 group members"
+        )
+        publishers = RawPublishers(
+            cluster.mqtt_port, 30, 20, lambda i: f"appshare/{run}/{i}", tag=run
+        )
+        publishers.start()
+        publishers.join(DRAIN)
+        assert publishers.errors == []
+        acked = set(publishers.acked)
+
+        def union() -> set[bytes]:
+            return {p for m in members for p in m.payloads()}
+
+        wait_until(lambda: acked <= union(), DRAIN, "every acknowledged message")
+    finally:
+        for member in members:
+            member.stop()
+    assert len(acked) == 600 and union() == acked
+    assert all(member.payloads() for member in members), "a member got nothing"
+    assert sum(len(set(m.payloads())) for m in members) == 600  # no message to two members
+
+
+# ------------------------------------------------------------------ topics' life
+
+
+async def _topics(cluster: LocalCluster) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+def test_a_session_that_ends_or_expires_deletes_its_topic(cluster: LocalCluster) -> None:
+    names = TopicNames.from_settings(cluster.settings)
+    ended, expiring = _app_id("end"), _app_id("exp")
+    for client_id, expiry in ((ended, 3600), (expiring, 1)):
+        client = PahoClient(cluster.mqtt_port, client_id, clean_start=False, session_expiry=expiry)
+        assert client.connect() == 0
+        client.close()
+    assert {names.app(ended), names.app(expiring)} <= asyncio.run(_topics(cluster))
+    # Clean Start with no Session Expiry Interval: the persistent session is gone.
+    client = PahoClient(cluster.mqtt_port, ended, clean_start=True, session_expiry=0)
+    assert client.connect() == 0
+    client.close()
+    wait_until(
+        lambda: not {names.app(ended), names.app(expiring)} & asyncio.run(_topics(cluster)),
+        DRAIN,
+        "both topics deleted",
+    )
+    sessions, subscribed = asyncio.run(latest_state(cluster))
+    assert sessions.get(expiring, b"") is None and expiring not in subscribed
