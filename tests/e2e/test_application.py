@@ -352,3 +352,31 @@ def test_a_session_that_ends_or_expires_deletes_its_topic(cluster: LocalCluster)
     )
     sessions, subscribed = asyncio.run(latest_state(cluster))
     assert sessions.get(expiring, b"") is None and expiring not in subscribed
+
+
+@pytest.mark.disruptive
+def test_kill_9_of_the_subscribers_ingest_node_loses_nothing(cluster: LocalCluster) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("e2e/app-node")
+    sub = Subscriber(_app_id("node"), version=4)
+    sub.connect(node1)
+    sub.subscribe(topic, 1)
+    publisher = Publisher(node2)
+    payloads = _numbered(1500)
+    try:
+        publisher.publish(topic, payloads[:500], pace=0.001)
+        wait_until(lambda: len(sub.first_copies()) >= 200, DRAIN, "the first deliveries")
+        assert cluster.kill("ingest-node1")
+        publisher.publish(topic, payloads[500:1000], pace=0.001)  # while it is down
+        sub.connect(node2)  # its node died: the application comes back on the other one
+        cluster.start("ingest-node1")
+        publisher.publish(topic, payloads[1000:], pace=0.001)
+        publisher.wait_acked(len(payloads))
+        acked = set(publisher.acked)
+        wait_until(lambda: acked <= set(sub.payloads()), DRAIN, "every acknowledged message")
+    finally:
+        publisher.close()
+        sub.stop()
+    assert acked == set(payloads)
+    assert sub.first_copies() == payloads  # per-publisher order (MQTT 4.6)
+    assert all(dup for _, dup in sub.duplicates()), "a redelivery without DUP"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import paho.mqtt.client as paho
@@ -144,8 +145,9 @@ class Publisher:
     """A paho QoS 1 publisher on its own thread; ``acked`` holds the acknowledged payloads."""
 
     port: int
-    acked: set[bytes] = field(default_factory=set)
     sent: int = 0
+    _acked: set[bytes] = field(default_factory=set)
+    _acked_mids: deque[int] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -160,15 +162,29 @@ class Publisher:
         self.client.loop_start()
 
     def _on_publish(self, _c: object, _u: object, mid: int, rc: object, _p: object) -> None:
-        with self._lock:
-            payload = self._mids.pop(mid, None)
+        # paho calls this holding its outgoing-message lock, which publish() takes while it
+        # holds self._lock: taking self._lock here could deadlock, so the mid only waits.
+        self._acked_mids.append(mid)
+
+    def _resolve(self) -> None:
+        """Turn acknowledged mids into payloads (with self._lock held)."""
+        while self._acked_mids:
+            payload = self._mids.pop(self._acked_mids.popleft(), None)
             if payload is not None:
-                self.acked.add(payload)
+                self._acked.add(payload)
+
+    @property
+    def acked(self) -> set[bytes]:
+        """The payloads acknowledged so far (a copy)."""
+        with self._lock:
+            self._resolve()
+            return set(self._acked)
 
     def publish(self, topic: str, payloads: list[bytes], pace: float = 0.0) -> None:
         """Publish ``payloads`` at QoS 1, ``pace`` seconds apart (0: as fast as allowed)."""
         for payload in payloads:
             with self._lock:
+                self._resolve()  # before paho can hand out an acknowledged mid again
                 info = self.client.publish(topic, payload, qos=1)
                 self._mids[info.mid] = payload
                 self.sent += 1
