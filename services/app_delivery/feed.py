@@ -31,6 +31,7 @@ from dataclasses import replace
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from services.app_delivery.window import (
@@ -174,7 +175,7 @@ class ClientFeed:
     ) -> None:
         """Add ``tps`` to the window at their committed offsets (the beginning where none
         is committed) with the ``sent_upto`` their metadata records."""
-        committed = await self._admin.list_consumer_group_offsets(group, partitions=tps)
+        committed = await self._committed_offsets(group, tps)
         missing = [tp for tp in tps if committed.get(tp, OffsetAndMetadata(-1, "")).offset < 0]
         beginnings = await consumer.beginning_offsets(missing) if missing else {}
         for tp in tps:
@@ -185,6 +186,21 @@ class ClientFeed:
             self._committed[tp] = self.window.commit_points()[tp]
             self._consumer_of[tp] = consumer
             consumer.seek(tp, low)
+
+    async def _committed_offsets(
+        self, group: str, tps: list[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The committed offsets and metadata of ``group`` for ``tps``, retried while the
+        group's coordinator is not ready (as on a fresh Kafka cluster) for at most the Kafka
+        request timeout. Raises ``KafkaError``."""
+        deadline = time.monotonic() + self.settings.kafka_request_timeout_seconds
+        while True:
+            try:
+                return await self._admin.list_consumer_group_offsets(group, partitions=tps)
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.2)  # retry pacing while the coordinator loads
 
     async def stop(self) -> None:
         """Stop delivering: commit what is acknowledged, close the consumers (the shared
