@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 SCENARIOS: tuple[str, ...] = (
     "p2p",
     "fan-in",
+    "fan-in-app",
     "fan-out",
     "fan-out-tbmq",
     "persistent-p2p",
@@ -118,7 +119,7 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
     if qos not in (0, 1):
         raise ValueError(f"QoS must be 0 or 1, got {qos}")
     label = scenario
-    if (options.qos is not None and qos != default_qos) or scenario == "fan-in":
+    if (options.qos is not None and qos != default_qos) or scenario in ("fan-in", "fan-in-app"):
         label += f"-qos{qos}"
     if options.rate is not None and scenario != "fan-out-tbmq":
         label += f"-rate{options.rate:g}"
@@ -163,13 +164,17 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         )
         return replace(base, subscribers=subs, publishers=pubs)
 
-    if scenario == "fan-in":
+    if scenario in ("fan-in", "fan-in-app"):
         n_pub = pick(options.publishers, 20)
         n_sub = pick(options.subscribers, 1)
         everyone = tuple(range(n_pub))
         rate = (options.rate or 0.0) / n_pub
+        # fan-in-app: persistent APPLICATION subscribers (TBMQ's fan-in clients); their ids
+        # start with "app-", which the broker's application_client_ids must match.
+        app = scenario == "fan-in-app"
+        sub_id = f"app-{cid}" if app else cid
         subs = tuple(
-            SubscriberSpec(f"{cid}-s{i}", f"{prefix}/in/+", qos, True, everyone)
+            SubscriberSpec(f"{sub_id}-s{i}", f"{prefix}/in/+", qos, not app, everyone)
             for i in range(n_sub)
         )
         pubs = tuple(

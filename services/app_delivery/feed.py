@@ -78,6 +78,10 @@ SharedKey = tuple[str, str]
 #: Records a feed fetches ahead of its window (on top of the window itself).
 PREFETCH = 1000
 
+#: Seconds acknowledgements may wait before the offset they move is committed (a crash in
+#: between makes those deliveries go again, with DUP=1).
+COMMIT_INTERVAL = 0.2
+
 #: Most acknowledgement records kept for a feed that has not read its position yet.
 EARLY_ACKS_MAX = 10_000
 
@@ -356,12 +360,37 @@ class ClientFeed:
 
     async def _send_loop(self) -> None:
         """Send what the window allows whenever something changed: commit first, then the
-        downlink records."""
+        downlink records.
+
+        A delivery waits for a commit only when the committed sent mark does not cover it
+        yet; that commit raises the mark to everything fetched, so the next deliveries need
+        none (DUP=1 on a first delivery after a crash is allowed: it says "might be a
+        re-delivery", MQTT 3.3.1.1). Acknowledgements alone are committed at most every
+        :data:`COMMIT_INTERVAL` seconds.
+        """
+        last_commit = 0.0
         while True:
-            await self._wake.wait()
+            timeout = None
+            if self._uncommitted():
+                timeout = max(0.0, last_commit + COMMIT_INTERVAL - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
             out = self.window.sendable(_now_ms())
-            failed = await self._commit(self.window.commit_points())
+            needed = any(
+                tp not in self._committed or self._committed[tp].sent_upto < mark
+                for tp, mark in out.marks.items()
+            )
+            failed: set[TopicPartition] = set()
+            if needed or (
+                self._uncommitted() and time.monotonic() - last_commit >= COMMIT_INTERVAL
+            ):
+                points = {
+                    tp: point._replace(sent_upto=max(point.sent_upto, self.window.fetched(tp)))
+                    for tp, point in self.window.commit_points().items()
+                }
+                failed = await self._commit(points)
+                last_commit = time.monotonic()
             if failed:
                 # Not recorded as sent: those partitions' deliveries wait for the next turn.
                 held = [d for d in [*out.publishes, *out.releases] if d.tp in failed]
@@ -374,6 +403,14 @@ class ClientFeed:
                 await self._deliver(out)
             if self.window.backlog() < self.window.limit + PREFETCH:
                 self._room.set()
+
+    def _uncommitted(self) -> bool:
+        """Whether acknowledgements moved a partition's commit point since the last commit."""
+        for tp, point in self.window.commit_points().items():
+            done = self._committed.get(tp)
+            if done is None or (done.low, done.released) != (point.low, point.released):
+                return True
+        return False
 
     async def _commit(self, points: dict[TopicPartition, CommitPoint]) -> set[TopicPartition]:
         """Commit the (offset, sent mark) of partitions that changed; returns the shared

@@ -201,6 +201,10 @@ class ClientWindow:
 
     # ------------------------------------------------------------------ records
 
+    def fetched(self, tp: TopicPartition) -> int:
+        """The next offset of ``tp`` expected from Kafka (every one below was handed in)."""
+        return self.sources[tp].fetched
+
     def backlog(self) -> int:
         """Fetched records not complete yet (in flight included)."""
         return sum(len(s.entries) for s in self.sources.values())

@@ -257,6 +257,8 @@ class DevicePersister:
         session = self.sessions.get(client_id)
         if session is None or session.session_id != ack.session_id:
             return None  # from an earlier session: its messages are gone already
+        if not _stored_for(session):
+            return None  # an APPLICATION client's: app_delivery's, not this store's
         for kind, packet_id in ack.acks:
             await self.store.acknowledge(client_id, packet_id, kind)
         return client_id

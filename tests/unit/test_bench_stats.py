@@ -93,6 +93,11 @@ def test_plans_of_every_scenario() -> None:
     assert [p.rate for p in p2p.publishers] == [100.0] * 3
     assert [s.expected for s in p2p.subscribers] == [(0,), (1,), (2,)]
     assert build("fan-in", Options(qos=0), timing).label == "fan-in-qos0"
+    app = build("fan-in-app", Options(publishers=100), timing)
+    assert app.label == "fan-in-app-qos1" and len(app.publishers) == 100
+    # One persistent subscriber whose id the broker's application_client_ids ("app-*") match.
+    [subscriber] = app.subscribers
+    assert subscriber.client_id.startswith("app-") and not subscriber.clean
     tbmq = build("fan-out-tbmq", Options(), timing)
     assert (len(tbmq.publishers), tbmq.publishers[0].rate, tbmq.publishers[0].size) == (
         100, 10.0, 66,
