@@ -41,6 +41,7 @@ from services.common.records import (
     encode_meta,
     encode_session,
     encode_subscriptions,
+    expiry_deadline,
 )
 from services.common.settings import Settings
 from services.common.topics.trie import Subscription
@@ -431,7 +432,7 @@ class IngestNode:
         Packet Identifier and DUP flag are used as they are.
         """
         forwarded = _forwarded(meta)
-        expires_at_ms = delivery.expires_at(forwarded, meta.received_at_ms)
+        expires_at_ms = expiry_deadline(forwarded, meta.received_at_ms)
         if expires_at_ms is not None:
             # Shared by the QoS 0 encodings; each connection checks the expiry again itself.
             left = delivery.remaining_interval(expires_at_ms, now_ms())
