@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from services.common.mqtt.packets import PacketType
-from services.common.mqtt.properties import decode_properties
+from services.common.mqtt.properties import Properties, decode_properties
 from services.common.topics.trie import Subscription
 
 HEADER_META = "m"
@@ -132,8 +132,14 @@ def expires_at_ms(meta: PublishMeta) -> int | None:
     if not meta.properties:
         return None
     props, _ = decode_properties(meta.properties, 0, PacketType.PUBLISH)
-    interval = props.message_expiry_interval
-    return None if interval is None else meta.received_at_ms + interval * 1000
+    return expiry_deadline(props, meta.received_at_ms)
+
+
+def expiry_deadline(properties: Properties, received_at_ms: int) -> int | None:
+    """When a message received at ``received_at_ms`` (Unix ms) expires, in Unix ms, from its
+    Message Expiry Interval (seconds, MQTT 5.0 3.3.2.3.3); None if it has none."""
+    interval = properties.message_expiry_interval
+    return None if interval is None else received_at_ms + interval * 1000
 
 
 def encode_meta(meta: PublishMeta) -> bytes:

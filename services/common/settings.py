@@ -94,7 +94,11 @@ class Settings(BaseSettings):
         100, ge=1, le=65535, description="Inbound QoS 1/2 PUBLISHes in flight per client."
     )
     topic_alias_maximum: int = Field(
-        0, ge=0, le=65535, description="Topic Alias Maximum advertised in CONNACK."
+        10,
+        ge=0,
+        le=65535,
+        description="Topic Alias Maximum advertised in CONNACK: aliases a v5 client may set "
+        "(MQTT 5.0 3.2.2.3.8); 0 turns Topic Aliases off.",
     )
     connect_timeout_seconds: float = Field(
         10.0, gt=0, description="A socket must send CONNECT within this many seconds."

@@ -81,6 +81,7 @@ def build_app(settings: Settings) -> faust.App:
                 topics=[names.msg_persisted, names.client_acks],
                 max_records=BATCH_MAX,
                 on_assigned=assigned,
+                first=[names.client_acks],  # they free the windows the messages wait for
             )
         finally:
             dirty.cancel()

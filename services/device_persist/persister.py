@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -61,7 +60,14 @@ from services.common.records import (
 )
 from services.common.sessions import session_expired
 from services.common.settings import Settings
-from services.common.stores.base import MessageState, MessageStore, StoredMessage
+from services.common.stores.base import (
+    AckRequest,
+    AppendRequest,
+    MessageState,
+    MessageStore,
+    StoredMessage,
+    WindowRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +110,7 @@ class DevicePersister:
         self.sessions: dict[str, SessionRecord] = {}
         self.owned: set[int] = set()
         self._cursors: dict[str, _Cursor] = {}
-        # One lock per client being served (weak: it goes when nobody holds or awaits it).
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._serving = asyncio.Lock()
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._live = False  # False while the session topic is replayed at start
@@ -161,44 +166,54 @@ class DevicePersister:
     async def run_dirty(self) -> None:
         """Serve clients whose session changed, until cancelled (a background task).
 
-        A failure is logged and the client is tried again a second later.
+        A failure is logged and the clients are tried again a second later.
         """
         while True:
             await self._wake.wait()
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
-            failed: set[str] = set()
-            for client_id in dirty:
-                try:
-                    await asyncio.gather(*await self.serve(client_id))
-                except Exception as exc:
-                    log.warning("client %r: stored messages not served: %r", client_id, exc)
-                    failed.add(client_id)
-            if failed:
+            try:
+                await asyncio.gather(*await self.serve(dirty))
+            except Exception as exc:
+                log.warning("stored messages of %d clients not served: %r", len(dirty), exc)
                 await asyncio.sleep(1.0)  # retry pacing while the store or Kafka is down
-                for client_id in failed:
+                for client_id in dirty:
                     self._mark_dirty(client_id)
 
     # ------------------------------------------------------------------ records
 
     async def handle_batch(self, records: list[Record], now_ms: int) -> list[Awaitable[object]]:
         """Store the batch's messages, apply its acknowledgements, serve the clients it
-        touched; returns the acknowledgements of the records produced for it."""
-        touched: dict[str, None] = {}
+        touched; returns the acknowledgements of the records produced for it.
+
+        The store sees three batched calls (appends, acknowledgements, windows) whatever
+        the number of records, plus one to record what was sent.
+        """
         acks: list[Awaitable[object]] = []
+        appends: list[AppendRequest] = []
         for record in records:
-            if record.topic != self.names.msg_persisted:
-                continue
-            client_id = await self._store_message(record, now_ms, acks)
-            if client_id is not None:
-                touched[client_id] = None
-        for record in records:
-            if record.topic == self.names.client_acks:
-                client_id = await self._apply_acks(record)
-                if client_id is not None:
-                    touched[client_id] = None
-        for client_id in touched:
-            acks.extend(await self.serve(client_id, now_ms))
+            if record.topic == self.names.msg_persisted:
+                request = await self._message(record, now_ms, acks)
+                if request is not None:
+                    appends.append(request)
+        acknowledgements = [
+            request
+            for record in records
+            if record.topic == self.names.client_acks
+            for request in self._acknowledgements(record)
+        ]
+        for request, result in zip(appends, await self.store.append_many(appends), strict=True):
+            if result.dropped:
+                log.warning(
+                    "client %r: store full (%d messages), dropped its %d oldest",
+                    request.client_id,
+                    self.settings.persisted_max_messages,
+                    result.dropped,
+                )
+        await self.store.acknowledge_many(acknowledgements)
+        touched = {r.client_id: None for r in appends}
+        touched.update((r.client_id, None) for r in acknowledgements)
+        acks.extend(await self.serve(touched, now_ms))
         return acks
 
     def _skip(self, record: Record, exc: Exception) -> None:
@@ -210,9 +225,11 @@ class DevicePersister:
             exc,
         )
 
-    async def _store_message(
+    async def _message(
         self, record: Record, now_ms: int, acks: list[Awaitable[object]]
-    ) -> str | None:
+    ) -> AppendRequest | None:
+        """The append a ``msg.persisted`` record asks for; a QoS 0 message is forwarded at
+        once (to a connected client) instead."""
         try:
             client_id = record.key.decode("utf-8")
             headers = dict(record.headers or ())
@@ -237,71 +254,88 @@ class DevicePersister:
         if deadline is None:
             deadline = meta.received_at_ms + self.settings.persisted_default_ttl_seconds * 1000
         data = encode_stored(StoredRecord(session.session_id, meta_raw, target, payload))
-        result = await self.store.append(client_id, record.offset, target.qos, deadline, data)
-        if result.dropped:
-            log.warning(
-                "client %r: store full (%d messages), dropped its %d oldest",
-                client_id,
-                self.settings.persisted_max_messages,
-                result.dropped,
-            )
-        return client_id
+        return AppendRequest(client_id, record.offset, target.qos, deadline, data)
 
-    async def _apply_acks(self, record: Record) -> str | None:
+    def _acknowledgements(self, record: Record) -> list[AckRequest]:
+        """The store acknowledgements a ``client.acks`` record carries (none from an
+        earlier session: its messages are gone already)."""
         try:
             client_id = record.key.decode("utf-8")
             ack = decode_ack(record.value or b"")
         except (AttributeError, ValueError, RecordError) as exc:
             self._skip(record, exc)
-            return None
+            return []
         session = self.sessions.get(client_id)
         if session is None or session.session_id != ack.session_id:
-            return None  # from an earlier session: its messages are gone already
+            return []  # from an earlier session: its messages are gone already
         if not _stored_for(session):
-            return None  # an APPLICATION client's: app_delivery's, not this store's
-        for kind, packet_id in ack.acks:
-            await self.store.acknowledge(client_id, packet_id, kind)
-        return client_id
+            return []  # an APPLICATION client's: app_delivery's, not this store's
+        return [AckRequest(client_id, packet_id, kind) for kind, packet_id in ack.acks]
 
     # ------------------------------------------------------------------ delivery
 
-    async def serve(self, client_id: str, now_ms: int | None = None) -> list[Awaitable[object]]:
-        """Bring ``client_id`` up to date: drop what belongs to no live session, send what
+    async def serve(
+        self, client_ids: Iterable[str], now_ms: int | None = None
+    ) -> list[Awaitable[object]]:
+        """Bring each client up to date: drop what belongs to no live session, send what
         its connection has not been sent yet within the in-flight window. Returns the
-        acknowledgements of the records produced."""
-        async with self._lock(client_id):
-            return await self._serve(client_id, now_ms)
+        acknowledgements of the records produced. Calls are serialised: two at once would
+        send the same messages."""
+        async with self._serving:
+            return await self._serve(list(client_ids), now_ms or _now_ms())
 
-    def _lock(self, client_id: str) -> asyncio.Lock:
-        lock = self._locks.get(client_id)
-        if lock is None:
-            lock = self._locks[client_id] = asyncio.Lock()
-        return lock
-
-    async def _serve(self, client_id: str, now_ms: int | None) -> list[Awaitable[object]]:
-        if not self.owns(client_id):
+    async def _serve(self, client_ids: list[str], now_ms: int) -> list[Awaitable[object]]:
+        requests: list[WindowRequest] = []
+        sessions: list[SessionRecord] = []
+        for client_id in client_ids:
+            if not self.owns(client_id):
+                continue
+            session = self.sessions.get(client_id)
+            if session is None or not _stored_for(session):
+                self._cursors.pop(client_id, None)
+                if await self.store.clear(client_id):
+                    log.info("client %r: session ended, stored messages deleted", client_id)
+                continue
+            if not session.connected:
+                continue
+            cursor = self._cursors.get(client_id)
+            if cursor is None or cursor.connection_id != session.connection_id:
+                before = 0 if cursor is None else max(cursor.sent_seq, cursor.sent_before)
+                cursor = self._cursors[client_id] = _Cursor(session.connection_id, 0, before)
+            limit = max(1, min(session.receive_maximum, self.settings.persisted_inflight_max))
+            requests.append(WindowRequest(client_id, limit, cursor.sent_seq))
+            sessions.append(session)
+        if not requests:
             return []
-        session = self.sessions.get(client_id)
-        if session is None or not _stored_for(session):
-            self._cursors.pop(client_id, None)
-            if await self.store.clear(client_id):
-                log.info("client %r: session ended, stored messages deleted", client_id)
-            return []
-        if not session.connected:
-            return []
-        cursor = self._cursors.get(client_id)
-        if cursor is None or cursor.connection_id != session.connection_id:
-            before = 0 if cursor is None else max(cursor.sent_seq, cursor.sent_before)
-            cursor = self._cursors[client_id] = _Cursor(session.connection_id, 0, before)
-        limit = max(1, min(session.receive_maximum, self.settings.persisted_inflight_max))
-        now = now_ms if now_ms is not None else _now_ms()
-        window = await self.store.window(client_id, limit, now)
-        fresh = [m for m in window if m.seq > cursor.sent_seq]
         acks: list[Awaitable[object]] = []
+        sent: list[tuple[str, list[int]]] = []
+        stale: list[StoredMessage] = []
+        windows = await self.store.windows(requests, now_ms)
+        for request, session, window in zip(requests, sessions, windows, strict=True):
+            queued = await self._send_window(session, request.client_id, window, acks, stale)
+            if queued:
+                sent.append((request.client_id, queued))
+        await self._discard(stale)
+        if sent:
+            # Started now, not when the caller gets round to awaiting it: a resend after a
+            # reconnect must find the message SENT (DUP=1).
+            acks.append(asyncio.ensure_future(self._mark_sent_after(sent, list(acks))))
+        return acks
+
+    async def _send_window(
+        self,
+        session: SessionRecord,
+        client_id: str,
+        window: list[StoredMessage],
+        acks: list[Awaitable[object]],
+        stale: list[StoredMessage],
+    ) -> list[int]:
+        """Send ``window`` (messages not yet sent to this connection) to the client's node;
+        the messages of another session go to ``stale``. Returns the QUEUED ones sent."""
+        cursor = self._cursors[client_id]
         releases: list[tuple[str, int]] = []
         queued: list[int] = []
-        stale: list[StoredMessage] = []
-        for message in fresh:
+        for message in window:
             try:
                 stored = decode_stored(message.data)
             except RecordError as exc:
@@ -333,16 +367,9 @@ class DevicePersister:
                     [(HEADER_RELEASES, encode_releases(releases))],
                 )
             )
-        if fresh:
-            cursor.sent_seq = fresh[-1].seq
-        await self._discard(client_id, stale)
-        if queued:
-            # Started now, not when the caller gets round to awaiting it: a resend after a
-            # reconnect must find the message SENT (DUP=1).
-            acks.append(asyncio.ensure_future(self._mark_sent_after(client_id, queued, list(acks))))
-        if stale:
-            self._mark_dirty(client_id)  # the window had room for more
-        return acks
+        if window:
+            cursor.sent_seq = window[-1].seq
+        return queued
 
     async def _publish(
         self,
@@ -360,22 +387,28 @@ class DevicePersister:
         )
 
     async def _mark_sent_after(
-        self, client_id: str, packet_ids: list[int], sent: list[Awaitable[object]]
+        self, sent: list[tuple[str, list[int]]], produced: list[Awaitable[object]]
     ) -> None:
         """Record the deliveries as made once their downlink records are in Kafka (a resend
         then carries DUP=1)."""
-        await asyncio.gather(*sent)
-        await self.store.mark_sent(client_id, packet_ids)
+        await asyncio.gather(*produced)
+        await self.store.mark_sent_many(sent)
 
-    async def _discard(self, client_id: str, messages: list[StoredMessage]) -> None:
-        """Delete ``messages`` (of no live session, or undecodable) from the store."""
+    async def _discard(self, messages: list[StoredMessage]) -> None:
+        """Delete ``messages`` (of no live session, or undecodable) from the store, and
+        serve their clients again: their window has room now."""
+        requests: list[AckRequest] = []
         for message in messages:
+            client_id, packet_id = message.client_id, message.packet_id
             if message.qos == 1:
-                await self.store.acknowledge(client_id, message.packet_id, AckKind.PUBACK)
+                requests.append(AckRequest(client_id, packet_id, AckKind.PUBACK))
                 continue
             if message.state is not MessageState.RELEASED:
-                await self.store.acknowledge(client_id, message.packet_id, AckKind.PUBREC)
-            await self.store.acknowledge(client_id, message.packet_id, AckKind.PUBCOMP)
+                requests.append(AckRequest(client_id, packet_id, AckKind.PUBREC))
+            requests.append(AckRequest(client_id, packet_id, AckKind.PUBCOMP))
+        await self.store.acknowledge_many(requests)
+        for message in messages:
+            self._mark_dirty(message.client_id)
 
     # ------------------------------------------------------------------ session expiry
 
@@ -392,7 +425,7 @@ class DevicePersister:
                 continue
             log.info("client %r: session expired", client_id)
             key = client_id.encode("utf-8")
-            async with self._lock(client_id):
+            async with self._serving:
                 await self.store.clear(client_id)
                 self._cursors.pop(client_id, None)
             acks.append(await self._send(self.names.client_subscriptions, key, None, []))

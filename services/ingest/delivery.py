@@ -32,7 +32,6 @@ import logging
 
 from services.common.mqtt.errors import ProtocolError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
-from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import AckKind, AckRecord
 from services.ingest.effects import Effect, Send, StoreAcks
@@ -46,13 +45,6 @@ are dropped (a slow consumer must not exhaust the node's memory)."""
 
 
 # ------------------------------------------------------------------------------ expiry
-
-
-def expires_at(properties: Properties, received_at_ms: int) -> int | None:
-    """When a message received at ``received_at_ms`` (Unix ms) expires, in Unix ms, from its
-    Message Expiry Interval (seconds, MQTT 5.0 3.3.2.3.3); None if it has none."""
-    interval = properties.message_expiry_interval
-    return None if interval is None else received_at_ms + interval * 1000
 
 
 def remaining_interval(expires_at_ms: int, now_ms: int) -> int | None:

@@ -41,6 +41,7 @@ from services.common.records import (
     encode_meta,
     encode_session,
     encode_subscriptions,
+    expiry_deadline,
 )
 from services.common.settings import Settings
 from services.common.topics.trie import Subscription
@@ -146,6 +147,10 @@ class IngestNode:
         self.waiting_wills: dict[str, _WaitingWill] = {}
         self._queues: dict[int, _StoreQueue] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # Records sent and not yet answered: key → (deadline on the loop clock, client, effect).
+        self._watched: dict[int, tuple[float, Client, StoreEffect | PublishWill]] = {}
+        self._next_watch = 0
+        self._sweeper: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------------------------------
     # state topics
@@ -348,30 +353,62 @@ class IngestNode:
                     log.warning("could not queue a record for %s: %r", topic, exc)
                     self._store_failed(client, effect)
                     continue
-                task = asyncio.create_task(self._await_ack(client, effect, pending))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._watch(client, effect, pending)
         finally:
             queue.task = None
             if not queue.items:
                 self._queues.pop(key, None)
 
-    async def _await_ack(
+    def _watch(
         self, client: Client, effect: StoreEffect | PublishWill, pending: Awaitable[object]
     ) -> None:
-        try:
-            metadata = await asyncio.wait_for(pending, self.settings.kafka_request_timeout_seconds)
-        except Exception as exc:
-            log.warning("Kafka did not store a record of %r: %r", client.connection.client_id, exc)
+        """Hand Kafka's answer for ``effect`` to its connection when it comes, or a failure
+        after ``kafka_request_timeout_seconds``. A done-callback and one sweeper for all,
+        not a task with a timeout per record: those cost more than the send itself."""
+        future = asyncio.ensure_future(pending)
+        key = self._next_watch
+        self._next_watch += 1
+        deadline = asyncio.get_running_loop().time() + self.settings.kafka_request_timeout_seconds
+        self._watched[key] = (deadline, client, effect)
+        future.add_done_callback(lambda done: self._answered(key, done))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    def _answered(self, key: int, future: asyncio.Future[object]) -> None:
+        watched = self._watched.pop(key, None)
+        if watched is None:
+            return  # timed out already
+        _, client, effect = watched
+        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            log.warning(
+                "Kafka did not store a record of %r: %r", client.connection.client_id, error
+            )
             self._store_failed(client, effect)
             return
         if isinstance(effect, PublishWill):
             return  # nobody waits for a Will Message
         if isinstance(effect, StoreSession) and effect.record is not None:
-            offset = getattr(metadata, "offset", None)
+            offset = getattr(future.result(), "offset", None)
             if effect.record.connected and isinstance(offset, int):
                 client.connect_offset = max(client.connect_offset or -1, offset)
         self.run(client, client.connection.stored(effect.token))
+
+    async def _sweep(self) -> None:
+        """Fail the watched records Kafka has not answered in time, until none is left.
+
+        Every record gets the same timeout, so deadlines grow in insertion order and the
+        sweep stops at the first one still running."""
+        loop = asyncio.get_running_loop()
+        while self._watched:
+            now = loop.time()
+            for key, (deadline, client, effect) in list(self._watched.items()):
+                if deadline > now:
+                    break
+                del self._watched[key]
+                log.warning("Kafka did not answer for a record of %r", client.connection.client_id)
+                self._store_failed(client, effect)
+            await asyncio.sleep(0.5)  # the sweep's pace: timeouts are seconds long
 
     def _store_failed(self, client: Client, effect: StoreEffect | PublishWill) -> None:
         if isinstance(effect, PublishWill):
@@ -428,7 +465,7 @@ class IngestNode:
         Packet Identifier and DUP flag are used as they are.
         """
         forwarded = _forwarded(meta)
-        expires_at_ms = delivery.expires_at(forwarded, meta.received_at_ms)
+        expires_at_ms = expiry_deadline(forwarded, meta.received_at_ms)
         if expires_at_ms is not None:
             # Shared by the QoS 0 encodings; each connection checks the expiry again itself.
             left = delivery.remaining_interval(expires_at_ms, now_ms())
@@ -502,8 +539,13 @@ class IngestNode:
         return len(orphans)
 
     def _in_flight(self) -> set[asyncio.Task[None]]:
+        """Tasks still writing records: store queues, unwatched writes, and the sweeper,
+        which runs until every watched record is answered or timed out."""
         queues = {q.task for q in self._queues.values() if q.task is not None}
-        return queues | self._background
+        sweeper = (
+            {self._sweeper} if self._sweeper is not None and not self._sweeper.done() else set()
+        )
+        return queues | self._background | sweeper
 
     async def shut_down(self) -> None:
         """Close every connection (v5: DISCONNECT 0x8B Server shutting down), write their

@@ -44,6 +44,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._last_read = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._held: bytearray | None = None
+        self._out: list[bytes] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start the connect timeout (MQTT 3.1.4: close if no CONNECT arrives)."""
@@ -109,13 +110,29 @@ class MQTTServerProtocol(asyncio.Protocol):
         self.node.run(self, self.connection.connection_lost())
 
     def write(self, data: bytes) -> None:
-        """Queue ``data`` on the socket (dropped once it is closing)."""
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        """Queue ``data`` on the socket (dropped once it is closing).
+
+        Writes of one event-loop turn leave together in one system call: a send costs more
+        than the Python around it on the hot path (a PUBACK per PUBLISH, a PUBLISH per
+        delivery; bench/NOTES.md).
+        """
+        if not data or self.transport is None or self.transport.is_closing():
+            return
+        if self._out is None:
+            self._out = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, None
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
 
     def close(self) -> None:
         """Close the socket after flushing what was written."""
         if self.transport is not None:
+            self._flush()
             self.transport.close()
 
     def _arm_timer(self) -> None:

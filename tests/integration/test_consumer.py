@@ -165,3 +165,37 @@ async def test_a_handler_that_raises_fails_its_batch_the_same_way(topic: Topic) 
     finally:
         await _stop(consumer, task)
     assert raised
+
+
+async def test_records_of_the_first_topics_overtake_a_backlog(
+    kafka_bootstrap: str, settings: Settings
+) -> None:
+    prefix = f"it-{uuid.uuid4().hex[:8]}."
+    backlog, urgent = f"{prefix}backlog", f"{prefix}urgent"
+    await ensure_topics(kafka_bootstrap, [TopicSpec(backlog, 1), TopicSpec(urgent, 1)])
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        acks = [await producer.send(backlog, b"x" * 200) for _ in range(5000)]
+        acks.append(await producer.send(urgent, b"now"))
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()
+    seen: list[bytes] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        seen.extend(r.value for r in records)
+        return []
+
+    consumer = make_consumer(settings, group_id=f"g-{uuid.uuid4().hex[:8]}")
+    task = await _run(
+        consumer,
+        consume_batches(
+            consumer, handle, topics=[backlog, urgent], max_records=100, first=[urgent]
+        ),
+    )
+    try:
+        await _until(lambda: b"now" in seen, "the urgent record")
+    finally:
+        await _stop(consumer, task)
+    assert seen.index(b"now") < 1000  # not behind the 5,000 records fetched before it

@@ -123,8 +123,7 @@ class Harness:
     async def serve_dirty(self) -> None:
         """Serve the clients whose session changed (the background task's work, once)."""
         dirty, self.persister._dirty = self.persister._dirty, set()
-        for client in dirty:
-            await asyncio.gather(*await self.persister.serve(client, NOW))
+        await asyncio.gather(*await self.persister.serve(dirty, NOW))
 
 
 def _targets(client: str, qos: int) -> bytes:
@@ -265,4 +264,4 @@ async def test_messages_of_unowned_clients_are_not_served(h: Harness) -> None:
     client = _client()
     h.session(client)
     h.persister.assign(p for p in range(PARTITIONS) if p != partition_of(client, PARTITIONS))
-    assert await h.persister.serve(client, NOW) == []
+    assert await h.persister.serve([client], NOW) == []

@@ -18,7 +18,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.settings import Settings
-from services.local import cluster, haproxy, processes, redis
+from services.local import cluster, haproxy, kafka, processes, redis
 
 INFRA = ["kafka", "redis", "postgres"]
 
@@ -217,3 +217,17 @@ def test_a_taken_port_is_reported_instead_of_starting(
             settings.state_dir, "squatter", argv, lambda: True, 30, port=settings.redis_port
         )
     assert processes.find(settings.state_dir, "squatter") is None
+
+
+def test_kafka_storage_formats_with_a_cluster_id_starting_with_a_dash(
+    tmp_path_factory: pytest.TempPathFactory, settings: Settings
+) -> None:
+    # One random cluster id in 64 starts with "-": it once read as an option and failed.
+    state = tmp_path_factory.mktemp("dash")
+    own = settings.model_copy(update={"state_dir": state})
+    home = state / "kafka"
+    home.mkdir()
+    (home / "cluster.id").write_text("-wAAAAAAAAAAAAAAAAAAAA\n", encoding="utf-8")
+    kafka.prepare(own)
+    meta = (home / "data" / "meta.properties").read_text(encoding="utf-8")
+    assert "cluster.id=-wAAAAAAAAAAAAAAAAAAAA" in meta

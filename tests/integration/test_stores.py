@@ -27,6 +27,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from services.common.settings import Settings
 from services.common.stores import (
     AckKind,
+    AckRequest,
+    AppendRequest,
     AppendResult,
     MessageState,
     MessageStore,
@@ -34,6 +36,7 @@ from services.common.stores import (
     RedisMessageStore,
     StoreStats,
     StoreUnavailable,
+    WindowRequest,
     open_store,
 )
 from services.common.stores.migrate import load_migrations, migrate
@@ -273,6 +276,51 @@ async def test_window_deletes_expired_queued_messages(store: MessageStore) -> No
     assert await store.count(client) == 2
     assert [m.data for m in await store.window(client, 10, now_ms=t + 9000)] == []
     assert await store.stats(client) == StoreStats(stored=0, dropped=0)
+
+
+async def test_window_after_seq_counts_what_was_sent_without_returning_it(
+    store: MessageStore,
+) -> None:
+    client = new_client()
+    await append_many(store, client, 6)
+    seqs = [m.seq for m in await store.window(client, 10, now_ms=0)]
+    # The first two count toward the limit of 4: two more come back, not the first two.
+    window = await store.window(client, 4, now_ms=0, after_seq=seqs[1])
+    assert [m.data for m in window] == [b"m2", b"m3"]
+    assert await store.window(client, 2, now_ms=0, after_seq=seqs[1]) == []
+    assert [m.data for m in await store.window(client, 10, 0, after_seq=seqs[5])] == []
+
+
+async def test_batched_calls_do_what_the_single_ones_do(store: MessageStore) -> None:
+    a, b = new_client(), new_client()
+    results = await store.append_many(
+        [
+            AppendRequest(a, 0, 1, FAR, b"a0"),
+            AppendRequest(b, 0, 2, FAR, b"b0"),
+            AppendRequest(a, 1, 1, FAR, b"a1"),
+            AppendRequest(a, 1, 1, FAR, b"a1 again"),  # same source offset: ignored
+        ]
+    )
+    assert results == [
+        AppendResult(1, 0), AppendResult(1, 0), AppendResult(2, 0), AppendResult(None, 0)
+    ]  # fmt: skip
+    windows = await store.windows([WindowRequest(a, 10), WindowRequest(b, 10)], now_ms=0)
+    assert [[m.data for m in w] for w in windows] == [[b"a0", b"a1"], [b"b0"]]
+    await store.mark_sent_many([(a, [1]), (b, [1])])
+    acked = await store.acknowledge_many(
+        [
+            AckRequest(a, 1, AckKind.PUBACK),
+            AckRequest(b, 1, AckKind.PUBREC),
+            AckRequest(b, 1, AckKind.PUBACK),  # wrong kind for QoS 2
+        ]
+    )
+    assert acked == [True, True, False]
+    windows = await store.windows([WindowRequest(a, 10), WindowRequest(b, 10)], now_ms=0)
+    assert [[(m.data, m.state) for m in w] for w in windows] == [
+        [(b"a1", MessageState.QUEUED)],
+        [(b"b0", MessageState.RELEASED)],
+    ]
+    assert await store.append_many([]) == [] and await store.acknowledge_many([]) == []
 
 
 async def test_expiry_spares_messages_whose_delivery_started(store: MessageStore) -> None:

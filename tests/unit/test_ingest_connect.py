@@ -116,7 +116,7 @@ def test_v5_connack_advertises_the_server_limits() -> None:
 
 
 def test_v5_connack_omits_topic_alias_maximum_when_aliases_are_off() -> None:
-    connack = Client(5).connect()
+    connack = Client(5, settings=make_settings(topic_alias_maximum=0)).connect()
     assert connack.properties.topic_alias_maximum is None
 
 

@@ -23,8 +23,8 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import AckKind
-from services.ingest.delivery import expires_at, remaining_interval
+from services.common.records import AckKind, expiry_deadline
+from services.ingest.delivery import remaining_interval
 from services.ingest.effects import Effect, Send, StoreAcks, StoreSession
 
 VERSIONS = [4, 5]
@@ -348,8 +348,8 @@ def test_store_delivery_over_the_maximum_packet_size_is_reported_complete(qos: i
 
 
 def test_expiry_helpers() -> None:
-    assert expires_at(Properties(), NOW_MS) is None
-    assert expires_at(Properties(message_expiry_interval=5), NOW_MS) == NOW_MS + 5000
+    assert expiry_deadline(Properties(), NOW_MS) is None
+    assert expiry_deadline(Properties(message_expiry_interval=5), NOW_MS) == NOW_MS + 5000
     assert remaining_interval(NOW_MS + 5000, NOW_MS) == 5
     assert remaining_interval(NOW_MS + 5000, NOW_MS + 1) == 5  # rounded up: never 0 while live
     assert remaining_interval(NOW_MS + 5000, NOW_MS + 4999) == 1

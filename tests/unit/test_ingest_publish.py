@@ -264,7 +264,7 @@ def test_topic_alias_over_the_maximum_is_0x94() -> None:
 
 
 def test_topic_alias_when_none_were_offered_is_0x94() -> None:
-    client = _connected(5)
+    client = _connected(5, topic_alias_maximum=0)
     effects = client.send(Publish("a", b"", properties=Properties(topic_alias=1)))
     assert _disconnect_code(client, effects) == ReasonCode.TOPIC_ALIAS_INVALID
 

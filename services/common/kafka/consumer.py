@@ -175,12 +175,39 @@ class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
             self.on_assigned(set(assigned))
 
 
+async def _next_batch(
+    consumer: AIOKafkaConsumer, first: Sequence[str], max_records: int
+) -> dict[TopicPartition, list[Record]]:
+    """Up to ``max_records`` fetched records, those of the ``first`` topics before others;
+    waits up to 0.5 s when nothing has been fetched yet."""
+    batches: dict[TopicPartition, list[Record]] = {}
+    if first:
+        preferred = [tp for tp in consumer.assignment() if tp.topic in first]
+        if preferred:
+            batches = await consumer.getmany(*preferred, timeout_ms=0, max_records=max_records)
+    room = max_records - sum(len(part) for part in batches.values())
+    if room > 0:
+        more = await consumer.getmany(timeout_ms=0 if batches else 500, max_records=room)
+        for tp, part in more.items():
+            batches.setdefault(tp, []).extend(part)
+    return batches
+
+
 async def _first_error(acks: Sequence[Awaitable[object]]) -> BaseException | None:
-    """Wait for every ack; the first failure among them, or None."""
-    if not acks:
-        return None
-    results = await asyncio.gather(*acks, return_exceptions=True)
-    return next((r for r in results if isinstance(r, BaseException)), None)
+    """Wait for every ack; the first failure among them, or None.
+
+    Most acks are in by the time a batch settles, so done futures are only looked at;
+    ``asyncio.gather`` over thousands of them cost the router 5 % of its time.
+    """
+    futures = [asyncio.ensure_future(ack) for ack in acks]
+    waiting = [f for f in futures if not f.done()]
+    if waiting:
+        await asyncio.wait(waiting)
+    for future in futures:
+        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            return error
+    return None
 
 
 async def consume_batches(
@@ -192,6 +219,7 @@ async def consume_batches(
     max_in_flight: int = 4,
     commit_interval: float = 0.2,
     on_assigned: Callable[[set[TopicPartition]], None] | None = None,
+    first: Sequence[str] = (),
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
 
@@ -203,7 +231,9 @@ async def consume_batches(
     logged and read again (with everything after it) after :data:`RETRY_BACKOFF_SECONDS`:
     at-least-once. Runs until cancelled; then what is acknowledged is committed.
     ``on_assigned`` is told the partitions the group gives this consumer after each
-    rebalance (all of them, not only the new ones).
+    rebalance (all of them, not only the new ones). Records of the ``first`` topics already
+    fetched go into a batch before any other: a backlog elsewhere does not hold them up
+    (device_persist reads acknowledgements before the messages that wait for them).
     """
     committer = _Committer(consumer, bool(topics), on_assigned)
     if topics:
@@ -211,7 +241,7 @@ async def consume_batches(
     last_commit = time.monotonic()
     try:
         while True:
-            batches = await consumer.getmany(timeout_ms=500, max_records=max_records)
+            batches = await _next_batch(consumer, first, max_records)
             if batches:
                 records = [record for part in batches.values() for record in part]
                 batch = _Batch({tp: part[-1].offset + 1 for tp, part in batches.items()}, ())

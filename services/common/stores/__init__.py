@@ -8,6 +8,8 @@ from __future__ import annotations
 from services.common.settings import Settings
 from services.common.stores.base import (
     AckKind,
+    AckRequest,
+    AppendRequest,
     AppendResult,
     MessageState,
     MessageStore,
@@ -15,12 +17,15 @@ from services.common.stores.base import (
     StoreError,
     StoreStats,
     StoreUnavailable,
+    WindowRequest,
 )
 from services.common.stores.postgres_store import PostgresMessageStore
 from services.common.stores.redis_store import RedisMessageStore
 
 __all__ = [
     "AckKind",
+    "AckRequest",
+    "AppendRequest",
     "AppendResult",
     "MessageState",
     "MessageStore",
@@ -30,6 +35,7 @@ __all__ = [
     "StoreStats",
     "StoreUnavailable",
     "StoredMessage",
+    "WindowRequest",
     "open_store",
 ]
 

@@ -89,6 +89,36 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """The arguments of one :meth:`MessageStore.append`, for :meth:`MessageStore.append_many`."""
+
+    client_id: str
+    source_offset: int
+    qos: int
+    expires_at_ms: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AckRequest:
+    """The arguments of one :meth:`MessageStore.acknowledge`, for
+    :meth:`MessageStore.acknowledge_many`."""
+
+    client_id: str
+    packet_id: int
+    kind: AckKind
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRequest:
+    """The arguments of one :meth:`MessageStore.window`, for :meth:`MessageStore.windows`."""
+
+    client_id: str
+    limit: int
+    after_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStats:
     """A client's counters: ``stored`` messages now, ``dropped`` by the cap since ``clear``."""
 
@@ -148,8 +178,13 @@ class MessageStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def window(self, client_id: str, limit: int, now_ms: int) -> list[StoredMessage]:
-        """The oldest ``limit`` live messages of ``client_id``, in ``seq`` order.
+    async def window(
+        self, client_id: str, limit: int, now_ms: int, after_seq: int = 0
+    ) -> list[StoredMessage]:
+        """The oldest ``limit`` live messages of ``client_id``, in ``seq`` order, without
+        those whose ``seq`` is ``after_seq`` or less: they count toward ``limit`` but are
+        neither returned nor checked for expiry (the caller has sent them already, so their
+        delivery has started and they do not expire).
 
         Messages in every state are returned: RELEASED ones need their PUBREL resent, SENT
         ones their PUBLISH with DUP=1 (MQTT 5.0 4.4). A QUEUED message whose
@@ -157,6 +192,35 @@ class MessageStore(abc.ABC):
         (MQTT 5.0 3.3.2.3.3: only a message whose delivery has not started expires; a SENT
         or RELEASED one stays until acknowledged). Raises ``ValueError`` if ``limit`` < 0.
         """
+
+    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """:meth:`append` for each request, in order; one result per request.
+
+        Each append is atomic by itself, not the whole batch: after a failure
+        (:class:`StoreUnavailable`) some may have been applied, and calling again is safe
+        (appends are idempotent by source offset). Backends override this to save round
+        trips; this default calls :meth:`append` one by one.
+        """
+        return [
+            await self.append(r.client_id, r.source_offset, r.qos, r.expires_at_ms, r.data)
+            for r in requests
+        ]
+
+    async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
+        """:meth:`acknowledge` for each request, in order; one result per request (each
+        atomic by itself, safe to call again after a failure)."""
+        return [await self.acknowledge(r.client_id, r.packet_id, r.kind) for r in requests]
+
+    async def windows(
+        self, requests: Sequence[WindowRequest], now_ms: int
+    ) -> list[list[StoredMessage]]:
+        """:meth:`window` for each request; one list per request."""
+        return [await self.window(r.client_id, r.limit, now_ms, r.after_seq) for r in requests]
+
+    async def mark_sent_many(self, sent: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """:meth:`mark_sent` for each (client id, Packet Identifiers) pair."""
+        for client_id, packet_ids in sent:
+            await self.mark_sent(client_id, packet_ids)
 
     @abc.abstractmethod
     async def mark_sent(self, client_id: str, packet_ids: Sequence[int]) -> None:

@@ -82,6 +82,10 @@ SELECT seq, packet_id, qos, state, expires_at_ms, data FROM persisted_messages
  WHERE client_ref = %s AND seq > %s ORDER BY seq LIMIT %s
 """
 
+_COUNT_UP_TO = """
+SELECT count(*) FROM persisted_messages WHERE client_ref = %s AND seq <= %s
+"""
+
 _DELETE_EXPIRED = """
 DELETE FROM persisted_messages
  WHERE client_ref = %s AND seq = ANY(%s) AND state = 0 AND expires_at_ms <= %s
@@ -261,7 +265,9 @@ class PostgresMessageStore(MessageStore):
                     return candidate
             start = candidates[-1]
 
-    async def window(self, client_id: str, limit: int, now_ms: int) -> list[StoredMessage]:
+    async def window(
+        self, client_id: str, limit: int, now_ms: int, after_seq: int = 0
+    ) -> list[StoredMessage]:
         """See :meth:`MessageStore.window`. One transaction; O(log n + limit + expired).
 
         The scan takes one statement per batch, each with its own snapshot: a message
@@ -285,9 +291,14 @@ class PostgresMessageStore(MessageStore):
             ref = row[0]
             live: list[StoredMessage] = []
             expired: list[int] = []
-            after = 0  # seqs start at 1
-            while len(live) < limit:
-                cursor = await conn.execute(_SCAN, (ref, after, limit - len(live)))
+            before = 0
+            if after_seq > 0:
+                cursor = await conn.execute(_COUNT_UP_TO, (ref, after_seq))
+                counted = await cursor.fetchone()
+                before = counted[0] if counted is not None else 0
+            after = after_seq  # seqs start at 1
+            while before + len(live) < limit:
+                cursor = await conn.execute(_SCAN, (ref, after, limit - before - len(live)))
                 rows = await cursor.fetchall()
                 if not rows:
                     break

@@ -30,12 +30,15 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.client import Pipeline
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from services.common.stores.base import (
     MAX_PACKET_ID,
     AckKind,
+    AckRequest,
+    AppendRequest,
     AppendResult,
     MessageState,
     MessageStore,
@@ -43,59 +46,79 @@ from services.common.stores.base import (
     StoreError,
     StoreStats,
     StoreUnavailable,
+    WindowRequest,
     check_append,
     check_max_messages,
 )
 
 T = TypeVar("T")
 
-# KEYS q m d c; ARGV source_offset qos expires_at_ms data max_messages.
-# Returns {packet_id, dropped}; packet_id 0 when the offset was already appended.
+# KEYS q m d c; ARGV max_messages, then (source_offset qos expires_at_ms data) per message,
+# all for this one client, in order. Returns {packet_id, dropped} per message; packet_id 0
+# when its offset was already appended.
 _APPEND = """#!lua
 local q, m, d, c = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local last = redis.call('HGET', c, 'off')
-if last and tonumber(ARGV[1]) <= tonumber(last) then
-  return {0, 0}
-end
-local cap = tonumber(ARGV[5])
-local dropped = 0
--- A loop, not one pop: a lower cap than a previous process used trims the excess at once.
-while redis.call('ZCARD', q) >= cap do
-  local oldest = redis.call('ZPOPMIN', q)
-  redis.call('HDEL', m, oldest[1])
-  redis.call('HDEL', d, oldest[1])
-  dropped = dropped + 1
-end
-if dropped > 0 then
-  redis.call('HINCRBY', c, 'dropped', dropped)
-end
--- The cap (< 65535) guarantees a free identifier, so this loop ends.
+local cap = tonumber(ARGV[1])
+local out = {}
+local last = tonumber(redis.call('HGET', c, 'off') or '-1')
 local pid = tonumber(redis.call('HGET', c, 'pid') or '0')
-repeat
-  pid = pid % 65535 + 1
-until not redis.call('ZSCORE', q, pid)
-local seq = redis.call('HINCRBY', c, 'seq', 1)
-redis.call('ZADD', q, seq, pid)
-redis.call('HSET', m, pid, ARGV[2] .. '0' .. ARGV[3])
-redis.call('HSET', d, pid, ARGV[4])
-redis.call('HSET', c, 'pid', pid, 'off', ARGV[1])
-local exp = redis.call('HGET', c, 'exp')
-if not exp or tonumber(ARGV[3]) > tonumber(exp) then
-  exp = ARGV[3]
-  redis.call('HSET', c, 'exp', exp)
+local exp = tonumber(redis.call('HGET', c, 'exp') or '0')
+local total_dropped = 0
+for i = 2, #ARGV, 4 do
+  local offset = tonumber(ARGV[i])
+  if offset <= last then
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+  else
+    last = offset
+    local dropped = 0
+    -- A loop, not one pop: a lower cap than a previous process used trims the excess at once.
+    while redis.call('ZCARD', q) >= cap do
+      local oldest = redis.call('ZPOPMIN', q)
+      redis.call('HDEL', m, oldest[1])
+      redis.call('HDEL', d, oldest[1])
+      dropped = dropped + 1
+    end
+    total_dropped = total_dropped + dropped
+    -- The cap (< 65535) guarantees a free identifier, so this loop ends.
+    repeat
+      pid = pid % 65535 + 1
+    until not redis.call('ZSCORE', q, pid)
+    local seq = redis.call('HINCRBY', c, 'seq', 1)
+    redis.call('ZADD', q, seq, pid)
+    redis.call('HSET', m, pid, ARGV[i + 1] .. '0' .. ARGV[i + 2])
+    redis.call('HSET', d, pid, ARGV[i + 3])
+    local expires = tonumber(ARGV[i + 2])
+    if expires > exp then
+      exp = expires
+    end
+    out[#out + 1] = pid
+    out[#out + 1] = dropped
+  end
 end
-for _, key in ipairs(KEYS) do
-  redis.call('PEXPIREAT', key, exp)
+if last >= 0 then
+  redis.call('HSET', c, 'pid', pid, 'off', last, 'exp', exp)
+  if total_dropped > 0 then
+    redis.call('HINCRBY', c, 'dropped', total_dropped)
+  end
+  for _, key in ipairs(KEYS) do
+    redis.call('PEXPIREAT', key, exp)
+  end
 end
-return {pid, dropped}
+return out
 """
 
-# KEYS q m d; ARGV limit now_ms. Returns {pid, seq, meta, data, pid, seq, ...}.
+# KEYS q m d; ARGV limit now_ms after_seq. Returns {pid, seq, meta, data, pid, seq, ...}.
 _WINDOW = """#!lua
 local q, m, d = KEYS[1], KEYS[2], KEYS[3]
-local limit, now = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, now, after = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, live, expired = {}, 0, {}
 local from = '-inf'
+if after > 0 then
+  -- Sent already by the caller: counted, not returned, never expired.
+  live = redis.call('ZCOUNT', q, '-inf', after)
+  from = '(' .. after
+end
 while live < limit do
   local batch = redis.call('ZRANGEBYSCORE', q, from, '+inf', 'WITHSCORES', 'LIMIT', 0, limit - live)
   if #batch == 0 then
@@ -262,39 +285,97 @@ class RedisMessageStore(MessageStore):
         self, client_id: str, source_offset: int, qos: int, expires_at_ms: int, data: bytes
     ) -> AppendResult:
         """See :meth:`MessageStore.append`. One EVALSHA; O(log n) plus O(log n) per drop."""
-        check_append(source_offset, qos, expires_at_ms)
-        args = [source_offset, qos, expires_at_ms, data, self._max_messages]
-        reply: list[int] = await self._run(
-            "append", lambda: self._append(keys=self._keys(client_id), args=args)
-        )
-        packet_id, dropped = reply
-        return AppendResult(packet_id or None, dropped)
+        request = AppendRequest(client_id, source_offset, qos, expires_at_ms, data)
+        [result] = await self.append_many([request])
+        return result
 
-    async def window(self, client_id: str, limit: int, now_ms: int) -> list[StoredMessage]:
+    async def window(
+        self, client_id: str, limit: int, now_ms: int, after_seq: int = 0
+    ) -> list[StoredMessage]:
         """See :meth:`MessageStore.window`. One EVALSHA; O(log n + limit + expired)."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        if limit == 0:
-            return []
-        keys = self._keys(client_id)[:3]
-        reply: list[bytes] = await self._run(
-            "window", lambda: self._window(keys=keys, args=[limit, now_ms])
-        )
-        messages = []
-        for i in range(0, len(reply), 4):
-            packet_id, seq, meta, data = reply[i : i + 4]
-            messages.append(
-                StoredMessage(
-                    client_id=client_id,
-                    seq=int(seq),
-                    packet_id=int(packet_id),
-                    qos=meta[0] - 0x30,  # ASCII digit
-                    state=MessageState(meta[1] - 0x30),
-                    expires_at_ms=int(meta[2:]),
-                    data=data,
-                )
-            )
+        [messages] = await self.windows([WindowRequest(client_id, limit, after_seq)], now_ms)
         return messages
+
+    async def windows(
+        self, requests: Sequence[WindowRequest], now_ms: int
+    ) -> list[list[StoredMessage]]:
+        """See :meth:`MessageStore.windows`. One pipelined round trip for all of them."""
+        for request in requests:
+            if request.limit < 0:
+                raise ValueError(f"limit must be >= 0, got {request.limit}")
+        wanted = [r for r in requests if r.limit > 0]
+
+        async def queue(pipe: Pipeline) -> None:
+            for r in wanted:
+                args = [r.limit, now_ms, r.after_seq]
+                await self._window(keys=self._keys(r.client_id)[:3], args=args, client=pipe)
+
+        replies = iter(await self._pipeline("window", queue) if wanted else [])
+        return [_stored(r.client_id, next(replies)) if r.limit > 0 else [] for r in requests]
+
+    async def _pipeline(self, what: str, queue: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
+        """Run the commands ``queue`` adds to a pipeline in one round trip (no MULTI: each
+        script is atomic by itself); the replies, in order."""
+
+        async def run() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                await queue(pipe)
+                replies: list[Any] = await pipe.execute()
+                return replies
+
+        return await self._run(what, run)
+
+    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """See :meth:`MessageStore.append_many`. One pipelined round trip, one EVALSHA per
+        client (with all of that client's messages); O(log n) per message and per drop."""
+        by_client: dict[str, list[int]] = {}
+        for index, r in enumerate(requests):
+            check_append(r.source_offset, r.qos, r.expires_at_ms)
+            by_client.setdefault(r.client_id, []).append(index)
+
+        async def queue(pipe: Pipeline) -> None:
+            for client_id, indexes in by_client.items():
+                args: list[Any] = [self._max_messages]
+                for index in indexes:
+                    r = requests[index]
+                    args += (r.source_offset, r.qos, r.expires_at_ms, r.data)
+                await self._append(keys=self._keys(client_id), args=args, client=pipe)
+
+        results: list[AppendResult] = [AppendResult(None, 0)] * len(requests)
+        if not requests:
+            return results
+        replies = await self._pipeline("append", queue)
+        for indexes, reply in zip(by_client.values(), replies, strict=True):
+            for position, index in enumerate(indexes):
+                packet_id, dropped = reply[2 * position], reply[2 * position + 1]
+                results[index] = AppendResult(packet_id or None, dropped)
+        return results
+
+    async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
+        """See :meth:`MessageStore.acknowledge_many`. One pipelined round trip."""
+
+        async def queue(pipe: Pipeline) -> None:
+            for r in requests:
+                args = [r.packet_id, int(AckKind(r.kind))]
+                await self._acknowledge(keys=self._keys(r.client_id)[:3], args=args, client=pipe)
+
+        replies = await self._pipeline("acknowledge", queue) if requests else []
+        return [changed == 1 for changed in replies]
+
+    async def mark_sent_many(self, sent: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """See :meth:`MessageStore.mark_sent_many`. One pipelined round trip."""
+        wanted = [
+            (client_id, [pid for pid in ids if 1 <= pid <= MAX_PACKET_ID])
+            for client_id, ids in sent
+        ]
+        wanted = [(client_id, ids) for client_id, ids in wanted if ids]
+
+        async def queue(pipe: Pipeline) -> None:
+            for client_id, ids in wanted:
+                await self._mark_sent(keys=self._keys(client_id)[1:2], args=ids, client=pipe)
+
+        if wanted:
+            await self._pipeline("mark_sent", queue)
 
     async def mark_sent(self, client_id: str, packet_ids: Sequence[int]) -> None:
         """See :meth:`MessageStore.mark_sent`. One EVALSHA; O(len(packet_ids))."""
@@ -333,3 +414,22 @@ class RedisMessageStore(MessageStore):
     async def close(self) -> None:
         """See :meth:`MessageStore.close`. Closes the connection pool."""
         await self._redis.aclose()
+
+
+def _stored(client_id: str, reply: list[bytes]) -> list[StoredMessage]:
+    """The messages of a ``_WINDOW`` reply."""
+    messages = []
+    for i in range(0, len(reply), 4):
+        packet_id, seq, meta, data = reply[i : i + 4]
+        messages.append(
+            StoredMessage(
+                client_id=client_id,
+                seq=int(seq),
+                packet_id=int(packet_id),
+                qos=meta[0] - 0x30,  # ASCII digit
+                state=MessageState(meta[1] - 0x30),
+                expires_at_ms=int(meta[2:]),
+                data=data,
+            )
+        )
+    return messages
