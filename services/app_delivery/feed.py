@@ -82,6 +82,9 @@ PREFETCH = 1000
 #: between makes those deliveries go again, with DUP=1).
 COMMIT_INTERVAL = 0.2
 
+#: Seconds a stopping feed waits for its tasks to end.
+STOP_TIMEOUT = 5.0
+
 #: Most acknowledgement records kept for a feed that has not read its position yet.
 EARLY_ACKS_MAX = 10_000
 
@@ -213,7 +216,11 @@ class ClientFeed:
         self._tasks.clear()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            # Bounded: an owner stops feeds inside a rebalance, which must not stall.
+            _, stuck = await asyncio.wait(tasks, timeout=STOP_TIMEOUT)
+            if stuck:
+                log.warning("client %r: %d feed tasks did not stop", self.client_id, len(stuck))
         with contextlib.suppress(Exception):
             await self._commit(self.window.commit_points())
         for consumer in [*self._shared.values(), self._own]:
@@ -373,8 +380,11 @@ class ClientFeed:
             timeout = None
             if self._uncommitted():
                 timeout = max(0.0, last_commit + COMMIT_INTERVAL - time.monotonic())
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the
+            # cancellation that stop() sends when the event is set at the same moment.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             self._wake.clear()
             out = self.window.sendable(_now_ms())
             needed = any(

@@ -64,15 +64,23 @@ class Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._state_topics = (names.client_sessions, names.client_subscriptions)
         self._ends: dict[TopicPartition, int] = {}
         self._replaying: set[int] = set()
+        # client.acks offsets applied (next to read), tracked here rather than asked of the
+        # consumer: position() may wait for the group coordinator, which waits for us while
+        # a rebalance listener runs.
+        self._acks_read: dict[TopicPartition, int] = {}
+        self._acks_committed: dict[TopicPartition, int] = {}
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Stop the feeds of the partitions (before another instance can start them)."""
         await self._commit_acks()
         await self.delivery.revoke({tp.partition for tp in revoked})
         self._replaying.clear()
+        self._acks_read.clear()
+        self._acks_committed.clear()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        """Replay the state partitions from their beginning up to their current end."""
+        """Replay the state partitions from their beginning up to their current end (the
+        reading loop puts them live)."""
         state = [tp for tp in assigned if tp.topic in self._state_topics]
         if state:
             await self.consumer.seek_to_beginning(*state)
@@ -80,10 +88,12 @@ class Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
         partitions = {tp.partition for tp in assigned}
         self._replaying = set(partitions)
         self.delivery.assign(partitions)
-        await self.check_replays()
+        if not partitions:
+            self.ready.set()
 
     async def check_replays(self) -> None:
-        """Put the partitions whose replay is complete live."""
+        """Put the partitions whose replay is complete live (not from a rebalance listener:
+        it asks the consumer for positions)."""
         for partition in sorted(self._replaying):
             tps = [TopicPartition(topic, partition) for topic in self._state_topics]
             positions = [await self.consumer.position(tp) for tp in tps]
@@ -95,16 +105,19 @@ class Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def _commit_acks(self) -> None:
         """Commit how far ``client.acks`` has been applied (errors are logged)."""
-        offsets = {}
-        for tp in self.consumer.assignment():
-            if tp.topic == self.names.client_acks:
-                offsets[tp] = OffsetAndMetadata(await self.consumer.position(tp), "")
+        offsets = {
+            tp: OffsetAndMetadata(offset, "")
+            for tp, offset in self._acks_read.items()
+            if self._acks_committed.get(tp) != offset
+        }
         if not offsets:
             return
         try:
             await self.consumer.commit(offsets)
         except KafkaError as exc:  # a rebalance or an outage: the next commit retries
             log.warning("client.acks commit failed: %r", exc)
+            return
+        self._acks_committed.update({tp: m.offset for tp, m in offsets.items()})
 
     async def run(self) -> None:
         """Read the owned partitions until cancelled."""
@@ -112,6 +125,8 @@ class Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
         while True:
             batches = await self.consumer.getmany(timeout_ms=500, max_records=BATCH_MAX)
             for tp, records in batches.items():
+                if tp.topic == self.names.client_acks:
+                    self._acks_read[tp] = records[-1].offset + 1
                 for record in records:
                     try:
                         self.delivery.apply(tp.topic, tp.partition, record.key, record.value)

@@ -24,6 +24,7 @@ from tests.e2e.clients import (
     TIMEOUT,
     PahoClient,
     RawPublishers,
+    RawSocket,
     log_excerpt,
     unique,
     wait_until,
@@ -32,6 +33,7 @@ from tests.e2e.kafka_view import latest_state
 from tests.e2e.test_persistent import (
     DRAIN,
     Publisher,
+    Received,
     Subscriber,
     _ack,
     _expect,
@@ -121,6 +123,13 @@ def test_fan_in_of_50000_messages_survives_two_subscriber_kills(cluster: LocalCl
     )
 
 
+def _expect_one_of(sock: RawSocket, kinds: tuple[int, ...]) -> Received:
+    """The next packet, which must be of one of ``kinds``."""
+    got = _read_packet(sock)
+    assert got is not None and got.kind in kinds, f"expected one of {kinds}, got {got}"
+    return got
+
+
 def test_unacknowledged_deliveries_come_again_with_dup_the_same_ids_and_receive_maximum(
     cluster: LocalCluster,
 ) -> None:
@@ -145,12 +154,15 @@ def test_unacknowledged_deliveries_come_again_with_dup_the_same_ids_and_receive_
         assert kinds == [3, 3, 6], got  # two PUBLISHes again and the PUBREL
         again = [p.publish() for p in got if p is not None and p.kind == 3]
         assert sorted(again) == sorted((pid, True, payload) for pid, _, payload in first[1:])
+        rest: list[tuple[int, bool, bytes]] = []  # what the freed window slots bring
         for pid, _, _ in again:
             sock.send(_ack(0x50, pid))
-            assert _expect(sock, 6).body[:2] == struct.pack(">H", pid)
+            while (got_packet := _expect_one_of(sock, (3, 6))).kind == 3:
+                rest.append(got_packet.publish())
+            assert got_packet.body[:2] == struct.pack(">H", pid)
             sock.send(_ack(0x70, pid))
         sock.send(_ack(0x70, first[0][0]))
-        rest = [_expect(sock, 3).publish() for _ in range(2)]
+        rest += [_expect(sock, 3).publish() for _ in range(2 - len(rest))]
         assert [(dup, payload) for _, dup, payload in rest] == [
             (False, p) for p in _numbered(5)[3:]
         ]
