@@ -278,8 +278,13 @@ class ClientFeed:
         for key in [k for k in self._shared if k not in subscriptions]:
             consumer = self._shared.pop(key)
             topic = self.names.app_shared(*key)
+            fetching = self._tasks.pop(f"shared-fetch-{topic}", None)
+            if fetching is not None:
+                fetching.cancel()
+                await asyncio.gather(fetching, return_exceptions=True)
+            await self.drop_partitions([tp for tp, c in self._consumer_of.items() if c is consumer])
             self._shared_subs.pop(topic, None)
-            await consumer.stop()  # its listener commits and lets go of its partitions
+            await consumer.stop()  # leaves the group: Kafka gives its partitions to the others
         for key, subscription in subscriptions.items():
             topic = self.names.app_shared(*key)
             self._shared_subs[topic] = subscription
