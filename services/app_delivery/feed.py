@@ -138,6 +138,9 @@ class ClientFeed:
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._confirming: set[asyncio.Task[None]] = set()
+        # Counts the client's connections seen: deliveries chosen for one connection are
+        # never sent to the next (it gets everything unacknowledged again, in order).
+        self._connection = 0
 
     def _limit(self, session: SessionRecord) -> int:
         return max(1, min(session.receive_maximum, self.settings.app_inflight_max))
@@ -254,6 +257,7 @@ class ClientFeed:
         self.window.limit = self._limit(session)
         if new_connection:
             self.window.new_connection()
+            self._connection += 1
         self._wake.set()
 
     def acknowledge(self, ack: AckRecord) -> None:
@@ -391,6 +395,7 @@ class ClientFeed:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
             self._wake.clear()
+            connection, node = self._connection, self.session.node_id
             out = self.window.sendable(_now_ms())
             needed = any(
                 tp not in self._committed or self._committed[tp].sent_upto < mark
@@ -414,8 +419,10 @@ class ClientFeed:
                     [d for d in out.publishes if d.tp not in failed],
                     [d for d in out.releases if d.tp not in failed],
                 )
+            if connection != self._connection:
+                continue  # a new connection came during the commit: it starts over
             if out:
-                await self._deliver(out)
+                await self._deliver(out, node, connection)
             if self.window.backlog() < self.window.limit + PREFETCH:
                 self._room.set()
 
@@ -453,26 +460,33 @@ class ClientFeed:
             self._committed.update({tp: points[tp] for tp in offsets})
         return failed
 
-    async def _deliver(self, out: Sendable) -> None:
-        """Downlink records for ``out`` on the client's node; a failed write puts the
-        delivery back in the window."""
-        topic = self.names.downlink(self.session.node_id)
+    async def _deliver(self, out: Sendable, node: str, connection: int) -> None:
+        """Downlink records for ``out`` on ``node``, the node of the client's
+        ``connection``; a failed write puts the delivery back in the window."""
+        topic = self.names.downlink(node)
         acks: list[Awaitable[object]] = []
         for delivery in out.publishes:
+            if connection != self._connection:
+                return  # the client connected again: the rest goes to it in order
             entry = delivery.entry
             target = replace(entry.target, packet_id=delivery.packet_id, dup=delivery.dup)
             headers = [(HEADER_META, entry.meta_raw), (HEADER_TARGETS, encode_targets([target]))]
             acks.append(await self._send(topic, self._key, entry.payload, headers))
-        if out.releases:
+        if out.releases and connection == self._connection:
             releases = [(self.client_id, d.packet_id) for d in out.releases]
             headers = [(HEADER_RELEASES, encode_releases(releases))]
             acks.append(await self._send(topic, self._key, b"", headers))
-        task = asyncio.create_task(self._confirm(acks, [*out.publishes, *out.releases]))
+        deliveries = [*out.publishes, *out.releases]
+        task = asyncio.create_task(self._confirm(acks, deliveries, connection))
         self._confirming.add(task)
         task.add_done_callback(self._confirming.discard)
 
-    async def _confirm(self, acks: list[Awaitable[object]], deliveries: list[Delivery]) -> None:
+    async def _confirm(
+        self, acks: list[Awaitable[object]], deliveries: list[Delivery], connection: int
+    ) -> None:
         results = await asyncio.gather(*acks, return_exceptions=True)
+        if connection != self._connection:
+            return  # a newer connection gets everything unacknowledged anyway
         if any(isinstance(r, BaseException) for r in results):
             log.warning("client %r: downlink records not stored, sending again", self.client_id)
             self.window.unsend(deliveries)
