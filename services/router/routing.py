@@ -174,8 +174,8 @@ class RoutingTable:
         connected members, or over the persistent ones when none is connected (MQTT 4.8.2).
         When the member chosen is a persistent APPLICATION client, the message goes to the
         group's topic, which all its APPLICATION members share through Kafka: in a group
-        of DEVICE and APPLICATION members, each DEVICE member gets its turn and the
-        APPLICATION members together get theirs.
+        of DEVICE and APPLICATION members, a DEVICE member's turn goes to it and an
+        APPLICATION member's turn to the group's topic.
         """
         match = self.trie.match(meta.topic, publisher)
         routes = Routes()
