@@ -43,6 +43,7 @@ from services.app_delivery.window import (
     decode_mark,
     encode_mark,
 )
+from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_shared_topic_spec, ensure_topics
 from services.common.kafka.consumer import Record, make_consumer
 from services.common.kafka.names import TopicNames
@@ -67,10 +68,6 @@ from services.common.topics.trie import Subscription
 
 log = logging.getLogger(__name__)
 
-Headers = list[tuple[str, bytes]]
-SendRecord = Callable[[str, bytes, bytes | None, Headers], Awaitable[Awaitable[object]]]
-"""``await send(topic, key, value, headers)`` queues a record; the returned awaitable
-resolves once Kafka acknowledged it."""
 
 SharedKey = tuple[str, str]
 """A Shared Subscription: (ShareName, Topic Filter)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
 
 import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -23,16 +22,14 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from services.app_delivery.feed import Headers
 from services.app_delivery.ownership import AppDelivery
-from services.common.faust_app import make_app, run_worker
-from services.common.kafka.admin import core_topic_specs, ensure_topics
+from services.common.faust_app import make_app, run_service, sender
 from services.common.kafka.consumer import make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.errors import MQTTError
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import RecordError
-from services.common.settings import Settings, get_settings
+from services.common.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +147,7 @@ def build_app(settings: Settings) -> faust.App:
     names = TopicNames.from_settings(settings)
     app = make_app(settings, "app-delivery")
 
-    async def send(
-        topic: str, key: bytes, value: bytes | None, headers: Headers
-    ) -> Awaitable[object]:
-        return await app.producer.send(topic, key, value, None, None, headers)
+    send = sender(app)
 
     delivery = AppDelivery(settings, send)
 
@@ -203,10 +197,4 @@ def build_app(settings: Settings) -> faust.App:
 
 def run() -> None:
     """Entry point of ``cormorant app-delivery``."""
-    settings = get_settings()
-    asyncio.run(
-        ensure_topics(
-            settings.kafka_bootstrap, core_topic_specs(settings), settings.replication_factor
-        )
-    )
-    run_worker(build_app(settings), settings)
+    run_service(build_app)

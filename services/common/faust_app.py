@@ -14,12 +14,37 @@ service's consumer group.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
 
 from services.common.kafka import partitioner
-from services.common.settings import Settings
+from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
+from services.common.settings import Settings, get_settings
+
+Headers = list[tuple[str, bytes]]
+"""Kafka record headers: (name, value) pairs."""
+
+SendRecord = Callable[[str, bytes, bytes | None, Headers | None], Awaitable[Awaitable[object]]]
+"""``await send(topic, key, value, headers)`` queues a record (``value`` None: a tombstone)
+and returns an awaitable that resolves with the record's metadata (it has an ``offset``)
+once Kafka acknowledged it, or raises if Kafka did not store it."""
+
+
+def sender(app: faust.App) -> SendRecord:
+    """The :data:`SendRecord` of ``app``'s producer (partition by key, no timestamp)."""
+
+    async def send(
+        topic: str, key: bytes, value: bytes | None, headers: Headers | None
+    ) -> Awaitable[object]:
+        acknowledged: Awaitable[object] = await app.producer.send(
+            topic, key, value, None, None, headers
+        )
+        return acknowledged
+
+    return send
 
 
 def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
@@ -55,6 +80,19 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     app = faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
     app.producer_only = True
     return app
+
+
+def run_service(
+    build_app: Callable[[Settings], faust.App],
+    extra_topics: Callable[[Settings], list[TopicSpec]] = lambda settings: [],
+) -> None:
+    """A service's entry point: read the settings, create the core topics (and
+    ``extra_topics``) if they are missing, then run ``build_app(settings)`` until
+    SIGTERM/SIGINT. Raises ``aiokafka.errors.KafkaError`` when Kafka cannot be reached."""
+    settings = get_settings()
+    specs = [*core_topic_specs(settings), *extra_topics(settings)]
+    asyncio.run(ensure_topics(settings.kafka_bootstrap, specs, settings.replication_factor))
+    run_worker(build_app(settings), settings)
 
 
 def run_worker(app: faust.App, settings: Settings) -> None:

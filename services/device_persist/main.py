@@ -19,13 +19,12 @@ import faust
 from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from services.common.faust_app import make_app, run_worker
-from services.common.kafka.admin import core_topic_specs, ensure_topics
+from services.common.faust_app import make_app, run_service, sender
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader, Headers
 from services.common.readiness import clear_ready, mark_ready
-from services.common.settings import Settings, get_settings
+from services.common.settings import Settings
 from services.common.stores import open_store
 from services.device_persist.persister import DevicePersister
 
@@ -41,10 +40,7 @@ def build_app(settings: Settings) -> faust.App:
     app = make_app(settings, "device-persist")
     store = open_store(settings)
 
-    async def send(
-        topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> Awaitable[object]:
-        return await app.producer.send(topic, key, value, None, None, headers)
+    send = sender(app)
 
     persister = DevicePersister(settings, store, send)
 
@@ -106,10 +102,4 @@ def build_app(settings: Settings) -> faust.App:
 
 def run() -> None:
     """Entry point of ``cormorant device-persist``."""
-    settings = get_settings()
-    asyncio.run(
-        ensure_topics(
-            settings.kafka_bootstrap, core_topic_specs(settings), settings.replication_factor
-        )
-    )
-    run_worker(build_app(settings), settings)
+    run_service(build_app)

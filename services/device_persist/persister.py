@@ -31,9 +31,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
+from services.common.faust_app import SendRecord
 from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of as key_partition
@@ -71,10 +72,6 @@ from services.common.stores.base import (
 
 log = logging.getLogger(__name__)
 
-Headers = list[tuple[str, bytes]]
-SendRecord = Callable[[str, bytes, bytes | None, Headers], Awaitable[Awaitable[object]]]
-"""``await send(topic, key, value, headers)`` queues a record; the returned awaitable
-resolves once Kafka acknowledged it."""
 
 
 def partition_of(client_id: str, partitions: int) -> int:

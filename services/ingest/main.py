@@ -21,10 +21,9 @@ from collections.abc import Awaitable
 
 import faust
 
-from services.common.faust_app import make_app, run_worker
+from services.common.faust_app import make_app, run_service, sender
 from services.common.kafka.admin import (
     app_topic_spec,
-    core_topic_specs,
     downlink_topic_spec,
     ensure_topics,
 )
@@ -47,8 +46,8 @@ from services.common.records import (
     decode_releases,
     decode_targets,
 )
-from services.common.settings import Settings, get_settings
-from services.ingest.node import Headers, IngestNode
+from services.common.settings import Settings
+from services.ingest.node import IngestNode
 from services.ingest.server import start_server
 
 log = logging.getLogger(__name__)
@@ -59,10 +58,7 @@ def build_app(settings: Settings) -> faust.App:
     names = TopicNames.from_settings(settings)
     app = make_app(settings, f"ingest-{settings.node_id}")
 
-    async def send(
-        topic: str, key: bytes, value: bytes | None, headers: Headers | None
-    ) -> Awaitable[object]:
-        return await app.producer.send(topic, key, value, None, None, headers)
+    send = sender(app)
 
     async def sync_state() -> None:
         await reader.barrier()
@@ -134,17 +130,7 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
-async def prepare_topics(settings: Settings) -> None:
-    """Create the core topics and this node's downlink topic before consumers start."""
-    await ensure_topics(
-        settings.kafka_bootstrap,
-        [*core_topic_specs(settings), downlink_topic_spec(settings, settings.node_id)],
-        settings.replication_factor,
-    )
-
-
 def run() -> None:
-    """Entry point of ``cormorant ingest``."""
-    settings = get_settings()
-    asyncio.run(prepare_topics(settings))
-    run_worker(build_app(settings), settings)
+    """Entry point of ``cormorant ingest``: the core topics and this node's downlink topic
+    are created before consumers start."""
+    run_service(build_app, lambda settings: [downlink_topic_spec(settings, settings.node_id)])

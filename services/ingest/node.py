@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.common.faust_app import Headers, SendRecord
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import PacketType, Publish
@@ -75,10 +76,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-Headers = list[tuple[str, bytes]]
-SendRecord = Callable[[str, bytes, bytes | None, Headers | None], Awaitable[Awaitable[object]]]
-"""``await send(topic, key, value, headers)`` queues a record and returns a future that
-resolves with the record's metadata (it has an ``offset``) once Kafka acknowledged it."""
 
 EnsureAppTopic = Callable[[str], Awaitable[None]]
 """``await ensure(client_id)`` returns once the client's ``msg.app.<client>`` topic exists

@@ -155,51 +155,36 @@ def infrastructure(settings: Settings) -> list[Component]:
     ]
 
 
+def _service(
+    settings: Settings, name: str, command: str, port: int | None = None, **overrides: str
+) -> Component:
+    """The component of service ``name``, run as ``cormorant <command>``."""
+    return Component(
+        name,
+        port,
+        partial(_start_service, settings, name, command, port, **overrides),
+        ready_file=ready_file(settings, name),
+        stop_timeout=SERVICE_STOP_TIMEOUT,
+    )
+
+
 def services_of(settings: Settings) -> list[Component]:
     """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
     order."""
     settings = local_settings(settings)
     nodes = [
-        Component(
-            f"ingest-node{i}",
-            port,
-            partial(
-                _start_service,
-                settings,
-                f"ingest-node{i}",
-                "ingest",
-                port,
-                node_id=f"node{i}",
-                mqtt_port=str(port),
-            ),
-            ready_file=ready_file(settings, f"ingest-node{i}"),
-            stop_timeout=SERVICE_STOP_TIMEOUT,
+        _service(
+            settings, f"ingest-node{i}", "ingest", port, node_id=f"node{i}", mqtt_port=str(port)
         )
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]
-    router = Component(
-        ROUTER,
-        None,
-        partial(_start_service, settings, ROUTER, "router", None),
-        ready_file=ready_file(settings, ROUTER),
-        stop_timeout=SERVICE_STOP_TIMEOUT,
-    )
-    device_persist = Component(
-        DEVICE_PERSIST,
-        None,
-        partial(_start_service, settings, DEVICE_PERSIST, "device-persist", None),
-        ready_file=ready_file(settings, DEVICE_PERSIST),
-        stop_timeout=SERVICE_STOP_TIMEOUT,
-    )
-    app_delivery = Component(
-        APP_DELIVERY,
-        None,
-        partial(_start_service, settings, APP_DELIVERY, "app-delivery", None),
-        ready_file=ready_file(settings, APP_DELIVERY),
-        stop_timeout=SERVICE_STOP_TIMEOUT,
-    )
+    stages = [
+        _service(settings, ROUTER, "router"),
+        _service(settings, DEVICE_PERSIST, "device-persist"),
+        _service(settings, APP_DELIVERY, "app-delivery"),
+    ]
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
-    return [*nodes, router, device_persist, app_delivery, proxy]
+    return [*nodes, *stages, proxy]
 
 
 def components(settings: Settings) -> list[Component]:

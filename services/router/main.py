@@ -23,15 +23,14 @@ a batch's offsets are committed once its output records are in Kafka.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable
 
 import faust
 
-from services.common.faust_app import make_app, run_worker
-from services.common.kafka.admin import app_spec_of, core_topic_specs, ensure_topics
+from services.common.faust_app import Headers, make_app, run_service
+from services.common.kafka.admin import app_spec_of, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
@@ -47,7 +46,7 @@ from services.common.records import (
     decode_subscriptions,
     encode_targets,
 )
-from services.common.settings import Settings, get_settings
+from services.common.settings import Settings
 from services.router.routing import Routes, RoutingTable
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,6 @@ log = logging.getLogger(__name__)
 #: Most ``msg.all`` records routed as one batch (one state barrier, one commit point).
 BATCH_MAX = 2000
 
-Headers = list[tuple[str, bytes]]
 Output = tuple[str, bytes | None, bytes | None, Headers]
 """One record to produce: topic, key, value, headers."""
 
@@ -215,10 +213,4 @@ def _outputs_of(
 
 def run() -> None:
     """Entry point of ``cormorant router``."""
-    settings = get_settings()
-    asyncio.run(
-        ensure_topics(
-            settings.kafka_bootstrap, core_topic_specs(settings), settings.replication_factor
-        )
-    )
-    run_worker(build_app(settings), settings)
+    run_service(build_app)
