@@ -1,8 +1,9 @@
-"""Command line: ``python -m bench run|compare|list`` (and ``python -m bench.loadgen``).
+"""Command line: ``python -m bench run|compare|summary|list`` (and ``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report;
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
-``bench/results/<label>.{jsonl,md,png}``. See bench/README.md for the scenarios.
+``bench/results/<label>.{jsonl,md,png}``; ``summary`` gathers the latest comparison of
+every label into ``bench/results/summary.{md,png}``. See bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench import brokers, results
+from bench import brokers, results, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
@@ -164,10 +165,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_parser(sub.add_parser("run", help="one scenario against one broker"))
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
     sub.add_parser("list", help="the scenario names")
+    summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
+    summary_parser.add_argument("labels", nargs="*", help="result labels (default: all)")
+    summary_parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
             print("\n".join(SCENARIOS))
+        elif args.command == "summary":
+            md, png = summary.summarize(args.results_dir, args.labels)
+            print(md.read_text(encoding="utf-8"))
+            _log(f"wrote {md} and {png}")
         elif args.command == "run":
             do_run(args)
         else:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from array import array
+from pathlib import Path
 
 import pytest
 
-from bench import results
+from bench import results, summary
 from bench.loadgen import runner, stats
 from bench.loadgen.plan import Options, Timing, build
 from bench.loadgen.worker import SubscriberResult, WorkerResult
@@ -125,3 +127,32 @@ def test_markdown_table_has_ratio() -> None:
     assert "| delivered msg/s | 100 | 400 | 0.25 |" in text
     assert "| end-to-end p50 ms | - | - | - |" in text
     assert "- cormorant: kafka 1.00" in text
+
+
+def _rec(label: str, broker: str, command: str, delivered: float) -> dict[str, object]:
+    return {
+        "label": label,
+        "scenario": label,
+        "broker": broker,
+        "command": command,
+        "report": {"delivered_per_s": delivered, "latency_ms": {"p50": 1.0, "p99": 2.0}},
+    }
+
+
+def test_summary_keeps_the_latest_comparison_of_each_file(tmp_path: Path) -> None:
+    lines = [
+        _rec("p2p", "cormorant", "old", 1.0),
+        _rec("p2p", "mosquitto", "old", 1.0),
+        _rec("p2p", "cormorant", "new", 100.0),
+        _rec("p2p", "mosquitto", "new", 400.0),
+        _rec("p2p", "cormorant", "new", 300.0),
+        _rec("p2p", "mosquitto", "new", 600.0),
+    ]
+    (tmp_path / "p2p.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    (tmp_path / "single.jsonl").write_text(json.dumps(_rec("x", "cormorant", "run", 5)) + "\n")
+    latest = summary.latest_comparison(tmp_path / "p2p.jsonl")
+    assert [r["command"] for r in latest] == ["new"] * 4
+    assert summary.latest_comparison(tmp_path / "single.jsonl") == []  # one broker only
+    text = summary.table([latest])
+    assert "| `p2p` | delivered msg/s | 200 | 500 | 0.40 |" in text
+    assert "- `new`" in text

@@ -1,0 +1,119 @@
+"""One table and one chart over every scenario: the latest comparison of each label.
+
+``python -m bench summary`` reads ``bench/results/<label>.jsonl`` for the labels given (or
+every comparison file there), keeps each file's latest comparison (the trailing records
+made by the same command), and writes ``summary.md`` (headline medians, Cormorant /
+Mosquitto ratio, the command of each) and ``summary.png`` (delivered msg/s and end-to-end
+p99 per scenario, both brokers). README shows both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen.stats import ratio
+from bench.results import medians
+
+BROKERS = ("cormorant", "mosquitto")
+
+#: Headline rows of a traffic scenario: (flattened key, what it is, format).
+TRAFFIC = (
+    ("delivered_per_s", "delivered msg/s", "{:,.0f}"),
+    ("latency_ms.p50", "end-to-end p50 ms", "{:,.1f}"),
+    ("latency_ms.p99", "end-to-end p99 ms", "{:,.1f}"),
+    ("delivered_per_cpu_s", "delivered msg per broker CPU-s", "{:,.0f}"),
+)
+CONNECTIONS = (
+    ("connects_per_s", "connects/s", "{:,.0f}"),
+    ("connect_ms.p99", "CONNECT→CONNACK p99 ms", "{:,.1f}"),
+    ("memory_per_connection_kib", "RSS per connection KiB", "{:,.2f}"),
+)
+
+
+def latest_comparison(path: Path) -> list[dict[str, Any]]:
+    """The records of the latest comparison in the JSON lines file ``path``: the trailing
+    records written by the same command ([] for an empty file or one without both
+    brokers, such as single runs)."""
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if not records:
+        return []
+    command = records[-1].get("command")
+    latest: list[dict[str, Any]] = []
+    for rec in reversed(records):
+        if rec.get("command") != command:
+            break
+        latest.append(rec)
+    latest.reverse()
+    return latest if {r.get("broker") for r in latest} >= set(BROKERS) else []
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "-" if value is None or value != value else fmt.format(value)
+
+
+def table(comparisons: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+    """The Markdown summary of ``comparisons`` (each the records of one label)."""
+    lines = [
+        "| scenario | metric | Cormorant | Mosquitto | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for records in comparisons:
+        first = records[0]
+        rows = CONNECTIONS if first["scenario"] == "connections" else TRAFFIC
+        med = {b: medians(records, b) for b in BROKERS}
+        name = f"`{first['label']}`"
+        for key, what, fmt in rows:
+            a, b = med["cormorant"].get(key), med["mosquitto"].get(key)
+            lines.append(
+                f"| {name} | {what} | {_fmt(a, fmt)} | {_fmt(b, fmt)} | "
+                f"{_fmt(ratio(a, b), '{:.2f}')} |"
+            )
+            name = ""
+    lines += ["", "Commands (each: 3+ rounds, Cormorant and Mosquitto alternately):", ""]
+    lines += [f"- `{records[0]['command']}`" for records in comparisons]
+    return "\n".join(lines) + "\n"
+
+
+def draw(comparisons: Sequence[Sequence[Mapping[str, Any]]], path: Path) -> Path:
+    """The summary chart: delivered msg/s and end-to-end p99 (log scales) per traffic
+    scenario, bars per broker. Raises ImportError without matplotlib (``.[bench]``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traffic = [c for c in comparisons if c[0]["scenario"] != "connections"]
+    labels = [c[0]["label"] for c in traffic]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.9 * len(labels) + 3), 8))
+    for axis, key, title in (
+        (axes[0], "delivered_per_s", "delivered msg/s (median, log)"),
+        (axes[1], "latency_ms.p99", "end-to-end p99 ms (median, log)"),
+    ):
+        for offset, broker in ((-0.2, "cormorant"), (0.2, "mosquitto")):
+            values = [medians(c, broker).get(key) or 0.0 for c in traffic]
+            axis.bar([i + offset for i in range(len(labels))], values, 0.4, label=broker)
+        axis.set_yscale("log")
+        axis.set_title(title)
+        axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def summarize(results_dir: Path, labels: Sequence[str]) -> tuple[Path, Path]:
+    """Write ``summary.md`` and ``summary.png`` in ``results_dir`` for ``labels`` (every
+    ``*.jsonl`` holding a comparison when empty). Raises ``ValueError`` if none has one."""
+    paths = [results_dir / f"{label}.jsonl" for label in labels] or sorted(
+        results_dir.glob("*.jsonl")
+    )
+    comparisons = [c for c in (latest_comparison(p) for p in paths if p.exists()) if c]
+    if not comparisons:
+        raise ValueError(f"no comparison found in {results_dir}")
+    md = results_dir / "summary.md"
+    md.write_text(table(comparisons), encoding="utf-8")
+    return md, draw(comparisons, results_dir / "summary.png")
