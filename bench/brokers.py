@@ -8,6 +8,7 @@ children excluded), in seconds; memory is resident set size (RSS), in bytes.
 from __future__ import annotations
 
 import contextlib
+import json
 import resource
 import shutil
 import socket
@@ -88,6 +89,35 @@ def cormorant(host: str = "127.0.0.1", port: int | None = None) -> Target:
         processes=procs,
         memory=tuple(n for n in procs if n.startswith("ingest")),
     )
+
+
+def require_application(target: Target, client_ids: list[str]) -> None:
+    """Check that the cluster's ingest nodes treat every id in ``client_ids`` as APPLICATION.
+
+    Reads ``CORMORANT_APPLICATION_CLIENT_IDS`` (a JSON list of fnmatch patterns, as the
+    launcher passes every setting) from each ingest process's environment. A cluster
+    started without it would make the subscriber a persistent DEVICE, and the run would
+    measure device_persist instead. Brokers without process accounting are not checked.
+
+    Raises:
+        BrokerUnavailable: an ingest node does not match one of ``client_ids``.
+    """
+    from services.common.sessions import ClientKind, client_kind
+
+    for name, proc in target.processes.items():
+        if not name.startswith("ingest"):
+            continue
+        try:
+            patterns = json.loads(proc.environ().get("CORMORANT_APPLICATION_CLIENT_IDS", "[]"))
+        except (psutil.Error, ValueError) as exc:
+            raise BrokerUnavailable(f"cannot read the settings of {name}: {exc}") from exc
+        missing = [c for c in client_ids if client_kind(c, patterns) is not ClientKind.APPLICATION]
+        if missing:
+            raise BrokerUnavailable(
+                f"{name} treats {missing[0]} as a DEVICE (application_client_ids={patterns}); "
+                "restart the cluster with APPLICATION subscribers enabled: cormorant down && "
+                "CORMORANT_APPLICATION_CLIENT_IDS='[\"app-*\"]' cormorant up"
+            )
 
 
 def external(host: str, port: int) -> Target:

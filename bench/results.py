@@ -32,7 +32,7 @@ TRAFFIC_ROWS: tuple[tuple[str, str, str], ...] = (
     ("latency_ms.max", "end-to-end max ms", "{:.2f}"),
     ("puback_ms.p50", "PUBACK p50 ms", "{:.2f}"),
     ("puback_ms.p99", "PUBACK p99 ms", "{:.2f}"),
-    ("lost", "lost", "{:,.0f}"),
+    ("lost", "not received by drain end", "{:,.0f}"),
     ("duplicates", "duplicates", "{:,.0f}"),
     ("reordered", "reordered", "{:,.0f}"),
     ("unacked", "unacknowledged at drain end", "{:,.0f}"),

@@ -22,13 +22,15 @@ SCENARIOS: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class SubscriberSpec:
-    """One subscribing client: ``expected`` are the publisher ids its filter matches."""
+    """One subscribing client: ``expected`` are the publisher ids its filter matches;
+    ``application``: the broker must treat it as an APPLICATION client (fan-in-app)."""
 
     client_id: str
     topic_filter: str
     qos: int
     clean: bool
     expected: tuple[int, ...]
+    application: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,7 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         app = scenario == "fan-in-app"
         sub_id = f"app-{cid}" if app else cid
         subs = tuple(
-            SubscriberSpec(f"{sub_id}-s{i}", f"{prefix}/in/+", qos, not app, everyone)
+            SubscriberSpec(f"{sub_id}-s{i}", f"{prefix}/in/+", qos, not app, everyone, app)
             for i in range(n_sub)
         )
         pubs = tuple(

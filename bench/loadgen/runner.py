@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from bench import brokers
 from bench.brokers import Target, assert_alive, cpu_seconds, rss_bytes
 from bench.loadgen import stats, worker
 from bench.loadgen.plan import Plan
@@ -126,7 +127,9 @@ def run(plan: Plan, target: Target, workers: int, log: Callable[[str], None]) ->
 
     Raises:
         RunError: a phase failed (the report would be meaningless).
+        BrokerUnavailable: the broker does not treat the plan's APPLICATION subscribers so.
     """
+    brokers.require_application(target, [s.client_id for s in plan.subscribers if s.application])
     count = max(1, min(workers, max(len(plan.publishers), len(plan.subscribers), 1)))
     if plan.scenario == "connections":
         count = max(1, min(workers, plan.connections))

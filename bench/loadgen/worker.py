@@ -18,6 +18,7 @@ import traceback
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
 from typing import Any
 
 from bench.loadgen import wire
@@ -329,7 +330,9 @@ class Worker:
         except Aborted:
             pass
         except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
             detail = "".join(traceback.format_exception_only(exc)).strip()
+            detail += f" (at {Path(where.filename).name}:{where.lineno})"
             with contextlib.suppress(OSError):
                 self.control.send("error", f"worker {self.index}: {detail}")
         finally:

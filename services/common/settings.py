@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     kafka_request_timeout_seconds: float = Field(
         10.0, gt=0, description="How long a produce may take before the PUBLISH is refused."
     )
+    ingest_max_pending_records: int = Field(
+        10_000,
+        ge=1,
+        description="Records an ingest node may have waiting for Kafka's answer; past it, the "
+        "node stops reading from the clients that publish until half are answered (TCP "
+        "backpressure), so a QoS 0 flood cannot make Kafka time out everyone's records.",
+    )
 
     # --- MQTT ------------------------------------------------------------------------------
     max_packet_size: int = Field(

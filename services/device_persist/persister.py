@@ -73,7 +73,6 @@ from services.common.stores.base import (
 log = logging.getLogger(__name__)
 
 
-
 def partition_of(client_id: str, partitions: int) -> int:
     """The partition of every record keyed by ``client_id`` in a topic of ``partitions``."""
     return key_partition(client_id.encode("utf-8"), partitions)

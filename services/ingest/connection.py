@@ -51,6 +51,8 @@ class ServerConnection:
     gathered during one call leave as one record each, at the end of its effects.
     """
 
+    __slots__ = ("_decoder", "_previous_session", "state")
+
     def __init__(
         self,
         settings: Settings,

@@ -29,6 +29,7 @@ to whole seconds; one whose interval has passed before onward delivery started i
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from services.common.mqtt.errors import ProtocolError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
@@ -93,7 +94,9 @@ def deliver(
             return []
         return _send(state, encoded)
     if len(state.outbound) >= state.client_receive_maximum or state.outbound_queue:
-        if len(state.outbound_queue) >= MAX_QUEUED:
+        if state.outbound_queue is None:
+            state.outbound_queue = deque()
+        elif len(state.outbound_queue) >= MAX_QUEUED:
             state.outbound_queue.popleft()
             log.warning(
                 "client %r: outbound queue full, dropped its oldest message", state.client_id

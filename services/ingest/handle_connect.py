@@ -195,9 +195,10 @@ def _releasing(state: ConnectionState) -> Iterable[int]:
 def connect_stored(state: ConnectionState) -> list[Effect]:
     """The session record is in Kafka: send CONNACK; the shell registers the client."""
     assert state.connack is not None
+    connack, state.connack = state.connack, None  # sent once; not kept for the connection's life
     state.phase = Phase.CONNECTED
     state.accepted = True
-    return [Send(state.encode(state.connack)), Connected(state.client_id)]
+    return [Send(state.encode(connack)), Connected(state.client_id)]
 
 
 def connect_failed(state: ConnectionState) -> list[Effect]:

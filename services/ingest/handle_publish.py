@@ -144,11 +144,15 @@ def _answered(state: ConnectionState, pending: PendingAck, ok: bool) -> None:
 
 def _release_acks(state: ConnectionState) -> list[Effect]:
     out: list[bytes] = []
-    while state.pending_acks and state.pending_acks[0].done:
-        pending = state.pending_acks.popleft()
+    acks = state.pending_acks
+    released = 0
+    while released < len(acks) and acks[released].done:
+        pending = acks[released]
+        released += 1
         if pending.failed and state.protocol_version < 5:
             # v3.1.1 has no negative acknowledgement: close, and the client resends. Nothing
             # behind the failed one is acknowledged any more (the connection is closed).
+            del acks[:released]
             state.phase = Phase.CLOSED
             effects: list[Effect] = [Send(b"".join(out))] if out else []
             return [*effects, Close("a PUBLISH could not be stored in Kafka")]
@@ -162,6 +166,7 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
             if not pending.failed:
                 state.unreleased_qos2.add(pending.packet_id)
             out.append(state.encode(PubRec(pending.packet_id, reason, props)))
+    del acks[:released]
     return [Send(b"".join(out))] if out else []
 
 

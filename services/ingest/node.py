@@ -76,7 +76,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-
 EnsureAppTopic = Callable[[str], Awaitable[None]]
 """``await ensure(client_id)`` returns once the client's ``msg.app.<client>`` topic exists
 (created if it did not); raises if it cannot be made sure of."""
@@ -93,6 +92,12 @@ class Client(Protocol):
 
     def close(self) -> None:
         """Close the socket after the queued data."""
+
+    def pause_reading(self) -> None:
+        """Stop reading from the socket (the client's sends back up in TCP)."""
+
+    def resume_reading(self) -> None:
+        """Read from the socket again."""
 
 
 @dataclass
@@ -148,6 +153,10 @@ class IngestNode:
         self._watched: dict[int, tuple[float, Client, StoreEffect | PublishWill]] = {}
         self._next_watch = 0
         self._sweeper: asyncio.Task[None] | None = None
+        # Backpressure: store effects queued and not yet handed to the producer, and the
+        # publishing clients whose reading is paused until the pending records fall to half.
+        self._unsent = 0
+        self._paused: set[Client] = set()
 
     # ----------------------------------------------------------------------------------------
     # state topics
@@ -262,6 +271,7 @@ class IngestNode:
 
     def unregister(self, client: Client) -> None:
         """Forget ``client`` (its socket closed) unless a newer connection replaced it."""
+        self._paused.discard(client)
         client_id = client.connection.client_id
         if self.clients.get(client_id) is client:
             del self.clients[client_id]
@@ -332,29 +342,61 @@ class IngestNode:
     # ----------------------------------------------------------------------------------------
     # store effects
 
+    @property
+    def pending_records(self) -> int:
+        """Store effects waiting to be sent to Kafka or for its answer."""
+        return self._unsent + len(self._watched)
+
     def _enqueue_store(self, client: Client, effect: StoreEffect | PublishWill) -> None:
         queue = self._queues.setdefault(id(client), _StoreQueue())
         queue.items.append((client, effect))
+        self._unsent += 1
         if queue.task is None:
             queue.task = asyncio.create_task(self._drain(id(client), queue))
+        if (
+            isinstance(effect, StorePublish)
+            and client not in self._paused
+            and self.pending_records >= self.settings.ingest_max_pending_records
+        ):
+            # Every byte read would become one more record to wait for: let TCP hold the
+            # client's PUBLISHes instead of the producer's buffer, which times out.
+            client.pause_reading()
+            self._paused.add(client)
+            if len(self._paused) == 1:
+                log.info("%d records wait for Kafka: pausing reads", self.pending_records)
+
+    def _resume_if_drained(self) -> None:
+        if self._paused and self.pending_records <= self.settings.ingest_max_pending_records // 2:
+            paused, self._paused = self._paused, set()
+            for client in paused:
+                client.resume_reading()
 
     async def _drain(self, key: int, queue: _StoreQueue) -> None:
         """Send queued store effects in order; their acknowledgements complete concurrently."""
         try:
             while queue.items:
-                client, effect = queue.items.popleft()
+                client, effect = queue.items[0]
                 topic, record_key, value, headers = self._record_of(client, effect)
                 try:
                     pending = await self._send(topic, record_key, value, headers)
                 except Exception as exc:  # Kafka unreachable or the record refused
                     log.warning("could not queue a record for %s: %r", topic, exc)
+                    self._unsent_done(queue)
                     self._store_failed(client, effect)
+                    self._resume_if_drained()
                     continue
+                self._unsent_done(queue)
                 self._watch(client, effect, pending)
         finally:
             queue.task = None
-            if not queue.items:
-                self._queues.pop(key, None)
+            self._unsent -= len(queue.items)  # cancelled at shutdown: never to be sent
+            queue.items.clear()
+            self._queues.pop(key, None)
+            self._resume_if_drained()
+
+    def _unsent_done(self, queue: _StoreQueue) -> None:
+        queue.items.popleft()
+        self._unsent -= 1
 
     def _watch(
         self, client: Client, effect: StoreEffect | PublishWill, pending: Awaitable[object]
@@ -375,6 +417,7 @@ class IngestNode:
         watched = self._watched.pop(key, None)
         if watched is None:
             return  # timed out already
+        self._resume_if_drained()
         _, client, effect = watched
         error = future.exception() if not future.cancelled() else asyncio.CancelledError()
         if error is not None:
@@ -405,6 +448,7 @@ class IngestNode:
                 del self._watched[key]
                 log.warning("Kafka did not answer for a record of %r", client.connection.client_id)
                 self._store_failed(client, effect)
+            self._resume_if_drained()
             await asyncio.sleep(0.5)  # the sweep's pace: timeouts are seconds long
 
     def _store_failed(self, client: Client, effect: StoreEffect | PublishWill) -> None:

@@ -29,6 +29,18 @@ class MQTTServerProtocol(asyncio.Protocol):
     refused as the protocol says (CONNACK 0x88 Server unavailable, or 0x03 in v3.1.1).
     """
 
+    __slots__ = (
+        "_held",
+        "_last_read",
+        "_loop",
+        "_out",
+        "_timer",
+        "connect_offset",
+        "connection",
+        "node",
+        "transport",
+    )
+
     def __init__(self, node: IngestNode) -> None:
         self.node = node
         self.connection = ServerConnection(
@@ -134,6 +146,17 @@ class MQTTServerProtocol(asyncio.Protocol):
         if self.transport is not None:
             self._flush()
             self.transport.close()
+
+    def pause_reading(self) -> None:
+        """Stop reading from the socket: the node's records wait for Kafka (backpressure)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read again; the time paused does not count against the client's keep alive."""
+        self._last_read = self._loop.time()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _arm_timer(self) -> None:
         if self._timer is not None:

@@ -93,9 +93,13 @@ class Queued:
     expires_at_ms: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class ConnectionState:
-    """Mutable per-connection state shared by the ``handle_*`` modules."""
+    """Mutable per-connection state shared by the ``handle_*`` modules.
+
+    Slotted, and its queues small until used: an idle connection's state is about 1 KiB
+    (bench/NOTES.md, "memory per idle connection").
+    """
 
     settings: Settings
     node_id: str
@@ -121,7 +125,8 @@ class ConnectionState:
     accepted: bool = False
     # inbound (client → server)
     next_token: int = 1
-    pending_acks: deque[PendingAck] = field(default_factory=deque)
+    # in arrival order; acknowledged from the front (a list: an empty deque costs 760 bytes)
+    pending_acks: list[PendingAck] = field(default_factory=list)
     token_to_ack: dict[int, PendingAck] = field(default_factory=dict)
     unreleased_qos2: set[int] = field(default_factory=set)
     inbound_qos2_seen: bool = False  # a QoS 2 PUBLISH or PUBREL came on this connection
@@ -141,7 +146,8 @@ class ConnectionState:
     client_maximum_packet_size: int = 268_435_460
     client_topic_alias_maximum: int = 0
     outbound: dict[int, Outbound] = field(default_factory=dict)
-    outbound_queue: deque[Queued] = field(default_factory=deque)
+    # over the client's Receive Maximum; created when first needed (an empty deque is 760 B)
+    outbound_queue: deque[Queued] | None = None
     last_packet_id: int = 0
     acks_out: list[tuple[AckKind, int]] = field(default_factory=list)
 

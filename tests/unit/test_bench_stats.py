@@ -156,3 +156,26 @@ def test_summary_keeps_the_latest_comparison_of_each_file(tmp_path: Path) -> Non
     text = summary.table([latest])
     assert "| `p2p` | delivered msg/s | 200 | 500 | 0.40 |" in text
     assert "- `new`" in text
+
+
+def test_summary_shows_the_largest_memory_growth_of_the_connection_rounds() -> None:
+    def conn(broker: str, kib: float) -> dict[str, object]:
+        report = {"connects_per_s": 1000.0, "memory_per_connection_kib": kib}
+        return {
+            "label": "connections",
+            "scenario": "connections",
+            "broker": broker,
+            "command": "c",
+            "report": report,
+        }
+
+    records = [
+        conn("cormorant", 3.5),
+        conn("mosquitto", 0.7),
+        conn("cormorant", 0.0),
+        conn("mosquitto", 0.0),
+        conn("cormorant", 0.0),
+        conn("mosquitto", 0.1),
+    ]
+    text = summary.table([records])
+    assert "| max over rounds: RSS per connection KiB | 3.50 | 0.70 | 5.00 |" in text
