@@ -238,10 +238,13 @@ class Worker:
     @staticmethod
     def _unrouted(subs: list[Subscriber], timeout: float) -> str:
         missing = [s for s in subs if not s.routed.done()]
+        if not missing:  # the last probe came in as the deadline passed
+            return f"route confirmed only at the {timeout:g}s deadline (pass a longer --setup)"
         return (
             f"route not confirmed within {timeout:g}s: {len(missing)} subscriber(s) still "
             f"missing probes, e.g. {missing[0].spec.client_id} on "
-            f"{missing[0].spec.topic_filter!r}"
+            f"{missing[0].spec.topic_filter!r} (the backlog of an earlier unpaced run is "
+            "routed first: a longer --setup waits it out)"
         )
 
     @staticmethod
