@@ -45,7 +45,7 @@ from services.app_delivery.window import (
 )
 from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_shared_topic_spec, ensure_topics
-from services.common.kafka.consumer import Record, make_consumer
+from services.common.kafka.consumer import Record, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.errors import MQTTError
 from services.common.records import (
@@ -353,13 +353,7 @@ class ClientFeed:
             else:
                 target = self._shared_target(record.topic, meta.qos)
         except (KeyError, ValueError, RecordError, MQTTError) as exc:
-            log.warning(
-                "skipping undecodable record %s[%d]@%d: %r",
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
+            log_undecodable(log, record, exc)
             return None
         return Entry(target, meta_raw, record.value or b"", record.key, deadline)
 

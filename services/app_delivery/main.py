@@ -24,7 +24,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from services.app_delivery.ownership import AppDelivery
 from services.common.faust_app import make_app, run_service, sender
-from services.common.kafka.consumer import make_consumer
+from services.common.kafka.consumer import log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.errors import MQTTError
 from services.common.readiness import clear_ready, mark_ready
@@ -128,13 +128,7 @@ class Ownership(ConsumerRebalanceListener):  # type: ignore[misc]
                     try:
                         self.delivery.apply(tp.topic, tp.partition, record.key, record.value)
                     except (AttributeError, ValueError, RecordError, MQTTError) as exc:
-                        log.warning(
-                            "skipping undecodable record %s[%d]@%d: %r",
-                            tp.topic,
-                            tp.partition,
-                            record.offset,
-                            exc,
-                        )
+                        log_undecodable(log, record, exc)
             if self._replaying:
                 await self.check_replays()
             if time.monotonic() - last_commit >= COMMIT_INTERVAL:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
 from services.common.faust_app import SendRecord
-from services.common.kafka.consumer import Record
+from services.common.kafka.consumer import Record, log_undecodable
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of as key_partition
 from services.common.mqtt.errors import MQTTError
@@ -212,15 +212,6 @@ class DevicePersister:
         acks.extend(await self.serve(touched, now_ms))
         return acks
 
-    def _skip(self, record: Record, exc: Exception) -> None:
-        log.warning(
-            "skipping undecodable record %s[%d]@%d: %r",
-            record.topic,
-            record.partition,
-            record.offset,
-            exc,
-        )
-
     async def _message(
         self, record: Record, now_ms: int, acks: list[Awaitable[object]]
     ) -> AppendRequest | None:
@@ -234,7 +225,7 @@ class DevicePersister:
             [target] = decode_targets(headers[HEADER_TARGETS])
             deadline = expires_at_ms(meta)
         except (AttributeError, KeyError, ValueError, RecordError, MQTTError) as exc:
-            self._skip(record, exc)
+            log_undecodable(log, record, exc)
             return None
         session = self.sessions.get(client_id)
         if session is None or not session.persistent:
@@ -259,7 +250,7 @@ class DevicePersister:
             client_id = record.key.decode("utf-8")
             ack = decode_ack(record.value or b"")
         except (AttributeError, ValueError, RecordError) as exc:
-            self._skip(record, exc)
+            log_undecodable(log, record, exc)
             return []
         session = self.sessions.get(client_id)
         if session is None or session.session_id != ack.session_id:

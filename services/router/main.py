@@ -31,7 +31,7 @@ import faust
 
 from services.common.faust_app import Headers, make_app, run_service
 from services.common.kafka.admin import app_spec_of, ensure_topics
-from services.common.kafka.consumer import Record, consume_batches, make_consumer
+from services.common.kafka.consumer import Record, consume_batches, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.kafka.state_reader import Headers as StateHeaders
@@ -156,13 +156,7 @@ def outputs(table: RoutingTable, names: TopicNames, record: Record, now_ms: int)
         meta_raw = headers[HEADER_META]
         routes = table.route(client_id, decode_meta(meta_raw))
     except (KeyError, RecordError, UnicodeDecodeError) as exc:
-        log.warning(
-            "skipping undecodable msg.all record %s[%d]@%d: %r",
-            record.topic,
-            record.partition,
-            record.offset,
-            exc,
-        )
+        log_undecodable(log, record, exc)
         return []
     return _outputs_of(names, record.key, record.value, meta_raw, routes)
 

@@ -44,6 +44,18 @@ is done already). Raising fails the batch like a failed acknowledgement."""
 RETRY_BACKOFF_SECONDS = 1.0
 
 
+def log_undecodable(logger: logging.Logger, record: Record, exc: BaseException) -> None:
+    """Log that ``record`` (topic, partition, offset) is skipped because it could not be
+    decoded: garbage on a topic is never a reason to stop a service or to lose the rest."""
+    logger.warning(
+        "skipping undecodable record %s[%d]@%d: %r",
+        record.topic,
+        record.partition,
+        record.offset,
+        exc,
+    )
+
+
 def make_consumer(
     settings: Settings, *topics: str, group_id: str | None, **overrides: object
 ) -> AIOKafkaConsumer:
