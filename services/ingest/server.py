@@ -171,6 +171,11 @@ class MQTTServerProtocol(asyncio.Protocol):
         timeout = self.connection.keep_alive_timeout
         if timeout is None or self.connection.closed or self._held is not None:
             return  # a held CONNECT waits for the state sync, bounded by its own timeout
+        if self.transport is not None and not self.transport.is_reading():
+            # Paused for backpressure: the silence is the node's, not the client's.
+            self._last_read = self._loop.time()
+            self._arm_timer()
+            return
         if self._loop.time() - self._last_read >= timeout:
             self.node.run(self, self.connection.keep_alive_expired())
         else:
