@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -19,6 +19,7 @@ from services.common.sessions import new_connection_id
 from services.common.settings import Settings
 from services.ingest.connection import ServerConnection
 from services.ingest.node import IngestNode, now_ms
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -50,13 +51,6 @@ class SocketShell:
 
     def resume_reading(self) -> None:
         self.reading.append(True)
-
-
-async def _wait_for(condition: Callable[[], object], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + TIMEOUT
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def _count_records(bootstrap: str, topic: str, expected: int) -> int:
@@ -101,14 +95,14 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
         node = IngestNode(own, send, synced, no_app_topics)
         shell = SocketShell(node)
         node.run(shell, shell.connection.receive_data(encode(Connect(4, "flooder", True, 60), 4)))
-        await _wait_for(lambda: shell.written, "CONNACK")
+        await wait_for(lambda: shell.written, "CONNACK", TIMEOUT)
 
         flood = b"".join(encode(Publish("flood/x", str(i).encode()), 4) for i in range(MESSAGES))
         node.run(shell, shell.connection.receive_data(flood))
         assert shell.reading[-1] is False, "reading goes on past the limit"
         assert node.pending_records == MESSAGES
 
-        await _wait_for(lambda: node.pending_records == 0, "Kafka's answers")
+        await wait_for(lambda: node.pending_records == 0, "Kafka's answers", TIMEOUT)
         assert shell.reading == [True, False, True]
         stored = await _count_records(kafka_bootstrap, node.names.msg_all, MESSAGES)
         assert stored == MESSAGES

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaProducer
 
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.state_reader import CompactedTopicReader
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -64,14 +65,6 @@ async def topics(kafka_bootstrap: str) -> AsyncIterator[Topics]:
         await producer.stop()
 
 
-async def _wait_for(predicate: object, what: str, timeout: float = 10.0) -> None:
-    assert callable(predicate)
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)  # polling pace of a condition with a deadline
-    assert predicate(), what
-
-
 async def test_start_replays_every_existing_record(topics: Topics) -> None:
     sessions, subscriptions = topics.names
     expected: dict[tuple[str, bytes], bytes | None] = {}
@@ -105,7 +98,7 @@ async def test_it_follows_records_written_after_start(topics: Topics) -> None:
     try:
         assert applied.latest == {}
         await topics.put(sessions, b"late", b"1")
-        await _wait_for(lambda: applied.latest.get((sessions, b"late")) == b"1", "late record")
+        await wait_for(lambda: applied.latest.get((sessions, b"late")) == b"1", "late record")
     finally:
         await reader.stop()
 
