@@ -38,7 +38,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.bench_trie import cpu_model  # noqa: E402
-from services.common.settings import Settings  # noqa: E402
 from services.common.stores import (  # noqa: E402
     AckKind,
     MessageStore,
@@ -46,6 +45,7 @@ from services.common.stores import (  # noqa: E402
     RedisMessageStore,
 )
 from services.local import cluster  # noqa: E402
+from services.local.settings import LocalSettings  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "stores.jsonl"
 
@@ -62,11 +62,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def own_servers() -> Iterator[Settings]:
+def own_servers() -> Iterator[LocalSettings]:
     """Start a private Redis and PostgreSQL in a temporary directory; yield their settings."""
     with tempfile.TemporaryDirectory(prefix="bench-stores-") as state_dir:
         settings = cluster.local_settings(
-            Settings(state_dir=Path(state_dir), redis_port=free_port(), postgres_port=free_port())
+            LocalSettings(
+                state_dir=Path(state_dir), redis_port=free_port(), postgres_port=free_port()
+            )
         )
         try:
             cluster.start_component(settings, "redis")
@@ -99,7 +101,7 @@ async def one_run(store: MessageStore, clients: int, round_trips: int, payload: 
 
 
 async def run_case(
-    backend: str, settings: Settings, clients: int, round_trips: int, runs: int, payload: int
+    backend: str, settings: LocalSettings, clients: int, round_trips: int, runs: int, payload: int
 ) -> dict[str, Any]:
     """Time ``runs`` runs of one case after an untimed warm-up run; return its record."""
     store: MessageStore
@@ -152,7 +154,7 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-async def run_all(args: argparse.Namespace, settings: Settings) -> list[dict[str, Any]]:
+async def run_all(args: argparse.Namespace, settings: LocalSettings) -> list[dict[str, Any]]:
     """Every case: each backend with each client count."""
     records = []
     for backend in args.backends:
@@ -181,7 +183,7 @@ def main() -> None:
         with own_servers() as settings:
             records = asyncio.run(run_all(args, settings))
     else:
-        records = asyncio.run(run_all(args, Settings()))
+        records = asyncio.run(run_all(args, LocalSettings()))
     print(table(records))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("a", encoding="utf-8") as out:

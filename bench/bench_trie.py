@@ -34,7 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The script is run by path from a plain checkout, where the package is not installed.
 sys.path.insert(0, str(REPO_ROOT))
 
-from services.common.topics.trie import Subscription, SubscriptionTrie  # noqa: E402
+from services.common.subscription import Subscription  # noqa: E402
+from services.common.topics.trie import SubscriptionTrie  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "trie.jsonl"
 

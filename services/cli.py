@@ -63,15 +63,21 @@ def app_delivery() -> None:
 
 @main.command("settings")
 def show_settings() -> None:
-    """List every setting: environment variable, current value and meaning."""
-    from services.common.settings import Settings, get_settings
+    """List every setting: environment variable, current value and meaning (the services'
+    run-time settings first, then the local cluster launcher's)."""
+    from services.common.settings import Settings
+    from services.local.settings import LocalSettings
 
-    current = get_settings()
-    for name, info in Settings.model_fields.items():
-        value = getattr(current, name)
-        click.echo(f"CORMORANT_{name.upper()}={'' if value is None else value}")
-        if info.description:
-            click.echo(f"    {info.description}")
+    current = LocalSettings()
+    launcher = [name for name in LocalSettings.model_fields if name not in Settings.model_fields]
+    for title, names in (("services", list(Settings.model_fields)), ("local cluster", launcher)):
+        click.echo(f"# {title}")
+        for name in names:
+            value = getattr(current, name)
+            click.echo(f"CORMORANT_{name.upper()}={'' if value is None else value}")
+            description = LocalSettings.model_fields[name].description
+            if description:
+                click.echo(f"    {description}")
 
 
 main.add_command(up)

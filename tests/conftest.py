@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.common.settings import Settings
 from services.local import cluster as local_cluster
 from services.local import kafka, postgres, redis
+from services.local.settings import LocalSettings
 from tests.servers import LocalCluster, make_test_settings
 
 DISRUPTIVE = "disruptive"
@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSettings]:
     """Settings of this session's test cluster; tears the whole cluster down at the end."""
     value = make_test_settings(tmp_path_factory.mktemp("cormorant"))
     yield value
@@ -41,28 +41,28 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(settings: Settings) -> str:
+def kafka_bootstrap(settings: LocalSettings) -> str:
     """A running Kafka broker with the core topics: its bootstrap address ``host:port``."""
     local_cluster.start_component(settings, kafka.NAME)
     return kafka.bootstrap(settings)
 
 
 @pytest.fixture(scope="session")
-def redis_server(settings: Settings) -> str:
+def redis_server(settings: LocalSettings) -> str:
     """A running Redis server: its URL ``redis://127.0.0.1:<port>/0``."""
     local_cluster.start_component(settings, redis.NAME)
     return redis.url(settings)
 
 
 @pytest.fixture(scope="session")
-def postgres_server(settings: Settings) -> str:
+def postgres_server(settings: LocalSettings) -> str:
     """A running PostgreSQL server: the URL of its ``cormorant`` database."""
     local_cluster.start_component(settings, postgres.NAME)
     return postgres.dsn(settings)
 
 
 @pytest.fixture
-def cluster(settings: Settings) -> LocalCluster:
+def cluster(settings: LocalSettings) -> LocalCluster:
     """The whole cluster up (infrastructure, ingest nodes, router, HAProxy).
 
     The processes are shared by the whole session: they start on first use. Each test

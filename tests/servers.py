@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.readiness import clear_ready
-from services.common.settings import Settings
 from services.local import cluster, haproxy, kafka, processes
+from services.local.settings import LocalSettings
 
 #: Default test ports; the whole block moves by PORT_STEP while any of them is taken.
 TEST_PORTS = {
@@ -63,11 +63,11 @@ def free_test_ports(ingest_nodes: int) -> dict[str, int]:
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
 
 
-def make_test_settings(state_dir: Path) -> Settings:
+def make_test_settings(state_dir: Path) -> LocalSettings:
     """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix."""
-    defaults = Settings()
+    defaults = LocalSettings()
     ports = free_test_ports(defaults.ingest_nodes)
-    return Settings(
+    return LocalSettings(
         state_dir=state_dir,
         cache_dir=defaults.cache_dir,
         kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
@@ -83,7 +83,7 @@ def make_test_settings(state_dir: Path) -> Settings:
 class LocalCluster:
     """A running test cluster: where it listens, and control over each of its processes."""
 
-    settings: Settings
+    settings: LocalSettings
 
     @property
     def mqtt_port(self) -> int:

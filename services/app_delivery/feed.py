@@ -43,28 +43,24 @@ from services.app_delivery.window import (
     decode_mark,
     encode_mark,
 )
+from services.common.clock import now_ms
 from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_shared_topic_spec, ensure_topics
 from services.common.kafka.consumer import Record, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
-from services.common.mqtt.errors import MQTTError
 from services.common.records import (
-    HEADER_META,
-    HEADER_RELEASES,
-    HEADER_SESSION,
-    HEADER_TARGETS,
     AckRecord,
     RecordError,
     SessionRecord,
     Target,
-    decode_meta,
-    decode_targets,
-    encode_releases,
-    encode_targets,
+    downlink_record,
     expires_at_ms,
+    parse_app,
+    parse_app_shared,
+    release_record,
 )
 from services.common.settings import Settings
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +80,6 @@ STOP_TIMEOUT = 5.0
 
 #: Most acknowledgement records kept for a feed that has not read its position yet.
 EARLY_ACKS_MAX = 10_000
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class FeedError(RuntimeError):
@@ -342,24 +334,25 @@ class ClientFeed:
         """The window entry of a fetched record; None for one that is not for this session
         or does not decode (logged)."""
         try:
-            headers = dict(record.headers or ())
-            meta_raw = headers[HEADER_META]
-            meta = decode_meta(meta_raw)
-            deadline = expires_at_ms(meta)
             if record.topic == self._topic:
-                if headers.get(HEADER_SESSION) != self.session_id:
+                own = parse_app(record.value, record.headers)
+                if own.session_id != self.session_id:
                     return None  # routed for an earlier session (MQTT 3.1.2.4)
-                [target] = decode_targets(headers[HEADER_TARGETS])
+                message, target = own.message, own.target
             else:
-                target = self._shared_target(record.topic, meta.qos)
-        except (KeyError, ValueError, RecordError, MQTTError) as exc:
+                message = parse_app_shared(record.value, record.headers)
+                sub = self._shared_subs.get(record.topic)
+                if sub is None:
+                    return None  # the client left that group since the fetch
+                target = self._shared_target(sub, message.meta.qos)
+            deadline = expires_at_ms(message.meta)
+        except RecordError as exc:
             log_undecodable(log, record, exc)
             return None
-        return Entry(target, meta_raw, record.value or b"", record.key, deadline)
+        return Entry(target, message.meta_raw, message.payload, record.key, deadline)
 
-    def _shared_target(self, topic: str, qos: int) -> Target:
+    def _shared_target(self, sub: Subscription, qos: int) -> Target:
         """The client's delivery of a shared topic's message, from its own subscription."""
-        sub = self._shared_subs[topic]
         ids = () if sub.subscription_identifier is None else (sub.subscription_identifier,)
         return Target(self.client_id, min(qos, sub.qos), sub.retain_as_published, ids)
 
@@ -387,7 +380,7 @@ class ClientFeed:
                     await self._wake.wait()
             self._wake.clear()
             connection, node = self._connection, self.session.node_id
-            out = self.window.sendable(_now_ms())
+            out = self.window.sendable(now_ms())
             needed = any(
                 tp not in self._committed or self._committed[tp].sent_upto < mark
                 for tp, mark in out.marks.items()
@@ -454,19 +447,21 @@ class ClientFeed:
     async def _deliver(self, out: Sendable, node: str, connection: int) -> None:
         """Downlink records for ``out`` on ``node``, the node of the client's
         ``connection``; a failed write puts the delivery back in the window."""
-        topic = self.names.downlink(node)
         acks: list[Awaitable[object]] = []
         for delivery in out.publishes:
             if connection != self._connection:
                 return  # the client connected again: the rest goes to it in order
             entry = delivery.entry
             target = replace(entry.target, packet_id=delivery.packet_id, dup=delivery.dup)
-            headers = [(HEADER_META, entry.meta_raw), (HEADER_TARGETS, encode_targets([target]))]
-            acks.append(await self._send(topic, self._key, entry.payload, headers))
+            record = downlink_record(
+                self.names, node, self._key, entry.meta_raw, entry.payload, [target]
+            )
+            acks.append(await self._send(*record))
         if out.releases and connection == self._connection:
             releases = [(self.client_id, d.packet_id) for d in out.releases]
-            headers = [(HEADER_RELEASES, encode_releases(releases))]
-            acks.append(await self._send(topic, self._key, b"", headers))
+            acks.append(
+                await self._send(*release_record(self.names, node, self.client_id, releases))
+            )
         deliveries = [*out.publishes, *out.releases]
         task = asyncio.create_task(self._confirm(acks, deliveries, connection))
         self._confirming.add(task)

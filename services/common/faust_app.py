@@ -22,10 +22,8 @@ import faust
 
 from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
+from services.common.records import Headers
 from services.common.settings import Settings, get_settings
-
-Headers = list[tuple[str, bytes]]
-"""Kafka record headers: (name, value) pairs."""
 
 SendRecord = Callable[[str, bytes, bytes | None, Headers | None], Awaitable[Awaitable[object]]]
 """``await send(topic, key, value, headers)`` queues a record (``value`` None: a tombstone)

@@ -36,6 +36,11 @@ Topic → key / value / headers:
 - ``client.acks``: key = subscriber client id; value = :class:`AckRecord`: the client's
   PUBACK / PUBREC / PUBCOMP of messages a store (device_persist, app_delivery) delivered.
 
+Each record kind has one builder (``*_record``, returning a :class:`KafkaRecord`) and one
+parser (``parse_*``), and every parser raises only :class:`RecordError`: the one test of
+"undecodable" every consumer applies before it logs and skips a record
+(:func:`services.common.kafka.consumer.log_undecodable`).
+
 Not a Kafka topic but kept here with its siblings: :class:`StoredRecord`, what device_persist
 keeps per message in its store (Redis or PostgreSQL).
 """
@@ -46,10 +51,13 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
+from services.common.kafka.names import TopicNames
+from services.common.mqtt.errors import MQTTError
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, decode_properties
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 
 HEADER_META = "m"
 HEADER_TARGETS = "t"
@@ -123,16 +131,29 @@ class PublishMeta:
     properties: bytes = b""
 
 
+def forwarded_properties(meta: PublishMeta) -> Properties:
+    """The publisher's forwarded MQTT 5 PUBLISH properties, decoded (empty when none).
+
+    Raises :class:`RecordError` if they do not decode (a garbage record).
+    """
+    if not meta.properties:
+        return Properties()
+    try:
+        props, _ = decode_properties(meta.properties, 0, PacketType.PUBLISH)
+    except MQTTError as exc:
+        raise RecordError(f"undecodable PUBLISH properties: {exc!r}") from exc
+    return props
+
+
 def expires_at_ms(meta: PublishMeta) -> int | None:
     """When the message's Message Expiry Interval ends (Unix ms), or None if it has none.
 
     The interval (MQTT 5.0 3.3.2.3.3, seconds) runs from ``received_at_ms``. Raises
-    ``MQTTError`` if the forwarded properties do not decode (a garbage record).
+    :class:`RecordError` if the forwarded properties do not decode (a garbage record).
     """
     if not meta.properties:
         return None
-    props, _ = decode_properties(meta.properties, 0, PacketType.PUBLISH)
-    return expiry_deadline(props, meta.received_at_ms)
+    return expiry_deadline(forwarded_properties(meta), meta.received_at_ms)
 
 
 def expiry_deadline(properties: Properties, received_at_ms: int) -> int | None:
@@ -552,3 +573,311 @@ def decode_stored(data: bytes) -> StoredRecord:
     if len(targets) != 1:
         raise RecordError("a stored message has exactly one target")
     return StoredRecord(session_id, data[_STORED.size : meta_end], targets[0], data[targets_end:])
+
+
+# --------------------------------------------------------------------------------------------
+# Kafka records: one builder and one parser per record kind
+
+Headers = Sequence[tuple[str, bytes]]
+"""Kafka record headers: (name, value) pairs."""
+
+
+class KafkaRecord(NamedTuple):
+    """One record to produce: ``topic``, ``key``, ``value`` (None: a tombstone) and
+    ``headers``; ``send(*record)`` hands it to a
+    :data:`~services.common.faust_app.SendRecord`."""
+
+    topic: str
+    key: bytes
+    value: bytes | None
+    headers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A PUBLISH as it travels between topics: metadata decoded and as its raw ``m``
+    header (passed on unchanged), and the payload (the record value, untouched)."""
+
+    meta: PublishMeta
+    meta_raw: bytes
+    payload: bytes
+
+
+def client_id_of(key: bytes | None) -> str:
+    """A record key that names a client (or a Topic Name) as text.
+
+    Raises :class:`RecordError` for a missing key or one that is not UTF-8.
+    """
+    if key is None:
+        raise RecordError("record without a key")
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"record key is not UTF-8: {exc}") from exc
+
+
+def _header(headers: Headers | None, name: str) -> bytes:
+    for key, value in headers or ():
+        if key == name:
+            return value
+    raise RecordError(f"record without its {name!r} header")
+
+
+def _message(headers: Headers | None, value: bytes | None) -> Message:
+    meta_raw = _header(headers, HEADER_META)
+    return Message(decode_meta(meta_raw), meta_raw, value or b"")
+
+
+# msg.all --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A ``msg.all`` record of an accepted PUBLISH: its publisher and the message."""
+
+    client_id: str
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedRequest:
+    """A ``msg.all`` record asking for the retained messages that ``subscriptions`` (new
+    subscriptions of ``client_id``) must get (MQTT 3.3.1.3)."""
+
+    client_id: str
+    subscriptions: list[Subscription]
+
+
+def publish_record(
+    names: TopicNames, client_id: str, meta: PublishMeta, payload: bytes
+) -> KafkaRecord:
+    """The ``msg.all`` record of an accepted PUBLISH (a Will Message included)."""
+    return KafkaRecord(
+        names.msg_all, client_id.encode("utf-8"), payload, [(HEADER_META, encode_meta(meta))]
+    )
+
+
+def retained_request_record(
+    names: TopicNames, client_id: str, subscriptions: Iterable[Subscription]
+) -> KafkaRecord:
+    """The ``msg.all`` record asking for the retained messages of new ``subscriptions``."""
+    header = (HEADER_RETAINED_REQUEST, encode_subscriptions(subscriptions))
+    return KafkaRecord(names.msg_all, client_id.encode("utf-8"), b"", [header])
+
+
+def parse_msg_all(
+    key: bytes | None, value: bytes | None, headers: Headers | None
+) -> Published | RetainedRequest:
+    """Parse a ``msg.all`` record. Raises :class:`RecordError`."""
+    client_id = client_id_of(key)
+    for name, data in headers or ():
+        if name == HEADER_RETAINED_REQUEST:
+            return RetainedRequest(client_id, decode_subscriptions(client_id, data))
+    return Published(client_id, _message(headers, value))
+
+
+# msg.retained -----------------------------------------------------------------------------
+
+
+def retained_record(names: TopicNames, meta: PublishMeta, payload: bytes) -> KafkaRecord:
+    """The ``msg.retained`` record of a PUBLISH with RETAIN, keyed by its Topic Name; an
+    empty payload gives a tombstone, which deletes the topic's retained message (3.3.1.3)."""
+    return KafkaRecord(
+        names.msg_retained,
+        meta.topic.encode("utf-8"),
+        payload or None,
+        [(HEADER_META, encode_meta(meta))],
+    )
+
+
+def parse_retained(
+    key: bytes | None, value: bytes | None, headers: Headers | None
+) -> tuple[str, Message | None]:
+    """Parse a ``msg.retained`` record: its Topic Name and message (None: a tombstone).
+    Raises :class:`RecordError`."""
+    topic = client_id_of(key)
+    if value is None:
+        return topic, None
+    return topic, _message(headers, value)
+
+
+# msg.downlink.<node> -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Downlink:
+    """A downlink record of a message: the message and this node's targets for it."""
+
+    meta: PublishMeta
+    payload: bytes
+    targets: list[Target]
+
+
+@dataclass(frozen=True, slots=True)
+class Releases:
+    """A downlink record asking for PUBREL of each (client id, Packet Identifier)."""
+
+    releases: list[tuple[str, int]]
+
+
+def downlink_record(
+    names: TopicNames,
+    node_id: str,
+    key: bytes,
+    meta_raw: bytes,
+    payload: bytes,
+    targets: Sequence[Target],
+) -> KafkaRecord:
+    """The record sending a message (its raw ``m`` header and payload) to ``targets``
+    connected to node ``node_id``; ``key`` is the publisher's client id (its order is kept,
+    MQTT 4.6)."""
+    headers = [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))]
+    return KafkaRecord(names.downlink(node_id), key, payload, headers)
+
+
+def release_record(
+    names: TopicNames, node_id: str, client_id: str, releases: Sequence[tuple[str, int]]
+) -> KafkaRecord:
+    """The record asking node ``node_id`` for PUBREL of ``releases`` (MQTT 4.4)."""
+    headers = [(HEADER_RELEASES, encode_releases(releases))]
+    return KafkaRecord(names.downlink(node_id), client_id.encode("utf-8"), b"", headers)
+
+
+def parse_downlink(value: bytes | None, headers: Headers | None) -> Downlink | Releases:
+    """Parse a downlink record. Raises :class:`RecordError`."""
+    meta_raw = targets = None
+    for name, data in headers or ():
+        if name == HEADER_RELEASES:
+            return Releases(decode_releases(data))
+        if name == HEADER_META:
+            meta_raw = data
+        elif name == HEADER_TARGETS:
+            targets = data
+    if meta_raw is None or targets is None:
+        raise RecordError("downlink record without its m and t headers")
+    return Downlink(decode_meta(meta_raw), value or b"", decode_targets(targets))
+
+
+# msg.persisted ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """A ``msg.persisted`` record: a message for one persistent DEVICE subscriber."""
+
+    client_id: str
+    message: Message
+    target: Target
+
+
+def persisted_record(names: TopicNames, message: Message, target: Target) -> KafkaRecord:
+    """The ``msg.persisted`` record of ``message`` for ``target`` (keyed by its client id)."""
+    headers = [(HEADER_META, message.meta_raw), (HEADER_TARGETS, encode_targets([target]))]
+    return KafkaRecord(
+        names.msg_persisted, target.client_id.encode("utf-8"), message.payload, headers
+    )
+
+
+def parse_persisted(key: bytes | None, value: bytes | None, headers: Headers | None) -> Persisted:
+    """Parse a ``msg.persisted`` record. Raises :class:`RecordError`."""
+    client_id = client_id_of(key)
+    targets = decode_targets(_header(headers, HEADER_TARGETS))
+    if len(targets) != 1:
+        raise RecordError("a msg.persisted record has exactly one target")
+    return Persisted(client_id, _message(headers, value), targets[0])
+
+
+# msg.app.<client> and msg.app-shared.<group> ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AppMessage:
+    """A ``msg.app.<client>`` record: the message, its one target and the session id it
+    was routed for."""
+
+    message: Message
+    target: Target
+    session_id: bytes
+
+
+def app_record(
+    names: TopicNames, key: bytes, message: Message, target: Target, session_id: bytes
+) -> KafkaRecord:
+    """The ``msg.app.<client>`` record of ``message`` for the persistent APPLICATION
+    session ``session_id`` of ``target``; ``key`` is the publisher's client id."""
+    headers = [
+        (HEADER_META, message.meta_raw),
+        (HEADER_TARGETS, encode_targets([target])),
+        (HEADER_SESSION, session_id),
+    ]
+    return KafkaRecord(names.app(target.client_id), key, message.payload, headers)
+
+
+def parse_app(value: bytes | None, headers: Headers | None) -> AppMessage:
+    """Parse a ``msg.app.<client>`` record. Raises :class:`RecordError`."""
+    targets = decode_targets(_header(headers, HEADER_TARGETS))
+    if len(targets) != 1:
+        raise RecordError("a msg.app record has exactly one target")
+    return AppMessage(_message(headers, value), targets[0], _header(headers, HEADER_SESSION))
+
+
+def app_shared_record(
+    names: TopicNames, share_name: str, topic_filter: str, key: bytes, message: Message
+) -> KafkaRecord:
+    """The ``msg.app-shared.<group>`` record of ``message`` for Shared Subscription
+    ``$share/<share_name>/<topic_filter>``; ``key`` is the publisher's client id."""
+    topic = names.app_shared(share_name, topic_filter)
+    return KafkaRecord(topic, key, message.payload, [(HEADER_META, message.meta_raw)])
+
+
+def parse_app_shared(value: bytes | None, headers: Headers | None) -> Message:
+    """Parse a ``msg.app-shared.<group>`` record. Raises :class:`RecordError`."""
+    return _message(headers, value)
+
+
+# client.sessions, client.subscriptions, client.acks ----------------------------------------------
+
+
+def client_session_record(
+    names: TopicNames, client_id: str, record: SessionRecord | None
+) -> KafkaRecord:
+    """The ``client.sessions`` record of ``client_id`` (None: a tombstone, session gone)."""
+    value = None if record is None else encode_session(record)
+    return KafkaRecord(names.client_sessions, client_id.encode("utf-8"), value)
+
+
+def parse_client_session(
+    key: bytes | None, value: bytes | None
+) -> tuple[str, SessionRecord | None]:
+    """Parse a ``client.sessions`` record: client id and record (None: a tombstone).
+    Raises :class:`RecordError`."""
+    return client_id_of(key), None if value is None else decode_session(value)
+
+
+def client_subscriptions_record(
+    names: TopicNames, client_id: str, subscriptions: Iterable[Subscription]
+) -> KafkaRecord:
+    """The ``client.subscriptions`` record of ``client_id``'s whole set (none: a
+    tombstone)."""
+    items = list(subscriptions)
+    value = encode_subscriptions(items) if items else None
+    return KafkaRecord(names.client_subscriptions, client_id.encode("utf-8"), value)
+
+
+def parse_client_subscriptions(
+    key: bytes | None, value: bytes | None
+) -> tuple[str, list[Subscription]]:
+    """Parse a ``client.subscriptions`` record: client id and its whole subscription set
+    ([] for a tombstone). Raises :class:`RecordError`."""
+    client_id = client_id_of(key)
+    return client_id, [] if value is None else decode_subscriptions(client_id, value)
+
+
+def client_acks_record(names: TopicNames, client_id: str, record: AckRecord) -> KafkaRecord:
+    """The ``client.acks`` record of ``client_id``'s acknowledgements."""
+    return KafkaRecord(names.client_acks, client_id.encode("utf-8"), encode_ack(record))
+
+
+def parse_client_acks(key: bytes | None, value: bytes | None) -> tuple[str, AckRecord]:
+    """Parse a ``client.acks`` record. Raises :class:`RecordError` (a tombstone too)."""
+    return client_id_of(key), decode_ack(value or b"")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
@@ -33,10 +34,32 @@ def client_kind(client_id: str, application_patterns: Iterable[str]) -> ClientKi
     return ClientKind.DEVICE
 
 
-def is_application_store(record: SessionRecord | None) -> bool:
-    """Whether a session's messages go through its own ``msg.app`` topic: a persistent
-    APPLICATION session (non-persistent APPLICATION clients are routed like DEVICE ones)."""
-    return record is not None and record.persistent and record.kind is ClientKind.APPLICATION
+class DeliveryPath(enum.Enum):
+    """Which way the messages routed for a session travel (DESIGN.md, "The data path";
+    TBMQ's DEVICE/APPLICATION split), by the topic they are routed to."""
+
+    NONE = "none"
+    """No session, or a non-persistent one that is not connected: nothing is routed."""
+    DOWNLINK = "downlink"
+    """A connected non-persistent session (either kind): ``msg.downlink.<node_id>`` of its
+    node, which sends it at once."""
+    PERSISTED = "persisted"
+    """A persistent DEVICE session, connected or not: ``msg.persisted``, stored by
+    device_persist until acknowledged."""
+    APPLICATION = "application"
+    """A persistent APPLICATION session, connected or not: its own ``msg.app.<client>``
+    topic, read by app_delivery."""
+
+
+def delivery_path(record: SessionRecord | None) -> DeliveryPath:
+    """The :class:`DeliveryPath` of a client's messages, from its latest session record."""
+    if record is None:
+        return DeliveryPath.NONE
+    if record.persistent:
+        if record.kind is ClientKind.APPLICATION:
+            return DeliveryPath.APPLICATION
+        return DeliveryPath.PERSISTED
+    return DeliveryPath.DOWNLINK if record.connected else DeliveryPath.NONE
 
 
 NEVER_EXPIRES = 0xFFFF_FFFF

@@ -23,17 +23,13 @@ def _default_state_dir() -> Path:
     return Path(base) / "cormorant"
 
 
-def _default_cache_dir() -> Path:
-    """Where downloaded jars are cached: ``$XDG_CACHE_HOME/cormorant``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cormorant"
-
-
 class Settings(BaseSettings):
     """All of Cormorant's settings (environment prefix ``CORMORANT_``).
 
-    Groups: Kafka connection and topic layout, MQTT limits, the ingest listener, the local
-    cluster launcher, and the message store of device_persist. Validation errors raise
+    Groups: Kafka connection and topic layout, MQTT limits, the ingest listener, and the
+    message store of device_persist: what the services read at run time. The local cluster
+    launcher's own settings (ports, Kafka's heap and version) are
+    :class:`services.local.settings.LocalSettings`. Validation errors raise
     ``pydantic.ValidationError`` naming the offending variable.
     """
 
@@ -175,27 +171,11 @@ class Settings(BaseSettings):
         "and removes it on shutdown; the local cluster launcher waits on it.",
     )
 
-    # --- local cluster ---------------------------------------------------------------------
+    # --- every service ---------------------------------------------------------------------
     state_dir: Path = Field(
         default_factory=_default_state_dir,
-        description="Data, logs and pid files of the local cluster ($XDG_STATE_HOME/cormorant).",
-    )
-    cache_dir: Path = Field(
-        default_factory=_default_cache_dir,
-        description="Downloaded Kafka jars ($XDG_CACHE_HOME/cormorant).",
-    )
-    kafka_version: str = Field("3.9.1", description="Apache Kafka release fetched from Maven.")
-    kafka_port: int = Field(9092, ge=1, le=65535, description="Local Kafka's client port.")
-    kafka_controller_port: int = Field(
-        9093, ge=1, le=65535, description="Local Kafka's KRaft controller port."
-    )
-    kafka_heap: str = Field("512m", description="-Xmx of the local Kafka broker.")
-    redis_port: int = Field(6379, ge=1, le=65535, description="Local Redis port.")
-    postgres_port: int = Field(5432, ge=1, le=65535, description="Local PostgreSQL port.")
-    listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
-    ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
-    ingest_base_port: int = Field(
-        11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
+        description="Data directory: each service's Faust data dir, and the local cluster's "
+        "data, logs and pid files ($XDG_STATE_HOME/cormorant).",
     )
     log_level: str = Field("INFO", description="Python logging level of the services.")
 

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable
 
 import faust
 from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
+from services.common.clock import now_ms
 from services.common.faust_app import make_app, run_service, sender
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
-from services.common.kafka.state_reader import CompactedTopicReader, Headers
+from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
+from services.common.records import Headers
 from services.common.settings import Settings
 from services.common.stores import open_store
 from services.device_persist.persister import DevicePersister
@@ -55,9 +56,9 @@ def build_app(settings: Settings) -> faust.App:
         # Session records stored before these records were are applied first: a message
         # is stamped with the session it was routed for.
         await reader.barrier()
-        return await persister.handle_batch(records, time.time_ns() // 1_000_000)
+        return await persister.handle_batch(records, now_ms())
 
-    def assigned(partitions: set[TopicPartition]) -> None:
+    async def assigned(partitions: set[TopicPartition]) -> None:
         persister.assign(tp.partition for tp in partitions if tp.topic == names.msg_persisted)
 
     @app.task
@@ -86,7 +87,7 @@ def build_app(settings: Settings) -> faust.App:
     @app.timer(settings.session_expiry_check_seconds)
     async def expire_sessions() -> None:
         try:
-            acks = await persister.expire_sessions(time.time_ns() // 1_000_000)
+            acks = await persister.expire_sessions(now_ms())
             await asyncio.gather(*acks)
         except Exception as exc:  # the store or Kafka is down: the next tick tries again
             log.warning("session expiry check failed: %r", exc)

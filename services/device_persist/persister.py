@@ -30,36 +30,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
+from services.common import clock
 from services.common.faust_app import SendRecord
 from services.common.kafka.consumer import Record, log_undecodable
 from services.common.kafka.names import TopicNames
-from services.common.kafka.partitioner import partition_of as key_partition
-from services.common.mqtt.errors import MQTTError
+from services.common.kafka.partitioner import partition_of
 from services.common.records import (
-    HEADER_META,
-    HEADER_RELEASES,
-    HEADER_TARGETS,
     AckKind,
-    ClientKind,
     RecordError,
     SessionRecord,
     StoredRecord,
     Target,
-    decode_ack,
-    decode_meta,
-    decode_session,
+    client_session_record,
+    client_subscriptions_record,
     decode_stored,
-    decode_targets,
-    encode_releases,
+    downlink_record,
     encode_stored,
-    encode_targets,
     expires_at_ms,
+    parse_client_acks,
+    parse_client_session,
+    parse_persisted,
+    release_record,
 )
-from services.common.sessions import session_expired
+from services.common.sessions import DeliveryPath, delivery_path, session_expired
 from services.common.settings import Settings
 from services.common.stores.base import (
     AckRequest,
@@ -71,11 +67,6 @@ from services.common.stores.base import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def partition_of(client_id: str, partitions: int) -> int:
-    """The partition of every record keyed by ``client_id`` in a topic of ``partitions``."""
-    return key_partition(client_id.encode("utf-8"), partitions)
 
 
 @dataclass(slots=True)
@@ -138,8 +129,7 @@ class DevicePersister:
 
         Raises ``RecordError`` / ``UnicodeDecodeError`` on garbage (the reader skips it).
         """
-        client_id = key.decode("utf-8")
-        record = None if value is None else decode_session(value)
+        client_id, record = parse_client_session(key, value)
         previous = self.sessions.pop(client_id, None)
         if record is not None:
             self.sessions[client_id] = record
@@ -218,38 +208,40 @@ class DevicePersister:
         """The append a ``msg.persisted`` record asks for; a QoS 0 message is forwarded at
         once (to a connected client) instead."""
         try:
-            client_id = record.key.decode("utf-8")
-            headers = dict(record.headers or ())
-            meta_raw = headers[HEADER_META]
-            meta = decode_meta(meta_raw)
-            [target] = decode_targets(headers[HEADER_TARGETS])
-            deadline = expires_at_ms(meta)
-        except (AttributeError, KeyError, ValueError, RecordError, MQTTError) as exc:
+            persisted = parse_persisted(record.key, record.value, record.headers)
+            deadline = expires_at_ms(persisted.message.meta)
+        except RecordError as exc:
             log_undecodable(log, record, exc)
             return None
+        client_id, message, target = persisted.client_id, persisted.message, persisted.target
         session = self.sessions.get(client_id)
         if session is None or not session.persistent:
             return None  # the session is gone: nobody to store for
         if deadline is not None and deadline <= now_ms:
             return None  # expired on the way (MQTT 3.3.2.3.3)
-        payload = record.value or b""
         if target.qos == 0:
             if session.connected:
                 target = replace(target, packet_id=0, dup=False)
-                acks.append(await self._publish(session, client_id, meta_raw, target, payload))
+                acks.append(
+                    await self._publish(
+                        session, client_id, message.meta_raw, message.payload, target
+                    )
+                )
             return None
         if deadline is None:
-            deadline = meta.received_at_ms + self.settings.persisted_default_ttl_seconds * 1000
-        data = encode_stored(StoredRecord(session.session_id, meta_raw, target, payload))
+            ttl_ms = self.settings.persisted_default_ttl_seconds * 1000
+            deadline = message.meta.received_at_ms + ttl_ms
+        data = encode_stored(
+            StoredRecord(session.session_id, message.meta_raw, target, message.payload)
+        )
         return AppendRequest(client_id, record.offset, target.qos, deadline, data)
 
     def _acknowledgements(self, record: Record) -> list[AckRequest]:
         """The store acknowledgements a ``client.acks`` record carries (none from an
         earlier session: its messages are gone already)."""
         try:
-            client_id = record.key.decode("utf-8")
-            ack = decode_ack(record.value or b"")
-        except (AttributeError, ValueError, RecordError) as exc:
+            client_id, ack = parse_client_acks(record.key, record.value)
+        except RecordError as exc:
             log_undecodable(log, record, exc)
             return []
         session = self.sessions.get(client_id)
@@ -269,7 +261,7 @@ class DevicePersister:
         acknowledgements of the records produced. Calls are serialised: two at once would
         send the same messages."""
         async with self._serving:
-            return await self._serve(list(client_ids), now_ms or _now_ms())
+            return await self._serve(list(client_ids), now_ms or clock.now_ms())
 
     async def _serve(self, client_ids: list[str], now_ms: int) -> list[Awaitable[object]]:
         requests: list[WindowRequest] = []
@@ -341,18 +333,13 @@ class DevicePersister:
                 dup=message.state is MessageState.SENT or message.seq <= cursor.sent_before,
             )
             acks.append(
-                await self._publish(session, client_id, stored.meta_raw, target, stored.payload)
+                await self._publish(session, client_id, stored.meta_raw, stored.payload, target)
             )
             if message.state is MessageState.QUEUED:
                 queued.append(message.packet_id)
         if releases:
             acks.append(
-                await self._send(
-                    self.names.downlink(session.node_id),
-                    client_id.encode("utf-8"),
-                    b"",
-                    [(HEADER_RELEASES, encode_releases(releases))],
-                )
+                await self._send(*release_record(self.names, session.node_id, client_id, releases))
             )
         if window:
             cursor.sent_seq = window[-1].seq
@@ -363,14 +350,14 @@ class DevicePersister:
         session: SessionRecord,
         client_id: str,
         meta_raw: bytes,
-        target: Target,
         payload: bytes,
+        target: Target,
     ) -> Awaitable[object]:
+        """Send a message (raw ``m`` header, payload) to ``target`` on the node of its
+        connected ``session``."""
+        key = client_id.encode("utf-8")
         return await self._send(
-            self.names.downlink(session.node_id),
-            client_id.encode("utf-8"),
-            payload,
-            [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets([target]))],
+            *downlink_record(self.names, session.node_id, key, meta_raw, payload, [target])
         )
 
     async def _mark_sent_after(
@@ -411,19 +398,17 @@ class DevicePersister:
             if not self.owns(client_id) or not session_expired(session, now_ms, cap):
                 continue
             log.info("client %r: session expired", client_id)
-            key = client_id.encode("utf-8")
             async with self._serving:
                 await self.store.clear(client_id)
                 self._cursors.pop(client_id, None)
-            acks.append(await self._send(self.names.client_subscriptions, key, None, []))
-            acks.append(await self._send(self.names.client_sessions, key, None, []))
+            for tombstone in (
+                client_subscriptions_record(self.names, client_id, []),
+                client_session_record(self.names, client_id, None),
+            ):
+                acks.append(await self._send(*tombstone))
         return acks
 
 
 def _stored_for(session: SessionRecord) -> bool:
     """Whether messages for this session go through the store (a persistent DEVICE one)."""
-    return session.persistent and session.kind is ClientKind.DEVICE
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return delivery_path(session) is DeliveryPath.PERSISTED

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.records import AckRecord, PublishMeta, SessionRecord
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 
 
 @dataclass(slots=True)

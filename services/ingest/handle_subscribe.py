@@ -14,7 +14,7 @@ from __future__ import annotations
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
 from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
 from services.ingest.state import ConnectionState, PendingSubAck

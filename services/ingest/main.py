@@ -31,21 +31,13 @@ from services.common.kafka.consumer import (
     Record,
     assign_whole_topics,
     consume_batches,
+    log_undecodable,
     make_consumer,
 )
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.mqtt.errors import MQTTError
 from services.common.readiness import clear_ready, mark_ready
-from services.common.records import (
-    HEADER_META,
-    HEADER_RELEASES,
-    HEADER_TARGETS,
-    RecordError,
-    decode_meta,
-    decode_releases,
-    decode_targets,
-)
+from services.common.records import Downlink, RecordError, parse_downlink
 from services.common.settings import Settings
 from services.ingest.node import IngestNode
 from services.ingest.server import start_server
@@ -82,22 +74,14 @@ def build_app(settings: Settings) -> faust.App:
     async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
         for record in records:
             try:
-                headers = dict(record.headers or ())
-                if HEADER_RELEASES in headers:
-                    node.release(decode_releases(headers[HEADER_RELEASES]))
-                    continue
-                meta = decode_meta(headers[HEADER_META])
-                targets = decode_targets(headers[HEADER_TARGETS])
-                node.deliver(meta, record.value or b"", targets)
-            except (KeyError, RecordError, MQTTError, ValueError) as exc:
+                parsed = parse_downlink(record.value, record.headers)
+                if isinstance(parsed, Downlink):
+                    node.deliver(parsed)
+                else:
+                    node.release(parsed.releases)
+            except RecordError as exc:
                 # A poisoned record is logged and skipped; it must never block the partition.
-                log.warning(
-                    "skipping undeliverable downlink record %s[%d]@%d: %r",
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    exc,
-                )
+                log_undecodable(log, record, exc)
         return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
     @app.task

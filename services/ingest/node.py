@@ -18,34 +18,37 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.faust_app import Headers, SendRecord
+from services.common.clock import now_ms
+from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.codec import encode
-from services.common.mqtt.packets import PacketType, Publish
-from services.common.mqtt.properties import Properties, decode_properties
+from services.common.mqtt.packets import Publish
+from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
-    HEADER_META,
-    HEADER_RETAINED_REQUEST,
+    Downlink,
+    Headers,
+    KafkaRecord,
     PublishMeta,
     SessionRecord,
-    Target,
-    decode_session,
-    decode_subscriptions,
-    encode_ack,
-    encode_meta,
-    encode_session,
-    encode_subscriptions,
+    client_acks_record,
+    client_session_record,
+    client_subscriptions_record,
     expiry_deadline,
+    forwarded_properties,
+    parse_client_session,
+    parse_client_subscriptions,
+    publish_record,
+    retained_record,
+    retained_request_record,
 )
 from services.common.settings import Settings
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from services.ingest import delivery, will
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import (
@@ -69,11 +72,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a node's shutdown waits for its last records (end records, wills) to be stored.
 SHUTDOWN_FLUSH_SECONDS = 10.0
-
-
-def now_ms() -> int:
-    """Unix time in milliseconds."""
-    return time.time_ns() // 1_000_000
 
 
 EnsureAppTopic = Callable[[str], Awaitable[None]]
@@ -170,16 +168,16 @@ class IngestNode:
     ) -> None:
         """Apply one ``client.sessions`` / ``client.subscriptions`` record (the state reader).
 
-        Raises ``RecordError`` / ``UnicodeDecodeError`` on garbage (the reader skips it).
+        Raises ``RecordError`` on garbage (the reader skips it).
         """
-        client_id = key.decode("utf-8")
         if topic == self.names.client_subscriptions:
-            if value is None:
-                self.subscriptions.pop(client_id, None)
+            client_id, subscriptions = parse_client_subscriptions(key, value)
+            if subscriptions:
+                self.subscriptions[client_id] = subscriptions
             else:
-                self.subscriptions[client_id] = decode_subscriptions(client_id, value)
+                self.subscriptions.pop(client_id, None)
             return
-        record = None if value is None else decode_session(value)
+        client_id, record = parse_client_session(key, value)
         if record is None:
             self.sessions.pop(client_id, None)
         else:
@@ -320,10 +318,9 @@ class IngestNode:
         """Write a Will Message that waited out its delay to ``msg.all``, stamped now;
         failures are logged."""
         meta = dataclasses.replace(meta, received_at_ms=now_ms())
-        headers = [(HEADER_META, encode_meta(meta))]
-        records = [(self.names.msg_all, client_id.encode("utf-8"), payload, headers)]
+        records = [publish_record(self.names, client_id, meta, payload)]
         if meta.retain:
-            records.append(self._retained_record(meta, payload))
+            records.append(retained_record(self.names, meta, payload))
         for record in records:
             task = asyncio.create_task(self._write_logged(*record))
             self._background.add(task)
@@ -457,47 +454,26 @@ class IngestNode:
         else:
             self.run(client, client.connection.store_failed(effect.token))
 
-    def _record_of(
-        self, client: Client, effect: StoreEffect | PublishWill
-    ) -> tuple[str, bytes, bytes | None, Headers | None]:
-        key = client.connection.client_id.encode("utf-8")
+    def _record_of(self, client: Client, effect: StoreEffect | PublishWill) -> KafkaRecord:
+        client_id = client.connection.client_id
+        names = self.names
         if isinstance(effect, StorePublish | PublishWill):
-            return (
-                self.names.msg_all,
-                key,
-                effect.payload,
-                [(HEADER_META, encode_meta(effect.meta))],
-            )
+            return publish_record(names, client_id, effect.meta, effect.payload)
         if isinstance(effect, StoreRetained):
-            return self._retained_record(effect.meta, effect.payload)
+            return retained_record(names, effect.meta, effect.payload)
         if isinstance(effect, StoreSubscriptions):
-            value = encode_subscriptions(effect.subscriptions) if effect.subscriptions else None
-            return self.names.client_subscriptions, key, value, None
+            return client_subscriptions_record(names, client_id, effect.subscriptions)
         if isinstance(effect, StoreSession):
-            value = None if effect.record is None else encode_session(effect.record)
-            return self.names.client_sessions, key, value, None
+            return client_session_record(names, client_id, effect.record)
         if isinstance(effect, StoreAcks):
-            return self.names.client_acks, key, encode_ack(effect.record), None
+            return client_acks_record(names, client_id, effect.record)
         assert isinstance(effect, StoreRetainedRequest)
-        headers = [(HEADER_RETAINED_REQUEST, encode_subscriptions(effect.subscriptions))]
-        return self.names.msg_all, key, b"", headers
-
-    def _retained_record(
-        self, meta: PublishMeta, payload: bytes
-    ) -> tuple[str, bytes, bytes | None, Headers | None]:
-        """The ``msg.retained`` record of a retained message (a tombstone for an empty one)."""
-        value = payload or None
-        return (
-            self.names.msg_retained,
-            meta.topic.encode("utf-8"),
-            value,
-            [(HEADER_META, encode_meta(meta))],
-        )
+        return retained_request_record(names, client_id, effect.subscriptions)
 
     # ----------------------------------------------------------------------------------------
     # downlink
 
-    def deliver(self, meta: PublishMeta, payload: bytes, targets: list[Target]) -> int:
+    def deliver(self, downlink: Downlink) -> int:
         """Send one downlink record to its targets connected here; returns how many got it.
 
         QoS 0 packets are encoded once per variant (protocol version, RETAIN, Subscription
@@ -505,7 +481,8 @@ class IngestNode:
         with the Message Expiry Interval left at this moment. A target's store-assigned
         Packet Identifier and DUP flag are used as they are.
         """
-        forwarded = _forwarded(meta)
+        meta, payload, targets = downlink.meta, downlink.payload, downlink.targets
+        forwarded = forwarded_properties(meta)
         expires_at_ms = expiry_deadline(forwarded, meta.received_at_ms)
         if expires_at_ms is not None:
             # Shared by the QoS 0 encodings; each connection checks the expiry again itself.
@@ -568,12 +545,11 @@ class IngestNode:
         now = now_ms()
         writes = []
         for client_id, record in orphans:
-            key = client_id.encode("utf-8")
             end = orphaned_session_end(record, now)
             if end is None and self.subscriptions.get(client_id):
-                writes.append(self._write_logged(self.names.client_subscriptions, key, None, None))
-            value = None if end is None else encode_session(end)
-            writes.append(self._write_logged(self.names.client_sessions, key, value, None))
+                tombstone = client_subscriptions_record(self.names, client_id, [])
+                writes.append(self._write_logged(*tombstone))
+            writes.append(self._write_logged(*client_session_record(self.names, client_id, end)))
         await asyncio.gather(*writes)
         if orphans:
             log.info("node %s: ended %d sessions of its previous process", node_id, len(orphans))
@@ -611,11 +587,3 @@ class IngestNode:
                     await asyncio.wait(pending)
         except TimeoutError:
             log.warning("shutdown: some records may not be stored")
-
-
-def _forwarded(meta: PublishMeta) -> Properties:
-    """The publisher's forwarded MQTT 5 properties, decoded (empty when there are none)."""
-    if not meta.properties:
-        return Properties()
-    props, _ = decode_properties(meta.properties, 0, PacketType.PUBLISH)
-    return props

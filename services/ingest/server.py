@@ -11,10 +11,11 @@ import asyncio
 import logging
 from typing import cast
 
+from services.common.clock import now_ms
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import CreateAppTopic, Effect, StoreEffect
-from services.ingest.node import IngestNode, now_ms
+from services.ingest.node import IngestNode
 
 log = logging.getLogger(__name__)
 

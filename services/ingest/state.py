@@ -12,7 +12,7 @@ from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Packet, Publish, Will
 from services.common.records import AckKind, ClientKind, SessionRecord
 from services.common.settings import Settings
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 
 PreviousSession = Callable[[str], tuple[SessionRecord | None, list[Subscription]]]
 """Looks up a client id's latest session record and subscriptions (from the state topics)."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import click
 
-from services.common.settings import Settings
 from services.local import cluster, haproxy, kafka
 from services.local.processes import StartError
+from services.local.settings import LocalSettings
 
 _INFRA_ONLY = click.option(
     "--infra-only", is_flag=True, help="Only Kafka, Redis and PostgreSQL, not the services."
@@ -36,7 +36,7 @@ def _print_table(rows: list[cluster.ComponentStatus]) -> None:
 @_INFRA_ONLY
 def up(infra_only: bool) -> None:
     """Bring the local cluster up (running parts are left alone, dead ones restarted)."""
-    settings = Settings()
+    settings = LocalSettings()
     try:
         if infra_only:
             cluster.up_infrastructure(settings)
@@ -55,7 +55,7 @@ def up(infra_only: bool) -> None:
 @click.command()
 def down() -> None:
     """Stop the local cluster: services first, then Kafka, Redis and PostgreSQL."""
-    stopped = cluster.down(Settings())
+    stopped = cluster.down(LocalSettings())
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
@@ -63,7 +63,7 @@ def down() -> None:
 @_INFRA_ONLY
 def status(infra_only: bool) -> None:
     """Show each part's pid, port and health; exit with status 1 if any part is down."""
-    rows = cluster.status(Settings(), infrastructure_only=infra_only)
+    rows = cluster.status(LocalSettings(), infrastructure_only=infra_only)
     _print_table(rows)
     if not all(row.healthy for row in rows):
         raise SystemExit(1)
@@ -72,7 +72,7 @@ def status(infra_only: bool) -> None:
 @click.command("fetch-kafka")
 def fetch_kafka() -> None:
     """Download the Kafka broker's jars with Maven into the cache (no-op when cached)."""
-    settings = Settings()
+    settings = LocalSettings()
     try:
         libs = kafka.fetch_jars(settings)
     except kafka.FetchError as exc:

@@ -22,6 +22,7 @@ import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
 from services.local import haproxy, kafka, postgres, processes, redis
+from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
 SERVICE_START_TIMEOUT = 90.0
@@ -76,7 +77,7 @@ class ComponentStatus:
         return "up"
 
 
-def local_settings(settings: Settings) -> Settings:
+def local_settings(settings: LocalSettings) -> LocalSettings:
     """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
     absolute directories."""
     return settings.model_copy(
@@ -90,8 +91,15 @@ def local_settings(settings: Settings) -> Settings:
     )
 
 
+def runtime_settings(settings: LocalSettings) -> Settings:
+    """The services' part of ``settings`` (:class:`~services.common.settings.Settings`): what
+    a service process is given, without the launcher's own ports, heap and versions."""
+    return Settings.model_validate(settings.model_dump(include=set(Settings.model_fields)))
+
+
 def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
-    """The environment of a service process: this one's, plus every setting as CORMORANT_*.
+    """The environment of a child process: this one's, plus every field of ``settings`` as
+    CORMORANT_* (a service gets :func:`runtime_settings`, a launcher command all of them).
 
     Unset optional settings (None) are left out; lists are written as JSON, the form
     pydantic-settings reads them in. ``overrides`` (setting name → value) win.
@@ -112,20 +120,20 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     return env
 
 
-def ready_file(settings: Settings, name: str) -> Path:
+def ready_file(settings: LocalSettings, name: str) -> Path:
     """The ready file of service ``name``: ``<state_dir>/run/<name>.ready``."""
     return processes.run_dir(settings.state_dir) / f"{name}.ready"
 
 
 def _start_service(
-    settings: Settings, name: str, command: str, port: int | None, **overrides: str
+    settings: LocalSettings, name: str, command: str, port: int | None, **overrides: str
 ) -> int:
     """Start ``cormorant <command>`` as service ``name`` and wait for its ready file."""
     ready = ready_file(settings, name)
     if processes.find(settings.state_dir, name) is None:
         clear_ready(ready)  # left by a process that was killed: it says nothing now
     argv = [sys.executable, "-m", "services.cli", command]
-    env = child_environment(settings, ready_file=str(ready), **overrides)
+    env = child_environment(runtime_settings(settings), ready_file=str(ready), **overrides)
 
     def is_ready() -> bool:
         return ready.exists() and (port is None or processes.port_open(port))
@@ -135,7 +143,7 @@ def _start_service(
     )
 
 
-def infrastructure(settings: Settings) -> list[Component]:
+def infrastructure(settings: LocalSettings) -> list[Component]:
     """Kafka, Redis and PostgreSQL, in start order."""
     settings = local_settings(settings)
     return [
@@ -156,7 +164,7 @@ def infrastructure(settings: Settings) -> list[Component]:
 
 
 def _service(
-    settings: Settings, name: str, command: str, port: int | None = None, **overrides: str
+    settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
 ) -> Component:
     """The component of service ``name``, run as ``cormorant <command>``."""
     return Component(
@@ -168,7 +176,7 @@ def _service(
     )
 
 
-def services_of(settings: Settings) -> list[Component]:
+def services_of(settings: LocalSettings) -> list[Component]:
     """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
     order."""
     settings = local_settings(settings)
@@ -187,7 +195,7 @@ def services_of(settings: Settings) -> list[Component]:
     return [*nodes, *stages, proxy]
 
 
-def components(settings: Settings) -> list[Component]:
+def components(settings: LocalSettings) -> list[Component]:
     """Every component of the cluster, in start order."""
     return infrastructure(settings) + services_of(settings)
 
@@ -196,7 +204,7 @@ def _start_all(parts: list[Component]) -> dict[str, int]:
     return {part.name: part.start() for part in parts}
 
 
-def up_infrastructure(settings: Settings) -> dict[str, int]:
+def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     """Bring Kafka (with the core topics), Redis and PostgreSQL up; return name → pid.
 
     Running processes are left alone, dead ones started. Raises
@@ -205,7 +213,7 @@ def up_infrastructure(settings: Settings) -> dict[str, int]:
     return _start_all(infrastructure(settings))
 
 
-def up_services(settings: Settings) -> dict[str, int]:
+def up_services(settings: LocalSettings) -> dict[str, int]:
     """Bring the ingest nodes, the router and HAProxy up; return name → pid.
 
     Needs the infrastructure up. Raises :class:`~services.local.processes.StartError`
@@ -214,7 +222,7 @@ def up_services(settings: Settings) -> dict[str, int]:
     return _start_all(services_of(settings))
 
 
-def up(settings: Settings) -> dict[str, int]:
+def up(settings: LocalSettings) -> dict[str, int]:
     """Bring the whole cluster up (infrastructure, then services); return name → pid.
 
     Harmless when already running. Raises :class:`~services.local.processes.StartError`.
@@ -222,7 +230,7 @@ def up(settings: Settings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
-def start_app_delivery(settings: Settings, name: str) -> int:
+def start_app_delivery(settings: LocalSettings, name: str) -> int:
     """Start one more app_delivery instance as process ``name`` (its instances share the
     APPLICATION clients through their consumer group) and wait until it is ready; return
     its pid. ``down`` stops it with the rest. Raises
@@ -230,7 +238,7 @@ def start_app_delivery(settings: Settings, name: str) -> int:
     return _start_service(local_settings(settings), name, "app-delivery", None)
 
 
-def stop_app_delivery(settings: Settings, name: str) -> bool:
+def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
     """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
     True if it was running."""
     settings = local_settings(settings)
@@ -239,7 +247,7 @@ def stop_app_delivery(settings: Settings, name: str) -> bool:
     return stopped
 
 
-def _find_component(settings: Settings, name: str) -> Component:
+def _find_component(settings: LocalSettings, name: str) -> Component:
     for part in components(settings):
         if part.name == name:
             return part
@@ -247,7 +255,7 @@ def _find_component(settings: Settings, name: str) -> Component:
     raise KeyError(f"no component named {name!r} (known: {known})")
 
 
-def start_component(settings: Settings, name: str) -> int:
+def start_component(settings: LocalSettings, name: str) -> int:
     """Start the one component ``name`` (e.g. ``kafka``) unless it runs; return its pid.
 
     Raises ``KeyError`` for an unknown name and
@@ -256,14 +264,14 @@ def start_component(settings: Settings, name: str) -> int:
     return _find_component(settings, name).start()
 
 
-def _stop(settings: Settings, part: Component) -> bool:
+def _stop(settings: LocalSettings, part: Component) -> bool:
     stopped = processes.stop(settings.state_dir, part.name, part.stop_signal, part.stop_timeout)
     if part.ready_file is not None:
         clear_ready(part.ready_file)  # a killed service could not remove it itself
     return stopped
 
 
-def stop_component(settings: Settings, name: str) -> bool:
+def stop_component(settings: LocalSettings, name: str) -> bool:
     """Stop the one component ``name`` cleanly (SIGKILL after its deadline).
 
     Returns True if it was running. Raises ``KeyError`` for an unknown name.
@@ -272,7 +280,7 @@ def stop_component(settings: Settings, name: str) -> bool:
     return _stop(settings, _find_component(settings, name))
 
 
-def down(settings: Settings) -> list[str]:
+def down(settings: LocalSettings) -> list[str]:
     """Stop the whole cluster: services first, infrastructure last; return the names stopped.
 
     Processes with a pid file but no longer part of the configuration (a node beyond a
@@ -292,7 +300,7 @@ def down(settings: Settings) -> list[str]:
     return stopped
 
 
-def _probe(settings: Settings, part: Component) -> ComponentStatus:
+def _probe(settings: LocalSettings, part: Component) -> ComponentStatus:
     proc = processes.find(settings.state_dir, part.name)
     return ComponentStatus(
         name=part.name,
@@ -303,7 +311,7 @@ def _probe(settings: Settings, part: Component) -> ComponentStatus:
     )
 
 
-def status(settings: Settings, *, infrastructure_only: bool = False) -> list[ComponentStatus]:
+def status(settings: LocalSettings, *, infrastructure_only: bool = False) -> list[ComponentStatus]:
     """Probe every component (or only the infrastructure) without changing anything."""
     parts = infrastructure(settings) if infrastructure_only else components(settings)
     settings = local_settings(settings)

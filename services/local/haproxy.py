@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from services.common.settings import Settings
 from services.local import processes
+from services.local.settings import LocalSettings
 
 NAME = "haproxy"
 
@@ -18,12 +18,12 @@ NAME = "haproxy"
 START_TIMEOUT = 30.0
 
 
-def node_ports(settings: Settings) -> list[int]:
+def node_ports(settings: LocalSettings) -> list[int]:
     """The MQTT port of each ingest node: node i (from 1) on ``ingest_base_port + i``."""
     return [settings.ingest_base_port + i for i in range(1, settings.ingest_nodes + 1)]
 
 
-def render_config(settings: Settings) -> str:
+def render_config(settings: LocalSettings) -> str:
     """haproxy.cfg for ``settings`` (listen port and ingest nodes)."""
     servers = "\n".join(
         f"    server node{i} 127.0.0.1:{port} check inter 2s fall 2 rise 1"
@@ -56,7 +56,7 @@ backend ingest_nodes
 """
 
 
-def write_config(settings: Settings) -> Path:
+def write_config(settings: LocalSettings) -> Path:
     """Write ``<state_dir>/haproxy/haproxy.cfg`` and return its path."""
     path = settings.state_dir / "haproxy" / "haproxy.cfg"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ def write_config(settings: Settings) -> Path:
     return path
 
 
-def start(settings: Settings) -> int:
+def start(settings: LocalSettings) -> int:
     """Start HAProxy in the foreground (tracked by pid) unless it runs; return its pid.
 
     Raises :class:`~services.local.processes.StartError` (quoting ``haproxy.log``) if the

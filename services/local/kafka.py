@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
-from services.common.settings import Settings
 from services.local import processes
+from services.local.settings import LocalSettings
 
 NAME = "kafka"
 
@@ -43,17 +43,17 @@ class FetchError(RuntimeError):
     """The Kafka jars could not be fetched (Maven missing or failing)."""
 
 
-def bootstrap(settings: Settings) -> str:
+def bootstrap(settings: LocalSettings) -> str:
     """The bootstrap address of the local broker: ``127.0.0.1:<kafka_port>``."""
     return f"127.0.0.1:{settings.kafka_port}"
 
 
-def libs_dir(settings: Settings) -> Path:
+def libs_dir(settings: LocalSettings) -> Path:
     """Where the jars of ``settings.kafka_version`` are cached."""
     return settings.cache_dir / f"kafka-{settings.kafka_version}" / "libs"
 
 
-def fetch_jars(settings: Settings) -> Path:
+def fetch_jars(settings: LocalSettings) -> Path:
     """Download the broker's jars with Maven unless cached; return the libs directory.
 
     The jars are copied into a staging directory renamed into place only when complete, so
@@ -118,11 +118,11 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return box[0]
 
 
-def _kafka_dir(settings: Settings) -> Path:
+def _kafka_dir(settings: LocalSettings) -> Path:
     return settings.state_dir / "kafka"
 
 
-def _cluster_id(settings: Settings) -> str:
+def _cluster_id(settings: LocalSettings) -> str:
     """This state dir's KRaft cluster id, generated once (Kafka's url-safe base64 UUID)."""
     path = _kafka_dir(settings) / "cluster.id"
     if path.exists():
@@ -132,7 +132,7 @@ def _cluster_id(settings: Settings) -> str:
     return cluster_id
 
 
-def _write_config(settings: Settings) -> tuple[Path, Path]:
+def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
     """Write server.properties and log4j.properties (ports may change between runs)."""
     home = _kafka_dir(settings)
     home.mkdir(parents=True, exist_ok=True)
@@ -198,7 +198,7 @@ def _java() -> str:
 
 
 def _format_storage(
-    settings: Settings, java: str, classpath: str, server: Path, log4j: Path
+    settings: LocalSettings, java: str, classpath: str, server: Path, log4j: Path
 ) -> None:
     """Format the KRaft storage once (``meta.properties`` marks a formatted log dir)."""
     if (_kafka_dir(settings) / "data" / "meta.properties").exists():
@@ -217,7 +217,7 @@ def _format_storage(
         raise processes.StartError(NAME, log, f"storage format failed (exit {result.returncode})")
 
 
-def prepare(settings: Settings) -> tuple[str, str, Path, Path]:
+def prepare(settings: LocalSettings) -> tuple[str, str, Path, Path]:
     """Fetch the jars, write the configuration and format the storage (once).
 
     Returns (java, classpath, server.properties, log4j.properties). Raises
@@ -232,7 +232,7 @@ def prepare(settings: Settings) -> tuple[str, str, Path, Path]:
     return java, classpath, server, log4j
 
 
-def start(settings: Settings) -> int:
+def start(settings: LocalSettings) -> int:
     """Start the broker unless it runs, wait until it answers, create the core topics.
 
     Returns the broker's pid. Raises :class:`FetchError` when jars or Java are missing and

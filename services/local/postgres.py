@@ -21,8 +21,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from services.common.settings import Settings
 from services.local import processes
+from services.local.settings import LocalSettings
 
 NAME = "postgres"
 DATABASE = "cormorant"
@@ -63,7 +63,7 @@ def bin_dir() -> Path:
     raise FileNotFoundError("PostgreSQL is not installed: run scripts/bootstrap.sh")
 
 
-def dsn(settings: Settings) -> str:
+def dsn(settings: LocalSettings) -> str:
     """The connection URL of the ``cormorant`` database, e.g. for psycopg."""
     return f"postgresql://{ROLE}@127.0.0.1:{settings.postgres_port}/{DATABASE}"
 
@@ -80,7 +80,7 @@ def _as_postgres(argv: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def _init_cluster(settings: Settings, data: Path) -> None:
+def _init_cluster(settings: LocalSettings, data: Path) -> None:
     """Run initdb into ``data`` unless it already holds a cluster (PG_VERSION present)."""
     if (data / "PG_VERSION").exists():
         return
@@ -101,7 +101,7 @@ def _init_cluster(settings: Settings, data: Path) -> None:
         raise processes.StartError(NAME, log, f"initdb failed (exit {result.returncode})")
 
 
-def _psql(settings: Settings, sql: str) -> subprocess.CompletedProcess[str]:
+def _psql(settings: LocalSettings, sql: str) -> subprocess.CompletedProcess[str]:
     argv = [
         str(bin_dir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
         "-h", "127.0.0.1", "-p", str(settings.postgres_port), "-U", SUPERUSER,
@@ -110,7 +110,7 @@ def _psql(settings: Settings, sql: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, input=sql, capture_output=True, text=True, timeout=30, check=False)
 
 
-def start(settings: Settings) -> int:
+def start(settings: LocalSettings) -> int:
     """Start PostgreSQL unless it runs (initdb on first use); ensure the cormorant database.
 
     Returns the postmaster's pid. Raises :class:`~services.local.processes.StartError`

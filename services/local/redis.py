@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 import socket
 
-from services.common.settings import Settings
 from services.local import processes
+from services.local.settings import LocalSettings
 
 NAME = "redis"
 
@@ -14,7 +14,7 @@ NAME = "redis"
 START_TIMEOUT = 60.0
 
 
-def url(settings: Settings) -> str:
+def url(settings: LocalSettings) -> str:
     """The URL of the local Redis server's database 0, e.g. for redis-py."""
     return f"redis://127.0.0.1:{settings.redis_port}/0"
 
@@ -33,7 +33,7 @@ def ping(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
         return False
 
 
-def start(settings: Settings) -> int:
+def start(settings: LocalSettings) -> int:
     """Start redis-server unless it runs and wait until it answers PING; return its pid.
 
     Raises :class:`~services.local.processes.StartError` (quoting ``redis.log``) if it

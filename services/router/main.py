@@ -24,27 +24,28 @@ a batch's offsets are committed once its output records are in Kafka.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable
 
 import faust
 
-from services.common.faust_app import Headers, make_app, run_service
+from services.common.clock import now_ms
+from services.common.faust_app import make_app, run_service
 from services.common.kafka.admin import app_spec_of, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.kafka.state_reader import Headers as StateHeaders
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import (
-    HEADER_META,
-    HEADER_RETAINED_REQUEST,
-    HEADER_SESSION,
-    HEADER_TARGETS,
+    Headers,
+    KafkaRecord,
+    Message,
     RecordError,
-    decode_meta,
-    decode_subscriptions,
-    encode_targets,
+    RetainedRequest,
+    app_record,
+    app_shared_record,
+    downlink_record,
+    parse_msg_all,
+    persisted_record,
 )
 from services.common.settings import Settings
 from services.router.routing import Routes, RoutingTable
@@ -54,9 +55,6 @@ log = logging.getLogger(__name__)
 #: Most ``msg.all`` records routed as one batch (one state barrier, one commit point).
 BATCH_MAX = 2000
 
-Output = tuple[str, bytes | None, bytes | None, Headers]
-"""One record to produce: topic, key, value, headers."""
-
 
 def build_app(settings: Settings) -> faust.App:
     """Build the router's Faust app: the state reader and the ``msg.all`` routing task."""
@@ -65,14 +63,14 @@ def build_app(settings: Settings) -> faust.App:
     table = RoutingTable()
 
     def apply_state(
-        topic: str, key: bytes, value: bytes | None, offset: int, headers: StateHeaders
+        topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
     ) -> None:
         if topic == names.client_subscriptions:
             table.apply_subscriptions_record(key, value)
         elif topic == names.client_sessions:
             table.apply_session_record(key, value)
         else:
-            table.apply_retained_record(key, value, dict(headers).get(HEADER_META))
+            table.apply_retained_record(key, value, headers)
 
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
@@ -89,8 +87,8 @@ def build_app(settings: Settings) -> faust.App:
     async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
         await reader.barrier()
         send = app.producer.send
-        now_ms = time.time_ns() // 1_000_000
-        batch = [out for record in records for out in outputs(table, names, record, now_ms)]
+        now = now_ms()
+        batch = [out for record in records for out in outputs(table, names, record, now)]
         specs = {
             spec.name: spec
             for topic, *_ in batch
@@ -134,72 +132,50 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
-def outputs(table: RoutingTable, names: TopicNames, record: Record, now_ms: int) -> list[Output]:
+def outputs(
+    table: RoutingTable, names: TopicNames, record: Record, now_ms: int
+) -> list[KafkaRecord]:
     """The records to produce for one ``msg.all`` record; ``now_ms`` is Unix time in ms.
 
     A record that does not decode is logged and yields none (it must not block the
     partition).
     """
     try:
-        headers = dict(record.headers or ())
-        client_id = (record.key or b"").decode("utf-8")
-        request = headers.get(HEADER_RETAINED_REQUEST)
-        if request is not None:
-            subscriptions = decode_subscriptions(client_id, request)
-            destination = table.destination(client_id)
-            out: list[Output] = []
-            for message, target in table.retained_for(client_id, subscriptions, now_ms):
-                routes = Routes()
-                routes.add(destination, target, table.session_id(client_id))
-                out += _outputs_of(names, record.key, message.payload, message.meta_raw, routes)
-            return out
-        meta_raw = headers[HEADER_META]
-        routes = table.route(client_id, decode_meta(meta_raw))
-    except (KeyError, RecordError, UnicodeDecodeError) as exc:
+        parsed = parse_msg_all(record.key, record.value, record.headers)
+    except RecordError as exc:
         log_undecodable(log, record, exc)
         return []
-    return _outputs_of(names, record.key, record.value, meta_raw, routes)
+    if isinstance(parsed, RetainedRequest):
+        client_id = parsed.client_id
+        session = table.sessions.get(client_id)
+        out: list[KafkaRecord] = []
+        for message, target in table.retained_for(client_id, parsed.subscriptions, now_ms):
+            routes = Routes()
+            routes.add(session, target)
+            out += _outputs_of(names, client_id.encode("utf-8"), message, routes)
+        return out
+    message = parsed.message
+    routes = table.route(parsed.client_id, message.meta)
+    return _outputs_of(names, parsed.client_id.encode("utf-8"), message, routes)
 
 
 def _outputs_of(
-    names: TopicNames, key: bytes | None, payload: bytes | None, meta_raw: bytes, routes: Routes
-) -> list[Output]:
+    names: TopicNames, key: bytes, message: Message, routes: Routes
+) -> list[KafkaRecord]:
     """One downlink record per node, one ``msg.persisted`` record per persistent DEVICE
     target, one ``msg.app`` record per persistent APPLICATION target (with its session id),
-    one ``msg.app-shared`` record per APPLICATION shared group."""
-    out: list[Output] = [
-        (
-            names.downlink(node),
-            key,
-            payload,
-            [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))],
-        )
+    one ``msg.app-shared`` record per APPLICATION shared group; ``key`` is the publisher's
+    client id (the subscriber's for an answer to a retained message request)."""
+    out = [
+        downlink_record(names, node, key, message.meta_raw, message.payload, targets)
         for node, targets in routes.by_node.items()
     ]
+    out.extend(persisted_record(names, message, target) for target in routes.persisted)
     out.extend(
-        (
-            names.msg_persisted,
-            target.client_id.encode("utf-8"),
-            payload,
-            [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets([target]))],
-        )
-        for target in routes.persisted
+        app_record(names, key, message, target, session_id) for target, session_id in routes.app
     )
     out.extend(
-        (
-            names.app(target.client_id),
-            key,
-            payload,
-            [
-                (HEADER_META, meta_raw),
-                (HEADER_TARGETS, encode_targets([target])),
-                (HEADER_SESSION, session_id),
-            ],
-        )
-        for target, session_id in routes.app
-    )
-    out.extend(
-        (names.app_shared(share_name, topic_filter), key, payload, [(HEADER_META, meta_raw)])
+        app_shared_record(names, share_name, topic_filter, key, message)
         for share_name, topic_filter in routes.app_shared
     )
     return out

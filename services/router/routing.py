@@ -23,28 +23,23 @@ from dataclasses import dataclass, field
 
 from services.common.mqtt.errors import MQTTError
 from services.common.records import (
-    ClientKind,
+    Headers,
+    Message,
     PublishMeta,
     RecordError,
     SessionRecord,
     Target,
-    decode_meta,
-    decode_session,
-    decode_subscriptions,
     expires_at_ms,
+    parse_client_session,
+    parse_client_subscriptions,
+    parse_retained,
 )
+from services.common.sessions import DeliveryPath, delivery_path
+from services.common.subscription import Subscription
 from services.common.topics.retained import RetainedStore
-from services.common.topics.trie import Subscription, SubscriptionTrie
+from services.common.topics.trie import SubscriptionTrie
 
 log = logging.getLogger(__name__)
-
-
-def _client_id(key: bytes) -> str:
-    """A state record's key as a client id; RecordError if it is not UTF-8."""
-    try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecordError(f"record key is not UTF-8: {exc}") from exc
 
 
 @dataclass(slots=True)
@@ -64,33 +59,19 @@ class Routes:
     app: list[tuple[Target, bytes]] = field(default_factory=list)
     app_shared: list[tuple[str, str]] = field(default_factory=list)
 
-    def add(self, destination: str | None, target: Target, session_id: bytes = bytes(16)) -> None:
-        """Add ``target`` for ``destination`` (:meth:`RoutingTable.destination`);
-        ``session_id`` is the session an APPLICATION target's message is routed for."""
-        if destination == PERSISTED:
+    def add(self, session: SessionRecord | None, target: Target) -> None:
+        """Add ``target``, whose client's latest session record is ``session``, by its
+        :func:`~services.common.sessions.delivery_path` (none: not added)."""
+        path = delivery_path(session)
+        if path is DeliveryPath.NONE:
+            return
+        assert session is not None
+        if path is DeliveryPath.PERSISTED:
             self.persisted.append(target)
-        elif destination == APPLICATION:
-            self.app.append((target, session_id))
-        elif destination is not None:
-            self.by_node[destination].append(target)
-
-
-PERSISTED = "\x00persisted"
-"""The destination of a persistent DEVICE session: its store, not a node (never a node id:
-node ids are ``[A-Za-z0-9_-]``)."""
-
-APPLICATION = "\x00application"
-"""The destination of a persistent APPLICATION session: its own ``msg.app.<client>``
-topic."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetainedMessage:
-    """A retained message as ``msg.retained`` holds it: decoded and raw metadata, payload."""
-
-    meta: PublishMeta
-    meta_raw: bytes
-    payload: bytes
+        elif path is DeliveryPath.APPLICATION:
+            self.app.append((target, session.session_id))
+        else:
+            self.by_node[session.node_id].append(target)
 
 
 class RoutingTable:
@@ -99,7 +80,7 @@ class RoutingTable:
     def __init__(self) -> None:
         self.trie = SubscriptionTrie()
         self.sessions: dict[str, SessionRecord] = {}
-        self.retained: RetainedStore[RetainedMessage] = RetainedStore()
+        self.retained: RetainedStore[Message] = RetainedStore()
         self._next_member: dict[tuple[str, str], int] = defaultdict(int)
 
     def set_subscriptions(self, client_id: str, subs: list[Subscription]) -> None:
@@ -124,46 +105,26 @@ class RoutingTable:
 
     def apply_subscriptions_record(self, key: bytes, value: bytes | None) -> None:
         """Apply one ``client.subscriptions`` record. Raises ``RecordError`` on garbage."""
-        client_id = _client_id(key)
-        subs = [] if value is None else decode_subscriptions(client_id, value)
-        self.set_subscriptions(client_id, subs)
+        self.set_subscriptions(*parse_client_subscriptions(key, value))
 
     def apply_session_record(self, key: bytes, value: bytes | None) -> None:
         """Apply one ``client.sessions`` record. Raises ``RecordError`` on garbage."""
-        client_id = _client_id(key)
-        self.set_session(client_id, None if value is None else decode_session(value))
+        self.set_session(*parse_client_session(key, value))
 
-    def apply_retained_record(
-        self, key: bytes, value: bytes | None, meta_raw: bytes | None
-    ) -> None:
+    def apply_retained_record(self, key: bytes, value: bytes | None, headers: Headers) -> None:
         """Apply one ``msg.retained`` record (key = Topic Name; a tombstone deletes).
 
         Raises ``RecordError`` on garbage (a record without metadata included).
         """
-        topic = _client_id(key)
-        if value is None:
+        topic, message = parse_retained(key, value, headers)
+        if message is None:
             self.retained.delete(topic)
-            return
-        if meta_raw is None:
-            raise RecordError("retained message without its metadata header")
-        self.retained.set(topic, RetainedMessage(decode_meta(meta_raw), meta_raw, value))
+        else:
+            self.retained.set(topic, message)
 
-    def destination(self, client_id: str) -> str | None:
-        """Where ``client_id``'s messages go: :data:`PERSISTED` for a persistent DEVICE
-        session and :data:`APPLICATION` for a persistent APPLICATION one (connected or not),
-        the node id of a connected non-persistent session (either kind), or None (no
-        session, or a non-persistent one that is not connected: dropped)."""
-        session = self.sessions.get(client_id)
-        if session is None:
-            return None
-        if session.persistent:
-            return PERSISTED if session.kind is ClientKind.DEVICE else APPLICATION
-        return session.node_id if session.connected else None
-
-    def session_id(self, client_id: str) -> bytes:
-        """The session id of ``client_id``'s latest session record (zeros if none)."""
-        session = self.sessions.get(client_id)
-        return bytes(16) if session is None else session.session_id
+    def path(self, client_id: str) -> DeliveryPath:
+        """The :class:`~services.common.sessions.DeliveryPath` of ``client_id``'s messages."""
+        return delivery_path(self.sessions.get(client_id))
 
     def route(self, publisher: str, meta: PublishMeta) -> Routes:
         """Where one message goes (:class:`Routes`).
@@ -179,34 +140,35 @@ class RoutingTable:
         """
         match = self.trie.match(meta.topic, publisher)
         routes = Routes()
+        sessions = self.sessions
         for client in match.clients.values():
-            destination = self.destination(client.client_id)
-            if destination is not None:
+            session = sessions.get(client.client_id)
+            if session is not None:
                 target = Target(
                     client.client_id,
                     min(meta.qos, client.qos),
                     client.retain_as_published,
                     tuple(client.subscription_identifiers),
                 )
-                routes.add(destination, target, self.session_id(client.client_id))
+                routes.add(session, target)
         for group_key, members in match.shared.items():
             chosen = self._choose_member(group_key, members)
             if chosen is None:
                 continue
-            sub, destination = chosen
-            if destination == APPLICATION:
+            sub, session = chosen
+            if delivery_path(session) is DeliveryPath.APPLICATION:
                 routes.app_shared.append(group_key)
                 continue
             ids = () if sub.subscription_identifier is None else (sub.subscription_identifier,)
             routes.add(
-                destination,
+                session,
                 Target(sub.client_id, min(meta.qos, sub.qos), sub.retain_as_published, ids),
             )
         return routes
 
     def retained_for(
         self, client_id: str, subscriptions: list[Subscription], now_ms: int
-    ) -> list[tuple[RetainedMessage, Target]]:
+    ) -> list[tuple[Message, Target]]:
         """The retained messages a client's new ``subscriptions`` must receive (3.3.1.3).
 
         One delivery per matching topic, with RETAIN set (``retain_as_published`` forces
@@ -215,9 +177,9 @@ class RoutingTable:
         messages (Message Expiry Interval passed at ``now_ms``, Unix ms) are left out.
         Nothing when the client has no destination.
         """
-        if self.destination(client_id) is None:
+        if self.path(client_id) is DeliveryPath.NONE:
             return []
-        found: dict[str, tuple[RetainedMessage, int, list[int]]] = {}
+        found: dict[str, tuple[Message, int, list[int]]] = {}
         for sub in subscriptions:
             for topic, message in self.retained.match(sub.topic_filter):
                 qos = min(message.meta.qos, sub.qos)
@@ -229,7 +191,7 @@ class RoutingTable:
         for message, qos, ids in found.values():
             try:
                 deadline = expires_at_ms(message.meta)
-            except MQTTError as exc:
+            except RecordError as exc:
                 log.warning("skipping retained message with bad properties: %r", exc)
                 continue
             if deadline is None or deadline > now_ms:
@@ -238,22 +200,22 @@ class RoutingTable:
 
     def _choose_member(
         self, group_key: tuple[str, str], members: list[Subscription]
-    ) -> tuple[Subscription, str] | None:
+    ) -> tuple[Subscription, SessionRecord] | None:
         """Round robin over the group's connected members, else over its persistent members
-        (stored until they return); None when there is neither."""
+        (stored until they return); None when there is neither. Returns the member's
+        subscription and latest session record."""
         ordered = sorted(members, key=lambda s: s.client_id)
         start = self._next_member[group_key]
-        fallback: tuple[Subscription, str] | None = None
+        fallback: tuple[Subscription, SessionRecord] | None = None
         for step in range(len(ordered)):
             sub = ordered[(start + step) % len(ordered)]
-            destination = self.destination(sub.client_id)
-            if destination is None:
+            session = self.sessions.get(sub.client_id)
+            if session is None or delivery_path(session) is DeliveryPath.NONE:
                 continue
-            session = self.sessions[sub.client_id]
             if session.connected:
                 self._next_member[group_key] = (start + step + 1) % len(ordered)
-                return sub, destination
+                return sub, session
             if fallback is None:
-                fallback = sub, destination
+                fallback = sub, session
                 self._next_member[group_key] = (start + step + 1) % len(ordered)
         return fallback

@@ -206,7 +206,7 @@ def _ids_on_partitions(partitions: range, count: int) -> list[str]:
     ids: dict[int, str] = {}
     while len(ids) < len(wanted):
         candidate = _app_id("r")
-        partition = partition_of(candidate.encode(), count)
+        partition = partition_of(candidate, count)
         if partition in wanted and partition not in ids:
             ids[partition] = candidate
     return [ids[p] for p in sorted(ids)]

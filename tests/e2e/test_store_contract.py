@@ -31,7 +31,7 @@ from services.common.records import (
     encode_releases,
     encode_targets,
 )
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from tests.e2e.clients import RawSocket, packet, session_connect_packet, unique
 from tests.e2e.kafka_view import TopicTail, downlink_writer, latest_state
 from tests.servers import LocalCluster

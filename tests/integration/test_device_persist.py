@@ -19,6 +19,7 @@ import pytest_asyncio
 from aiokafka.structs import ConsumerRecord
 
 from services.common.kafka.names import TopicNames
+from services.common.kafka.partitioner import partition_of
 from services.common.records import (
     HEADER_META,
     HEADER_RELEASES,
@@ -37,7 +38,7 @@ from services.common.records import (
 )
 from services.common.settings import Settings
 from services.common.stores import MessageStore, PostgresMessageStore, RedisMessageStore
-from services.device_persist.persister import DevicePersister, partition_of
+from services.device_persist.persister import DevicePersister
 
 NOW = 1_800_000_000_000
 PARTITIONS = 12

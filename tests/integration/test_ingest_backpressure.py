@@ -11,14 +11,15 @@ from collections.abc import Awaitable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.common.faust_app import Headers
+from services.common.clock import now_ms
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Connect, Publish
+from services.common.records import Headers
 from services.common.sessions import new_connection_id
 from services.common.settings import Settings
 from services.ingest.connection import ServerConnection
-from services.ingest.node import IngestNode, now_ms
+from services.ingest.node import IngestNode
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka

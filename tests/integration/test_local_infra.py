@@ -19,11 +19,12 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.settings import Settings
 from services.local import cluster, haproxy, kafka, processes, redis
+from services.local.settings import LocalSettings
 
 INFRA = ["kafka", "redis", "postgres"]
 
 
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(settings: LocalSettings, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``cormorant <args>`` in a child process configured like the test cluster."""
     env = cluster.child_environment(cluster.local_settings(settings))
     return subprocess.run(
@@ -36,7 +37,7 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _infra_pids(settings: Settings) -> dict[str, int | None]:
+def _infra_pids(settings: LocalSettings) -> dict[str, int | None]:
     return {row.name: row.pid for row in cluster.status(settings, infrastructure_only=True)}
 
 
@@ -59,7 +60,7 @@ async def _topic_configs(bootstrap: str, names: list[str]) -> dict[str, dict[str
 
 
 async def test_core_topics_exist_with_their_partition_counts(
-    kafka_bootstrap: str, settings: Settings
+    kafka_bootstrap: str, settings: LocalSettings
 ) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
@@ -74,7 +75,7 @@ async def test_core_topics_exist_with_their_partition_counts(
 
 
 async def test_state_topics_are_compacted_and_message_topics_are_not(
-    kafka_bootstrap: str, settings: Settings
+    kafka_bootstrap: str, settings: LocalSettings
 ) -> None:
     specs = core_topic_specs(settings)
     configs = await _topic_configs(kafka_bootstrap, [spec.name for spec in specs])
@@ -110,7 +111,7 @@ def test_postgres_serves_the_cormorant_database(postgres_server: str) -> None:
 
 
 def test_status_reports_the_infrastructure_healthy(
-    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: Settings
+    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: LocalSettings
 ) -> None:
     rows = cluster.status(settings, infrastructure_only=True)
     assert [(row.name, row.health) for row in rows] == [(name, "up") for name in INFRA]
@@ -121,7 +122,7 @@ def test_status_reports_the_infrastructure_healthy(
 
 
 def test_up_again_leaves_running_parts_alone(
-    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: Settings
+    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: LocalSettings
 ) -> None:
     before = _infra_pids(settings)
     assert cluster.up_infrastructure(settings) == before
@@ -131,7 +132,7 @@ def test_up_again_leaves_running_parts_alone(
 
 
 def test_up_restarts_only_a_dead_part(
-    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: Settings
+    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: LocalSettings
 ) -> None:
     before = _infra_pids(settings)
     victim = before["redis"]
@@ -149,7 +150,7 @@ def test_up_restarts_only_a_dead_part(
 
 
 def test_down_stops_everything_and_up_brings_it_back(
-    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: Settings
+    kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: LocalSettings
 ) -> None:
     procs = {name: psutil.Process(pid) for name, pid in _infra_pids(settings).items() if pid}
     assert sorted(procs) == sorted(INFRA)
@@ -172,18 +173,21 @@ def test_down_stops_everything_and_up_brings_it_back(
     assert asyncio.run(ensure_topics(kafka_bootstrap, core_topic_specs(settings))) == []
 
 
-def test_services_see_exactly_the_launchers_settings(settings: Settings) -> None:
+def test_services_see_exactly_the_launchers_settings(settings: LocalSettings) -> None:
     resolved = cluster.local_settings(settings)
-    env = cluster.child_environment(resolved, node_id="node2", mqtt_port="21902")
+    runtime = cluster.runtime_settings(resolved)
+    env = cluster.child_environment(runtime, node_id="node2", mqtt_port="21902")
     code = "from services.common.settings import Settings; print(Settings().model_dump_json())"
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     seen = Settings.model_validate_json(result.stdout)
-    assert seen == resolved.model_copy(update={"node_id": "node2", "mqtt_port": 21902})
+    # Exactly the run-time part: the launcher's own settings (ports, heap) stay with it.
+    assert seen == runtime.model_copy(update={"node_id": "node2", "mqtt_port": 21902})
+    assert not set(env) & {"CORMORANT_KAFKA_HEAP", "CORMORANT_LISTEN_PORT"}
 
 
-def test_haproxy_config_is_accepted_and_it_listens(settings: Settings) -> None:
+def test_haproxy_config_is_accepted_and_it_listens(settings: LocalSettings) -> None:
     config = haproxy.write_config(settings)
     binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
     check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
@@ -197,7 +201,9 @@ def test_haproxy_config_is_accepted_and_it_listens(settings: Settings) -> None:
         assert not processes.port_open(settings.listen_port)
 
 
-def test_a_process_that_dies_while_starting_is_reported_with_its_log(settings: Settings) -> None:
+def test_a_process_that_dies_while_starting_is_reported_with_its_log(
+    settings: LocalSettings,
+) -> None:
     argv = [sys.executable, "-c", "print('cannot open the widget', flush=True); exit(3)"]
     with pytest.raises(processes.StartError) as failure:
         processes.ensure_started(settings.state_dir, "doomed", argv, lambda: False, 30)
@@ -209,7 +215,7 @@ def test_a_process_that_dies_while_starting_is_reported_with_its_log(settings: S
 
 
 def test_a_taken_port_is_reported_instead_of_starting(
-    redis_server: str, settings: Settings
+    redis_server: str, settings: LocalSettings
 ) -> None:
     argv = [sys.executable, "-c", "raise SystemExit('must not run')"]
     with pytest.raises(processes.StartError, match=f"port {settings.redis_port} is already"):
@@ -220,7 +226,7 @@ def test_a_taken_port_is_reported_instead_of_starting(
 
 
 def test_kafka_storage_formats_with_a_cluster_id_starting_with_a_dash(
-    tmp_path_factory: pytest.TempPathFactory, settings: Settings
+    tmp_path_factory: pytest.TempPathFactory, settings: LocalSettings
 ) -> None:
     # One random cluster id in 64 starts with "-": it once read as an option and failed.
     state = tmp_path_factory.mktemp("dash")

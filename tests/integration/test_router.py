@@ -31,7 +31,7 @@ from services.common.records import (
     encode_session,
     encode_subscriptions,
 )
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from tests.servers import LocalCluster
 
 pytestmark = pytest.mark.cluster

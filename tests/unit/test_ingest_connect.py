@@ -39,7 +39,7 @@ from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import ClientKind, SessionRecord
 from services.common.sessions import client_kind, is_persistent
 from services.common.settings import Settings
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from services.ingest.effects import (
     Close,
     Connected,

@@ -20,7 +20,7 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from services.ingest.effects import StoreRetainedRequest, StoreSubscriptions
 
 VERSIONS = [4, 5]

@@ -18,7 +18,7 @@ from services.common.mqtt.packets import ConnAck, Connect, Packet
 from services.common.mqtt.properties import Properties
 from services.common.records import SessionRecord
 from services.common.settings import Settings
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import (
     Close,

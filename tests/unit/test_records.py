@@ -15,15 +15,31 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.common.kafka.names import TopicNames
+from services.common.mqtt.packets import PacketType
+from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
     AckKind,
     AckRecord,
+    AppMessage,
     ClientKind,
+    Downlink,
+    Headers,
+    Message,
+    Persisted,
+    Published,
     PublishMeta,
     RecordError,
+    Releases,
+    RetainedRequest,
     SessionRecord,
     StoredRecord,
     Target,
+    app_record,
+    app_shared_record,
+    client_acks_record,
+    client_session_record,
+    client_subscriptions_record,
     decode_ack,
     decode_meta,
     decode_releases,
@@ -31,6 +47,7 @@ from services.common.records import (
     decode_stored,
     decode_subscriptions,
     decode_targets,
+    downlink_record,
     encode_ack,
     encode_meta,
     encode_releases,
@@ -38,8 +55,23 @@ from services.common.records import (
     encode_stored,
     encode_subscriptions,
     encode_targets,
+    expires_at_ms,
+    parse_app,
+    parse_app_shared,
+    parse_client_acks,
+    parse_client_session,
+    parse_client_subscriptions,
+    parse_downlink,
+    parse_msg_all,
+    parse_persisted,
+    parse_retained,
+    persisted_record,
+    publish_record,
+    release_record,
+    retained_record,
+    retained_request_record,
 )
-from services.common.topics.trie import Subscription
+from services.common.subscription import Subscription
 
 U8 = st.integers(0, 255)
 U32 = st.integers(0, 2**32 - 1)
@@ -310,3 +342,149 @@ def test_random_bytes_never_raise_anything_but_record_error(data: bytes) -> None
 @given(st.binary(max_size=64))
 def test_random_bodies_after_a_valid_version_never_raise_anything_else(body: bytes) -> None:
     _decode_any(b"\x01" + body)
+
+
+# ---------------------------------------------------------------------- Kafka records
+
+NAMES = TopicNames("p.")
+META = PublishMeta("a/b", 1, False, 5, 5)
+META_RAW = encode_meta(META)
+MESSAGE = Message(META, META_RAW, b"payload")
+SESSION_ID = bytes(range(16, 32))
+
+
+def test_each_record_kind_builds_and_parses_back() -> None:
+    sub = Subscription("c", "a/#", 1)
+    published = publish_record(NAMES, "pub", META, b"payload")
+    assert published.topic == NAMES.msg_all
+    assert parse_msg_all(published.key, published.value, published.headers) == Published(
+        "pub", MESSAGE
+    )
+    request = retained_request_record(NAMES, "c", [sub])
+    assert parse_msg_all(request.key, request.value, request.headers) == RetainedRequest("c", [sub])
+    retained = retained_record(NAMES, META, b"payload")
+    assert (retained.topic, retained.key) == (NAMES.msg_retained, b"a/b")
+    assert parse_retained(retained.key, retained.value, retained.headers) == ("a/b", MESSAGE)
+    downlink = downlink_record(NAMES, "n1", b"pub", META_RAW, b"payload", [Target("c", 1)])
+    assert (downlink.topic, downlink.key) == (NAMES.downlink("n1"), b"pub")
+    assert parse_downlink(downlink.value, downlink.headers) == Downlink(
+        META, b"payload", [Target("c", 1)]
+    )
+    release = release_record(NAMES, "n1", "c", [("c", 7)])
+    assert parse_downlink(release.value, release.headers) == Releases([("c", 7)])
+    persisted = persisted_record(NAMES, MESSAGE, Target("c", 2))
+    assert (persisted.topic, persisted.key) == (NAMES.msg_persisted, b"c")
+    assert parse_persisted(persisted.key, persisted.value, persisted.headers) == Persisted(
+        "c", MESSAGE, Target("c", 2)
+    )
+    app = app_record(NAMES, b"pub", MESSAGE, Target("app", 1), SESSION_ID)
+    assert (app.topic, app.key) == (NAMES.app("app"), b"pub")
+    assert parse_app(app.value, app.headers) == AppMessage(MESSAGE, Target("app", 1), SESSION_ID)
+    shared = app_shared_record(NAMES, "g", "t/+", b"pub", MESSAGE)
+    assert shared.topic == NAMES.app_shared("g", "t/+")
+    assert parse_app_shared(shared.value, shared.headers) == MESSAGE
+    session = client_session_record(NAMES, "c", _session())
+    assert parse_client_session(session.key, session.value) == ("c", _session())
+    subscriptions = client_subscriptions_record(NAMES, "c", [sub])
+    assert parse_client_subscriptions(subscriptions.key, subscriptions.value) == ("c", [sub])
+    ack = AckRecord(SESSION_ID, [(AckKind.PUBACK, 3)])
+    acked = client_acks_record(NAMES, "c", ack)
+    assert (acked.topic, parse_client_acks(acked.key, acked.value)) == (
+        NAMES.client_acks,
+        ("c", ack),
+    )
+
+
+def test_tombstones() -> None:
+    assert retained_record(NAMES, META, b"").value is None  # deletes the retained message
+    assert parse_retained(b"a/b", None, []) == ("a/b", None)
+    assert client_session_record(NAMES, "c", None).value is None
+    assert parse_client_session(b"c", None) == ("c", None)
+    assert client_subscriptions_record(NAMES, "c", []).value is None
+    assert parse_client_subscriptions(b"c", None) == ("c", [])
+
+
+GOOD_META = [("m", META_RAW)]
+GOOD_TARGET = [("t", encode_targets([Target("c", 1)]))]
+PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object], list[Any]]] = {
+    "msg.all": (
+        parse_msg_all,
+        [
+            (None, b"x", GOOD_META),
+            (b"\xff", b"x", GOOD_META),
+            (b"k", b"x", []),
+            (b"k", b"x", [("m", b"\x07")]),
+            (b"k", b"", [("q", b"\x01\x00")]),
+        ],
+    ),
+    "msg.retained": (
+        parse_retained,
+        [(None, b"x", GOOD_META), (b"t", b"x", []), (b"t", b"x", [("m", b"")])],
+    ),
+    "downlink": (
+        lambda _key, value, headers: parse_downlink(value, headers),
+        [
+            (b"k", b"x", GOOD_META),
+            (b"k", b"x", GOOD_TARGET),
+            (b"k", b"", [("r", b"\x01")]),
+            (b"k", b"x", [*GOOD_META, ("t", b"\x01\x00")]),
+        ],
+    ),
+    "msg.persisted": (
+        parse_persisted,
+        [
+            (None, b"x", GOOD_META + GOOD_TARGET),
+            (b"c", b"x", GOOD_META),
+            (b"c", b"x", GOOD_TARGET),
+            (b"c", b"x", [*GOOD_META, ("t", encode_targets([]))]),
+        ],
+    ),
+    "msg.app": (
+        lambda _key, value, headers: parse_app(value, headers),
+        [(b"k", b"x", GOOD_META + GOOD_TARGET), (b"k", b"x", [*GOOD_TARGET, ("s", SESSION_ID)])],
+    ),
+    "msg.app-shared": (
+        lambda _key, value, headers: parse_app_shared(value, headers),
+        [(b"k", b"x", []), (b"k", b"x", [("m", b"\x01")])],
+    ),
+    "client.sessions": (
+        lambda key, value, _headers: parse_client_session(key, value),
+        [(None, None, []), (b"\xff", None, []), (b"c", b"\x01", [])],
+    ),
+    "client.subscriptions": (
+        lambda key, value, _headers: parse_client_subscriptions(key, value),
+        [(None, None, []), (b"c", b"\x02", [])],
+    ),
+    "client.acks": (
+        lambda key, value, _headers: parse_client_acks(key, value),
+        [(None, b"", []), (b"c", None, []), (b"c", b"\x01", [])],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PARSERS))
+def test_every_parser_raises_only_record_error_on_garbage(kind: str) -> None:
+    parse, garbage = PARSERS[kind]
+    for key, value, headers in garbage:
+        with pytest.raises(RecordError):
+            parse(key, value, headers)
+
+
+@given(
+    st.binary(max_size=12) | st.none(),
+    st.binary(max_size=12) | st.none(),
+    st.lists(st.tuples(st.sampled_from("mtqrs"), st.binary(max_size=24)), max_size=3),
+)
+def test_random_records_never_make_a_parser_raise_anything_but_record_error(
+    key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+) -> None:
+    for parse, _ in PARSERS.values():
+        with contextlib.suppress(RecordError):
+            parse(key, value, headers)
+
+
+def test_expiry_of_garbage_properties_is_a_record_error() -> None:
+    lasting = encode_properties(Properties(message_expiry_interval=7), PacketType.PUBLISH)
+    assert expires_at_ms(PublishMeta("t", 0, False, 1_000, 5, lasting)) == 8_000
+    with pytest.raises(RecordError):
+        expires_at_ms(PublishMeta("t", 0, False, 1_000, 5, b"\x05\x02"))

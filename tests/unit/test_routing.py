@@ -24,9 +24,10 @@ from services.common.records import (
     encode_session,
     encode_subscriptions,
 )
-from services.common.topics.trie import Subscription
+from services.common.sessions import DeliveryPath
+from services.common.subscription import Subscription
 from services.router.main import outputs
-from services.router.routing import APPLICATION, RoutingTable
+from services.router.routing import RoutingTable
 
 
 def _session(node: str, connected: bool = True) -> SessionRecord:
@@ -330,9 +331,9 @@ def test_an_offline_application_member_keeps_the_groups_messages_in_its_topic() 
 def test_retained_messages_for_an_application_client_go_to_its_topic() -> None:
     table = RoutingTable()
     table.set_session("app", _app("n1", connected=True))
-    table.apply_retained_record(b"r", b"kept", encode_meta(PublishMeta("r", 1, True, 0)))
-    assert table.destination("app") == APPLICATION
-    assert table.session_id("app") == APP_SESSION
+    table.apply_retained_record(b"r", b"kept", [("m", encode_meta(PublishMeta("r", 1, True, 0)))])
+    assert table.path("app") is DeliveryPath.APPLICATION
+    assert table.sessions["app"].session_id == APP_SESSION
     [(message, target)] = table.retained_for("app", [_sub("app", "r")], 0)
     assert (message.payload, target) == (b"kept", Target("app", 1, True))
 
@@ -354,7 +355,7 @@ def test_a_shared_group_prefers_connected_members_then_stores_for_persistent_one
 
 def _retain(table: RoutingTable, topic: str, payload: bytes, qos: int, **meta: object) -> None:
     raw = encode_meta(PublishMeta(topic, qos, True, **meta))  # type: ignore[arg-type]
-    table.apply_retained_record(topic.encode(), payload, raw)
+    table.apply_retained_record(topic.encode(), payload, [("m", raw)])
 
 
 def test_retained_messages_for_new_subscriptions() -> None:
@@ -379,13 +380,13 @@ def test_retained_expired_deleted_and_undeliverable_cases() -> None:
     assert [m.payload for m, _ in table.retained_for("a", subs, 10_999)] == [b"old"]
     assert table.retained_for("a", subs, 11_000) == []  # the 10 s interval has passed
     assert table.retained_for("gone", [_sub("gone", "#")], 0) == []  # nowhere to deliver
-    table.apply_retained_record(b"e", None, None)  # tombstone: retained message deleted
+    table.apply_retained_record(b"e", None, [])  # tombstone: retained message deleted
     assert len(table.retained) == 0
 
 
 def test_retained_record_without_metadata_is_a_record_error() -> None:
     with pytest.raises(RecordError):
-        RoutingTable().apply_retained_record(b"t", b"payload", None)
+        RoutingTable().apply_retained_record(b"t", b"payload", [])
 
 
 def test_application_records_carry_payload_meta_target_and_session() -> None:

@@ -9,12 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.mqtt.errors import ProtocolError, TopicFilterInvalid
-from services.common.topics.trie import (
-    ClientMatch,
-    MatchResult,
-    Subscription,
-    SubscriptionTrie,
-)
+from services.common.subscription import Subscription
+from services.common.topics.trie import ClientMatch, MatchResult, SubscriptionTrie
 
 
 def _trie(*subs: Subscription) -> SubscriptionTrie:

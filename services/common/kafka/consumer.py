@@ -7,11 +7,13 @@ and wraps every record in an event; the router on a Faust agent routed about 765
 while 17,000 msg/s were being stored, at 10 % of a core, with a 230 ms median end-to-end
 latency at 500 msg/s. A plain ``getmany`` loop has neither cost.
 
-:func:`consume_batches` is the consume → produce → commit loop: each batch's records are
-handed to the service, which returns the acknowledgements of the records it produced for
-them; the batch's offsets are committed only once all of those are in Kafka (at-least-once:
-a crash re-reads at most the unacknowledged batches). Several batches are in flight at once
-so routing overlaps Kafka's round trips; the producer keeps their order per partition.
+:func:`consume_batches` is the consume → produce → commit loop of every stage (the router's
+``msg.all``, device_persist's ``msg.persisted`` and ``client.acks``, app_delivery's
+ownership topics, the ingest node's downlink topic): each batch's records are handed to the
+service, which returns the acknowledgements of the records it produced for them; the batch's
+offsets are committed only once all of those are in Kafka (at-least-once: a crash re-reads
+at most the unacknowledged batches). Several batches are in flight at once so routing
+overlaps Kafka's round trips; the producer keeps their order per partition.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ BatchHandler = Callable[[list[Record]], Awaitable[Sequence[Awaitable[object]]]]
 """Handles one batch (records of several partitions, each partition's in offset order) and
 returns the acknowledgements to wait for before the batch counts as done (``[]`` when it
 is done already). Raising fails the batch like a failed acknowledgement."""
+
+PartitionsHook = Callable[[set[TopicPartition]], Awaitable[None]]
+"""Told the partitions a rebalance gave (all of them) or takes away from this consumer."""
 
 #: Seconds to wait before re-reading a failed batch (Kafka or a store is down).
 RETRY_BACKOFF_SECONDS = 1.0
@@ -114,17 +119,20 @@ class _Batch:
 
 
 class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Tracks batches in flight and commits what is acknowledged, in order."""
+    """Tracks batches in flight and commits what is acknowledged, in order; the rebalance
+    listener of a consumer group, which tells the stage's hooks after it committed."""
 
     def __init__(
         self,
         consumer: AIOKafkaConsumer,
         commit: bool,
-        on_assigned: Callable[[set[TopicPartition]], None] | None,
+        on_assigned: PartitionsHook | None,
+        on_revoked: PartitionsHook | None,
     ) -> None:
         self.consumer = consumer
         self.commit = commit
         self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
         self.in_flight: deque[_Batch] = deque()
         self.committable: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
@@ -172,7 +180,8 @@ class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
                 self.consumer.seek(tp, start)
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        """Before a rebalance: finish the batches in flight and commit them."""
+        """Before a rebalance: finish the batches in flight and commit them, then tell the
+        stage (which stops what it does for the partitions)."""
         if await self.settle(0):
             await self.flush()
         else:
@@ -180,11 +189,14 @@ class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp in revoked:
             self.committable.pop(tp, None)
             self.committed.pop(tp, None)
+        if self.on_revoked is not None:
+            await self.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        """Reading resumes from the committed offsets; the service hears of its partitions."""
+        """Reading resumes from the committed offsets (unless the stage seeks elsewhere);
+        the stage hears of its partitions."""
         if self.on_assigned is not None:
-            self.on_assigned(set(assigned))
+            await self.on_assigned(set(assigned))
 
 
 async def _next_batch(
@@ -230,7 +242,9 @@ async def consume_batches(
     max_records: int = 2000,
     max_in_flight: int = 4,
     commit_interval: float = 0.2,
-    on_assigned: Callable[[set[TopicPartition]], None] | None = None,
+    on_assigned: PartitionsHook | None = None,
+    on_revoked: PartitionsHook | None = None,
+    after_fetch: Callable[[], Awaitable[None]] | None = None,
     first: Sequence[str] = (),
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
@@ -243,11 +257,14 @@ async def consume_batches(
     logged and read again (with everything after it) after :data:`RETRY_BACKOFF_SECONDS`:
     at-least-once. Runs until cancelled; then what is acknowledged is committed.
     ``on_assigned`` is told the partitions the group gives this consumer after each
-    rebalance (all of them, not only the new ones). Records of the ``first`` topics already
+    rebalance (all of them, not only the new ones), and may seek them; ``on_revoked`` the
+    partitions taken away, once what was read of them is committed. ``after_fetch`` runs
+    after every fetch, whether it brought records or not (0.5 s at most between two when
+    nothing comes). Records of the ``first`` topics already
     fetched go into a batch before any other: a backlog elsewhere does not hold them up
     (device_persist reads acknowledgements before the messages that wait for them).
     """
-    committer = _Committer(consumer, bool(topics), on_assigned)
+    committer = _Committer(consumer, bool(topics), on_assigned, on_revoked)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
     last_commit = time.monotonic()
@@ -262,6 +279,8 @@ async def consume_batches(
                 except Exception as exc:
                     batch.error = exc
                 committer.in_flight.append(batch)
+            if after_fetch is not None:
+                await after_fetch()
             if not await committer.settle(max_in_flight - 1 if batches else 0):
                 await committer.rewind()
                 await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka or a store is down

@@ -16,23 +16,23 @@ from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from services.common.kafka.consumer import assign_whole_topics
+from services.common.kafka.consumer import assign_whole_topics, log_undecodable
+from services.common.records import Headers, RecordError
 
 log = logging.getLogger(__name__)
 
-Headers = Sequence[tuple[str, bytes]]
-
 RecordHandler = Callable[[str, bytes, bytes | None, int, Headers], None]
 """Called as ``handler(topic, key, value, offset, headers)``; ``value`` None is a tombstone.
-Records of one key share a partition (keyed topics), so offsets order them. Must not block."""
+Records of one key share a partition (keyed topics), so offsets order them. Must not block;
+raises :class:`~services.common.records.RecordError` for a record that does not decode."""
 
 
 class CompactedTopicReader:
     """Replays and follows whole topics (all partitions) outside any consumer group.
 
     ``bootstrap`` is Kafka's ``host:port`` list; ``handler`` is called once per record in
-    partition order. A record whose handling raises is logged and skipped, never retried, so
-    a poisoned record cannot block the partition.
+    partition order. A record that does not decode (or whose handling fails otherwise) is
+    logged and skipped, never retried, so a poisoned record cannot block the partition.
     """
 
     def __init__(self, bootstrap: str, topics: Sequence[str], handler: RecordHandler) -> None:
@@ -140,19 +140,15 @@ class CompactedTopicReader:
                 self._progress.notify_all()
 
     def _apply(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        if record.key is None:
-            log.warning(
-                "skipping keyless record at %s[%d]@%d",
-                record.topic,
-                record.partition,
-                record.offset,
-            )
-            return
         try:
+            if record.key is None:
+                raise RecordError("record without a key")
             self._handler(
                 record.topic, record.key, record.value, record.offset, record.headers or ()
             )
-        except Exception:
+        except RecordError as exc:
+            log_undecodable(log, record, exc)
+        except Exception:  # a bug, not garbage: logged with its traceback, and skipped
             log.exception(
                 "skipping record %s[%d]@%d that could not be applied",
                 record.topic,

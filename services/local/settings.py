@@ -1,0 +1,45 @@
+"""The local cluster launcher's settings: what only ``cormorant up / down / status`` reads.
+
+:class:`LocalSettings` adds to the services' run-time :class:`~services.common.settings.Settings`
+where the launcher puts the processes of a local cluster (ports, node count), which Kafka it
+fetches and how much heap it gets. The launcher hands the services only the run-time part
+(:func:`services.local.cluster.runtime_settings`). Every setting is still an environment
+variable ``CORMORANT_<NAME>`` or a line of the settings file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+
+from services.common.settings import Settings
+
+
+def _default_cache_dir() -> Path:
+    """Where downloaded jars are cached: ``$XDG_CACHE_HOME/cormorant``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cormorant"
+
+
+class LocalSettings(Settings):
+    """Run-time settings plus the local cluster's layout (environment prefix ``CORMORANT_``)."""
+
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Downloaded Kafka jars ($XDG_CACHE_HOME/cormorant).",
+    )
+    kafka_version: str = Field("3.9.1", description="Apache Kafka release fetched from Maven.")
+    kafka_port: int = Field(9092, ge=1, le=65535, description="Local Kafka's client port.")
+    kafka_controller_port: int = Field(
+        9093, ge=1, le=65535, description="Local Kafka's KRaft controller port."
+    )
+    kafka_heap: str = Field("512m", description="-Xmx of the local Kafka broker.")
+    redis_port: int = Field(6379, ge=1, le=65535, description="Local Redis port.")
+    postgres_port: int = Field(5432, ge=1, le=65535, description="Local PostgreSQL port.")
+    listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
+    ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
+    ingest_base_port: int = Field(
+        11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
+    )
