@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.app_delivery.feed import ClientFeed, SendRecord, SharedKey
+from services.app_delivery.feed import ClientFeed, SharedKey
+from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_topic_spec, delete_topics_and_groups, ensure_topics
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of

@@ -195,7 +195,9 @@ class ClientFeed:
         deadline = time.monotonic() + self.settings.kafka_request_timeout_seconds
         while True:
             try:
-                return await self._admin.list_consumer_group_offsets(group, partitions=tps)
+                offsets: dict[TopicPartition, OffsetAndMetadata]
+                offsets = await self._admin.list_consumer_group_offsets(group, partitions=tps)
+                return offsets
             except KafkaError as exc:
                 if not exc.retriable or time.monotonic() > deadline:
                     raise

@@ -19,7 +19,14 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from services.app_delivery.clients import AppClients
 from services.app_delivery.ownership import Ownership
 from services.common.clock import now_ms
-from services.common.faust_app import make_app, run_service, sender
+from services.common.faust_app import (
+    every,
+    make_app,
+    on_shutdown,
+    run_service,
+    run_task,
+    sender,
+)
 from services.common.kafka.consumer import make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.readiness import clear_ready, mark_ready
@@ -37,7 +44,6 @@ def build_app(settings: Settings) -> faust.App:
 
     clients = AppClients(settings, send)
 
-    @app.task
     async def serve() -> None:
         await clients.start()
         consumer = make_consumer(
@@ -62,18 +68,15 @@ def build_app(settings: Settings) -> faust.App:
             await clients.close()
             await consumer.stop()
 
-    @app.timer(settings.session_expiry_check_seconds)
     async def expire_sessions() -> None:
-        try:
-            acks = await clients.expire_sessions(now_ms())
-            await asyncio.gather(*acks)
-        except Exception as exc:  # Kafka is down: the next tick tries again
-            log.warning("session expiry check failed: %r", exc)
+        await asyncio.gather(*await clients.expire_sessions(now_ms()))
 
-    @app.on_before_shutdown.connect
-    async def stop(app: faust.App, **kwargs: object) -> None:
+    async def stop() -> None:
         clear_ready(settings.ready_file)
 
+    run_task(app, serve)
+    every(app, settings.session_expiry_check_seconds, expire_sessions, "session expiry check")
+    on_shutdown(app, stop)
     return app
 
 

@@ -15,6 +15,7 @@ service's consumer group.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
 from services.common.records import Headers
 from services.common.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 SendRecord = Callable[[str, bytes, bytes | None, Headers | None], Awaitable[Awaitable[object]]]
 """``await send(topic, key, value, headers)`` queues a record (``value`` None: a tombstone)
@@ -38,7 +41,7 @@ def sender(app: faust.App) -> SendRecord:
         topic: str, key: bytes, value: bytes | None, headers: Headers | None
     ) -> Awaitable[object]:
         acknowledged: Awaitable[object] = await app.producer.send(
-            topic, key, value, None, None, headers
+            topic, key, value, None, None, None if headers is None else list(headers)
         )
         return acknowledged
 
@@ -78,6 +81,35 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     app = faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
     app.producer_only = True
     return app
+
+
+def run_task(app: faust.App, task: Callable[[], Awaitable[None]]) -> None:
+    """Run ``task()`` in ``app``'s worker once it has started (Faust's ``@app.task``)."""
+    app.task(task)
+
+
+def every(app: faust.App, seconds: float, job: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run ``job()`` every ``seconds`` in ``app``'s worker (Faust's ``@app.timer``); a
+    failure (Kafka or a store down) is logged as ``what`` failing, and the next tick tries
+    again."""
+
+    async def tick() -> None:
+        try:
+            await job()
+        except Exception as exc:
+            log.warning("%s failed: %r", what, exc)
+
+    app.timer(seconds)(tick)
+
+
+def on_shutdown(app: faust.App, stop: Callable[[], Awaitable[None]]) -> None:
+    """Run ``stop()`` when ``app``'s worker shuts down, before its producer stops (Faust's
+    ``on_before_shutdown`` signal): the last records can still be written."""
+
+    async def handler(*args: object, **kwargs: object) -> None:  # (sender, signal=...)
+        await stop()
+
+    app.on_before_shutdown.connect(handler)
 
 
 def run_service(

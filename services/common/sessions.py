@@ -87,3 +87,9 @@ def session_expired(record: SessionRecord, now_ms: int, max_seconds: int | None 
 def new_connection_id() -> bytes:
     """A fresh 16-byte identifier for one network connection (``SessionRecord.connection_id``)."""
     return uuid.uuid4().bytes
+
+
+def assigned_client_id() -> str:
+    """A fresh Assigned Client Identifier for a v5 client that sent none (MQTT 5.0
+    3.1.3.1): ``cormorant-`` and 32 hex digits, unique without coordination."""
+    return "cormorant-" + uuid.uuid4().hex

@@ -103,6 +103,13 @@ class Settings(BaseSettings):
         description="Topic Alias Maximum advertised in CONNACK: aliases a v5 client may set "
         "(MQTT 5.0 3.2.2.3.8); 0 turns Topic Aliases off.",
     )
+    assign_topic_aliases: bool = Field(
+        True,
+        description="Send PUBLISHes to v5 clients whose CONNECT allows it (Topic Alias Maximum "
+        "> 0) with server-assigned Topic Aliases: the Topic Name once, then only the alias "
+        "(MQTT 5.0 3.3.2.3.4); the least recently used alias is reassigned when the client's "
+        "maximum is reached.",
+    )
     connect_timeout_seconds: float = Field(
         10.0, gt=0, description="A socket must send CONNECT within this many seconds."
     )

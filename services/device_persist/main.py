@@ -19,7 +19,14 @@ from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from services.common.clock import now_ms
-from services.common.faust_app import make_app, run_service, sender
+from services.common.faust_app import (
+    every,
+    make_app,
+    on_shutdown,
+    run_service,
+    run_task,
+    sender,
+)
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
 from services.common.kafka.state_reader import CompactedTopicReader
@@ -61,7 +68,6 @@ def build_app(settings: Settings) -> faust.App:
     async def assigned(partitions: set[TopicPartition]) -> None:
         persister.assign(tp.partition for tp in partitions if tp.topic == names.msg_persisted)
 
-    @app.task
     async def serve() -> None:
         await reader.start()
         persister.go_live()
@@ -84,20 +90,17 @@ def build_app(settings: Settings) -> faust.App:
             dirty.cancel()
             await consumer.stop()
 
-    @app.timer(settings.session_expiry_check_seconds)
     async def expire_sessions() -> None:
-        try:
-            acks = await persister.expire_sessions(now_ms())
-            await asyncio.gather(*acks)
-        except Exception as exc:  # the store or Kafka is down: the next tick tries again
-            log.warning("session expiry check failed: %r", exc)
+        await asyncio.gather(*await persister.expire_sessions(now_ms()))
 
-    @app.on_before_shutdown.connect
-    async def stop(app: faust.App, **kwargs: object) -> None:
+    async def stop() -> None:
         clear_ready(settings.ready_file)
         await reader.stop()
         await store.close()
 
+    run_task(app, serve)
+    every(app, settings.session_expiry_check_seconds, expire_sessions, "session expiry check")
+    on_shutdown(app, stop)
     return app
 
 

@@ -136,8 +136,9 @@ class DevicePersister:
         if not self._live or not self.owns(client_id):
             return
         had_store = previous is not None and _stored_for(previous)
-        restarted = previous is not None and record is not None
-        ended = record is None or (restarted and previous.session_id != record.session_id)
+        ended = record is None or (
+            previous is not None and previous.session_id != record.session_id
+        )
         if ended and had_store:
             self._mark_dirty(client_id)  # the session ended or restarted: its messages go
         elif record is not None and record.connected and _stored_for(record):

@@ -11,7 +11,6 @@ in its own module (``handle_connect``, ``handle_publish``, ``handle_subscribe``,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from services.common.mqtt.codec import StreamDecoder
 from services.common.mqtt.errors import MQTTError
@@ -31,11 +30,20 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import SessionRecord
-from services.common.settings import Settings
+from services.common.records import SessionRecord, Target
 from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe, will
 from services.ingest.effects import Close, Effect, Send
-from services.ingest.state import ConnectionState, Phase, PreviousSession
+from services.ingest.fan_out import FanOut
+from services.ingest.state import (
+    AwaitingAppTopic,
+    AwaitingConnAck,
+    ConnectionState,
+    PendingAck,
+    PendingSubAck,
+    Phase,
+    RecordWaiters,
+    ServerContext,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,27 +51,22 @@ log = logging.getLogger(__name__)
 class ServerConnection:
     """The server side of one MQTT connection.
 
-    ``settings`` gives the server's limits; ``previous_session`` is consulted on CONNECT;
-    ``now_ms`` returns Unix time in milliseconds. Feed bytes with :meth:`receive_data`, report
-    store outcomes with :meth:`stored` / :meth:`store_failed`, deliver downlink messages with
-    :meth:`deliver` and :meth:`release`; each returns the effects to carry out, in order. The
-    acknowledgements of store-assigned deliveries and the session record of QoS 2 changes
-    gathered during one call leave as one record each, at the end of its effects.
+    ``server`` is what the node's connections share (limits, node id, session lookup,
+    clock, client id generator); ``connection_id`` (16 bytes) names this network
+    connection. Feed bytes with :meth:`receive_data`, report store outcomes with
+    :meth:`stored` / :meth:`store_failed`, deliver downlink messages with
+    :meth:`deliver_routed`, :meth:`deliver` and :meth:`release`, and the client's session
+    records read from Kafka with :meth:`session_record_seen`; each returns the effects to
+    carry out, in order. The acknowledgements of store-assigned deliveries and the session
+    record of QoS 2 changes gathered during one call leave as one record each, at the end
+    of its effects.
     """
 
-    __slots__ = ("_decoder", "_previous_session", "state")
+    __slots__ = ("_decoder", "state")
 
-    def __init__(
-        self,
-        settings: Settings,
-        node_id: str,
-        connection_id: bytes,
-        previous_session: PreviousSession,
-        now_ms: Callable[[], int],
-    ) -> None:
-        self.state = ConnectionState(settings, node_id, connection_id, now_ms)
-        self._decoder = StreamDecoder(max_packet_size=settings.max_packet_size)
-        self._previous_session = previous_session
+    def __init__(self, server: ServerContext, connection_id: bytes) -> None:
+        self.state = ConnectionState(server, connection_id)
+        self._decoder = StreamDecoder(max_packet_size=server.limits.max_packet_size)
 
     @property
     def client_id(self) -> str:
@@ -87,7 +90,7 @@ class ServerConnection:
         Before CONNECT, the server's connect timeout; None when keep alive is off (0).
         """
         if self.state.phase is Phase.AWAIT_CONNECT:
-            return self.state.settings.connect_timeout_seconds
+            return self.state.limits.connect_timeout_seconds
         return self.state.keep_alive * 1.5 if self.state.keep_alive else None
 
     def receive_data(self, data: bytes) -> list[Effect]:
@@ -121,7 +124,7 @@ class ServerConnection:
         if state.phase is Phase.AWAIT_CONNECT:
             assert isinstance(packet, Connect), "the decoder admits CONNECT first"
             self._decoder.protocol_version = packet.protocol_version
-            return handle_connect.handle_connect(state, packet, self._previous_session)
+            return handle_connect.handle_connect(state, packet)
         if state.phase is Phase.CONNECTING:
             # MQTT 3.1.4: a client may send packets before CONNACK; handle them after it.
             state.early_packets.append(packet)
@@ -156,10 +159,17 @@ class ServerConnection:
         state = self.state
         if self.closed:
             return []
-        if token == state.app_topic_token:
-            return handle_connect.app_topic_created(state)
-        if token == state.connack_token:
-            effects = handle_connect.connect_stored(state)
+        waiter = state.waiting.pop(token, None)
+        if isinstance(waiter, PendingAck):
+            return self._finish(handle_publish.publish_outcome(state, waiter, ok=True))
+        if isinstance(waiter, PendingSubAck):
+            return handle_subscribe.subscribe_outcome(state, waiter)
+        if isinstance(waiter, RecordWaiters):
+            return self._session_record_outcome(waiter, ok=True)
+        if isinstance(waiter, AwaitingAppTopic):
+            return handle_connect.app_topic_created(state, waiter)
+        if isinstance(waiter, AwaitingConnAck):
+            effects = handle_connect.connect_stored(state, waiter)
             for packet in state.early_packets:
                 if self.closed:
                     break
@@ -169,11 +179,7 @@ class ServerConnection:
                     effects.extend(self.protocol_violation(exc))
             state.early_packets.clear()
             return self._finish(effects)
-        if token in state.pending_subacks:
-            return handle_subscribe.subscribe_outcome(state, token)
-        if token in state.record_waiters:
-            return self._session_record_outcome(token, ok=True)
-        return self._finish(handle_publish.publish_outcome(state, token, ok=True))
+        return self._finish([])  # nothing waits for it (QoS 0, end of session, acks)
 
     def store_failed(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
@@ -188,38 +194,53 @@ class ServerConnection:
         state = self.state
         if self.closed:
             return []
-        if token in (state.connack_token, state.app_topic_token):
-            return handle_connect.connect_failed(state)
-        if token in state.pending_subacks:
-            state.pending_subacks.pop(token)
+        waiter = state.waiting.pop(token, None)
+        if isinstance(waiter, PendingAck):
+            return self._finish(handle_publish.publish_outcome(state, waiter, ok=False))
+        if isinstance(waiter, PendingSubAck):
             return self.protocol_violation(
                 MQTTError("subscriptions could not be stored", ReasonCode.UNSPECIFIED_ERROR)
             )
-        if token in state.record_waiters:
-            return self._session_record_outcome(token, ok=False)
-        return self._finish(handle_publish.publish_outcome(state, token, ok=False))
+        if isinstance(waiter, RecordWaiters):
+            return self._session_record_outcome(waiter, ok=False)
+        if isinstance(waiter, AwaitingConnAck | AwaitingAppTopic):
+            return handle_connect.connect_failed(state)
+        return self._finish([])
 
-    def _session_record_outcome(self, token: int, ok: bool) -> list[Effect]:
-        effects, release_failed = handle_publish.session_record_outcome(self.state, token, ok)
+    def session_stored_at(self, offset: int) -> None:
+        """One of this connection's connected session records is in Kafka at ``offset``:
+        a record of the client at a higher offset is newer than this connection's
+        (:meth:`session_record_seen`)."""
+        state = self.state
+        if state.session_offset is None or offset > state.session_offset:
+            state.session_offset = offset
+
+    def _session_record_outcome(self, waiters: RecordWaiters, ok: bool) -> list[Effect]:
+        effects, release_failed = handle_publish.session_record_outcome(self.state, waiters, ok)
         if release_failed:
             effects += self.protocol_violation(
                 MQTTError("a PUBREL could not be recorded", ReasonCode.UNSPECIFIED_ERROR)
             )
         return self._finish(effects)
 
-    def deliver(
-        self, packet: Publish, encoded: bytes | None = None, expires_at_ms: int | None = None
-    ) -> list[Effect]:
-        """Send a routed message to this client: ``packet`` already carries the granted QoS,
+    def deliver_routed(self, message: FanOut, target: Target) -> list[Effect]:
+        """Send a routed message to this client as its downlink ``target`` says (QoS,
+        Retain As Published, Subscription Identifiers, a store-assigned Packet Identifier
+        and DUP), sharing ``message``'s QoS 0 encodings (:mod:`services.ingest.fan_out`)."""
+        if self.state.phase is not Phase.CONNECTED:
+            return []
+        return self._finish(delivery.deliver_routed(self.state, message, target))
+
+    def deliver(self, packet: Publish, expires_at_ms: int | None = None) -> list[Effect]:
+        """Send one PUBLISH to this client: ``packet`` already carries the granted QoS,
         RETAIN and DUP flags, properties, and a store-assigned Packet Identifier or None; the
-        node's own Packet Identifiers, the in-flight window and the remaining Message Expiry
-        Interval are handled here. ``encoded`` optionally holds a QoS 0 ``packet`` already
-        encoded for this client's protocol version (shared by a fan-out); ``expires_at_ms``
-        is when the message expires (Unix ms, None: never).
+        node's own Packet Identifiers, the in-flight window, Topic Aliases and the remaining
+        Message Expiry Interval are handled here. ``expires_at_ms`` is when the message
+        expires (Unix ms, None: never).
         """
         if self.state.phase is not Phase.CONNECTED:
             return []
-        return self._finish(delivery.deliver(self.state, packet, encoded, expires_at_ms))
+        return self._finish(delivery.deliver(self.state, packet, expires_at_ms))
 
     def release(self, packet_id: int) -> list[Effect]:
         """Send PUBREL for a store-assigned QoS 2 delivery the client received (PUBREC) on
@@ -255,13 +276,30 @@ class ServerConnection:
         self.state.phase = Phase.CLOSED
         return will.on_close(self.state) + handle_connect.end_session(self.state)
 
-    def older_session_record(self, record: SessionRecord | None) -> list[Effect]:
-        """A session record of an older connection of this client (or a tombstone) landed
-        after this connection's: store this connection's record again (see
-        :func:`handle_connect.restate_session`)."""
-        if self.closed:
+    def session_record_seen(self, record: SessionRecord | None, offset: int) -> list[Effect]:
+        """A ``client.sessions`` record of this client (None: a tombstone) at ``offset``,
+        read from Kafka (session takeover, MQTT 3.1.4-3).
+
+        Records no newer than this connection's own (:meth:`session_stored_at`) and its own
+        are ignored. A newer connected record of another connection (not the one this
+        connection took the session from) means that connection took the session over
+        (:meth:`taken_over`). Anything else newer is an older connection's record (or a
+        tombstone) that landed late: this connection's record is stored again
+        (:func:`handle_connect.restate_session`), so the latest one names it.
+        """
+        state = self.state
+        if self.closed or state.session_offset is None or offset <= state.session_offset:
             return []
-        return handle_connect.restate_session(self.state, record)
+        if record is not None and record.connection_id == state.connection_id:
+            return []
+        if (
+            record is not None
+            and record.connected
+            and record.connection_id != state.previous_connection_id
+        ):
+            log.info("client %r connected elsewhere (node %s)", state.client_id, record.node_id)
+            return self.taken_over(record.clean_start)
+        return handle_connect.restate_session(state, record)
 
     def protocol_violation(self, exc: MQTTError) -> list[Effect]:
         """The MQTT-mandated reaction to ``exc`` (MQTT 4.13): CONNACK or DISCONNECT, then close."""

@@ -24,6 +24,11 @@ Two kinds of deliveries share a connection:
 Message Expiry (MQTT 5.0 3.3.2.3.3): a message is sent with the time it has left, rounded up
 to whole seconds; one whose interval has passed before onward delivery started is not sent
 [MQTT-3.3.2-5]. A store's resend (DUP) was started before, so it is always sent.
+
+A routed message (:func:`deliver_routed`) comes as a :class:`~services.ingest.fan_out.FanOut`
+shared by the node's targets: a QoS 0 copy is one of its shared encodings. Every PUBLISH
+to a v5 client that allows Topic Aliases carries a server-assigned one
+(:mod:`services.ingest.topic_alias`) unless ``assign_topic_aliases`` is off.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ from collections import deque
 from services.common.mqtt.errors import ProtocolError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import AckKind, AckRecord
+from services.common.records import AckKind, AckRecord, Target
 from services.ingest.effects import Effect, Send, StoreAcks
+from services.ingest.fan_out import FanOut, remaining_interval
 from services.ingest.state import ConnectionState, Outbound, Queued
+from services.ingest.topic_alias import OutboundAliases
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +53,6 @@ are dropped (a slow consumer must not exhaust the node's memory)."""
 
 
 # ------------------------------------------------------------------------------ expiry
-
-
-def remaining_interval(expires_at_ms: int, now_ms: int) -> int | None:
-    """The Message Expiry Interval to send at ``now_ms``: the seconds left, rounded up (so a
-    live message never says 0), or None once it has expired [MQTT-3.3.2-6]."""
-    left_ms = expires_at_ms - now_ms
-    return None if left_ms <= 0 else -(-left_ms // 1000)
 
 
 def _set_remaining(state: ConnectionState, packet: Publish, expires_at_ms: int | None) -> bool:
@@ -70,29 +70,43 @@ def _set_remaining(state: ConnectionState, packet: Publish, expires_at_ms: int |
 # ------------------------------------------------------------------------------ sending
 
 
+def deliver_routed(state: ConnectionState, message: FanOut, target: Target) -> list[Effect]:
+    """Send a routed message to this client as ``target`` (this client's entry of the
+    downlink record) says: QoS, RETAIN, Subscription Identifiers, and a store-assigned
+    Packet Identifier and DUP flag if any. A QoS 0 copy is the message's shared encoding
+    of this connection's variant (its time left as of the fan-out); QoS 1/2 go through
+    :func:`deliver`."""
+    version = state.protocol_version
+    if target.qos:
+        return deliver(state, message.publish(target, version), message.expires_at_ms)
+    expires_at_ms = message.expires_at_ms
+    if expires_at_ms is not None and expires_at_ms <= state.now_ms():
+        return []
+    aliases = _aliases(state)
+    if aliases is None:
+        return _send(state, message.qos0_bytes(target, version, 0, False))
+    topic = message.meta.topic
+    alias, known = aliases.choose(topic)
+    effects = _send(state, message.qos0_bytes(target, version, alias, known))
+    if not effects and not known:
+        aliases.forget(topic)
+    return effects
+
+
 def deliver(
-    state: ConnectionState,
-    packet: Publish,
-    encoded: bytes | None = None,
-    expires_at_ms: int | None = None,
+    state: ConnectionState, packet: Publish, expires_at_ms: int | None = None
 ) -> list[Effect]:
     """Send ``packet`` to the client, or queue it behind the in-flight window.
 
     ``packet.packet_id`` is set for a store-assigned delivery (QoS 1/2) and None otherwise.
-    ``encoded`` may carry a QoS 0 packet already encoded for this protocol version, its
-    Message Expiry Interval included (one encoding shared by every subscriber of a fan-out).
     ``expires_at_ms`` is when the message expires (Unix ms; None: never).
     """
     if packet.qos and packet.packet_id:
         return _deliver_store_assigned(state, packet, expires_at_ms)
     if packet.qos == 0:
-        if encoded is None:
-            if not _set_remaining(state, packet, expires_at_ms):
-                return []
-            encoded = state.encode(packet)
-        elif expires_at_ms is not None and expires_at_ms <= state.now_ms():
+        if not _set_remaining(state, packet, expires_at_ms):
             return []
-        return _send(state, encoded)
+        return _send_publish(state, packet)
     if len(state.outbound) >= state.client_receive_maximum or state.outbound_queue:
         if state.outbound_queue is None:
             state.outbound_queue = deque()
@@ -104,6 +118,39 @@ def deliver(
         state.outbound_queue.append(Queued(packet, expires_at_ms))
         return []
     return _send_with_packet_id(state, packet, expires_at_ms)
+
+
+def _aliases(state: ConnectionState) -> OutboundAliases | None:
+    """The connection's server-assigned Topic Aliases, or None when it uses none (v3.1.1,
+    a client whose Topic Alias Maximum is 0, or ``assign_topic_aliases`` off)."""
+    aliases = state.outbound_aliases
+    if aliases is None:
+        if (
+            state.protocol_version < 5
+            or not state.client_topic_alias_maximum
+            or not state.limits.assign_topic_aliases
+        ):
+            return None
+        aliases = state.outbound_aliases = OutboundAliases(state.client_topic_alias_maximum)
+    return aliases
+
+
+def _send_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
+    """Encode and send ``packet`` with the connection's Topic Alias for its topic, if it
+    uses them (the Topic Name left out when the client knows the alias); a new alias of a
+    packet that is not sent is given back."""
+    aliases = _aliases(state)
+    if aliases is None:
+        return _send(state, state.encode(packet))
+    topic = packet.topic
+    alias, known = aliases.choose(topic)
+    packet.properties.topic_alias = alias
+    if known:
+        packet.topic = ""
+    effects = _send(state, state.encode(packet))
+    if not effects and not known:
+        aliases.forget(topic)
+    return effects
 
 
 def _send(state: ConnectionState, data: bytes) -> list[Effect]:
@@ -132,7 +179,7 @@ def _send_with_packet_id(
     if not _set_remaining(state, packet, expires_at_ms):
         return []  # expired while it waited for the window [MQTT-3.3.2-5]
     packet.packet_id = _next_packet_id(state)
-    effects = _send(state, state.encode(packet))
+    effects = _send_publish(state, packet)
     if effects:
         state.outbound[packet.packet_id] = Outbound(packet.qos)
     return effects
@@ -155,7 +202,7 @@ def _deliver_store_assigned(
         # A resend: onward delivery had started, so it goes out with the least interval.
         if state.protocol_version == 5:
             packet.properties.message_expiry_interval = 1
-    effects = _send(state, state.encode(packet))
+    effects = _send_publish(state, packet)
     if effects:
         state.outbound[packet_id] = Outbound(packet.qos, store_assigned=True)
     else:

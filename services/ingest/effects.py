@@ -1,11 +1,12 @@
 """What the sans-IO connection asks its shell to do (the h11 model: bytes in, effects out).
 
-The asyncio shell (:mod:`services.ingest.server`) carries out each effect in order and reports
-the outcome of the ``Store*`` effects back with ``ServerConnection.stored(token)`` or
-``ServerConnection.store_failed(token)``, and so the outcome of :class:`CreateAppTopic`.
-:class:`PublishWill` is the one effect with a
-timer: the shell publishes the Will Message after its delay unless a newer connection of the
-client settles it first (:func:`services.ingest.will.published_on_new_connection`).
+The asyncio shell (:mod:`services.ingest.server`, :mod:`services.ingest.node`) carries out
+each effect in order and reports the outcome of the ``Store*`` effects back with
+``ServerConnection.stored(token)`` or ``ServerConnection.store_failed(token)``, and so the
+outcome of :class:`CreateAppTopic`. :class:`PublishWill` is the one effect with a timer: the
+shell publishes the Will Message after its delay unless a newer connection of the client
+settles it first (:mod:`services.ingest.will` decides, :mod:`services.ingest.wills` keeps
+the timers).
 """
 
 from __future__ import annotations
@@ -86,16 +87,21 @@ class StoreRetainedRequest:
     subscriptions: list[Subscription]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PublishWill:
-    """Publish this client's Will Message to ``msg.all`` after ``delay_seconds`` (0: now).
+    """Publish this client's Will Message after ``delay_seconds`` (> 0), unless a newer
+    connection of the client settles it first (:func:`services.ingest.will.settled_by`).
 
-    ``meta.received_at_ms`` is when the network connection closed; the shell stamps the
-    moment it really publishes, since the Message Expiry Interval of a Will Message runs from
-    its publication (MQTT 5.0 3.1.3.2.4). Nothing waits for the write (failures are logged).
+    ``connection_id`` and ``session_offset`` (the Kafka offset of its latest connected
+    session record, if known) identify the connection the will belongs to, so that its own
+    records are not taken for a newer connection's. ``meta.received_at_ms`` is when the
+    network connection closed; the Will Message is stamped again when it is published
+    (:func:`services.ingest.will.published_after_delay`).
     """
 
     delay_seconds: int
+    connection_id: bytes
+    session_offset: int | None
     meta: PublishMeta
     payload: bytes
 

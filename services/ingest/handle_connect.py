@@ -18,7 +18,6 @@ says which ones each record lists.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Iterable
 
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
@@ -38,14 +37,20 @@ from services.ingest.effects import (
     StoreSession,
     StoreSubscriptions,
 )
-from services.ingest.state import ConnectionState, Phase, PreviousSession
+from services.ingest.state import (
+    AwaitingAppTopic,
+    AwaitingConnAck,
+    ConnectionState,
+    Phase,
+    RecordWaiters,
+)
 
 
-def handle_connect(
-    state: ConnectionState, connect: Connect, previous_session: PreviousSession
-) -> list[Effect]:
+def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
     """Validate ``connect``, set up the connection state and store the session record.
 
+    A v5 client that sent no Client Identifier gets one from the server's generator
+    (``ServerContext.new_client_id``; MQTT 5.0 3.1.3.1, Assigned Client Identifier).
     Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: 0x85
     Client Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8),
     0x90 for an invalid Will Topic.
@@ -64,12 +69,12 @@ def handle_connect(
             raise MQTTError(
                 "MQTT 3.1 requires a Client Identifier", ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
             )
-        client_id = "cormorant-" + uuid.uuid4().hex
+        client_id = state.server.new_client_id()
         assigned = True
     if connect.will is not None:
         validate_topic_name(connect.will.topic)
 
-    settings = state.settings
+    limits = state.limits
     state.will = connect.will
     state.client_id = client_id
     state.clean_start = connect.clean_start
@@ -77,7 +82,7 @@ def handle_connect(
     state.persistent = is_persistent(
         connect.protocol_version, connect.clean_start, state.session_expiry_interval
     )
-    state.kind = client_kind(client_id, settings.application_client_ids)
+    state.kind = client_kind(client_id, limits.application_client_ids)
     if props.receive_maximum is not None:
         state.client_receive_maximum = props.receive_maximum
     if props.maximum_packet_size is not None:
@@ -91,28 +96,28 @@ def handle_connect(
     keep_alive = connect.keep_alive
     if connect.protocol_version == 5:
         wanted = keep_alive
-        if settings.server_keep_alive is not None:
-            keep_alive = settings.server_keep_alive
-        elif keep_alive > settings.max_keep_alive or (keep_alive == 0 and settings.max_keep_alive):
-            keep_alive = min(keep_alive or settings.max_keep_alive, settings.max_keep_alive)
+        if limits.server_keep_alive is not None:
+            keep_alive = limits.server_keep_alive
+        elif keep_alive > limits.max_keep_alive or (keep_alive == 0 and limits.max_keep_alive):
+            keep_alive = min(keep_alive or limits.max_keep_alive, limits.max_keep_alive)
         if keep_alive != wanted:
             connack_props.server_keep_alive = keep_alive
         if assigned:
             connack_props.assigned_client_identifier = client_id
-        connack_props.receive_maximum = settings.receive_maximum
-        connack_props.maximum_packet_size = settings.max_packet_size
-        if settings.topic_alias_maximum:
-            connack_props.topic_alias_maximum = settings.topic_alias_maximum
+        connack_props.receive_maximum = limits.receive_maximum
+        connack_props.maximum_packet_size = limits.max_packet_size
+        if limits.topic_alias_maximum:
+            connack_props.topic_alias_maximum = limits.topic_alias_maximum
     state.keep_alive = keep_alive
 
-    previous, previous_subs = previous_session(client_id)
+    previous, previous_subs = state.server.previous_session(client_id)
     if previous is not None:
         state.previous_connection_id = previous.connection_id
     session_present = (
         not connect.clean_start
         and previous is not None
         and previous.persistent
-        and not session_expired(previous, state.now_ms(), settings.session_expiry_max_seconds)
+        and not session_expired(previous, state.now_ms(), limits.session_expiry_max_seconds)
     )
     effects: list[Effect] = []
     if session_present:
@@ -131,23 +136,22 @@ def handle_connect(
             effects.append(StoreSubscriptions(state.new_token(), []))
 
     state.connected_at_ms = state.now_ms()
-    state.connack_token = state.new_token()
-    state.connack = ConnAck(session_present, ReasonCode.SUCCESS, connack_props)
+    state.session_requested = True
+    connack = ConnAck(session_present, ReasonCode.SUCCESS, connack_props)
     state.phase = Phase.CONNECTING
     if state.persistent and state.kind is ClientKind.APPLICATION:
-        state.app_topic_token = state.new_token()
-        effects.append(CreateAppTopic(state.app_topic_token, client_id))
+        effects.append(CreateAppTopic(state.new_token(AwaitingAppTopic(connack)), client_id))
     else:
-        effects.append(StoreSession(state.connack_token, session_record(state, connected=True)))
+        token = state.new_token(AwaitingConnAck(connack))
+        effects.append(StoreSession(token, session_record(state, connected=True)))
     return effects
 
 
-def app_topic_created(state: ConnectionState) -> list[Effect]:
+def app_topic_created(state: ConnectionState, waiter: AwaitingAppTopic) -> list[Effect]:
     """The client's ``msg.app.<client>`` topic exists: store the session record CONNACK
     waits for."""
-    assert state.connack_token is not None
-    state.app_topic_token = None
-    return [StoreSession(state.connack_token, session_record(state, connected=True))]
+    token = state.new_token(AwaitingConnAck(waiter.connack))
+    return [StoreSession(token, session_record(state, connected=True))]
 
 
 def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
@@ -161,7 +165,7 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
     acknowledged, so the client resends it, and it must then be stored again.
     """
     return SessionRecord(
-        node_id=state.node_id,
+        node_id=state.server.node_id,
         connection_id=state.connection_id,
         connected=connected,
         protocol_version=state.protocol_version,
@@ -188,17 +192,15 @@ def _recorded_unreleased(state: ConnectionState) -> tuple[int, ...]:
 
 def _releasing(state: ConnectionState) -> Iterable[int]:
     yield from state.unsaved.releases
-    for waiters in state.record_waiters.values():
+    for waiters in state.waiters(RecordWaiters):
         yield from waiters.releases
 
 
-def connect_stored(state: ConnectionState) -> list[Effect]:
+def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effect]:
     """The session record is in Kafka: send CONNACK; the shell registers the client."""
-    assert state.connack is not None
-    connack, state.connack = state.connack, None  # sent once; not kept for the connection's life
     state.phase = Phase.CONNECTED
     state.accepted = True
-    return [Send(state.encode(connack)), Connected(state.client_id)]
+    return [Send(state.encode(waiter.connack)), Connected(state.client_id)]
 
 
 def connect_failed(state: ConnectionState) -> list[Effect]:
@@ -278,7 +280,7 @@ def end_session(state: ConnectionState) -> list[Effect]:
     A persistent session is marked disconnected and keeps its subscriptions; a non-persistent
     one is deleted: tombstones for its subscriptions and its session record.
     """
-    if state.session_ended or state.connack_token is None:
+    if state.session_ended or not state.session_requested:
         return []
     state.session_ended = True
     if state.persistent:

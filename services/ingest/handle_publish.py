@@ -34,24 +34,7 @@ from services.ingest.effects import (
 )
 from services.ingest.handle_connect import session_record
 from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
-
-
-def _resolve_topic(state: ConnectionState, packet: Publish) -> str:
-    """The Topic Name, through the v5 Topic Alias mapping (MQTT 5.0 3.3.2.3.4)."""
-    alias = packet.properties.topic_alias
-    if alias is None:
-        if not packet.topic:
-            raise ProtocolError("PUBLISH without a Topic Name or Topic Alias")
-        return packet.topic
-    if alias == 0 or alias > state.settings.topic_alias_maximum:
-        raise MQTTError(f"Topic Alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID)
-    if packet.topic:
-        state.topic_aliases[alias] = packet.topic
-        return packet.topic
-    try:
-        return state.topic_aliases[alias]
-    except KeyError:
-        raise ProtocolError(f"Topic Alias {alias} was never set") from None
+from services.ingest.topic_alias import resolve_inbound
 
 
 def forwarded_properties(props: Properties) -> bytes:
@@ -75,7 +58,12 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
     a client (3.3.4-6).
     """
-    topic = _resolve_topic(state, packet)
+    topic = resolve_inbound(
+        state.topic_aliases,
+        state.limits.topic_alias_maximum,
+        packet.topic,
+        packet.properties.topic_alias,
+    )
     validate_topic_name(topic)
     if state.protocol_version == 5 and packet.properties.subscription_identifiers:
         raise ProtocolError("a client must not send a Subscription Identifier")
@@ -92,7 +80,7 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
                 state.pending_acks.append(PendingAck(packet.packet_id, 2, outstanding=0))
                 return _release_acks(state)
         if state.protocol_version == 5 and (
-            len(state.pending_acks) + len(state.unreleased_qos2) >= state.settings.receive_maximum
+            len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum
         ):
             raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
     meta = PublishMeta(
@@ -103,31 +91,25 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         protocol_version=state.protocol_version,
         properties=forwarded_properties(packet.properties) if state.protocol_version == 5 else b"",
     )
-    token = state.new_token()
-    effects: list[Effect] = [StorePublish(token, meta, packet.payload)]
-    retained_token = None
-    if packet.retain:
-        retained_token = state.new_token()
-        effects.append(StoreRetained(retained_token, meta, packet.payload))
+    # A QoS 0 PUBLISH is stored all the same, but nothing waits for the outcome.
+    pending = None
     if packet.qos:
         assert packet.packet_id is not None
         pending = PendingAck(packet.packet_id, packet.qos)
+    effects: list[Effect] = [StorePublish(state.new_token(pending), meta, packet.payload)]
+    if packet.retain:
+        effects.append(StoreRetained(state.new_token(pending), meta, packet.payload))
+    if pending is not None:
+        pending.outstanding = len(effects)
         state.pending_acks.append(pending)
-        state.token_to_ack[token] = pending
-        if retained_token is not None:
-            pending.outstanding += 1
-            state.token_to_ack[retained_token] = pending
         if packet.qos == 2 and state.persistent:
             pending.outstanding += 1
             state.unsaved.acks.append(pending)
     return effects
 
 
-def publish_outcome(state: ConnectionState, token: int, ok: bool) -> list[Effect]:
-    """Kafka's answer for the PUBLISH stored under ``token``; releases acks in order."""
-    pending = state.token_to_ack.pop(token, None)
-    if pending is None:
-        return []  # QoS 0, or an end-of-session record: nobody waits for it
+def publish_outcome(state: ConnectionState, pending: PendingAck, ok: bool) -> list[Effect]:
+    """Kafka's answer for one of the records ``pending`` waits for; releases acks in order."""
     _answered(state, pending, ok)
     return _release_acks(state)
 
@@ -193,18 +175,17 @@ def flush_session_record(state: ConnectionState) -> list[Effect]:
     needed or the connection is closed (its end record follows)."""
     if not (state.unsaved or state.session_dirty) or state.phase is not Phase.CONNECTED:
         return []
-    token = state.new_token()
     record = session_record(state, connected=True)
-    state.record_waiters[token] = state.unsaved
+    token = state.new_token(state.unsaved)
     state.unsaved = RecordWaiters()
     state.session_dirty = False
     return [StoreSession(token, record)]
 
 
 def session_record_outcome(
-    state: ConnectionState, token: int, ok: bool
+    state: ConnectionState, waiters: RecordWaiters, ok: bool
 ) -> tuple[list[Effect], bool]:
-    """Kafka's answer for the session record stored under ``token``.
+    """Kafka's answer for the session record ``waiters`` wait for.
 
     Stored: the waiting PUBRECs may leave (in order) and the PUBCOMPs are sent. Not stored:
     the waiting PUBLISHes are refused as if their own store had failed. Returns the effects
@@ -212,7 +193,6 @@ def session_record_outcome(
     the caller closes the connection and the client resends the PUBREL after reconnecting
     (MQTT 4.4).
     """
-    waiters = state.record_waiters.pop(token)
     for pending in waiters.acks:
         _answered(state, pending, ok)
     effects = _release_acks(state)

@@ -110,25 +110,21 @@ def _store(
     An unchanged set is not written again, unless an earlier change is still being stored:
     then it is, so ``ack`` too waits until Kafka has it.
     """
+    waiter = PendingSubAck(ack, 0)
     effects: list[Effect] = []
-    tokens: list[int] = []
-    if updated != state.subscriptions or state.pending_subacks:
+    if updated != state.subscriptions or state.waiters(PendingSubAck):
         state.subscriptions = updated
-        tokens.append(state.new_token())
-        effects.append(StoreSubscriptions(tokens[-1], list(updated.values())))
+        effects.append(StoreSubscriptions(state.new_token(waiter), list(updated.values())))
     if retained:
-        tokens.append(state.new_token())
-        effects.append(StoreRetainedRequest(tokens[-1], retained))
-    if not tokens:
+        effects.append(StoreRetainedRequest(state.new_token(waiter), retained))
+    if not effects:
         return [Send(state.encode(ack))]
-    waiter = PendingSubAck(ack, len(tokens))
-    for token in tokens:
-        state.pending_subacks[token] = waiter
+    waiter.outstanding = len(effects)
     return effects
 
 
-def subscribe_outcome(state: ConnectionState, token: int) -> list[Effect]:
-    """One store a SUBACK/UNSUBACK waits for is in Kafka; send it once all of them are."""
-    waiter = state.pending_subacks.pop(token)
+def subscribe_outcome(state: ConnectionState, waiter: PendingSubAck) -> list[Effect]:
+    """One store the SUBACK/UNSUBACK ``waiter`` holds is in Kafka; send it once all of
+    them are."""
     waiter.outstanding -= 1
     return [Send(state.encode(waiter.packet))] if waiter.outstanding == 0 else []

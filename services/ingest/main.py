@@ -21,7 +21,7 @@ from collections.abc import Awaitable
 
 import faust
 
-from services.common.faust_app import make_app, run_service, sender
+from services.common.faust_app import make_app, on_shutdown, run_service, run_task, sender
 from services.common.kafka.admin import (
     app_topic_spec,
     downlink_topic_spec,
@@ -84,7 +84,6 @@ def build_app(settings: Settings) -> faust.App:
                 log_undecodable(log, record, exc)
         return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
-    @app.task
     async def serve() -> None:
         await reader.start()
         # Sessions the state shows connected here died with the previous process.
@@ -103,14 +102,15 @@ def build_app(settings: Settings) -> faust.App:
         finally:
             await consumer.stop()
 
-    @app.on_before_shutdown.connect
-    async def stop(app: faust.App, **kwargs: object) -> None:
+    async def stop() -> None:
         clear_ready(settings.ready_file)
         for server in servers:
             server.close()
         await node.shut_down()  # wills and end records, while the producer still runs
         await reader.stop()
 
+    run_task(app, serve)
+    on_shutdown(app, stop)
     return app
 
 

@@ -1,56 +1,36 @@
-"""The ingest node: the clients connected here, and the Kafka side of their effects.
+"""The ingest node: its connections and what they ask of the world outside MQTT.
 
-:class:`IngestNode` keeps the registry of connected clients by id, carries out the
-``Store*`` effects of every connection on Kafka (in order per connection, acknowledgements
-pipelined), hands downlink records to the target clients, and applies ``client.sessions``
-records from other nodes: a newer connection of one of its clients elsewhere takes the
-session over (MQTT 3.1.4-3); a record of an older connection written after this node's own
-connect record is corrected by writing the connection's record again.
-
-It also holds the timers of Will Messages waiting out their Will Delay Interval: a new
-connection of the client, here (registration) or on another node (its connected session
-record), settles such a will as :func:`services.ingest.will.published_on_new_connection`
-says; at shutdown the waiting ones are published at once, before the producer stops.
+:class:`IngestNode` wires the node's parts together and carries out the effects of every
+connection (:meth:`IngestNode.run`): bytes go to the client's socket, store effects to
+Kafka (:mod:`~services.ingest.store_pipeline`), a delayed Will Message to its timer
+(:mod:`~services.ingest.wills`), a registration to the client registry
+(:mod:`~services.ingest.registry`). It follows ``client.sessions`` and
+``client.subscriptions`` (session lookup at CONNECT; each record is shown to the client's
+connection here, which decides on a session takeover, and to a waiting Will Message), and
+hands downlink records to the target connections (:meth:`IngestNode.deliver`). Every MQTT
+decision is the sans-IO core's (:mod:`~services.ingest.connection` and its modules); start
+and stop are in :mod:`~services.ingest.shutdown`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from services.common.clock import now_ms
 from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
-from services.common.mqtt.codec import encode
-from services.common.mqtt.packets import Publish
-from services.common.mqtt.properties import Properties
-from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     Downlink,
-    Headers,
-    KafkaRecord,
-    PublishMeta,
     SessionRecord,
-    client_acks_record,
-    client_session_record,
-    client_subscriptions_record,
-    expiry_deadline,
-    forwarded_properties,
     parse_client_session,
     parse_client_subscriptions,
-    publish_record,
-    retained_record,
-    retained_request_record,
 )
+from services.common.sessions import assigned_client_id
 from services.common.settings import Settings
 from services.common.subscription import Subscription
-from services.ingest import delivery, will
-from services.ingest.connection import ServerConnection
+from services.ingest import shutdown
 from services.ingest.effects import (
     Close,
     Connected,
@@ -58,75 +38,35 @@ from services.ingest.effects import (
     Effect,
     PublishWill,
     Send,
-    StoreAcks,
     StoreEffect,
     StorePublish,
     StoreRetained,
-    StoreRetainedRequest,
     StoreSession,
-    StoreSubscriptions,
 )
-from services.ingest.handle_connect import orphaned_session_end
+from services.ingest.fan_out import FanOut
+from services.ingest.limits import Limits
+from services.ingest.registry import Client, ClientRegistry
+from services.ingest.state import ServerContext
+from services.ingest.store_pipeline import StorePipeline, record_of
+from services.ingest.wills import WillTimers
 
 log = logging.getLogger(__name__)
-
-#: Seconds a node's shutdown waits for its last records (end records, wills) to be stored.
-SHUTDOWN_FLUSH_SECONDS = 10.0
-
 
 EnsureAppTopic = Callable[[str], Awaitable[None]]
 """``await ensure(client_id)`` returns once the client's ``msg.app.<client>`` topic exists
 (created if it did not); raises if it cannot be made sure of."""
 
 
-class Client(Protocol):
-    """What the node needs of a connected client's transport shell."""
-
-    connection: ServerConnection
-    connect_offset: int | None
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data`` on the socket."""
-
-    def close(self) -> None:
-        """Close the socket after the queued data."""
-
-    def pause_reading(self) -> None:
-        """Stop reading from the socket (the client's sends back up in TCP)."""
-
-    def resume_reading(self) -> None:
-        """Read from the socket again."""
-
-
-@dataclass
-class _StoreQueue:
-    """Store effects of one connection, sent to Kafka one by one in order; a Will Message
-    published at once goes the same way, behind the client's last PUBLISHes (MQTT 4.6)."""
-
-    items: deque[tuple[Client, StoreEffect | PublishWill]] = field(default_factory=deque)
-    task: asyncio.Task[None] | None = None
-
-
-@dataclass
-class _WaitingWill:
-    """A Will Message waiting out its delay: its timer, and the connection it belongs to
-    (``connection_id``, ``connect_offset``) to tell that connection's records from newer ones."""
-
-    timer: asyncio.TimerHandle
-    connection_id: bytes
-    connect_offset: int | None
-    meta: PublishMeta
-    payload: bytes
-
-
 class IngestNode:
-    """Registry of this node's clients plus the Kafka side of their effects.
+    """This node's clients and the Kafka side of their effects.
 
     ``send`` produces a record (see :data:`SendRecord`); ``sync_state`` returns once the
     state topics have been applied up to their current end; ``ensure_app_topic`` makes
     sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`); ``settings``
-    gives the node id, topic names and the Kafka request timeout (seconds), which also
-    bounds ``ensure_app_topic``.
+    gives the node id, topic names, the limits of its connections, the backpressure
+    threshold and the Kafka request timeout (seconds), which also bounds
+    ``ensure_app_topic``. ``clock`` (Unix ms) and ``new_client_id`` are the real ones
+    unless a test gives its own.
     """
 
     def __init__(
@@ -135,26 +75,39 @@ class IngestNode:
         send: SendRecord,
         sync_state: Callable[[], Awaitable[None]],
         ensure_app_topic: EnsureAppTopic,
+        *,
+        clock: Callable[[], int] = now_ms,
+        new_client_id: Callable[[], str] = assigned_client_id,
     ) -> None:
         self.settings = settings
         self.sync_state = sync_state
-        self._ensure_app_topic = ensure_app_topic
         self.names = TopicNames.from_settings(settings)
-        self._send = send
-        self.clients: dict[str, Client] = {}
+        self.clock = clock
+        self._ensure_app_topic = ensure_app_topic
         self.sessions: dict[str, SessionRecord] = {}
         self.subscriptions: dict[str, list[Subscription]] = {}
-        self.waiting_wills: dict[str, _WaitingWill] = {}
-        self._queues: dict[int, _StoreQueue] = {}
-        self._background: set[asyncio.Task[None]] = set()
-        # Records sent and not yet answered: key → (deadline on the loop clock, client, effect).
-        self._watched: dict[int, tuple[float, Client, StoreEffect | PublishWill]] = {}
-        self._next_watch = 0
-        self._sweeper: asyncio.Task[None] | None = None
-        # Backpressure: store effects queued and not yet handed to the producer, and the
-        # publishing clients whose reading is paused until the pending records fall to half.
-        self._unsent = 0
-        self._paused: set[Client] = set()
+        self.context = ServerContext(
+            Limits.from_settings(settings),
+            settings.node_id,
+            self.previous_session,
+            clock,
+            new_client_id,
+        )
+        self.registry = ClientRegistry()
+        self.pipeline = StorePipeline(
+            send,
+            self.names,
+            settings.kafka_request_timeout_seconds,
+            settings.ingest_max_pending_records,
+            self._stored,
+            self._store_failed,
+        )
+        self.wills = WillTimers(self._publish_will, clock)
+
+    @property
+    def pending_records(self) -> int:
+        """Store effects waiting to be sent to Kafka or for its answer."""
+        return self.pipeline.pending_records
 
     # ----------------------------------------------------------------------------------------
     # state topics
@@ -182,42 +135,12 @@ class IngestNode:
             self.sessions.pop(client_id, None)
         else:
             self.sessions[client_id] = record
-        self._check_waiting_will(client_id, record, offset)
-        self._check_ownership(client_id, record, offset)
-
-    def _check_ownership(self, client_id: str, record: SessionRecord | None, offset: int) -> None:
-        client = self.clients.get(client_id)
-        if client is None or client.connect_offset is None or offset <= client.connect_offset:
-            return  # not ours, or older than our own connect record
-        state = client.connection.state
-        if record is not None and record.connection_id == state.connection_id:
-            return
-        if (
-            record is not None
-            and record.connected
-            and record.connection_id != state.previous_connection_id
-        ):
-            log.info(
-                "client %r connected elsewhere (node %s): taking over", client_id, record.node_id
-            )
-            self.clients.pop(client_id, None)
-            self.run(client, client.connection.taken_over(record.clean_start))
-        else:
-            # An older connection's record landed after ours: say again who holds it.
-            self.run(client, client.connection.older_session_record(record))
-
-    def _check_waiting_will(
-        self, client_id: str, record: SessionRecord | None, offset: int
-    ) -> None:
-        """A newer connection of a client whose Will Message waits here settles it."""
-        waiting = self.waiting_wills.get(client_id)
-        if waiting is None or record is None or not record.connected:
-            return
-        if record.connection_id == waiting.connection_id:
-            return  # the will's own connection
-        if waiting.connect_offset is not None and offset <= waiting.connect_offset:
-            return  # written before that connection's own records: older
-        self._settle_will(client_id, record.clean_start)
+        self.wills.session_record(client_id, record, offset)
+        client = self.registry.get(client_id)
+        if client is not None:
+            self.run(client, client.connection.session_record_seen(record, offset))
+            if client.connection.closed:
+                self.registry.unregister(client)  # taken over: the session is elsewhere now
 
     # ----------------------------------------------------------------------------------------
     # effects
@@ -233,17 +156,22 @@ class IngestNode:
             elif isinstance(effect, Connected):
                 self._register(client, effect.client_id)
             elif isinstance(effect, PublishWill):
-                self._will(client, effect)
+                self.wills.wait(client.connection.client_id, effect)
             elif isinstance(effect, CreateAppTopic):
-                self._background_task(self._create_app_topic(client, effect))
+                self.pipeline.background(self._create_app_topic(client, effect))
             else:
-                self._enqueue_store(client, effect)
+                self.pipeline.enqueue(client, effect)
 
-    def _background_task(self, coroutine: Coroutine[object, object, None]) -> None:
-        """Run ``coroutine`` as a task the node's shutdown waits for."""
-        task = asyncio.create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _stored(self, client: Client, effect: StoreEffect, metadata: object) -> None:
+        connection = client.connection
+        if isinstance(effect, StoreSession) and effect.record is not None:
+            offset = getattr(metadata, "offset", None)
+            if effect.record.connected and isinstance(offset, int):
+                connection.session_stored_at(offset)
+        self.run(client, connection.stored(effect.token))
+
+    def _store_failed(self, client: Client, effect: StoreEffect) -> None:
+        self.run(client, client.connection.store_failed(effect.token))
 
     async def _create_app_topic(self, client: Client, effect: CreateAppTopic) -> None:
         """Make sure of the client's ``msg.app`` topic, then report to its connection."""
@@ -259,216 +187,22 @@ class IngestNode:
         self.run(client, client.connection.stored(effect.token))
 
     def _register(self, client: Client, client_id: str) -> None:
-        old = self.clients.get(client_id)
-        self.clients[client_id] = client
         clean_start = client.connection.state.clean_start
-        self._settle_will(client_id, clean_start)
-        if old is not None and old is not client:
+        old = self.registry.register(client, client_id)
+        self.wills.new_connection(client_id, clean_start)
+        if old is not None:
             log.info("client %r reconnected on this node: taking over", client_id)
             self.run(old, old.connection.taken_over(clean_start))
 
     def unregister(self, client: Client) -> None:
         """Forget ``client`` (its socket closed) unless a newer connection replaced it."""
-        self._paused.discard(client)
-        client_id = client.connection.client_id
-        if self.clients.get(client_id) is client:
-            del self.clients[client_id]
+        self.pipeline.forget(client)
+        self.registry.unregister(client)
 
-    # ----------------------------------------------------------------------------------------
-    # will messages
-
-    def _will(self, client: Client, effect: PublishWill) -> None:
-        client_id = client.connection.client_id
-        if effect.delay_seconds == 0:
-            self._enqueue_store(client, effect)
-            if effect.meta.retain:
-                state = client.connection.state
-                self._enqueue_store(
-                    client, StoreRetained(state.new_token(), effect.meta, effect.payload)
-                )
-            return
-        # No other will of this client waits: its registration settled any (_register).
-        timer = asyncio.get_running_loop().call_later(
-            effect.delay_seconds, self._will_delay_passed, client_id
-        )
-        self.waiting_wills[client_id] = _WaitingWill(
-            timer,
-            client.connection.state.connection_id,
-            client.connect_offset,
-            effect.meta,
-            effect.payload,
-        )
-
-    def _will_delay_passed(self, client_id: str) -> None:
-        waiting = self.waiting_wills.pop(client_id)
-        self._publish_will(client_id, waiting.meta, waiting.payload)
-
-    def _settle_will(self, client_id: str, new_clean_start: bool) -> None:
-        """A new connection of ``client_id`` was made: publish or discard its waiting will."""
-        waiting = self.waiting_wills.pop(client_id, None)
-        if waiting is None:
-            return
-        waiting.timer.cancel()
-        if will.published_on_new_connection(new_clean_start):
-            self._publish_will(client_id, waiting.meta, waiting.payload)
-        else:
-            log.info("client %r reconnected: its Will Message is not sent", client_id)
-
-    def _publish_will(self, client_id: str, meta: PublishMeta, payload: bytes) -> None:
-        """Write a Will Message that waited out its delay to ``msg.all``, stamped now;
-        failures are logged."""
-        meta = dataclasses.replace(meta, received_at_ms=now_ms())
-        records = [publish_record(self.names, client_id, meta, payload)]
-        if meta.retain:
-            records.append(retained_record(self.names, meta, payload))
-        for record in records:
-            task = asyncio.create_task(self._write_logged(*record))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _write_logged(
-        self, topic: str, key: bytes, value: bytes | None, headers: Headers | None
-    ) -> None:
-        """Write one record nobody waits for; a failure is logged."""
-        try:
-            pending = await self._send(topic, key, value, headers)
-            await asyncio.wait_for(pending, self.settings.kafka_request_timeout_seconds)
-        except Exception as exc:
-            log.warning("could not write a record of %r to %s: %r", key, topic, exc)
-
-    # ----------------------------------------------------------------------------------------
-    # store effects
-
-    @property
-    def pending_records(self) -> int:
-        """Store effects waiting to be sent to Kafka or for its answer."""
-        return self._unsent + len(self._watched)
-
-    def _enqueue_store(self, client: Client, effect: StoreEffect | PublishWill) -> None:
-        queue = self._queues.setdefault(id(client), _StoreQueue())
-        queue.items.append((client, effect))
-        self._unsent += 1
-        if queue.task is None:
-            queue.task = asyncio.create_task(self._drain(id(client), queue))
-        if (
-            isinstance(effect, StorePublish)
-            and client not in self._paused
-            and self.pending_records >= self.settings.ingest_max_pending_records
-        ):
-            # Every byte read would become one more record to wait for: let TCP hold the
-            # client's PUBLISHes instead of the producer's buffer, which times out.
-            client.pause_reading()
-            self._paused.add(client)
-            if len(self._paused) == 1:
-                log.info("%d records wait for Kafka: pausing reads", self.pending_records)
-
-    def _resume_if_drained(self) -> None:
-        if self._paused and self.pending_records <= self.settings.ingest_max_pending_records // 2:
-            paused, self._paused = self._paused, set()
-            for client in paused:
-                client.resume_reading()
-
-    async def _drain(self, key: int, queue: _StoreQueue) -> None:
-        """Send queued store effects in order; their acknowledgements complete concurrently."""
-        try:
-            while queue.items:
-                client, effect = queue.items[0]
-                topic, record_key, value, headers = self._record_of(client, effect)
-                try:
-                    pending = await self._send(topic, record_key, value, headers)
-                except Exception as exc:  # Kafka unreachable or the record refused
-                    log.warning("could not queue a record for %s: %r", topic, exc)
-                    self._unsent_done(queue)
-                    self._store_failed(client, effect)
-                    self._resume_if_drained()
-                    continue
-                self._unsent_done(queue)
-                self._watch(client, effect, pending)
-        finally:
-            queue.task = None
-            self._unsent -= len(queue.items)  # cancelled at shutdown: never to be sent
-            queue.items.clear()
-            self._queues.pop(key, None)
-            self._resume_if_drained()
-
-    def _unsent_done(self, queue: _StoreQueue) -> None:
-        queue.items.popleft()
-        self._unsent -= 1
-
-    def _watch(
-        self, client: Client, effect: StoreEffect | PublishWill, pending: Awaitable[object]
-    ) -> None:
-        """Hand Kafka's answer for ``effect`` to its connection when it comes, or a failure
-        after ``kafka_request_timeout_seconds``. A done-callback and one sweeper for all,
-        not a task with a timeout per record: those cost more than the send itself."""
-        future = asyncio.ensure_future(pending)
-        key = self._next_watch
-        self._next_watch += 1
-        deadline = asyncio.get_running_loop().time() + self.settings.kafka_request_timeout_seconds
-        self._watched[key] = (deadline, client, effect)
-        future.add_done_callback(lambda done: self._answered(key, done))
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.create_task(self._sweep())
-
-    def _answered(self, key: int, future: asyncio.Future[object]) -> None:
-        watched = self._watched.pop(key, None)
-        if watched is None:
-            return  # timed out already
-        self._resume_if_drained()
-        _, client, effect = watched
-        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
-        if error is not None:
-            log.warning(
-                "Kafka did not store a record of %r: %r", client.connection.client_id, error
-            )
-            self._store_failed(client, effect)
-            return
-        if isinstance(effect, PublishWill):
-            return  # nobody waits for a Will Message
-        if isinstance(effect, StoreSession) and effect.record is not None:
-            offset = getattr(future.result(), "offset", None)
-            if effect.record.connected and isinstance(offset, int):
-                client.connect_offset = max(client.connect_offset or -1, offset)
-        self.run(client, client.connection.stored(effect.token))
-
-    async def _sweep(self) -> None:
-        """Fail the watched records Kafka has not answered in time, until none is left.
-
-        Every record gets the same timeout, so deadlines grow in insertion order and the
-        sweep stops at the first one still running."""
-        loop = asyncio.get_running_loop()
-        while self._watched:
-            now = loop.time()
-            for key, (deadline, client, effect) in list(self._watched.items()):
-                if deadline > now:
-                    break
-                del self._watched[key]
-                log.warning("Kafka did not answer for a record of %r", client.connection.client_id)
-                self._store_failed(client, effect)
-            self._resume_if_drained()
-            await asyncio.sleep(0.5)  # the sweep's pace: timeouts are seconds long
-
-    def _store_failed(self, client: Client, effect: StoreEffect | PublishWill) -> None:
-        if isinstance(effect, PublishWill):
-            log.warning("the Will Message of %r was not stored", client.connection.client_id)
-        else:
-            self.run(client, client.connection.store_failed(effect.token))
-
-    def _record_of(self, client: Client, effect: StoreEffect | PublishWill) -> KafkaRecord:
-        client_id = client.connection.client_id
-        names = self.names
-        if isinstance(effect, StorePublish | PublishWill):
-            return publish_record(names, client_id, effect.meta, effect.payload)
-        if isinstance(effect, StoreRetained):
-            return retained_record(names, effect.meta, effect.payload)
-        if isinstance(effect, StoreSubscriptions):
-            return client_subscriptions_record(names, client_id, effect.subscriptions)
-        if isinstance(effect, StoreSession):
-            return client_session_record(names, client_id, effect.record)
-        if isinstance(effect, StoreAcks):
-            return client_acks_record(names, client_id, effect.record)
-        assert isinstance(effect, StoreRetainedRequest)
-        return retained_request_record(names, client_id, effect.subscriptions)
+    def _publish_will(self, client_id: str, records: list[StorePublish | StoreRetained]) -> None:
+        """Write the records of a Will Message whose connection is gone (failures logged)."""
+        for effect in records:
+            self.pipeline.write_logged(record_of(self.names, client_id, effect))
 
     # ----------------------------------------------------------------------------------------
     # downlink
@@ -476,50 +210,22 @@ class IngestNode:
     def deliver(self, downlink: Downlink) -> int:
         """Send one downlink record to its targets connected here; returns how many got it.
 
-        QoS 0 packets are encoded once per variant (protocol version, RETAIN, Subscription
-        Identifiers) and the same bytes go to every socket (DESIGN.md: encode-once fan-out),
-        with the Message Expiry Interval left at this moment. A target's store-assigned
-        Packet Identifier and DUP flag are used as they are.
+        Raises ``RecordError`` if the message's properties do not decode.
         """
-        meta, payload, targets = downlink.meta, downlink.payload, downlink.targets
-        forwarded = forwarded_properties(meta)
-        expires_at_ms = expiry_deadline(forwarded, meta.received_at_ms)
-        if expires_at_ms is not None:
-            # Shared by the QoS 0 encodings; each connection checks the expiry again itself.
-            left = delivery.remaining_interval(expires_at_ms, now_ms())
-            if left is not None:
-                forwarded.message_expiry_interval = left
-        encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
+        message = FanOut(downlink.meta, downlink.payload, self.clock())
         delivered = 0
-        for target in targets:
-            client = self.clients.get(target.client_id)
-            if client is None:
-                continue
-            version = client.connection.state.protocol_version
-            retain = meta.retain and target.retain_as_published
-            props = Properties()
-            if version == 5:
-                props = dataclasses.replace(
-                    forwarded, subscription_identifiers=list(target.subscription_identifiers)
-                )
-            packet = Publish(
-                meta.topic, payload, target.qos, retain, target.dup, target.packet_id or None, props
-            )
-            ready = None
-            if target.qos == 0:
-                variant = (version, retain, target.subscription_identifiers if version == 5 else ())
-                ready = encoded.get(variant)
-                if ready is None:
-                    ready = encoded[variant] = encode(packet, version)
-            self.run(client, client.connection.deliver(packet, ready, expires_at_ms))
-            delivered += 1
+        for target in downlink.targets:
+            client = self.registry.get(target.client_id)
+            if client is not None:
+                self.run(client, client.connection.deliver_routed(message, target))
+                delivered += 1
         return delivered
 
     def release(self, releases: list[tuple[str, int]]) -> None:
         """Send PUBREL for each (client id, Packet Identifier) whose client is connected
         here: QoS 2 deliveries a message store saw acknowledged with PUBREC (MQTT 4.4)."""
         for client_id, packet_id in releases:
-            client = self.clients.get(client_id)
+            client = self.registry.get(client_id)
             if client is not None:
                 self.run(client, client.connection.release(packet_id))
 
@@ -527,63 +233,14 @@ class IngestNode:
     # start and stop
 
     async def reconcile(self) -> int:
-        """End the sessions that the state topics show connected to this node: at start,
-        before the listener opens, their connections died with the previous process.
-
-        Writes their end records as a closed connection would (persistent: marked
-        disconnected; otherwise tombstones of its subscriptions and session), so routers
-        stop sending to this node for them and other services see them offline. Call it once
-        the state reader has caught up. Returns how many sessions it ended; write failures
-        are logged.
-        """
-        node_id = self.settings.node_id
-        orphans = [
-            (client_id, record)
-            for client_id, record in self.sessions.items()
-            if record.node_id == node_id and record.connected
-        ]
-        now = now_ms()
-        writes = []
-        for client_id, record in orphans:
-            end = orphaned_session_end(record, now)
-            if end is None and self.subscriptions.get(client_id):
-                tombstone = client_subscriptions_record(self.names, client_id, [])
-                writes.append(self._write_logged(*tombstone))
-            writes.append(self._write_logged(*client_session_record(self.names, client_id, end)))
-        await asyncio.gather(*writes)
-        if orphans:
-            log.info("node %s: ended %d sessions of its previous process", node_id, len(orphans))
-        return len(orphans)
-
-    def _in_flight(self) -> set[asyncio.Task[None]]:
-        """Tasks still writing records: store queues, unwatched writes, and the sweeper,
-        which runs until every watched record is answered or timed out."""
-        queues = {q.task for q in self._queues.values() if q.task is not None}
-        sweeper = (
-            {self._sweeper} if self._sweeper is not None and not self._sweeper.done() else set()
+        """End the sessions the state topics show connected to this node (they died with
+        the previous process): :func:`~services.ingest.shutdown.end_orphaned_sessions`.
+        Returns how many."""
+        return await shutdown.end_orphaned_sessions(
+            self.settings.node_id, self.sessions, self.subscriptions, self.pipeline, self.clock()
         )
-        return queues | self._background | sweeper
 
     async def shut_down(self) -> None:
-        """Close every connection (v5: DISCONNECT 0x8B Server shutting down), write their
-        end records and Will Messages, publish the wills still waiting out their delay, and
-        wait (at most :data:`SHUTDOWN_FLUSH_SECONDS`) until Kafka has them."""
-        for client in list(self.clients.values()):
-            connection = client.connection
-            self.run(
-                client,
-                connection.disconnect_and_close(
-                    ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down"
-                ),
-            )
-            self.run(client, connection.connection_lost())
-        for client_id in list(self.waiting_wills):
-            waiting = self.waiting_wills.pop(client_id)
-            waiting.timer.cancel()
-            self._publish_will(client_id, waiting.meta, waiting.payload)
-        try:
-            async with asyncio.timeout(SHUTDOWN_FLUSH_SECONDS):
-                while pending := self._in_flight():
-                    await asyncio.wait(pending)
-        except TimeoutError:
-            log.warning("shutdown: some records may not be stored")
+        """Close every connection and store what they leave behind
+        (:func:`~services.ingest.shutdown.shut_down`)."""
+        await shutdown.shut_down(self.registry, self.run, self.wills, self.pipeline)

@@ -11,7 +11,6 @@ import asyncio
 import logging
 from typing import cast
 
-from services.common.clock import now_ms
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import CreateAppTopic, Effect, StoreEffect
@@ -36,7 +35,6 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_loop",
         "_out",
         "_timer",
-        "connect_offset",
         "connection",
         "node",
         "transport",
@@ -44,14 +42,7 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     def __init__(self, node: IngestNode) -> None:
         self.node = node
-        self.connection = ServerConnection(
-            node.settings,
-            node.settings.node_id,
-            new_connection_id(),
-            node.previous_session,
-            now_ms,
-        )
-        self.connect_offset: int | None = None
+        self.connection = ServerConnection(node.context, new_connection_id())
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._last_read = self._loop.time()

@@ -1,5 +1,5 @@
 """Per-connection protocol state, shared by :mod:`services.ingest.connection` and the
-``handle_*`` modules."""
+``handle_*`` modules, and what every connection of a node shares (:class:`ServerContext`)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,37 @@ import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from services.common.mqtt.codec import encode
-from services.common.mqtt.packets import Packet, Publish, Will
+from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
 from services.common.records import AckKind, ClientKind, SessionRecord
-from services.common.settings import Settings
 from services.common.subscription import Subscription
+from services.ingest.limits import Limits
+from services.ingest.topic_alias import OutboundAliases
+
+W = TypeVar("W")
 
 PreviousSession = Callable[[str], tuple[SessionRecord | None, list[Subscription]]]
 """Looks up a client id's latest session record and subscriptions (from the state topics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerContext:
+    """What every connection of one ingest node shares.
+
+    ``limits`` are the server's; ``node_id`` names the node in session records;
+    ``previous_session`` is consulted on CONNECT; ``now_ms`` returns Unix time in
+    milliseconds; ``new_client_id`` makes the Assigned Client Identifier of a v5 client that
+    sent none (MQTT 5.0 3.1.3.1). The shell passes the real clock and generator, tests their
+    own.
+    """
+
+    limits: Limits
+    node_id: str
+    previous_session: PreviousSession
+    now_ms: Callable[[], int]
+    new_client_id: Callable[[], str]
 
 
 class Phase(enum.Enum):
@@ -70,6 +92,28 @@ class PendingSubAck:
 
 
 @dataclass(slots=True)
+class AwaitingConnAck:
+    """CONNACK, waiting for the session record it answers to be stored (MQTT 3.2: a client
+    is told it is connected once every node can see its session)."""
+
+    connack: ConnAck
+
+
+@dataclass(slots=True)
+class AwaitingAppTopic:
+    """A persistent APPLICATION client's ``msg.app`` topic, made sure of before its session
+    record is stored (an accepted APPLICATION client always has its topic); then the
+    session record, and ``connack`` once it is stored."""
+
+    connack: ConnAck
+
+
+Waiter = PendingAck | RecordWaiters | PendingSubAck | AwaitingConnAck | AwaitingAppTopic
+"""What waits for the outcome of one store (a ``Store*`` effect or
+:class:`~services.ingest.effects.CreateAppTopic`) of a connection, by its token."""
+
+
+@dataclass(slots=True)
 class Outbound:
     """A QoS 1/2 PUBLISH sent to the client and not yet completed (MQTT 4.3.2, 4.3.3).
 
@@ -101,10 +145,8 @@ class ConnectionState:
     (bench/NOTES.md, "memory per idle connection").
     """
 
-    settings: Settings
-    node_id: str
+    server: ServerContext
     connection_id: bytes
-    now_ms: Callable[[], int]
     phase: Phase = Phase.AWAIT_CONNECT
     session_id: bytes = bytes(16)
     client_id: str = ""
@@ -123,24 +165,24 @@ class ConnectionState:
     # the Will Message (MQTT 3.1.2.5), armed once CONNACK has accepted the connection
     will: Will | None = None
     accepted: bool = False
-    # inbound (client → server)
+    # every store whose outcome something waits for, by token (the token of a Store* effect)
+    waiting: dict[int, Waiter] = field(default_factory=dict)
     next_token: int = 1
+    # a session record was asked for (CONNECT accepted): the session's end must be recorded
+    session_requested: bool = False
+    session_ended: bool = False
+    # Kafka offset of this connection's latest connected session record: a record of the
+    # client at a higher offset is newer than this connection's (session takeover)
+    session_offset: int | None = None
+    # inbound (client → server)
     # in arrival order; acknowledged from the front (a list: an empty deque costs 760 bytes)
     pending_acks: list[PendingAck] = field(default_factory=list)
-    token_to_ack: dict[int, PendingAck] = field(default_factory=dict)
     unreleased_qos2: set[int] = field(default_factory=set)
     inbound_qos2_seen: bool = False  # a QoS 2 PUBLISH or PUBREL came on this connection
     unsaved: RecordWaiters = field(default_factory=RecordWaiters)
     session_dirty: bool = False
-    record_waiters: dict[int, RecordWaiters] = field(default_factory=dict)
     topic_aliases: dict[int, str] = field(default_factory=dict)
-    pending_subacks: dict[int, PendingSubAck] = field(default_factory=dict)
     early_packets: list[Packet] = field(default_factory=list)
-    connack_token: int | None = None
-    connack: Packet | None = None
-    # a persistent APPLICATION client's topic being made sure of before its session record
-    app_topic_token: int | None = None
-    session_ended: bool = False
     # outbound (server → client)
     client_receive_maximum: int = 65535
     client_maximum_packet_size: int = 268_435_460
@@ -150,12 +192,30 @@ class ConnectionState:
     outbound_queue: deque[Queued] | None = None
     last_packet_id: int = 0
     acks_out: list[tuple[AckKind, int]] = field(default_factory=list)
+    # server-assigned Topic Aliases; created at the first PUBLISH that may use one
+    outbound_aliases: OutboundAliases | None = None
 
-    def new_token(self) -> int:
-        """A fresh token naming one ``Store*`` effect of this connection."""
+    @property
+    def limits(self) -> Limits:
+        """The server's limits."""
+        return self.server.limits
+
+    def now_ms(self) -> int:
+        """Unix time in milliseconds."""
+        return self.server.now_ms()
+
+    def new_token(self, waiter: Waiter | None = None) -> int:
+        """A fresh token naming one ``Store*`` effect of this connection; ``waiter`` (if
+        any) waits for its outcome."""
         token = self.next_token
         self.next_token += 1
+        if waiter is not None:
+            self.waiting[token] = waiter
         return token
+
+    def waiters(self, kind: type[W]) -> list[W]:
+        """The waiters of one kind, oldest first."""
+        return [w for w in self.waiting.values() if isinstance(w, kind)]
 
     def encode(self, packet: Packet) -> bytes:
         """Encode ``packet`` for this connection's protocol version."""

@@ -10,18 +10,21 @@ DISCONNECT or a v5 DISCONNECT 0x00 discards it [MQTT-3.14.4-3].
 Publication waits min(Will Delay Interval, Session Expiry Interval) seconds: the Will
 Message goes out when the delay has passed or the session ends, whichever comes first
 [MQTT-3.1.2-8], so a session that ends at disconnect (expiry 0) publishes at once. A new
-network connection of the client settles a will still waiting (see
-:func:`published_on_new_connection`); the wait itself is a timer of the shell.
+network connection of the client settles a will still waiting (:func:`settled_by`,
+:func:`on_new_connection`); the wait itself is a timer of the shell
+(:mod:`services.ingest.wills`). With Will Retain it is also the topic's retained message
+(:func:`publication`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
-from services.common.records import PublishMeta
-from services.ingest.effects import Effect, PublishWill
+from services.common.records import PublishMeta, SessionRecord
+from services.ingest.effects import Effect, PublishWill, StorePublish, StoreRetained
 from services.ingest.state import ConnectionState
 
 
@@ -45,11 +48,17 @@ def discard(state: ConnectionState) -> None:
 
 def on_close(state: ConnectionState) -> list[Effect]:
     """The network connection closed without a normal DISCONNECT: publish the Will Message
-    after :func:`will_delay` seconds. Returns [] if there is none, the connection was never
-    accepted, or it was published or discarded already (once only, MQTT-3.1.2-10)."""
+    now (its records go behind the client's last PUBLISHes, MQTT 4.6) or, after
+    :func:`will_delay` seconds, through a :class:`PublishWill` timer. Returns [] if there
+    is none, the connection was never accepted, or it was published or discarded already
+    (once only, MQTT-3.1.2-10)."""
     if state.will is None or not state.accepted:
         return []
-    return [_publish(state, will_delay(state))]
+    delay = will_delay(state)
+    meta, payload = _take(state)
+    if delay == 0:
+        return list(publication(meta, payload, state.new_token))
+    return [PublishWill(delay, state.connection_id, state.session_offset, meta, payload)]
 
 
 def on_taken_over(state: ConnectionState, new_clean_start: bool) -> list[Effect]:
@@ -63,38 +72,69 @@ def on_taken_over(state: ConnectionState, new_clean_start: bool) -> list[Effect]
     if state.will is None or not state.accepted:
         return []
     if will_delay(state) == 0 or new_clean_start:
-        return [_publish(state, 0)]
+        return list(publication(*_take(state), state.new_token))
     discard(state)
     return []
 
 
-def published_on_new_connection(new_clean_start: bool) -> bool:
-    """Whether a Will Message still waiting out its delay is published (True) or discarded
-    (False) when a new connection with the same Client Identifier is made.
+def publication(
+    meta: PublishMeta, payload: bytes, new_token: Callable[[], int] = lambda: 0
+) -> list[StorePublish | StoreRetained]:
+    """The records that publish a Will Message: its ``msg.all`` record and, with Will
+    Retain, its ``msg.retained`` record, since a Will Message with Will Retain is published
+    as a retained message [MQTT-3.1.2-17] (an empty payload then deletes the topic's
+    retained message, as any retained PUBLISH does). Nothing waits for them: ``new_token``
+    names them (0 when no connection is left to hear of the outcome)."""
+    effects: list[StorePublish | StoreRetained] = [StorePublish(new_token(), meta, payload)]
+    if meta.retain:
+        effects.append(StoreRetained(new_token(), meta, payload))
+    return effects
+
+
+def published_after_delay(will: PublishWill, now_ms: int) -> list[StorePublish | StoreRetained]:
+    """The records of a Will Message that waited out its delay, stamped ``now_ms`` (Unix
+    ms): its Message Expiry Interval runs from its publication (MQTT 5.0 3.1.3.2.4)."""
+    return publication(dataclasses.replace(will.meta, received_at_ms=now_ms), will.payload)
+
+
+def settled_by(will: PublishWill, record: SessionRecord | None, offset: int) -> bool:
+    """Whether a ``client.sessions`` record (at ``offset``) of the will's client, read while
+    the will waits, is a newer connection of the client, which settles the will
+    (:func:`on_new_connection`): a connected record of another connection, written after
+    the will's own connection's records."""
+    if record is None or not record.connected or record.connection_id == will.connection_id:
+        return False
+    return will.session_offset is None or offset > will.session_offset
+
+
+def on_new_connection(
+    will: PublishWill, new_clean_start: bool, now_ms: int
+) -> list[StorePublish | StoreRetained]:
+    """A new connection with the same Client Identifier was made while ``will`` waits out
+    its delay: the records that publish it now, or [] when it is discarded.
 
     A new connection with Clean Start 0 continues the session before the delay has passed,
     so the Will Message must not be sent [MQTT-3.1.3-9]; with Clean Start 1 the old session
     ends (MQTT 5.0 3.1.2.4), and a session's end publishes its Will Message [MQTT-3.1.2-8].
     """
-    return new_clean_start
+    return published_after_delay(will, now_ms) if new_clean_start else []
 
 
-def _publish(state: ConnectionState, delay: int) -> PublishWill:
+def _take(state: ConnectionState) -> tuple[PublishMeta, bytes]:
+    """The Will Message as a message stamped now, removed from the connection: a Will
+    Message is published once at most (MQTT-3.1.2-10)."""
     will = state.will
     assert will is not None
-    state.will = None  # removed once published (MQTT-3.1.2-10)
-    return PublishWill(
-        delay,
-        PublishMeta(
-            topic=will.topic,
-            qos=will.qos,
-            retain=will.retain,
-            received_at_ms=state.now_ms(),
-            protocol_version=state.protocol_version,
-            properties=forwarded_will_properties(will.properties),
-        ),
-        will.payload,
+    state.will = None
+    meta = PublishMeta(
+        topic=will.topic,
+        qos=will.qos,
+        retain=will.retain,
+        received_at_ms=state.now_ms(),
+        protocol_version=state.protocol_version,
+        properties=forwarded_will_properties(will.properties),
     )
+    return meta, will.payload
 
 
 def forwarded_will_properties(props: Properties) -> bytes:

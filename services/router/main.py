@@ -29,7 +29,7 @@ from collections.abc import Awaitable
 import faust
 
 from services.common.clock import now_ms
-from services.common.faust_app import make_app, run_service
+from services.common.faust_app import make_app, on_shutdown, run_service, run_task
 from services.common.kafka.admin import app_spec_of, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
@@ -102,13 +102,12 @@ def build_app(settings: Settings) -> faust.App:
                 )
                 app_topics.update(specs)
             for topic, key, value, headers in batch:
-                acks.append(await send(topic, key, value, None, None, headers))
+                acks.append(await send(topic, key, value, None, None, list(headers)))
         except Exception:
             app_topics.clear()  # one may have been deleted: the retry makes sure again
             raise
         return acks
 
-    @app.task
     async def route() -> None:
         await reader.start()
         log.info(
@@ -124,11 +123,12 @@ def build_app(settings: Settings) -> faust.App:
         finally:
             await consumer.stop()
 
-    @app.on_before_shutdown.connect
-    async def stop_state(app: faust.App, **kwargs: object) -> None:
+    async def stop() -> None:
         clear_ready(settings.ready_file)
         await reader.stop()
 
+    run_task(app, route)
+    on_shutdown(app, stop)
     return app
 
 

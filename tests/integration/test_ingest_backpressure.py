@@ -11,7 +11,6 @@ from collections.abc import Awaitable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.common.clock import now_ms
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Connect, Publish
@@ -34,10 +33,7 @@ class SocketShell:
     reading is paused (every pause and resume in order)."""
 
     def __init__(self, node: IngestNode) -> None:
-        self.connection = ServerConnection(
-            node.settings, node.settings.node_id, new_connection_id(), node.previous_session, now_ms
-        )
-        self.connect_offset: int | None = None
+        self.connection = ServerConnection(node.context, new_connection_id())
         self.written: list[bytes] = []
         self.reading: list[bool] = [True]
 

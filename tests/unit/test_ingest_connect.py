@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 from test_ingest_support import (
     CONNECTION_ID,
+    LATER,
     NODE_ID,
     NOW_MS,
+    SESSION_OFFSET,
     Client,
     closes,
     make_settings,
@@ -37,7 +39,7 @@ from services.common.mqtt.packets import (
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import ClientKind, SessionRecord
-from services.common.sessions import client_kind, is_persistent
+from services.common.sessions import assigned_client_id, client_kind, is_persistent
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest.effects import (
@@ -152,6 +154,12 @@ def test_assigned_identifiers_differ_between_connections() -> None:
     first.connect("")
     second.connect("")
     assert first.conn.client_id != second.conn.client_id
+    assert first.conn.client_id.startswith("assigned-")  # the server's generator's
+
+
+def test_the_server_generates_distinct_assigned_identifiers() -> None:
+    ids = {assigned_client_id() for _ in range(100)}
+    assert len(ids) == 100 and all(i.startswith("cormorant-") for i in ids)
 
 
 def test_v311_empty_client_id_with_clean_session_is_assigned_one() -> None:
@@ -678,7 +686,7 @@ def test_a_late_record_of_the_same_session_adds_its_unreleased_ids() -> None:
     client.connect("c1", clean_start=False)
     late = _record(persistent=True, connected=True)
     late.unreleased = (1, 2)
-    effects = client.conn.older_session_record(late)
+    effects = client.conn.session_record_seen(late, LATER)
     record = only(effects, StoreSession).record
     assert record is not None and record.connected
     assert record.connection_id == CONNECTION_ID and record.session_id == PREVIOUS_SESSION_ID
@@ -695,7 +703,7 @@ def test_a_late_record_adds_nothing_once_the_client_sent_qos2_packets() -> None:
     client.store_all(client.send(PubRel(1)))
     late = _record(persistent=True, connected=True)
     late.unreleased = (1, 2)
-    record = only(client.conn.older_session_record(late), StoreSession).record
+    record = only(client.conn.session_record_seen(late, LATER), StoreSession).record
     assert record is not None and record.unreleased == ()
     assert client.conn.state.unreleased_qos2 == set()
 
@@ -710,7 +718,7 @@ def test_a_late_record_of_another_session_or_a_tombstone_is_only_overwritten(
     if late is not None:
         record = _record(persistent=True, connected=True)
         record.unreleased = (9,)
-    effects = client.conn.older_session_record(record)
+    effects = client.conn.session_record_seen(record, LATER)
     stored = only(effects, StoreSession).record
     assert stored is not None and stored.connected and stored.unreleased == ()
     assert client.conn.state.unreleased_qos2 == set()
@@ -720,7 +728,59 @@ def test_a_closed_connection_does_not_restate_its_session() -> None:
     client = Client(5)
     client.connect()
     client.conn.connection_lost()
-    assert client.conn.older_session_record(None) == []
+    assert client.conn.session_record_seen(None, LATER) == []
+
+
+# ---------------------------------------------------------------------- session takeover
+
+
+def _newer_connection(clean_start: bool = False) -> SessionRecord:
+    """A connected record of a connection this one knows nothing of (another node's)."""
+    record = _record(persistent=True, connected=True)
+    record.connection_id = b"n" * 16
+    record.clean_start = clean_start
+    return record
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_newer_connection_elsewhere_takes_the_session_over(version: int) -> None:
+    client = Client(version)
+    client.connect("c1")
+    effects = client.conn.session_record_seen(_newer_connection(), LATER)
+    # v5: DISCONNECT 0x8E Session taken over (MQTT 3.1.4-3); v3.1.1 has none: just a close.
+    disconnects = of_type(client.packets(effects), Disconnect)
+    assert [d.reason_code for d in disconnects] == ([0x8E] if version == 5 else [])
+    assert closes(effects)
+    assert store_effects(effects) == []  # the session is the new connection's: no end records
+    assert client.conn.connection_lost() == []
+
+
+def test_records_no_newer_than_the_connections_own_are_ignored() -> None:
+    client = Client(5)
+    client.connect("c1")
+    assert client.conn.session_record_seen(_newer_connection(), SESSION_OFFSET) == []
+    assert client.conn.session_record_seen(_newer_connection(), SESSION_OFFSET - 3) == []
+    own = _record(persistent=False, connected=True)
+    own.connection_id = CONNECTION_ID
+    assert client.conn.session_record_seen(own, LATER) == []
+    assert not client.conn.closed
+
+
+def test_a_connection_whose_own_record_is_not_stored_yet_ignores_records() -> None:
+    client = Client(5)
+    store = only(client.send(Connect(5, "c1", True, 30)), StoreSession)
+    assert client.conn.session_record_seen(_newer_connection(), LATER) == []
+    client.conn.session_stored_at(SESSION_OFFSET)
+    assert of_type(client.packets(client.stored(store.token)), ConnAck)
+
+
+def test_the_connection_a_session_was_taken_from_does_not_take_it_back() -> None:
+    # Its late "connected" record is older news: this connection's record is stored again.
+    client = Client(5, previous=(_record(persistent=True, connected=True), []))
+    client.connect("c1", clean_start=False)
+    effects = client.conn.session_record_seen(_record(persistent=True, connected=True), LATER)
+    assert only(effects, StoreSession).record.connection_id == CONNECTION_ID  # type: ignore[union-attr]
+    assert not client.conn.closed
 
 
 # ---------------------------------------------------------------------- node restart

@@ -9,7 +9,7 @@ control).
 from __future__ import annotations
 
 import pytest
-from test_ingest_support import CONNECTION_ID, NOW_MS, Client, closes, of_type, only
+from test_ingest_support import CONNECTION_ID, NOW_MS, Client, closes, fan_out, of_type, only
 
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import (
@@ -23,9 +23,9 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import AckKind, expiry_deadline
-from services.ingest.delivery import remaining_interval
+from services.common.records import AckKind, Target, expiry_deadline
 from services.ingest.effects import Effect, Send, StoreAcks, StoreSession
+from services.ingest.fan_out import remaining_interval
 
 VERSIONS = [4, 5]
 
@@ -58,11 +58,14 @@ def test_qos0_is_sent_without_packet_identifier(version: int) -> None:
     assert _delivered(client, Publish("t", b"hello")) == [Publish("t", b"hello")]
 
 
-def test_qos0_uses_the_encoded_bytes_when_given() -> None:
-    client = _connected(5)
+def test_qos0_uses_the_fan_outs_shared_encoding() -> None:
+    client, other = _connected(5), _connected(5)
+    message = fan_out("t", b"once")
+    effects = client.conn.deliver_routed(message, Target("sub", 0, False, (4,)))
     shared = encode(Publish("t", b"once", properties=Properties(subscription_identifiers=[4])), 5)
-    effects = client.conn.deliver(Publish("t", b"once"), shared)
     assert effects == [Send(shared)]
+    [again] = other.conn.deliver_routed(message, Target("sub", 0, False, (4,)))
+    assert isinstance(again, Send) and again.data is effects[0].data  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -129,8 +132,7 @@ def test_packets_over_the_client_maximum_packet_size_are_dropped() -> None:
 
 def test_encoded_qos0_over_the_maximum_packet_size_is_dropped() -> None:
     client = _connected(5, Properties(maximum_packet_size=32))
-    big = encode(Publish("t", b"y" * 40), 5)
-    assert client.conn.deliver(Publish("t", b"y" * 40), big) == []
+    assert client.conn.deliver_routed(fan_out("t", b"y" * 40), Target("sub", 0)) == []
 
 
 def test_subscription_identifiers_and_properties_reach_a_v5_client() -> None:
@@ -362,7 +364,7 @@ def test_the_interval_sent_is_what_is_left(qos: int) -> None:
     client = _connected(5)
     client.now = NOW_MS + 2500
     packet = Publish("t", b"", qos=qos, properties=Properties(message_expiry_interval=10))
-    [sent] = of_type(client.packets(client.conn.deliver(packet, None, NOW_MS + 10_000)), Publish)
+    [sent] = of_type(client.packets(client.conn.deliver(packet, NOW_MS + 10_000)), Publish)
     assert sent.properties.message_expiry_interval == 8  # 7.5 s left, rounded up
 
 
@@ -372,16 +374,18 @@ def test_an_expired_message_is_not_delivered(version: int, qos: int) -> None:
     client = _connected(version)
     client.now = NOW_MS + 10_000
     packet = Publish("t", b"", qos=qos, properties=Properties(message_expiry_interval=10))
-    assert client.conn.deliver(packet, None, NOW_MS + 10_000) == []
+    assert client.conn.deliver(packet, NOW_MS + 10_000) == []
     assert client.conn.state.outbound == {}
 
 
 def test_an_expired_message_is_not_sent_from_its_encoded_bytes_either() -> None:
     client = _connected(5)
-    client.now = NOW_MS + 1000
+    message = fan_out("t", b"", Properties(message_expiry_interval=1))  # at NOW_MS
+    client.now = NOW_MS + 999
     shared = encode(Publish("t", b"", properties=Properties(message_expiry_interval=1)), 5)
-    assert client.conn.deliver(Publish("t", b""), shared, NOW_MS + 1000) == []
-    assert client.conn.deliver(Publish("t", b""), shared, NOW_MS + 1001) == [Send(shared)]
+    assert client.conn.deliver_routed(message, Target("sub", 0)) == [Send(shared)]
+    client.now = NOW_MS + 1000
+    assert client.conn.deliver_routed(message, Target("sub", 0)) == []
 
 
 def test_a_message_expiring_in_the_queue_is_dropped_and_the_next_one_sent() -> None:
@@ -389,8 +393,8 @@ def test_a_message_expiring_in_the_queue_is_dropped_and_the_next_one_sent() -> N
     [held] = _delivered(client, Publish("t", b"held", qos=1))
     short = Publish("t", b"short", qos=1, properties=Properties(message_expiry_interval=1))
     long = Publish("t", b"long", qos=1, properties=Properties(message_expiry_interval=60))
-    assert client.conn.deliver(short, None, NOW_MS + 1000) == []
-    assert client.conn.deliver(long, None, NOW_MS + 60_000) == []
+    assert client.conn.deliver(short, NOW_MS + 1000) == []
+    assert client.conn.deliver(long, NOW_MS + 60_000) == []
     client.now = NOW_MS + 1500  # "short" expired while it waited for the window
     released = _acked(client, held)
     assert [(p.payload, p.properties.message_expiry_interval) for p in released] == [(b"long", 59)]
@@ -400,20 +404,20 @@ def test_v311_subscriber_gets_no_interval_but_the_expiry_still_applies() -> None
     client = _connected(4)
     client.now = NOW_MS + 500
     packet = Publish("t", b"", qos=1, properties=Properties())
-    [sent] = of_type(client.packets(client.conn.deliver(packet, None, NOW_MS + 1000)), Publish)
+    [sent] = of_type(client.packets(client.conn.deliver(packet, NOW_MS + 1000)), Publish)
     assert sent.properties == Properties()
     client.now = NOW_MS + 1000
-    assert client.conn.deliver(Publish("t", b"", qos=1), None, NOW_MS + 1000) == []
+    assert client.conn.deliver(Publish("t", b"", qos=1), NOW_MS + 1000) == []
 
 
 def test_an_expired_store_delivery_is_reported_complete_unless_it_is_a_resend() -> None:
     client = _connected(5)
     client.now = NOW_MS + 5000
-    effects = client.conn.deliver(_stored(1, 60), None, NOW_MS + 1000)
+    effects = client.conn.deliver(_stored(1, 60), NOW_MS + 1000)
     assert client.packets(effects) == []
     assert _acks(effects) == [(AckKind.PUBACK, 60)]
     # A resend (DUP) was on its way before it expired: it goes out, with the least interval.
-    resend = client.conn.deliver(_stored(2, 61, dup=True), None, NOW_MS + 1000)
+    resend = client.conn.deliver(_stored(2, 61, dup=True), NOW_MS + 1000)
     [sent] = client.packets(resend)
     assert isinstance(sent, Publish) and sent.packet_id == 61 and sent.dup
     assert sent.properties.message_expiry_interval == 1

@@ -8,15 +8,16 @@ against the codec's rules. Other ``test_ingest_*`` modules import it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import pytest
 
 from services.common.mqtt.codec import StreamDecoder, encode
-from services.common.mqtt.packets import ConnAck, Connect, Packet
-from services.common.mqtt.properties import Properties
-from services.common.records import SessionRecord
+from services.common.mqtt.packets import ConnAck, Connect, Packet, PacketType
+from services.common.mqtt.properties import Properties, encode_properties
+from services.common.records import PublishMeta, SessionRecord
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest.connection import ServerConnection
@@ -24,16 +25,27 @@ from services.ingest.effects import (
     Close,
     Connected,
     Effect,
+    PublishWill,
     Send,
     StoreEffect,
+    StorePublish,
     StoreSession,
 )
+from services.ingest.fan_out import FanOut
+from services.ingest.limits import Limits
+from services.ingest.state import ServerContext
 
 E = TypeVar("E")
 
 NODE_ID = "node-a"
 CONNECTION_ID = bytes(range(16))
 NOW_MS = 1_700_000_000_000
+#: The Kafka offset of the connection's session record (its connect record) in tests.
+SESSION_OFFSET = 10
+#: An offset after it: a record there is newer than the connection's own.
+LATER = SESSION_OFFSET + 1
+#: Assigned Client Identifiers of the test clients: ``assigned-1``, ``assigned-2``, ...
+_ASSIGNED = itertools.count(1)
 
 
 def make_settings(**overrides: Any) -> Settings:
@@ -59,9 +71,14 @@ class Client:
         self.previous = previous
         self.looked_up: list[str] = []
         self.now = NOW_MS
-        self.conn = ServerConnection(
-            self.settings, NODE_ID, CONNECTION_ID, self._previous_session, lambda: self.now
+        server = ServerContext(
+            Limits.from_settings(self.settings),
+            NODE_ID,
+            self._previous_session,
+            lambda: self.now,
+            lambda: f"assigned-{next(_ASSIGNED)}",
         )
+        self.conn = ServerConnection(server, CONNECTION_ID)
         self.decoder = StreamDecoder(protocol_version=version)
         self.log: list[Effect] = []
 
@@ -115,6 +132,7 @@ class Client:
         )
         effects = self.send(connect)
         record = only(effects, StoreSession)
+        self.conn.session_stored_at(SESSION_OFFSET)
         after = self.stored(record.token)
         packets = self.packets(after)
         assert len(packets) == 1 and isinstance(packets[0], ConnAck), packets
@@ -151,6 +169,34 @@ def closes(effects: Iterable[Effect]) -> bool:
 def store_effects(effects: Iterable[Effect]) -> list[StoreEffect]:
     """The effects that write one record to Kafka and report back by token."""
     return [e for e in effects if isinstance(e, StoreEffect)]
+
+
+def fan_out(
+    topic: str,
+    payload: bytes,
+    properties: Properties | None = None,
+    *,
+    retain: bool = False,
+    qos: int = 2,
+    received_at_ms: int = NOW_MS,
+) -> FanOut:
+    """A routed message as a downlink record brings it (published at ``received_at_ms``
+    with ``qos``, RETAIN and v5 ``properties``), fanned out at ``received_at_ms``."""
+    raw = encode_properties(properties, PacketType.PUBLISH) if properties else b""
+    meta = PublishMeta(topic, qos, retain, received_at_ms, 5, raw)
+    return FanOut(meta, payload, received_at_ms)
+
+
+def wills(effects: Iterable[Effect]) -> list[PublishWill]:
+    """The Will Messages a closing connection's effects publish, as :class:`PublishWill`
+    (one published at once is its ``msg.all`` record: delay 0)."""
+    found: list[PublishWill] = []
+    for e in effects:
+        if isinstance(e, PublishWill):
+            found.append(e)
+        elif isinstance(e, StorePublish):
+            found.append(PublishWill(0, CONNECTION_ID, None, e.meta, e.payload))
+    return found
 
 
 # ---------------------------------------------------------------------- the harness itself

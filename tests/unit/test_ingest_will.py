@@ -8,7 +8,7 @@ Properties, 3.1.3.2.2 Will Delay Interval), 3.1.4, 3.14.2.1 (Reason Code 0x04), 
 from __future__ import annotations
 
 import pytest
-from test_ingest_support import NOW_MS, Client, closes, of_type, only
+from test_ingest_support import CONNECTION_ID, NOW_MS, Client, closes, only, wills
 
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import (
@@ -20,9 +20,13 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties, decode_properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import PublishMeta
-from services.ingest.effects import PublishWill, StoreSession
-from services.ingest.will import published_on_new_connection
+from services.common.records import PublishMeta, SessionRecord
+from services.ingest.effects import PublishWill, StorePublish, StoreRetained, StoreSession
+from services.ingest.will import (
+    on_new_connection,
+    published_after_delay,
+    settled_by,
+)
 
 VERSIONS = [4, 5]
 
@@ -62,33 +66,35 @@ def test_socket_loss_publishes_the_will_before_the_end_records(version: int) -> 
     client.now = NOW_MS + 700
     effects = client.conn.connection_lost()
     will = effects[0]
-    assert isinstance(will, PublishWill)
-    assert will.delay_seconds == 0
-    assert will.meta == PublishMeta("status/dev", 1, True, NOW_MS + 700, version, b"")
+    assert isinstance(will, StorePublish)
+    meta = PublishMeta("status/dev", 1, True, NOW_MS + 700, version, b"")
+    assert will.meta == meta
     assert will.payload == b"offline"
-    assert isinstance(effects[1], StoreSession)
+    # Will Retain: it is also the topic's retained message [MQTT-3.1.2-17].
+    assert effects[1] == StoreRetained(effects[1].token, meta, b"offline")  # type: ignore[union-attr]
+    assert isinstance(effects[2], StoreSession)
     assert client.conn.connection_lost() == []  # published once (MQTT-3.1.2-10)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_keep_alive_timeout_publishes_the_will(version: int) -> None:
     client = _with_will(version)
-    assert of_type(client.conn.keep_alive_expired(), PublishWill) == []  # at the close
-    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+    assert wills(client.conn.keep_alive_expired()) == []  # at the close
+    assert len(wills(client.conn.connection_lost())) == 1
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_protocol_error_publishes_the_will(version: int) -> None:
     client = _with_will(version)
     assert closes(client.send_bytes(b"\x00\x00"))  # reserved packet type: malformed
-    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+    assert len(wills(client.conn.connection_lost())) == 1
 
 
 def test_server_shutdown_publishes_the_will() -> None:
     client = _with_will(5)
     effects = client.conn.disconnect_and_close(ReasonCode.SERVER_SHUTTING_DOWN, "shutdown")
     assert only(client.packets(effects), Disconnect).reason_code == 0x8B
-    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+    assert len(wills(client.conn.connection_lost())) == 1
 
 
 @pytest.mark.parametrize(
@@ -99,7 +105,7 @@ def test_server_shutdown_publishes_the_will() -> None:
 def test_a_normal_disconnect_discards_the_will(version: int, reason: int) -> None:
     client = _with_will(version)
     effects = client.send(Disconnect(reason))
-    assert of_type(effects, PublishWill) == []
+    assert wills(effects) == []
     assert closes(effects)
     assert client.conn.connection_lost() == []
 
@@ -113,13 +119,13 @@ def test_a_v5_disconnect_other_than_normal_keeps_the_will(reason: int) -> None:
     client = _with_will(5)
     effects = client.send(Disconnect(reason))
     assert closes(effects)
-    assert len(of_type(client.conn.connection_lost(), PublishWill)) == 1
+    assert len(wills(client.conn.connection_lost())) == 1
 
 
 def test_no_will_before_connack() -> None:
     client = Client(5)
     client.send(Connect(5, "dev", True, 30, will=Will("w", b"")))
-    assert of_type(client.conn.connection_lost(), PublishWill) == []
+    assert wills(client.conn.connection_lost()) == []
 
 
 def test_no_will_for_a_refused_connect() -> None:
@@ -132,7 +138,7 @@ def test_no_will_for_a_refused_connect() -> None:
 def test_no_will_flag_no_will() -> None:
     client = Client(5)
     client.connect()
-    assert of_type(client.conn.connection_lost(), PublishWill) == []
+    assert wills(client.conn.connection_lost()) == []
 
 
 # ---------------------------------------------------------------------- what it carries
@@ -149,7 +155,7 @@ def test_will_properties_are_forwarded_without_the_will_delay() -> None:
         user_properties=[("k", "v")],
     )
     client = _with_will(5, Will("w", b"bye", 2, False, props), expiry=0)
-    will = only(client.conn.connection_lost(), PublishWill)
+    will = only(wills(client.conn.connection_lost()), PublishWill)
     forwarded, _ = decode_properties(will.meta.properties, 0, PacketType.PUBLISH)
     assert forwarded == Properties(
         payload_format_indicator=1,
@@ -164,7 +170,7 @@ def test_will_properties_are_forwarded_without_the_will_delay() -> None:
 
 def test_a_will_delay_alone_forwards_no_properties() -> None:
     client = _with_will(5, _delayed(5), expiry=0)
-    assert only(client.conn.connection_lost(), PublishWill).meta.properties == b""
+    assert only(wills(client.conn.connection_lost()), PublishWill).meta.properties == b""
 
 
 def test_v311_will_round_trips_through_the_codec() -> None:
@@ -172,7 +178,7 @@ def test_v311_will_round_trips_through_the_codec() -> None:
     client = Client(4)
     raw = encode(Connect(4, "dev", True, 30, will=Will("a/b", b"\x00\xff", 2, True)), 4)
     client.stored(only(client.send_bytes(raw), StoreSession).token)
-    will = only(client.conn.connection_lost(), PublishWill)
+    will = only(wills(client.conn.connection_lost()), PublishWill)
     assert (will.meta.topic, will.payload, will.meta.qos, will.meta.retain) == (
         "a/b",
         b"\x00\xff",
@@ -198,7 +204,7 @@ def test_the_delay_is_the_least_of_will_delay_and_session_expiry(
     delay: int, expiry: int, published_after: int
 ) -> None:
     client = _with_will(5, _delayed(delay), expiry=expiry)
-    assert only(client.conn.connection_lost(), PublishWill).delay_seconds == published_after
+    assert only(wills(client.conn.connection_lost()), PublishWill).delay_seconds == published_after
 
 
 def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
@@ -206,12 +212,12 @@ def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
     client.send(
         Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE, Properties(session_expiry_interval=5))
     )
-    assert only(client.conn.connection_lost(), PublishWill).delay_seconds == 5
+    assert only(wills(client.conn.connection_lost()), PublishWill).delay_seconds == 5
 
 
 def test_v311_has_no_will_delay() -> None:
     client = _with_will(4, clean_start=False)
-    assert only(client.conn.connection_lost(), PublishWill).delay_seconds == 0
+    assert only(wills(client.conn.connection_lost()), PublishWill).delay_seconds == 0
 
 
 # ------------------------------------------------------------ takeover and new connections
@@ -226,8 +232,8 @@ def test_takeover_publishes_the_will_at_once_or_cancels_it(
 ) -> None:
     client = _with_will(5, _delayed(delay), expiry=60, clean_start=False)
     effects = client.conn.taken_over(new_clean_start)
-    wills = of_type(effects, PublishWill)
-    assert [w.delay_seconds for w in wills] == ([0] if published else [])
+    published_wills = wills(effects)
+    assert [w.delay_seconds for w in published_wills] == ([0] if published else [])
     assert only(client.packets(effects), Disconnect).reason_code == 0x8E
     assert closes(effects)
     assert client.conn.connection_lost() == []  # settled at the takeover
@@ -235,12 +241,66 @@ def test_takeover_publishes_the_will_at_once_or_cancels_it(
 
 def test_v311_takeover_publishes_the_will() -> None:
     client = _with_will(4, clean_start=False)
-    assert len(of_type(client.conn.taken_over(new_clean_start=False), PublishWill)) == 1
+    assert len(wills(client.conn.taken_over(new_clean_start=False))) == 1
 
 
 @pytest.mark.parametrize(("clean_start", "published"), [(True, True), (False, False)])
 def test_a_new_connection_settles_a_waiting_will(clean_start: bool, published: bool) -> None:
-    assert published_on_new_connection(clean_start) is published
+    client = _with_will(5, _delayed(10), expiry=60)
+    waiting = only(client.conn.connection_lost(), PublishWill)
+    records = on_new_connection(waiting, clean_start, NOW_MS + 3000)
+    assert bool(records) is published
+    if published:
+        [record] = records
+        assert isinstance(record, StorePublish)
+        assert (record.meta.received_at_ms, record.payload) == (NOW_MS + 3000, b"gone")
+
+
+# ------------------------------------------------------------ a will waiting out its delay
+
+
+def _waiting(retain: bool = False) -> PublishWill:
+    client = _with_will(
+        5, Will("status/dev", b"gone", 1, retain, Properties(will_delay_interval=10)), expiry=60
+    )
+    client.conn.session_stored_at(10)
+    return only(client.conn.connection_lost(), PublishWill)
+
+
+def test_a_waiting_will_belongs_to_its_connection_and_session_record() -> None:
+    waiting = _waiting()
+    assert (waiting.delay_seconds, waiting.session_offset) == (10, 10)
+    assert waiting.connection_id == CONNECTION_ID
+
+
+def _record_of(
+    connection_id: bytes, connected: bool = True, clean_start: bool = False
+) -> SessionRecord:
+    return SessionRecord("n2", connection_id, connected, 5, clean_start, True)
+
+
+def test_only_a_newer_connection_settles_a_waiting_will() -> None:
+    waiting = _waiting()
+    other = bytes(range(1, 17))
+    assert settled_by(waiting, _record_of(other), 11)
+    assert not settled_by(waiting, _record_of(other), 10)  # not after the will's own record
+    assert not settled_by(waiting, _record_of(CONNECTION_ID), 11)  # its own connection
+    assert not settled_by(waiting, _record_of(other, connected=False), 11)
+    assert not settled_by(waiting, None, 11)
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_will_that_waited_is_stamped_when_published(retain: bool) -> None:
+    waiting = _waiting(retain)
+    records = published_after_delay(waiting, NOW_MS + 10_000)
+    assert [type(r) for r in records] == [StorePublish, StoreRetained][: 1 + retain]
+    for record in records:
+        assert record.meta.received_at_ms == NOW_MS + 10_000  # its expiry runs from now
+        assert (record.meta.topic, record.meta.retain, record.payload) == (
+            "status/dev",
+            retain,
+            b"gone",
+        )
 
 
 def test_nothing_after_the_will_is_published_reaches_the_closed_connection() -> None:

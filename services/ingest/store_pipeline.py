@@ -1,0 +1,259 @@
+"""The ingest node's Kafka writes: each connection's ``Store*`` effects, in order, with
+backpressure.
+
+Every connection's store effects go to Kafka one by one in the order the connection asked
+for them (a Will Message behind the client's last PUBLISHes, MQTT 4.6); their
+acknowledgements come back concurrently and are handed to the node (``on_stored`` with
+the record's metadata, or ``on_failed``) when Kafka answers, or as failed after
+``request_timeout`` seconds. Records nobody waits for (a Will Message that waited out its
+delay, the end records of a previous process's sessions) are written with
+:meth:`StorePipeline.write_logged`: a failure is only logged.
+
+Backpressure: when ``max_pending`` records wait to be sent or answered, a client whose
+PUBLISH adds one more stops being read (its sends back up in TCP) until the pending records
+fall to half, so a flood slows its senders instead of making Kafka time out everyone's
+records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+
+from services.common.faust_app import SendRecord
+from services.common.kafka.names import TopicNames
+from services.common.records import (
+    KafkaRecord,
+    client_acks_record,
+    client_session_record,
+    client_subscriptions_record,
+    publish_record,
+    retained_record,
+    retained_request_record,
+)
+from services.ingest.effects import (
+    StoreAcks,
+    StoreEffect,
+    StorePublish,
+    StoreRetained,
+    StoreSession,
+    StoreSubscriptions,
+)
+from services.ingest.registry import Client
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks for records Kafka has not answered in time (timeouts are
+#: seconds long).
+SWEEP_SECONDS = 0.5
+
+
+def record_of(names: TopicNames, client_id: str, effect: StoreEffect) -> KafkaRecord:
+    """The Kafka record a store effect of ``client_id``'s connection writes."""
+    if isinstance(effect, StorePublish):
+        return publish_record(names, client_id, effect.meta, effect.payload)
+    if isinstance(effect, StoreRetained):
+        return retained_record(names, effect.meta, effect.payload)
+    if isinstance(effect, StoreSubscriptions):
+        return client_subscriptions_record(names, client_id, effect.subscriptions)
+    if isinstance(effect, StoreSession):
+        return client_session_record(names, client_id, effect.record)
+    if isinstance(effect, StoreAcks):
+        return client_acks_record(names, client_id, effect.record)
+    return retained_request_record(names, client_id, effect.subscriptions)
+
+
+@dataclass
+class _Queue:
+    """Store effects of one connection not yet handed to the producer, and its sender."""
+
+    items: deque[StoreEffect] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+Stored = Callable[[Client, StoreEffect, object], None]
+"""Told that Kafka stored a client's effect, with the record's metadata (it has an
+``offset``)."""
+
+Failed = Callable[[Client, StoreEffect], None]
+"""Told that a client's effect was not stored (refused, or not answered in time)."""
+
+
+class StorePipeline:
+    """The Kafka writes of this node's connections (see the module's docstring).
+
+    ``send`` produces a record; ``names`` gives topic names; ``request_timeout`` (seconds)
+    bounds the wait for each answer; ``max_pending`` is the backpressure threshold
+    (``ingest_max_pending_records``).
+    """
+
+    def __init__(
+        self,
+        send: SendRecord,
+        names: TopicNames,
+        request_timeout: float,
+        max_pending: int,
+        on_stored: Stored,
+        on_failed: Failed,
+    ) -> None:
+        self.names = names
+        self.request_timeout = request_timeout
+        self.max_pending = max_pending
+        self._send = send
+        self._on_stored = on_stored
+        self._on_failed = on_failed
+        self._queues: dict[Client, _Queue] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        # Records sent and not yet answered: key → (deadline on the loop clock, client, effect).
+        self._watched: dict[int, tuple[float, Client, StoreEffect]] = {}
+        self._next_watch = 0
+        self._sweeper: asyncio.Task[None] | None = None
+        # Store effects queued and not yet handed to the producer, and the publishing
+        # clients whose reading is paused until the pending records fall to half.
+        self._unsent = 0
+        self._paused: set[Client] = set()
+
+    @property
+    def pending_records(self) -> int:
+        """Store effects waiting to be sent to Kafka or for its answer."""
+        return self._unsent + len(self._watched)
+
+    def enqueue(self, client: Client, effect: StoreEffect) -> None:
+        """Write ``effect`` of ``client``'s connection after its earlier ones; a PUBLISH
+        past the backpressure threshold pauses the client's reading."""
+        queue = self._queues.get(client)
+        if queue is None:
+            queue = self._queues[client] = _Queue()
+        queue.items.append(effect)
+        self._unsent += 1
+        if queue.task is None:
+            queue.task = asyncio.create_task(self._drain(client, queue))
+        if (
+            isinstance(effect, StorePublish)
+            and client not in self._paused
+            and self.pending_records >= self.max_pending
+        ):
+            # Every byte read would become one more record to wait for: let TCP hold the
+            # client's PUBLISHes instead of the producer's buffer, which times out.
+            client.pause_reading()
+            self._paused.add(client)
+            if len(self._paused) == 1:
+                log.info("%d records wait for Kafka: pausing reads", self.pending_records)
+
+    def forget(self, client: Client) -> None:
+        """``client``'s socket closed: it is not paused any more (its queued effects are
+        still written)."""
+        self._paused.discard(client)
+
+    def background(self, coroutine: Coroutine[object, object, None]) -> None:
+        """Run ``coroutine`` as a task that :meth:`in_flight` reports until it ends."""
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def write_logged(self, record: KafkaRecord) -> None:
+        """Write one record nobody waits for, in the background; a failure is logged."""
+        self.background(self._write_logged(record))
+
+    async def write_all_logged(self, records: list[KafkaRecord]) -> None:
+        """Write ``records`` nobody waits for and return once each is stored or failed
+        (failures are logged)."""
+        await asyncio.gather(*(self._write_logged(record) for record in records))
+
+    async def _write_logged(self, record: KafkaRecord) -> None:
+        try:
+            pending = await self._send(*record)
+            await asyncio.wait_for(pending, self.request_timeout)
+        except Exception as exc:
+            log.warning("could not write a record of %r to %s: %r", record.key, record.topic, exc)
+
+    def in_flight(self) -> set[asyncio.Task[None]]:
+        """Tasks still writing records: the queues' senders, background writes, and the
+        sweeper, which runs until every watched record is answered or timed out."""
+        tasks = {q.task for q in self._queues.values() if q.task is not None} | self._background
+        if self._sweeper is not None and not self._sweeper.done():
+            tasks.add(self._sweeper)
+        return tasks
+
+    # ------------------------------------------------------------------------------ sending
+
+    def _resume_if_drained(self) -> None:
+        if self._paused and self.pending_records <= self.max_pending // 2:
+            paused, self._paused = self._paused, set()
+            for client in paused:
+                client.resume_reading()
+
+    async def _drain(self, client: Client, queue: _Queue) -> None:
+        """Send queued store effects in order; their acknowledgements complete concurrently."""
+        try:
+            while queue.items:
+                effect = queue.items[0]
+                record = record_of(self.names, client.connection.client_id, effect)
+                try:
+                    pending = await self._send(*record)
+                except Exception as exc:  # Kafka unreachable or the record refused
+                    log.warning("could not queue a record for %s: %r", record.topic, exc)
+                    self._sent(queue)
+                    self._on_failed(client, effect)
+                    self._resume_if_drained()
+                    continue
+                self._sent(queue)
+                self._watch(client, effect, pending)
+        finally:
+            queue.task = None
+            self._unsent -= len(queue.items)  # cancelled at shutdown: never to be sent
+            queue.items.clear()
+            self._queues.pop(client, None)
+            self._resume_if_drained()
+
+    def _sent(self, queue: _Queue) -> None:
+        queue.items.popleft()
+        self._unsent -= 1
+
+    def _watch(self, client: Client, effect: StoreEffect, pending: Awaitable[object]) -> None:
+        """Hand Kafka's answer for ``effect`` to the node when it comes, or a failure after
+        ``request_timeout``. A done-callback and one sweeper for all, not a task with a
+        timeout per record: those cost more than the send itself."""
+        future = asyncio.ensure_future(pending)
+        key = self._next_watch
+        self._next_watch += 1
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        self._watched[key] = (deadline, client, effect)
+        future.add_done_callback(lambda done: self._answered(key, done))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    def _answered(self, key: int, future: asyncio.Future[object]) -> None:
+        watched = self._watched.pop(key, None)
+        if watched is None:
+            return  # timed out already
+        self._resume_if_drained()
+        _, client, effect = watched
+        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            log.warning(
+                "Kafka did not store a record of %r: %r", client.connection.client_id, error
+            )
+            self._on_failed(client, effect)
+        else:
+            self._on_stored(client, effect, future.result())
+
+    async def _sweep(self) -> None:
+        """Fail the watched records Kafka has not answered in time, until none is left.
+
+        Every record gets the same timeout, so deadlines grow in insertion order and the
+        sweep stops at the first one still running."""
+        loop = asyncio.get_running_loop()
+        while self._watched:
+            now = loop.time()
+            for key, (deadline, client, effect) in list(self._watched.items()):
+                if deadline > now:
+                    break
+                del self._watched[key]
+                log.warning("Kafka did not answer for a record of %r", client.connection.client_id)
+                self._on_failed(client, effect)
+            self._resume_if_drained()
+            await asyncio.sleep(SWEEP_SECONDS)

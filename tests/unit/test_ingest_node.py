@@ -1,0 +1,396 @@
+"""The ingest node's shell without Kafka: the client registry, the store pipeline (order,
+acknowledgements, timeouts, backpressure), Will Delay timers, downlink delivery and the
+ends of a node's life (services/ingest/node.py and the modules it wires).
+
+The node's Kafka side is its ``send`` callable; here :class:`Producer` records every record
+and leaves its acknowledgement to the test, so each test decides when (and whether) Kafka
+answers. Clients are :class:`Shell` stand-ins for sockets, fed with codec-encoded bytes.
+The same node against the real broker is tests/integration/test_ingest_backpressure.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from test_ingest_support import make_settings
+
+from services.common.mqtt.codec import StreamDecoder, encode
+from services.common.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PubAck,
+    Publish,
+    Will,
+)
+from services.common.mqtt.properties import Properties
+from services.common.records import (
+    Downlink,
+    Headers,
+    PublishMeta,
+    SessionRecord,
+    Target,
+    decode_meta,
+    decode_session,
+    encode_session,
+    encode_subscriptions,
+)
+from services.common.sessions import new_connection_id
+from services.common.subscription import Subscription
+from services.ingest.connection import ServerConnection
+from services.ingest.node import IngestNode
+from services.ingest.registry import ClientRegistry
+from tests.waiting import wait_for
+
+NOW_MS = 1_700_000_000_000
+
+
+@dataclass
+class Sent:
+    """One record the node produced, and its acknowledgement (the test resolves it)."""
+
+    topic: str
+    key: bytes
+    value: bytes | None
+    headers: Headers | None
+    ack: asyncio.Future[object]
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """What Kafka answers for a stored record."""
+
+    offset: int
+
+
+class Producer:
+    """The node's ``send``: records what it is given; Kafka answers when the test says."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+        self._offset = 100
+
+    async def send(
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers | None
+    ) -> Awaitable[object]:
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.sent.append(Sent(topic, key, value, headers, future))
+        return future
+
+    def answer(self, *sent: Sent) -> None:
+        """Kafka stored these records (all unanswered ones when none is named)."""
+        for record in sent or self.sent:
+            if not record.ack.done():
+                self._offset += 1
+                record.ack.set_result(Metadata(self._offset))
+
+    def on(self, topic: str) -> list[Sent]:
+        """The records sent to ``topic``, in order."""
+        return [s for s in self.sent if s.topic == topic]
+
+
+class Shell:
+    """A client's socket as the node sees it: what was written (decoded as a client of
+    ``version`` would), whether reading is paused, whether it was closed."""
+
+    def __init__(self, node: IngestNode, version: int = 5) -> None:
+        self.connection = ServerConnection(node.context, new_connection_id())
+        self.node = node
+        self.version = version
+        self.decoder = StreamDecoder(protocol_version=version)
+        self.received: list[Packet] = []
+        self.reading: list[bool] = [True]
+        self.pending_at_resume: list[int] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.received += self.decoder.feed(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.reading.append(False)
+
+    def resume_reading(self) -> None:
+        self.reading.append(True)
+        self.pending_at_resume.append(self.node.pending_records)
+
+    def send(self, *packets: Packet) -> None:
+        """The client sends ``packets`` (one read of the socket)."""
+        data = b"".join(encode(p, self.version) for p in packets)
+        self.node.run(self, self.connection.receive_data(data))
+
+    def lose(self) -> None:
+        """The socket is gone (as the server's connection_lost does)."""
+        self.node.unregister(self)
+        self.node.run(self, self.connection.connection_lost())
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [p for p in self.received if isinstance(p, kind)]
+
+
+def _node(producer: Producer, **settings: Any) -> IngestNode:
+    async def synced() -> None:
+        return None
+
+    async def no_app_topics(client_id: str) -> None:
+        raise AssertionError(f"{client_id} is not an APPLICATION client")
+
+    values = {"node_id": "n1", "topic_prefix": "t.", "kafka_request_timeout_seconds": 5.0}
+    values.update(settings)
+    return IngestNode(
+        make_settings(**values), producer.send, synced, no_app_topics, clock=lambda: NOW_MS
+    )
+
+
+async def _connected(
+    node: IngestNode, producer: Producer, client_id: str = "c1", version: int = 5, **connect: Any
+) -> Shell:
+    shell = Shell(node, version)
+    before = len(producer.on(node.names.client_sessions))
+    shell.send(Connect(version, client_id, connect.pop("clean_start", True), 30, **connect))
+    await wait_for(
+        lambda: len(producer.on(node.names.client_sessions)) > before, "the session record"
+    )
+    producer.answer()
+    await wait_for(lambda: shell.of(ConnAck), "CONNACK")
+    return shell
+
+
+# ---------------------------------------------------------------------- registry
+
+
+class _Stub:
+    def __init__(self, client_id: str) -> None:
+        self.connection = type("C", (), {"client_id": client_id})()
+
+
+def test_the_registry_keeps_one_connection_per_client_id() -> None:
+    registry = ClientRegistry()
+    first, second = _Stub("a"), _Stub("a")
+    assert registry.register(first, "a") is None  # type: ignore[arg-type]
+    assert registry.register(second, "a") is first  # type: ignore[arg-type]
+    registry.unregister(first)  # type: ignore[arg-type]  # replaced already: no effect
+    assert registry.get("a") is second
+    registry.unregister(second)  # type: ignore[arg-type]
+    assert registry.get("a") is None and len(registry) == 0
+
+
+# ---------------------------------------------------------------------- connect, takeover
+
+
+async def test_connack_follows_the_stored_session_record() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = Shell(node)
+    shell.send(Connect(5, "c1", True, 30))
+    await wait_for(lambda: producer.sent, "the session record")
+    [record] = producer.sent
+    assert (record.topic, record.key) == ("t.client.sessions", b"c1")
+    assert record.value is not None and decode_session(record.value).connected
+    assert shell.received == []  # no CONNACK before Kafka has the record
+    producer.answer()
+    await wait_for(lambda: shell.received, "CONNACK")
+    assert shell.of(ConnAck)[0].reason_code == 0
+    assert node.registry.get("c1") is shell
+    assert shell.connection.state.session_offset == 101  # the record's offset
+
+
+async def test_a_second_connection_on_the_node_takes_the_first_over() -> None:
+    producer = Producer()
+    node = _node(producer)
+    first = await _connected(node, producer)
+    second = await _connected(node, producer)
+    assert [d.reason_code for d in first.of(Disconnect)] == [0x8E] and first.closed
+    assert node.registry.get("c1") is second and not second.closed
+
+
+async def test_a_newer_connection_on_another_node_takes_the_session_over() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer)
+    elsewhere = SessionRecord("n2", b"x" * 16, True, 5, True, False)
+    node.apply_state("t.client.sessions", b"c1", encode_session(elsewhere), 500)
+    assert [d.reason_code for d in shell.of(Disconnect)] == [0x8E] and shell.closed
+    assert node.registry.get("c1") is None
+    assert node.sessions["c1"] == elsewhere
+
+
+async def test_state_records_fill_the_session_lookup() -> None:
+    producer = Producer()
+    node = _node(producer)
+    record = SessionRecord("n2", b"x" * 16, False, 5, False, True)
+    subs = [Subscription("c9", "a/#", 1)]
+    node.apply_state("t.client.sessions", b"c9", encode_session(record), 1)
+    node.apply_state("t.client.subscriptions", b"c9", encode_subscriptions(subs), 2)
+    assert node.previous_session("c9") == (record, subs)
+    node.apply_state("t.client.subscriptions", b"c9", None, 3)
+    node.apply_state("t.client.sessions", b"c9", None, 4)
+    assert node.previous_session("c9") == (None, [])
+
+
+# ---------------------------------------------------------------------- store pipeline
+
+
+async def test_records_leave_in_order_and_pubacks_follow_kafka_in_publish_order() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer)
+    shell.send(*(Publish("t", bytes([i]), 1, packet_id=i + 1) for i in range(3)))
+    await wait_for(lambda: len(producer.on("t.msg.all")) == 3, "three msg.all records")
+    first, second, third = producer.on("t.msg.all")
+    assert [r.value for r in (first, second, third)] == [b"\x00", b"\x01", b"\x02"]
+    producer.answer(third, second)
+    await wait_for(lambda: node.pending_records == 1, "two answers handled")
+    producer.answer(first)
+    await wait_for(lambda: len(shell.of(PubAck)) == 3, "three PUBACKs")
+    # Kafka answered 3 and 2 first; the PUBACKs still leave in PUBLISH order (MQTT 4.6).
+    assert [p.packet_id for p in shell.of(PubAck)] == [1, 2, 3]
+
+
+async def test_a_record_kafka_does_not_answer_fails_after_the_request_timeout() -> None:
+    producer = Producer()
+    node = _node(producer, kafka_request_timeout_seconds=0.05)
+    shell = await _connected(node, producer)
+    shell.send(Publish("t", b"lost", 1, packet_id=7))
+    await wait_for(lambda: shell.of(PubAck), "the PUBACK of a failed store")
+    assert (shell.of(PubAck)[0].packet_id, shell.of(PubAck)[0].reason_code) == (7, 0x80)
+    assert node.pending_records == 0
+
+
+async def test_a_flood_pauses_reading_until_half_the_records_are_answered() -> None:
+    producer = Producer()
+    node = _node(producer, ingest_max_pending_records=4)
+    shell = await _connected(node, producer)
+    shell.send(*(Publish("flood", bytes([i])) for i in range(10)))
+    assert shell.reading == [True, False]  # past 4 pending records: no more reading
+    await wait_for(lambda: len(producer.on("t.msg.all")) == 10, "every record sent")
+    producer.answer()
+    await wait_for(lambda: shell.reading[-1], "reading again")
+    assert shell.reading == [True, False, True]
+    assert shell.pending_at_resume == [2]  # once half of the 4 allowed were left
+
+
+# ---------------------------------------------------------------------- Will Messages
+
+
+def _will(delay: int, retain: bool = False) -> dict[str, Any]:
+    will = Will("status/c1", b"gone", 0, retain, Properties(will_delay_interval=delay))
+    return {
+        "will": will,
+        "clean_start": False,
+        "properties": Properties(session_expiry_interval=60),
+    }
+
+
+async def test_a_will_without_delay_follows_the_clients_last_publishes() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer, **_will(0, retain=True))
+    shell.send(Publish("t", b"last"))
+    shell.lose()
+    await wait_for(lambda: len(producer.on("t.msg.all")) == 2, "the will's record")
+    assert [r.value for r in producer.on("t.msg.all")] == [b"last", b"gone"]
+    [retained] = producer.on("t.msg.retained")  # Will Retain [MQTT-3.1.2-17]
+    assert (retained.key, retained.value) == (b"status/c1", b"gone")
+
+
+async def test_a_delayed_will_is_published_when_its_timer_fires() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer, **_will(1))
+    shell.lose()
+    assert "c1" in node.wills and producer.on("t.msg.all") == []
+    await wait_for(lambda: producer.on("t.msg.all"), "the will after its delay", 5.0)
+    [record] = producer.on("t.msg.all")
+    assert record.value == b"gone" and "c1" not in node.wills
+    meta = decode_meta(dict(record.headers or ())["m"])
+    assert meta == PublishMeta("status/c1", 0, False, NOW_MS, 5, b"")
+
+
+@pytest.mark.parametrize(("clean_start", "published"), [(False, False), (True, True)])
+async def test_a_new_connection_on_the_node_settles_a_waiting_will(
+    clean_start: bool, published: bool
+) -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer, **_will(30))
+    shell.lose()
+    await _connected(node, producer, clean_start=clean_start)
+    assert "c1" not in node.wills
+    await wait_for(lambda: len(producer.on("t.msg.all")) == published, "the will or none")
+
+
+async def test_a_connection_on_another_node_settles_a_waiting_will() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer, **_will(30))
+    shell.lose()
+    own = shell.connection.state.session_offset or 0
+    stale = SessionRecord("n2", b"x" * 16, True, 5, True, True)
+    node.apply_state("t.client.sessions", b"c1", encode_session(stale), own)  # not newer
+    assert "c1" in node.wills
+    node.apply_state("t.client.sessions", b"c1", encode_session(stale), own + 50)
+    assert "c1" not in node.wills  # Clean Start 1 elsewhere: published at once
+    await wait_for(lambda: producer.on("t.msg.all"), "the will")
+
+
+# ---------------------------------------------------------------------- downlink
+
+
+async def test_a_downlink_record_reaches_the_targets_connected_here() -> None:
+    producer = Producer()
+    node = _node(producer)
+    a = await _connected(node, producer, "a")
+    b = await _connected(node, producer, "b", version=4)
+    meta = PublishMeta("news", 0, False, NOW_MS, 5)
+    targets = [Target("a", 0), Target("elsewhere", 0), Target("b", 0)]
+    assert node.deliver(Downlink(meta, b"hello", targets)) == 2
+    assert [(p.topic, p.payload) for p in a.of(Publish)] == [("news", b"hello")]
+    assert [(p.topic, p.payload) for p in b.of(Publish)] == [("news", b"hello")]
+
+
+# ---------------------------------------------------------------------- start and stop
+
+
+async def test_sessions_left_connected_by_a_previous_process_are_ended() -> None:
+    producer = Producer()
+    node = _node(producer)
+    mine = SessionRecord("n1", b"a" * 16, True, 5, False, True)
+    gone = SessionRecord("n1", b"b" * 16, True, 5, True, False)
+    other = SessionRecord("n2", b"c" * 16, True, 5, True, False)
+    for key, record in ((b"p", mine), (b"q", gone), (b"r", other)):
+        node.apply_state("t.client.sessions", key, encode_session(record), 1)
+    node.apply_state(
+        "t.client.subscriptions", b"q", encode_subscriptions([Subscription("q", "x", 0)]), 2
+    )
+    ending = asyncio.create_task(node.reconcile())
+    await wait_for(lambda: len(producer.sent) == 3, "three end records")
+    producer.answer()
+    assert await ending == 2
+    written = {(s.topic, s.key): s.value for s in producer.sent}
+    persistent = written[("t.client.sessions", b"p")]
+    assert persistent is not None and not decode_session(persistent).connected
+    assert written[("t.client.sessions", b"q")] is None
+    assert written[("t.client.subscriptions", b"q")] is None
+
+
+async def test_shutdown_disconnects_everyone_and_waits_for_their_records() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer, **_will(30))
+    stopping = asyncio.create_task(node.shut_down())
+    await wait_for(lambda: shell.closed, "the close")
+    assert [d.reason_code for d in shell.of(Disconnect)] == [0x8B]
+    await wait_for(lambda: producer.on("t.msg.all"), "the waiting will, published at once")
+    assert not stopping.done()  # its records are not answered yet
+    producer.answer()
+    await asyncio.wait_for(stopping, 5)
+    ended = producer.on("t.client.sessions")[-1].value
+    assert ended is not None and not decode_session(ended).connected
