@@ -42,15 +42,6 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it is true; ``AssertionError`` naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # polling pace of a condition with a deadline
-
-
 # --------------------------------------------------------------------------------------------
 # aiomqtt
 
@@ -89,14 +80,22 @@ async def collect(
     return received
 
 
-async def no_message(client: aiomqtt.Client, within: float) -> None:
-    """Assert that ``client`` receives nothing for ``within`` seconds."""
-    try:
-        async with asyncio.timeout(within):
-            message = await anext(aiter(client.messages))
-    except TimeoutError:
-        return
-    raise AssertionError(f"unexpected message on {message.topic}: {message.payload!r}")
+async def until_marker(
+    client: aiomqtt.Client, marker: bytes, timeout: float = TIMEOUT
+) -> list[aiomqtt.Message]:
+    """The messages ``client`` receives before the one whose payload is ``marker``.
+
+    Absence proven by order: publish the marker after what must not arrive (from the same
+    client id, so that MQTT 4.6 orders them), then check what came before it. ``TimeoutError``
+    if the marker does not come.
+    """
+    before: list[aiomqtt.Message] = []
+    async with asyncio.timeout(timeout):
+        async for message in client.messages:
+            if message.payload == marker:
+                return before
+            before.append(message)
+    raise AssertionError("unreachable: the message stream ended")
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from tests.e2e.clients import (
     RawSocket,
     log_excerpt,
     unique,
-    wait_until,
 )
 from tests.e2e.kafka_view import latest_state
 from tests.e2e.test_persistent import (
@@ -38,11 +37,11 @@ from tests.e2e.test_persistent import (
     _ack,
     _expect,
     _numbered,
-    _quiet,
     _raw_subscriber,
     _read_packet,
 )
 from tests.servers import LocalCluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -63,7 +62,7 @@ def test_an_application_subscriber_gets_live_and_offline_messages_in_order(
     try:
         live = _numbered(200, "live")
         publisher.publish(topic, live)
-        wait_until(lambda: len(sub.first_copies()) >= 200, DRAIN, "200 live messages")
+        wait_until(lambda: len(sub.first_copies()) >= 200, "200 live messages", DRAIN)
         sub.stop()
         offline = _numbered(300, "off")
         publisher.publish(topic, offline)
@@ -72,7 +71,7 @@ def test_an_application_subscriber_gets_live_and_offline_messages_in_order(
         publisher.close()
     assert sub.connect(cluster.mqtt_port) is True  # its session and topic are there
     try:
-        wait_until(lambda: len(sub.first_copies()) >= 500, DRAIN, "500 messages")
+        wait_until(lambda: len(sub.first_copies()) >= 500, "500 messages", DRAIN)
     finally:
         sub.stop()
     assert sub.first_copies() == live + offline
@@ -104,13 +103,13 @@ def test_fan_in_of_50000_messages_survives_two_subscriber_kills(cluster: LocalCl
     publishers.start()
     try:
         for threshold in (total // 3, 2 * total // 3):  # kill at a third, at two thirds
-            wait_until(lambda t=threshold: len(mine()) >= t, DRAIN, f"{threshold} deliveries")
+            wait_until(lambda t=threshold: len(mine()) >= t, f"{threshold} deliveries", DRAIN)
             sub.stop(clean=False)  # the connection dropped without DISCONNECT
             sub.connect(cluster.mqtt_port)  # and the application back at once
         publishers.join(DRAIN)
         assert publishers.errors == []
         acked = set(publishers.acked)
-        wait_until(lambda: acked <= mine(), DRAIN, "every acknowledged message")
+        wait_until(lambda: acked <= mine(), "every acknowledged message", DRAIN)
     finally:
         sub.stop()
     received = mine()
@@ -144,8 +143,9 @@ def test_unacknowledged_deliveries_come_again_with_dup_the_same_ids_and_receive_
             publisher.client.publish(topic, payload, qos=2).wait_for_publish(TIMEOUT)
         first = [_expect(sock, 3).publish() for _ in range(3)]
         assert [(dup, payload) for _, dup, payload in first] == [(False, p) for p in _numbered(3)]
-        _quiet(sock, 1.0)  # Receive Maximum 3: the fourth waits
         sock.send(_ack(0x50, first[0][0]))  # PUBREC of the first: it is released
+        # Receive Maximum 3: the fourth waits. Had it been sent with the first three, it
+        # would come before the PUBREL that this PUBREC asks for (one partition, in order).
         _expect(sock, 6)  # PUBREL from the node
         sock.close()  # gone before PUBCOMP, with two more unacknowledged
         sock = _raw_subscriber(node2, client_id, "", 2, rm=3)
@@ -185,13 +185,13 @@ def test_kill_9_of_app_delivery_mid_stream_loses_nothing(cluster: LocalCluster) 
     )
     publishers.start()
     try:
-        wait_until(lambda: len(set(sub.payloads())) >= 2000, DRAIN, "the first deliveries")
+        wait_until(lambda: len(set(sub.payloads())) >= 2000, "the first deliveries", DRAIN)
         assert cluster.kill("app-delivery")
         cluster.start("app-delivery")
         publishers.join(DRAIN)
         assert publishers.errors == []
         acked = set(publishers.acked)
-        wait_until(lambda: acked <= set(sub.payloads()), DRAIN, "every acknowledged message")
+        wait_until(lambda: acked <= set(sub.payloads()), "every acknowledged message", DRAIN)
     finally:
         sub.stop()
     assert len(acked) == 6000
@@ -241,7 +241,7 @@ def test_app_delivery_instances_share_clients_and_a_third_rebalances_them(
         publisher.publish(topic, payloads[200:], pace=0.005)
         publisher.wait_acked(400)
         for sub in subs:
-            wait_until(lambda s=sub: set(payloads) <= set(s.payloads()), DRAIN, sub.client_id)
+            wait_until(lambda s=sub: set(payloads) <= set(s.payloads()), sub.client_id, DRAIN)
         assert _served_by(cluster, extra[1], clients), "the third instance served no client"
     finally:
         publisher.close()
@@ -276,7 +276,7 @@ def test_a_shared_group_of_three_device_members_gets_about_a_third_each(
         def got(member: PahoClient) -> list[bytes]:
             return [bytes(m.payload) for m in list(member.messages.queue)]
 
-        wait_until(lambda: sum(len(got(m)) for m in members) >= 300, DRAIN, "300 deliveries")
+        wait_until(lambda: sum(len(got(m)) for m in members) >= 300, "300 deliveries", DRAIN)
         shares = [got(m) for m in members]
     finally:
         publisher.close()
@@ -311,7 +311,7 @@ def test_application_members_of_a_shared_group_split_its_topic_through_kafka(
             member.subscribe(f"$share/apps/{topic_filter}", 1)
         # Kafka spreads the group topic's partitions once all three consumers have joined.
         wait_until(
-            lambda: asyncio.run(_group_members(cluster, group)) == 3, DRAIN, "3 group members"
+            lambda: asyncio.run(_group_members(cluster, group)) == 3, "3 group members", DRAIN
         )
         publishers = RawPublishers(
             cluster.mqtt_port, 30, 20, lambda i: f"appshare/{run}/{i}", tag=run
@@ -324,7 +324,7 @@ def test_application_members_of_a_shared_group_split_its_topic_through_kafka(
         def union() -> set[bytes]:
             return {p for m in members for p in m.payloads()}
 
-        wait_until(lambda: acked <= union(), DRAIN, "every acknowledged message")
+        wait_until(lambda: acked <= union(), "every acknowledged message", DRAIN)
     finally:
         for member in members:
             member.stop()
@@ -359,8 +359,8 @@ def test_a_session_that_ends_or_expires_deletes_its_topic(cluster: LocalCluster)
     client.close()
     wait_until(
         lambda: not {names.app(ended), names.app(expiring)} & asyncio.run(_topics(cluster)),
-        DRAIN,
         "both topics deleted",
+        DRAIN,
     )
     sessions, subscribed = asyncio.run(latest_state(cluster))
     assert sessions.get(expiring, b"") is None and expiring not in subscribed
@@ -377,7 +377,7 @@ def test_kill_9_of_the_subscribers_ingest_node_loses_nothing(cluster: LocalClust
     payloads = _numbered(1500)
     try:
         publisher.publish(topic, payloads[:500], pace=0.001)
-        wait_until(lambda: len(sub.first_copies()) >= 200, DRAIN, "the first deliveries")
+        wait_until(lambda: len(sub.first_copies()) >= 200, "the first deliveries", DRAIN)
         assert cluster.kill("ingest-node1")
         publisher.publish(topic, payloads[500:1000], pace=0.001)  # while it is down
         sub.connect(node2)  # its node died: the application comes back on the other one
@@ -385,7 +385,7 @@ def test_kill_9_of_the_subscribers_ingest_node_loses_nothing(cluster: LocalClust
         publisher.publish(topic, payloads[1000:], pace=0.001)
         publisher.wait_acked(len(payloads))
         acked = set(publisher.acked)
-        wait_until(lambda: acked <= set(sub.payloads()), DRAIN, "every acknowledged message")
+        wait_until(lambda: acked <= set(sub.payloads()), "every acknowledged message", DRAIN)
     finally:
         publisher.close()
         sub.stop()

@@ -15,7 +15,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tests.e2e.clients import aio_client, collect, no_message, unique
+from tests.e2e.clients import aio_client, collect, unique, until_marker
 from tests.servers import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -57,22 +57,21 @@ async def test_an_empty_retained_message_deletes_it(cluster: LocalCluster) -> No
         await pub.publish(topic, b"", qos=1, retain=True)
         async with aio_client(node2, unique("sub")) as sub:
             await sub.subscribe(topic, qos=1)
-            await _no_retained(sub, 1.5)
+            await _no_retained(sub, topic)
 
 
-async def _no_retained(client: aiomqtt.Client, within: float) -> None:
-    """Assert that no message with RETAIN arrives for ``within`` seconds.
+async def _no_retained(client: aiomqtt.Client, topic: str) -> None:
+    """Assert that no message with RETAIN reaches ``client`` on its SUBSCRIBE to ``topic``.
 
-    The router applies the newest subscriptions to every message it routes, so a live
-    message published just before the SUBSCRIBE may still reach the new subscriber (with
-    RETAIN 0: at least what MQTT asks for, never less).
+    Proven by order: the subscriber's own PUBLISH after its SUBACK follows its retained
+    message request (one client id, one ``msg.all`` partition), so any retained message
+    would come before it. The router applies the newest subscriptions to every message it
+    routes, so a live message published just before the SUBSCRIBE may still reach the new
+    subscriber (with RETAIN 0: at least what MQTT asks for, never less).
     """
-    try:
-        async with asyncio.timeout(within):
-            async for message in client.messages:
-                assert not message.retain, f"retained message {message.payload!r}"
-    except TimeoutError:
-        return
+    await client.publish(topic, b"marker", qos=1)
+    for message in await until_marker(client, b"marker"):
+        assert not message.retain, f"retained message {message.payload!r}"
 
 
 async def test_retain_handling_and_retain_as_published(cluster: LocalCluster) -> None:
@@ -84,12 +83,14 @@ async def test_retain_handling_and_retain_as_published(cluster: LocalCluster) ->
         await collect(pub, 1)  # routed: it cannot reach the subscriber live
         async with aio_client(node2, unique("sub")) as sub:
             await sub.subscribe(f"{base}/t", options=_options(retain_handling=2))
-            await no_message(sub, 1.0)  # 2: never on subscribe
+            await sub.publish(f"{base}/t", b"marker", qos=1)  # its own: ordered after
+            assert await until_marker(sub, b"marker") == []  # 2: never on subscribe
             await sub.subscribe(f"{base}/#", options=_options(retain_handling=1))
             [first] = await collect(sub, 1)  # 1: a new subscription gets it ...
             assert (first.payload, first.retain) == (b"r", True)
             await sub.subscribe(f"{base}/#", options=_options(retain_handling=1))
-            await no_message(sub, 1.0)  # ... an existing one does not
+            await sub.publish(f"{base}/t", b"marker", qos=1)
+            assert await until_marker(sub, b"marker") == []  # ... an existing one does not
             await sub.subscribe(f"{base}/#", options=_options(retain_handling=0, rap=True))
             [again] = await collect(sub, 1)  # 0: every SUBSCRIBE
             assert again.retain is True
@@ -106,7 +107,7 @@ async def test_shared_subscriptions_get_no_retained_messages(cluster: LocalClust
         await pub.publish(topic, b"r", qos=1, retain=True)
         async with aio_client(node2, unique("sub")) as sub:
             await sub.subscribe(f"$share/g/{topic}", qos=1)
-            await _no_retained(sub, 1.0)  # MQTT 4.8.2
+            await _no_retained(sub, topic)  # MQTT 4.8.2
 
 
 async def test_an_expired_retained_message_is_not_delivered(cluster: LocalCluster) -> None:
@@ -129,7 +130,8 @@ async def test_an_expired_retained_message_is_not_delivered(cluster: LocalCluste
         async with aio_client(node2, unique("sub")) as sub:
             await sub.subscribe(f"{base}/#", qos=1)
             got = await collect(sub, 1)
-            await no_message(sub, 1.0)
+            await sub.publish(f"{base}/marker", b"marker", qos=1)
+            assert await until_marker(sub, b"marker") == []
     assert [m.payload for m in got] == [b"y"]  # ... and the 1 s one is gone
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.clients import TIMEOUT, PahoClient, RawSocket, connect_packet, unique, wait_until
+from tests.e2e.clients import TIMEOUT, PahoClient, RawSocket, connect_packet, unique
 from tests.servers import LocalCluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +26,7 @@ def test_a_v5_client_taken_over_gets_disconnect_0x8E(
     try:
         assert first.connect() == 0
         assert second.connect() == 0
-        wait_until(lambda: bool(first.snapshot()[1]), TIMEOUT, "the first client's disconnect")
+        wait_until(lambda: bool(first.snapshot()[1]), "the first client's disconnect", TIMEOUT)
         assert [rc.value for rc in first.snapshot()[1]] == [SESSION_TAKEN_OVER]
         # The new connection holds the session: it subscribes and receives.
         assert [rc.value for rc in second.subscribe(topic, 1)] == [1]

@@ -36,6 +36,7 @@ from services.common.records import (
     encode_targets,
 )
 from services.common.settings import Settings
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -98,9 +99,7 @@ class Harness:
 
     async def wait_sent(self, count: int) -> list[tuple[bytes, int, bool]]:
         """Wait until ``count`` deliveries were made; (payload, Packet Identifier, DUP)."""
-        async with asyncio.timeout(TIMEOUT):
-            while len(self.sent) < count:
-                await asyncio.sleep(0.02)  # polling pace of a condition with a deadline
+        await wait_for(lambda: len(self.sent) >= count, f"{count} deliveries", TIMEOUT)
         return [(p, t.packet_id, t.dup) for p, t in zip(self.payloads, self.sent, strict=True)]
 
     async def committed(self) -> tuple[int, int]:
@@ -114,9 +113,11 @@ class Harness:
 
     async def wait_committed(self, expected: tuple[int, int]) -> None:
         """Wait until the committed (offset, sent mark) is ``expected``."""
-        async with asyncio.timeout(TIMEOUT):
-            while await self.committed() != expected:
-                await asyncio.sleep(0.05)  # polling pace of a condition with a deadline
+
+        async def reached() -> bool:
+            return await self.committed() == expected
+
+        await wait_for(reached, f"committed {expected}", TIMEOUT)
 
 
 @pytest_asyncio.fixture(loop_scope="function")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import pytest
@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.settings import Settings
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -66,14 +67,13 @@ async def topic(kafka_bootstrap: str, settings: Settings) -> AsyncIterator[Topic
         await producer.stop()
 
 
-async def _until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait for ``predicate``; AssertionError naming ``what`` after TIMEOUT seconds."""
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not predicate():
-                await asyncio.sleep(0.02)  # polling pace of a condition with a deadline
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+async def _committed(topic: Topic, group: str, offset: int) -> None:
+    """Wait until ``group`` has committed ``offset`` in ``topic``."""
+
+    async def reached() -> bool:
+        return await topic.committed(group) == offset
+
+    await wait_for(reached, f"offset {offset} committed", TIMEOUT)
 
 
 async def _run(consumer: AIOKafkaConsumer, task: Awaitable[None]) -> asyncio.Task[None]:
@@ -102,12 +102,10 @@ async def test_offsets_are_committed_only_once_the_batch_is_acknowledged(topic: 
         consumer, consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05)
     )
     try:
-        await _until(lambda: len(seen) == 10, "all ten records handled")
+        await wait_for(lambda: len(seen) == 10, "all ten records handled", TIMEOUT)
         assert await topic.committed(group) == 0  # handled, but not acknowledged yet
         gate.set_result(None)
-        async with asyncio.timeout(TIMEOUT):
-            while await topic.committed(group) != 10:
-                await asyncio.sleep(0.05)  # polling pace of a condition with a deadline
+        await _committed(topic, group, 10)
     finally:
         await _stop(consumer, task)
     assert sorted(seen, key=int) == [str(i).encode() for i in range(10)]
@@ -134,11 +132,11 @@ async def test_a_failed_batch_is_read_again_and_nothing_is_lost(topic: Topic) ->
         consumer, consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05)
     )
     try:
-        await _until(lambda: b"7" in handled, "the failing record handled at last")
-        await _until(lambda: set(handled) == {str(i).encode() for i in range(20)}, "all records")
-        async with asyncio.timeout(TIMEOUT):
-            while await topic.committed(group) != 20:
-                await asyncio.sleep(0.05)  # polling pace of a condition with a deadline
+        await wait_for(lambda: b"7" in handled, "the failing record handled at last", TIMEOUT)
+        await wait_for(
+            lambda: set(handled) == {str(i).encode() for i in range(20)}, "all records", TIMEOUT
+        )
+        await _committed(topic, group, 20)
     finally:
         await _stop(consumer, task)
     assert failures == 2
@@ -161,7 +159,9 @@ async def test_a_handler_that_raises_fails_its_batch_the_same_way(topic: Topic) 
     consumer = topic.consumer(group)
     task = await _run(consumer, consume_batches(consumer, handle, topics=[topic.name]))
     try:
-        await _until(lambda: set(handled) == {str(i).encode() for i in range(5)}, "all records")
+        await wait_for(
+            lambda: set(handled) == {str(i).encode() for i in range(5)}, "all records", TIMEOUT
+        )
     finally:
         await _stop(consumer, task)
     assert raised
@@ -195,7 +195,7 @@ async def test_records_of_the_first_topics_overtake_a_backlog(
         ),
     )
     try:
-        await _until(lambda: b"now" in seen, "the urgent record")
+        await wait_for(lambda: b"now" in seen, "the urgent record", TIMEOUT)
     finally:
         await _stop(consumer, task)
     assert seen.index(b"now") < 1000  # not behind the 5,000 records fetched before it

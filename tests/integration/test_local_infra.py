@@ -20,6 +20,7 @@ from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.settings import Settings
 from services.local import cluster, haproxy, kafka, processes, redis
 from services.local.settings import LocalSettings
+from tests.waiting import wait_until
 
 INFRA = ["kafka", "redis", "postgres"]
 
@@ -138,9 +139,7 @@ def test_up_restarts_only_a_dead_part(
     victim = before["redis"]
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
-    processes.wait_until(
-        lambda: processes.find(settings.state_dir, "redis") is None, 10, "redis death"
-    )
+    wait_until(lambda: processes.find(settings.state_dir, "redis") is None, "redis death")
     after = cluster.up_infrastructure(settings)
     assert after["redis"] != victim
     assert {k: v for k, v in after.items() if k != "redis"} == {

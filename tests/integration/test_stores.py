@@ -41,8 +41,8 @@ from services.common.stores import (
 )
 from services.common.stores.migrate import load_migrations, migrate
 from services.common.stores.postgres_store import client_key
-from services.local import processes
 from services.local import redis as local_redis
+from tests.waiting import wait_until
 
 BACKENDS = ["redis", "postgres"]
 
@@ -590,7 +590,7 @@ class PrivateRedis:
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-        processes.wait_until(lambda: local_redis.ping(self.port), 30.0, f"redis on {self.port}")
+        wait_until(lambda: local_redis.ping(self.port), f"redis on {self.port}", 30.0)
 
     def kill(self) -> None:
         """SIGKILL it (no shutdown, no last save) and reap it."""
