@@ -32,11 +32,12 @@ from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import SessionRecord, Target
 from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe, will
-from services.ingest.effects import Close, Effect, Send
+from services.ingest.effects import Close, Effect, Send, SyncState
 from services.ingest.fan_out import FanOut
 from services.ingest.state import (
     AwaitingAppTopic,
     AwaitingConnAck,
+    AwaitingStateSync,
     ConnectionState,
     PendingAck,
     PendingSubAck,
@@ -169,17 +170,29 @@ class ServerConnection:
         if isinstance(waiter, AwaitingAppTopic):
             return handle_connect.app_topic_created(state, waiter)
         if isinstance(waiter, AwaitingConnAck):
-            effects = handle_connect.connect_stored(state, waiter)
-            for packet in state.early_packets:
-                if self.closed:
-                    break
-                try:
-                    effects.extend(self._dispatch_connected(packet))
-                except MQTTError as exc:
-                    effects.extend(self.protocol_violation(exc))
-            state.early_packets.clear()
-            return self._finish(effects)
+            if state.confirm_previous:
+                return [SyncState(state.new_token(AwaitingStateSync(waiter.connack)))]
+            return self._accepted(waiter)
+        if isinstance(waiter, AwaitingStateSync):
+            restarted = handle_connect.confirm_session(state, waiter)
+            if restarted is not None:
+                return restarted
+            return self._accepted(AwaitingConnAck(waiter.connack))
         return self._finish([])  # nothing waits for it (QoS 0, end of session, acks)
+
+    def _accepted(self, waiter: AwaitingConnAck) -> list[Effect]:
+        """CONNACK, then the packets the client sent before it (MQTT 3.1.4)."""
+        state = self.state
+        effects = handle_connect.connect_stored(state, waiter)
+        for packet in state.early_packets:
+            if self.closed:
+                break
+            try:
+                effects.extend(self._dispatch_connected(packet))
+            except MQTTError as exc:
+                effects.extend(self.protocol_violation(exc))
+        state.early_packets.clear()
+        return self._finish(effects)
 
     def store_failed(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
@@ -203,7 +216,7 @@ class ServerConnection:
             )
         if isinstance(waiter, RecordWaiters):
             return self._session_record_outcome(waiter, ok=False)
-        if isinstance(waiter, AwaitingConnAck | AwaitingAppTopic):
+        if isinstance(waiter, AwaitingConnAck | AwaitingAppTopic | AwaitingStateSync):
             return handle_connect.connect_failed(state)
         return self._finish([])
 
@@ -280,14 +293,20 @@ class ServerConnection:
         """A ``client.sessions`` record of this client (None: a tombstone) at ``offset``,
         read from Kafka (session takeover, MQTT 3.1.4-3).
 
-        Records no newer than this connection's own (:meth:`session_stored_at`) and its own
-        are ignored. A newer connected record of another connection (not the one this
-        connection took the session from) means that connection took the session over
-        (:meth:`taken_over`). Anything else newer is an older connection's record (or a
-        tombstone) that landed late: this connection's record is stored again
+        While CONNECT waits for its confirmation (a session resumed from a connection that
+        still held it), the records of that connection are noted
+        (:func:`handle_connect.previous_record_seen`). Once connected, records no newer than
+        this connection's own (:meth:`session_stored_at`) and its own are ignored. A newer
+        connected record of another connection (not the one this connection took the
+        session from) means that connection took the session over (:meth:`taken_over`).
+        Anything else newer is an older connection's record (or a tombstone) that landed
+        late: this connection's record is stored again
         (:func:`handle_connect.restate_session`), so the latest one names it.
         """
         state = self.state
+        if state.phase is Phase.CONNECTING:
+            handle_connect.previous_record_seen(state, record, offset)
+            return []
         if self.closed or state.session_offset is None or offset <= state.session_offset:
             return []
         if record is not None and record.connection_id == state.connection_id:

@@ -124,6 +124,24 @@ class Connected:
     client_id: str
 
 
+@dataclass(slots=True)
+class WatchSession:
+    """Until CONNACK, show this connection every ``client.sessions`` record of ``client_id``
+    read from Kafka (``ServerConnection.session_record_seen``): it resumes a session
+    another connection still held, and must learn whether that connection ended it first."""
+
+    client_id: str
+
+
+@dataclass(slots=True)
+class SyncState:
+    """Report back through ``token`` (like a ``Store*`` effect) once the state topics have
+    been read up to their current end, which includes this connection's own session
+    record: every record written before it has then been shown to the connection."""
+
+    token: int
+
+
 StoreEffect = (
     StorePublish
     | StoreRetained
@@ -134,4 +152,6 @@ StoreEffect = (
 )
 """The effects that write one Kafka record and report back through their ``token``."""
 
-Effect = Send | Close | StoreEffect | CreateAppTopic | PublishWill | Connected
+Effect = (
+    Send | Close | StoreEffect | CreateAppTopic | PublishWill | Connected | WatchSession | SyncState
+)

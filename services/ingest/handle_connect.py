@@ -36,10 +36,12 @@ from services.ingest.effects import (
     Send,
     StoreSession,
     StoreSubscriptions,
+    WatchSession,
 )
 from services.ingest.state import (
     AwaitingAppTopic,
     AwaitingConnAck,
+    AwaitingStateSync,
     ConnectionState,
     Phase,
     RecordWaiters,
@@ -127,6 +129,12 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         # QoS 2 messages stored but not released: a resend is acknowledged, not published
         # again, whichever node stored it (MQTT 4.3.3).
         state.unreleased_qos2 = set(previous.unreleased)
+        if previous.connected:
+            # Another connection still holds it, and may be ending it right now (a v5
+            # DISCONNECT with Session Expiry Interval 0 ends it at once, 3.14.2.2.2):
+            # confirmed once the records written before this connection's are read.
+            state.confirm_previous = True
+            effects.append(WatchSession(client_id))
     else:
         # A new session (MQTT 3.1.2.4): it is named after the connection that starts it.
         state.session_id = state.connection_id
@@ -145,6 +153,37 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         token = state.new_token(AwaitingConnAck(connack))
         effects.append(StoreSession(token, session_record(state, connected=True)))
     return effects
+
+
+def previous_record_seen(state: ConnectionState, record: SessionRecord | None, offset: int) -> None:
+    """While a resumed session is being confirmed (:func:`confirm_session`), a record of
+    the client at ``offset``: the latest one of the connection that held the session (or a
+    tombstone) is kept."""
+    if state.confirm_previous and (
+        record is None or record.connection_id == state.previous_connection_id
+    ):
+        state.previous_end = (offset, record)
+
+
+def confirm_session(state: ConnectionState, waiter: AwaitingStateSync) -> list[Effect] | None:
+    """The state topics have been read past this connection's own session record: None if
+    the resumed session stands (CONNACK may go), or the effects that start a new session
+    instead, because the connection that held it ended it before this one's record
+    (a tombstone, or a record that is not persistent): Session Present 0 and no old
+    subscriptions, as if that end had been read at CONNECT (MQTT 3.1.2.4, 3.14.2.2.2)."""
+    seen, state.previous_end = state.previous_end, None
+    state.confirm_previous = False
+    if seen is None or state.session_offset is None or seen[0] >= state.session_offset:
+        return None  # no end before ours; a later one is an older record landing late
+    _, record = seen
+    if record is not None and record.persistent:
+        return None  # marked disconnected: the session lives on
+    state.session_id = state.connection_id
+    state.subscriptions = {}
+    state.unreleased_qos2 = set()
+    connack = dataclasses.replace(waiter.connack, session_present=False)
+    token = state.new_token(AwaitingConnAck(connack))
+    return [StoreSession(token, session_record(state, connected=True))]
 
 
 def app_topic_created(state: ConnectionState, waiter: AwaitingAppTopic) -> list[Effect]:
@@ -258,16 +297,19 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
     """A client's DISCONNECT: end the session as it asks, then close (MQTT 3.14.4).
 
     A v5 DISCONNECT may change the Session Expiry Interval, but not from 0 to non-zero
-    (3.14.2.2.2: Protocol Error). A v3.1.1 DISCONNECT and a v5 one with Reason Code 0x00
-    discard the Will Message; any other Reason Code (0x04 Disconnect with Will Message
-    included) leaves it to be published when the connection closes (3.14.4, 3.1.2.5).
+    (3.14.2.2.2: Protocol Error). One that says 0 ends the session with the connection,
+    whatever made it persistent at CONNECT (TBMQ's Clean Start 0 rule included): a new
+    connection finds no session (3.1.2.11.2). A v3.1.1 DISCONNECT and a v5 one with Reason
+    Code 0x00 discard the Will Message; any other Reason Code (0x04 Disconnect with Will
+    Message included) leaves it to be published when the connection closes (3.14.4,
+    3.1.2.5).
     """
     expiry = packet.properties.session_expiry_interval
     if expiry is not None:
         if state.session_expiry_interval == 0 and expiry != 0:
             raise ProtocolError("Session Expiry Interval cannot change from 0 on DISCONNECT")
         state.session_expiry_interval = expiry
-        state.persistent = is_persistent(state.protocol_version, state.clean_start, expiry)
+        state.persistent = expiry > 0
     if state.protocol_version < 5 or packet.reason_code == ReasonCode.SUCCESS:
         will.discard(state)
     state.phase = Phase.CLOSED
@@ -303,6 +345,10 @@ def restate_session(state: ConnectionState, record: SessionRecord | None) -> lis
     has had no QoS 2 PUBLISH or PUBREL of its own: after that, the older connection's view
     may list an id the client has since released here, and keeping it would swallow the
     next message that reuses the id.
+
+    A tombstone came with a tombstone of the subscriptions (the older connection ended the
+    session it held, later than this one took it over): this connection's subscription
+    set is stored again too, so the routers keep what the client was told it has.
     """
     if (
         record is not None
@@ -311,7 +357,11 @@ def restate_session(state: ConnectionState, record: SessionRecord | None) -> lis
         and not state.inbound_qos2_seen
     ):
         state.unreleased_qos2.update(record.unreleased)
-    return [StoreSession(state.new_token(), session_record(state, connected=True))]
+    effects: list[Effect] = []
+    if record is None and state.subscriptions:
+        effects.append(StoreSubscriptions(state.new_token(), list(state.subscriptions.values())))
+    effects.append(StoreSession(state.new_token(), session_record(state, connected=True)))
+    return effects
 
 
 def orphaned_session_end(record: SessionRecord, now_ms: int) -> SessionRecord | None:

@@ -42,6 +42,8 @@ from services.ingest.effects import (
     StorePublish,
     StoreRetained,
     StoreSession,
+    SyncState,
+    WatchSession,
 )
 from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
@@ -136,11 +138,11 @@ class IngestNode:
         else:
             self.sessions[client_id] = record
         self.wills.session_record(client_id, record, offset)
-        client = self.registry.get(client_id)
-        if client is not None:
-            self.run(client, client.connection.session_record_seen(record, offset))
-            if client.connection.closed:
-                self.registry.unregister(client)  # taken over: the session is elsewhere now
+        for client in (self.registry.watching(client_id), self.registry.get(client_id)):
+            if client is not None:
+                self.run(client, client.connection.session_record_seen(record, offset))
+                if client.connection.closed:
+                    self.registry.unregister(client)  # taken over: the session is elsewhere
 
     # ----------------------------------------------------------------------------------------
     # effects
@@ -158,7 +160,15 @@ class IngestNode:
             elif isinstance(effect, PublishWill):
                 self.wills.wait(client.connection.client_id, effect)
             elif isinstance(effect, CreateAppTopic):
-                self.pipeline.background(self._create_app_topic(client, effect))
+                ensure = self._ensure_app_topic(effect.client_id)
+                self.pipeline.background(
+                    self._report(client, effect.token, ensure, "msg.app topic")
+                )
+            elif isinstance(effect, WatchSession):
+                self.registry.watch(client, effect.client_id)
+            elif isinstance(effect, SyncState):
+                synced = self.sync_state()
+                self.pipeline.background(self._report(client, effect.token, synced, "state"))
             else:
                 self.pipeline.enqueue(client, effect)
 
@@ -173,18 +183,16 @@ class IngestNode:
     def _store_failed(self, client: Client, effect: StoreEffect) -> None:
         self.run(client, client.connection.store_failed(effect.token))
 
-    async def _create_app_topic(self, client: Client, effect: CreateAppTopic) -> None:
-        """Make sure of the client's ``msg.app`` topic, then report to its connection."""
+    async def _report(self, client: Client, token: int, done: Awaitable[None], what: str) -> None:
+        """Await ``done`` (at most the Kafka request timeout), then report the outcome to
+        the connection as that of its effect ``token``."""
         try:
-            await asyncio.wait_for(
-                self._ensure_app_topic(effect.client_id),
-                self.settings.kafka_request_timeout_seconds,
-            )
+            await asyncio.wait_for(done, self.settings.kafka_request_timeout_seconds)
         except Exception as exc:
-            log.warning("client %r: its msg.app topic could not be made: %r", effect.client_id, exc)
-            self.run(client, client.connection.store_failed(effect.token))
+            log.warning("client %r: %s not ready: %r", client.connection.client_id, what, exc)
+            self.run(client, client.connection.store_failed(token))
             return
-        self.run(client, client.connection.stored(effect.token))
+        self.run(client, client.connection.stored(token))
 
     def _register(self, client: Client, client_id: str) -> None:
         clean_start = client.connection.state.clean_start

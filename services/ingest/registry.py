@@ -32,10 +32,12 @@ class Client(Protocol):
 
 class ClientRegistry:
     """The connected clients of this node by client id (after CONNACK, until the socket
-    closes or another connection takes the client over)."""
+    closes or another connection takes the client over), and the connections waiting for
+    CONNACK that watch their client's session records (a resumed session being confirmed)."""
 
     def __init__(self) -> None:
         self._clients: dict[str, Client] = {}
+        self._watching: dict[str, Client] = {}
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -48,9 +50,19 @@ class ClientRegistry:
         """Every registered client (a copy: safe to change the registry while iterating)."""
         return list(self._clients.values())
 
+    def watching(self, client_id: str) -> Client | None:
+        """The connection of ``client_id`` that watches its session records before CONNACK."""
+        return self._watching.get(client_id)
+
+    def watch(self, client: Client, client_id: str) -> None:
+        """``client`` (not registered yet) watches ``client_id``'s session records."""
+        self._watching[client_id] = client
+
     def register(self, client: Client, client_id: str) -> Client | None:
         """Register ``client`` as ``client_id``'s connection; returns the connection it
         replaces (a session takeover on this node, MQTT 3.1.4-3), if any."""
+        if self._watching.get(client_id) is client:
+            del self._watching[client_id]
         old = self._clients.get(client_id)
         self._clients[client_id] = client
         return old if old is not client else None
@@ -60,3 +72,5 @@ class ClientRegistry:
         client_id = client.connection.client_id
         if self._clients.get(client_id) is client:
             del self._clients[client_id]
+        if self._watching.get(client_id) is client:
+            del self._watching[client_id]

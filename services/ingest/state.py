@@ -108,7 +108,23 @@ class AwaitingAppTopic:
     connack: ConnAck
 
 
-Waiter = PendingAck | RecordWaiters | PendingSubAck | AwaitingConnAck | AwaitingAppTopic
+@dataclass(slots=True)
+class AwaitingStateSync:
+    """CONNACK of a session resumed from a connection that still held it, waiting until
+    the records written before this connection's own have been read (did that connection
+    end the session first?)."""
+
+    connack: ConnAck
+
+
+Waiter = (
+    PendingAck
+    | RecordWaiters
+    | PendingSubAck
+    | AwaitingConnAck
+    | AwaitingAppTopic
+    | AwaitingStateSync
+)
 """What waits for the outcome of one store (a ``Store*`` effect or
 :class:`~services.ingest.effects.CreateAppTopic`) of a connection, by its token."""
 
@@ -174,6 +190,11 @@ class ConnectionState:
     # Kafka offset of this connection's latest connected session record: a record of the
     # client at a higher offset is newer than this connection's (session takeover)
     session_offset: int | None = None
+    # resuming a session another connection still held: Session Present is confirmed once
+    # the records before this connection's are read; the latest record (offset, record or
+    # tombstone) of that connection seen meanwhile
+    confirm_previous: bool = False
+    previous_end: tuple[int, SessionRecord | None] | None = None
     # inbound (client → server)
     # in arrival order; acknowledged from the front (a list: an empty deque costs 760 bytes)
     pending_acks: list[PendingAck] = field(default_factory=list)

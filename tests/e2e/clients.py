@@ -365,6 +365,26 @@ def pubrel_packet(packet_id: int) -> bytes:
     return packet(0x62, struct.pack(">H", packet_id))
 
 
+def subscribe_packet(topic_filter: str, qos: int, *, packet_id: int = 1, v5: bool = True) -> bytes:
+    """A SUBSCRIBE of one Topic Filter (v5: no properties, options = ``qos``)."""
+    body = struct.pack(">H", packet_id) + (b"\x00" if v5 else b"")
+    return packet(0x82, body + _utf8(topic_filter.encode()) + bytes([qos]))
+
+
+def disconnect_packet(session_expiry: int | None = None) -> bytes:
+    """A v5 DISCONNECT, Reason Code 0x00, with a Session Expiry Interval when given."""
+    if session_expiry is None:
+        return b"\xe0\x00"
+    props = b"\x11" + struct.pack(">I", session_expiry)
+    return packet(0xE0, b"\x00" + _vbi(len(props)) + props)
+
+
+def publish_topic(body: bytes) -> str:
+    """The Topic Name of a PUBLISH whose body (after the fixed header) is ``body``."""
+    (length,) = struct.unpack_from(">H", body, 0)
+    return body[2 : 2 + length].decode()
+
+
 class RawSocket:
     """A plain TCP connection to a node, reading with deadlines."""
 

@@ -21,7 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.e2e.clients import HOST, TIMEOUT, RawSocket, packet, unique
+from tests.e2e.clients import HOST, TIMEOUT, RawSocket, packet, subscribe_packet, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
 
@@ -308,10 +308,6 @@ def _v5_connect(client_id: str, receive_maximum: int = 65535) -> bytes:
     return packet(0x10, body)
 
 
-def _v5_subscribe(topic_filter: str, qos: int) -> bytes:
-    return packet(0x82, struct.pack(">H", 1) + b"\x00" + _str(topic_filter) + bytes([qos]))
-
-
 def _ack(kind: int, packet_id: int) -> bytes:
     """A v5 PUBACK (0x40), PUBREC (0x50), PUBREL (0x62) or PUBCOMP (0x70), success."""
     return packet(kind, struct.pack(">H", packet_id))
@@ -367,7 +363,7 @@ def _raw_subscriber(port: int, client_id: str, topic: str, qos: int, rm: int = 6
     sock.send(_v5_connect(client_id, rm))
     _expect(sock, 2)  # CONNACK
     if topic:
-        sock.send(_v5_subscribe(topic, qos))
+        sock.send(subscribe_packet(topic, qos))
         _expect(sock, 9)  # SUBACK
     return sock
 

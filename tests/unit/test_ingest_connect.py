@@ -50,6 +50,8 @@ from services.ingest.effects import (
     StorePublish,
     StoreSession,
     StoreSubscriptions,
+    SyncState,
+    WatchSession,
 )
 from services.ingest.handle_connect import orphaned_session_end
 
@@ -537,7 +539,10 @@ def test_expired_session_is_not_resumed(
     record = _record(persistent=True, connected=connected, expiry=expiry, age_ms=age_ms)
     client = Client(5, previous=(record, previous))
     effects = client.send(Connect(5, "c1", False, 30))
-    connack = only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck)
+    after = client.stored(only(effects, StoreSession).token)
+    for sync in of_type(after, SyncState):  # still held by its connection: confirmed first
+        after = client.stored(sync.token)
+    connack = only(client.packets(after), ConnAck)
     assert connack.session_present is present
     assert (of_type(effects, StoreSubscriptions) == []) is present
     assert (client.conn.state.subscriptions != {}) is present
@@ -649,6 +654,21 @@ def test_v5_disconnect_with_expiry_zero_ends_a_persistent_session() -> None:
     client.connect(properties=Properties(session_expiry_interval=60))
     effects = client.send(Disconnect(0, Properties(session_expiry_interval=0)))
     assert only(effects, StoreSession).record is None
+
+
+@pytest.mark.parametrize("expiry", [None, 60], ids=["clean-start-0-rule", "expiry-60"])
+def test_v5_disconnect_with_expiry_zero_ends_a_session_resumed_with_clean_start_0(
+    expiry: int | None,
+) -> None:
+    # Persistent by TBMQ's rule (Clean Start 0, no expiry) or by its expiry: a DISCONNECT
+    # saying 0 ends it all the same (MQTT 5.0 3.1.2.11.2, 3.14.2.2.2).
+    client = Client(5, previous=(_record(persistent=True), [Subscription("c1", "a", 1)]))
+    client.connect("c1", clean_start=False, properties=Properties(session_expiry_interval=expiry))
+    assert client.conn.state.persistent
+    effects = client.send(Disconnect(0, Properties(session_expiry_interval=0)))
+    assert only(effects, StoreSubscriptions).subscriptions == []
+    assert only(effects, StoreSession).record is None
+    assert closes(effects)
 
 
 def test_v5_disconnect_may_change_a_nonzero_expiry() -> None:
@@ -781,6 +801,79 @@ def test_the_connection_a_session_was_taken_from_does_not_take_it_back() -> None
     effects = client.conn.session_record_seen(_record(persistent=True, connected=True), LATER)
     assert only(effects, StoreSession).record.connection_id == CONNECTION_ID  # type: ignore[union-attr]
     assert not client.conn.closed
+
+
+def test_a_late_tombstone_of_a_session_taken_over_restates_its_subscriptions() -> None:
+    # The older connection ended the session (DISCONNECT, Session Expiry Interval 0) after
+    # this one took it over: the client was told it has its subscriptions, so they stay.
+    subs = [Subscription("c1", "a", 1)]
+    client = Client(5, previous=(_record(persistent=True), subs))
+    client.connect("c1", clean_start=False)
+    effects = client.conn.session_record_seen(None, LATER)
+    assert only(effects, StoreSubscriptions).subscriptions == subs
+    record = only(effects, StoreSession).record
+    assert record is not None and record.session_id == PREVIOUS_SESSION_ID
+
+
+# ------------------------------------------- resuming a session another connection holds
+
+
+def _held() -> Client:
+    """A client resuming a persistent session its previous connection still holds."""
+    previous = _record(persistent=True, connected=True)
+    return Client(5, previous=(previous, [Subscription("c1", "a/b", 1)]))
+
+
+def _connect_held(client: Client) -> tuple[StoreSession, SyncState]:
+    """CONNECT, Clean Start 0, with the connect record stored at SESSION_OFFSET: returns the
+    record and the state sync CONNACK then waits for."""
+    effects = client.send(
+        Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60))
+    )
+    assert only(effects, WatchSession) == WatchSession("c1")
+    stored = only(effects, StoreSession)
+    client.conn.session_stored_at(SESSION_OFFSET)
+    after = client.stored(stored.token)
+    assert client.packets(after) == []  # no CONNACK before the confirmation
+    return stored, only(after, SyncState)
+
+
+def test_a_session_whose_holder_ended_it_first_is_not_resumed() -> None:
+    client = _held()
+    first, sync = _connect_held(client)
+    assert first.record is not None and first.record.session_id == PREVIOUS_SESSION_ID
+    # The holder's DISCONNECT with Session Expiry Interval 0 landed before our record.
+    assert client.conn.session_record_seen(None, SESSION_OFFSET - 1) == []
+    restart = only(client.stored(sync.token), StoreSession)
+    assert restart.record is not None and restart.record.session_id == CONNECTION_ID
+    connack = only(client.packets(client.stored(restart.token)), ConnAck)
+    assert connack.session_present is False
+    assert client.conn.state.subscriptions == {}
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [None, "after-ours", "disconnected"],
+    ids=["no-end", "end-after-ours", "persistent-disconnect"],
+)
+def test_a_session_whose_holder_did_not_end_it_first_is_resumed(seen: str | None) -> None:
+    client = _held()
+    _, sync = _connect_held(client)
+    if seen == "after-ours":
+        client.conn.session_record_seen(None, LATER)
+    elif seen == "disconnected":
+        client.conn.session_record_seen(_record(persistent=True), SESSION_OFFSET - 1)
+    connack = only(client.packets(client.stored(sync.token)), ConnAck)
+    assert connack.session_present is True
+    assert set(client.conn.state.subscriptions) == {"a/b"}
+
+
+def test_a_failed_state_sync_refuses_the_connect() -> None:
+    client = _held()
+    _, sync = _connect_held(client)
+    effects = client.store_failed(sync.token)
+    assert only(client.packets(effects), ConnAck).reason_code == ReasonCode.SERVER_UNAVAILABLE
+    assert closes(effects)
 
 
 # ---------------------------------------------------------------------- node restart

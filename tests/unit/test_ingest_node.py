@@ -235,6 +235,28 @@ async def test_state_records_fill_the_session_lookup() -> None:
     assert node.previous_session("c9") == (None, [])
 
 
+@pytest.mark.parametrize(("ended_at", "present"), [(60, False), (None, True)])
+async def test_a_session_its_holder_ended_before_the_new_connect_record_is_not_resumed(
+    ended_at: int | None, present: bool
+) -> None:
+    producer = Producer()
+    node = _node(producer)
+    held = SessionRecord("n2", b"x" * 16, True, 5, False, True, session_expiry_interval=60)
+    node.apply_state("t.client.sessions", b"c1", encode_session(held), 50)
+    shell = Shell(node)
+    shell.send(Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60)))
+    await wait_for(lambda: producer.on("t.client.sessions"), "the connect record")
+    if ended_at is not None:  # the holder's DISCONNECT (Session Expiry Interval 0) landed
+        node.apply_state("t.client.sessions", b"c1", None, ended_at)
+    producer.answer()  # the connect record, at offset 101: after the tombstone
+    if not present:
+        await wait_for(lambda: len(producer.on("t.client.sessions")) == 2, "a new session's record")
+        producer.answer()
+    await wait_for(lambda: shell.of(ConnAck), "CONNACK")
+    assert shell.of(ConnAck)[0].session_present is present
+    assert node.registry.get("c1") is shell and node.registry.watching("c1") is None
+
+
 # ---------------------------------------------------------------------- store pipeline
 
 

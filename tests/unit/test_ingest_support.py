@@ -30,6 +30,7 @@ from services.ingest.effects import (
     StoreEffect,
     StorePublish,
     StoreSession,
+    SyncState,
 )
 from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
@@ -134,6 +135,8 @@ class Client:
         record = only(effects, StoreSession)
         self.conn.session_stored_at(SESSION_OFFSET)
         after = self.stored(record.token)
+        for sync in of_type(after, SyncState):  # a resumed session held by another connection
+            after = self.stored(sync.token)
         packets = self.packets(after)
         assert len(packets) == 1 and isinstance(packets[0], ConnAck), packets
         assert packets[0].reason_code == 0
