@@ -109,9 +109,10 @@ class PahoClient:
     ``pubacks`` maps message ids to the PUBACK reason code; ``disconnects`` lists the reason
     codes of the connection's ends (a v5 DISCONNECT's, or "Unspecified error" for a lost
     socket); ``messages`` queues received messages. It never reconnects by itself.
-    ``clean_start`` and ``session_expiry`` (seconds, v5) go into CONNECT, as does
-    ``receive_maximum`` (v5); with ``manual_ack`` received QoS 1/2 messages are acknowledged
-    only by :meth:`ack`.
+    ``clean_start`` and ``session_expiry`` (seconds, v5) go into CONNECT, as do
+    ``receive_maximum`` and ``topic_alias_maximum`` (v5); with ``manual_ack`` received QoS
+    1/2 messages are acknowledged only by :meth:`ack`. (paho does not resolve the Topic
+    Aliases it receives: a message sent with an alias alone has the topic "".)
     """
 
     port: int
@@ -120,6 +121,7 @@ class PahoClient:
     clean_start: bool = True
     session_expiry: int | None = None
     receive_maximum: int | None = None
+    topic_alias_maximum: int | None = None
     manual_ack: bool = False
     connack: queue.Queue[ReasonCode] = field(default_factory=queue.Queue)
     pubacks: dict[int, ReasonCode] = field(default_factory=dict)
@@ -162,6 +164,8 @@ class PahoClient:
                 props.SessionExpiryInterval = self.session_expiry
             if self.receive_maximum is not None:
                 props.ReceiveMaximum = self.receive_maximum
+            if self.topic_alias_maximum is not None:
+                props.TopicAliasMaximum = self.topic_alias_maximum
             self.client.connect(
                 HOST, self.port, keepalive=60, clean_start=self.clean_start, properties=props
             )
