@@ -102,6 +102,11 @@ def _read_str(data: bytes, offset: int, size_fmt: str) -> tuple[str, int]:
         raise RecordError(f"invalid UTF-8: {exc}") from exc
 
 
+_U16 = struct.Struct(">H")
+_COUNT = struct.Struct(">BI")  # version, item count
+_FLAGS_COUNT = struct.Struct(">BB")  # a target's flags, its identifier count
+
+
 def _str16(text: str) -> bytes:
     raw = text.encode("utf-8")
     return struct.pack(">H", len(raw)) + raw
@@ -222,20 +227,24 @@ def encode_targets(targets: Sequence[Target]) -> bytes:
     client would need that many overlapping subscriptions matching one topic); the rest are
     left out rather than failing the whole record.
     """
-    parts = [struct.pack(">BI", _VERSION, len(targets))]
+    parts = [_COUNT.pack(_VERSION, len(targets))]
+    append = parts.append  # the router's hot path: no work a target does not need
     for t in targets:
         ids = t.subscription_identifiers[:MAX_TARGET_IDENTIFIERS]
-        parts.append(_str16(t.client_id))
+        raw = t.client_id.encode("utf-8")
         flags = (
             t.qos
             | (0x04 if t.retain_as_published else 0)
             | (0x08 if t.packet_id else 0)
             | (0x10 if t.dup else 0)
         )
-        parts.append(struct.pack(">BB", flags, len(ids)))
-        parts.append(struct.pack(f">{len(ids)}I", *ids))
+        append(_U16.pack(len(raw)))
+        append(raw)
+        append(_FLAGS_COUNT.pack(flags, len(ids)))
+        if ids:
+            append(struct.pack(f">{len(ids)}I", *ids))
         if t.packet_id:
-            parts.append(struct.pack(">H", t.packet_id))
+            append(_U16.pack(t.packet_id))
     return b"".join(parts)
 
 
@@ -593,7 +602,7 @@ class KafkaRecord(NamedTuple):
     headers: Headers = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
     """A PUBLISH as it travels between topics: metadata decoded and as its raw ``m``
     header (passed on unchanged), and the payload (the record value, untouched)."""
@@ -631,7 +640,7 @@ def _message(headers: Headers | None, value: bytes | None) -> Message:
 # msg.all --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Published:
     """A ``msg.all`` record of an accepted PUBLISH: its publisher and the message."""
 
@@ -639,7 +648,7 @@ class Published:
     message: Message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RetainedRequest:
     """A ``msg.all`` record asking for the retained messages that ``subscriptions`` (new
     subscriptions of ``client_id``) must get (MQTT 3.3.1.3)."""
@@ -670,10 +679,15 @@ def parse_msg_all(
 ) -> Published | RetainedRequest:
     """Parse a ``msg.all`` record. Raises :class:`RecordError`."""
     client_id = client_id_of(key)
-    for name, data in headers or ():
-        if name == HEADER_RETAINED_REQUEST:
+    meta_raw = None
+    for name, data in headers or ():  # one pass: this is the router's hot path
+        if name == HEADER_META:
+            meta_raw = data
+        elif name == HEADER_RETAINED_REQUEST:
             return RetainedRequest(client_id, decode_subscriptions(client_id, data))
-    return Published(client_id, _message(headers, value))
+    if meta_raw is None:
+        raise RecordError("msg.all record without its m header")
+    return Published(client_id, Message(decode_meta(meta_raw), meta_raw, value or b""))
 
 
 # msg.retained -----------------------------------------------------------------------------
@@ -704,7 +718,7 @@ def parse_retained(
 # msg.downlink.<node> -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Downlink:
     """A downlink record of a message: the message and this node's targets for it."""
 
@@ -713,7 +727,7 @@ class Downlink:
     targets: list[Target]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Releases:
     """A downlink record asking for PUBREL of each (client id, Packet Identifier)."""
 
@@ -761,7 +775,7 @@ def parse_downlink(value: bytes | None, headers: Headers | None) -> Downlink | R
 # msg.persisted ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Persisted:
     """A ``msg.persisted`` record: a message for one persistent DEVICE subscriber."""
 
@@ -790,7 +804,7 @@ def parse_persisted(key: bytes | None, value: bytes | None, headers: Headers | N
 # msg.app.<client> and msg.app-shared.<group> ---------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppMessage:
     """A ``msg.app.<client>`` record: the message, its one target and the session id it
     was routed for."""

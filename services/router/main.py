@@ -145,6 +145,7 @@ def outputs(
     except RecordError as exc:
         log_undecodable(log, record, exc)
         return []
+    key = record.key or b""  # the client id's bytes: parsed, so present and UTF-8
     if isinstance(parsed, RetainedRequest):
         client_id = parsed.client_id
         session = table.sessions.get(client_id)
@@ -152,11 +153,10 @@ def outputs(
         for message, target in table.retained_for(client_id, parsed.subscriptions, now_ms):
             routes = Routes()
             routes.add(session, target)
-            out += _outputs_of(names, client_id.encode("utf-8"), message, routes)
+            out += _outputs_of(names, key, message, routes)
         return out
     message = parsed.message
-    routes = table.route(parsed.client_id, message.meta)
-    return _outputs_of(names, parsed.client_id.encode("utf-8"), message, routes)
+    return _outputs_of(names, key, message, table.route(parsed.client_id, message.meta))
 
 
 def _outputs_of(
@@ -170,14 +170,19 @@ def _outputs_of(
         downlink_record(names, node, key, message.meta_raw, message.payload, targets)
         for node, targets in routes.by_node.items()
     ]
-    out.extend(persisted_record(names, message, target) for target in routes.persisted)
-    out.extend(
-        app_record(names, key, message, target, session_id) for target, session_id in routes.app
-    )
-    out.extend(
-        app_shared_record(names, share_name, topic_filter, key, message)
-        for share_name, topic_filter in routes.app_shared
-    )
+    # Most messages take one path only: the others' empty lists are not walked.
+    if routes.persisted:
+        out.extend(persisted_record(names, message, target) for target in routes.persisted)
+    if routes.app:
+        out.extend(
+            app_record(names, key, message, target, session_id)
+            for target, session_id in routes.app
+        )
+    if routes.app_shared:
+        out.extend(
+            app_shared_record(names, share_name, topic_filter, key, message)
+            for share_name, topic_filter in routes.app_shared
+        )
     return out
 
 
