@@ -175,8 +175,7 @@ def _outputs_of(
         out.extend(persisted_record(names, message, target) for target in routes.persisted)
     if routes.app:
         out.extend(
-            app_record(names, key, message, target, session_id)
-            for target, session_id in routes.app
+            app_record(names, key, message, target, session_id) for target, session_id in routes.app
         )
     if routes.app_shared:
         out.extend(
