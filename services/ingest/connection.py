@@ -39,6 +39,7 @@ from services.ingest.state import (
     AwaitingConnAck,
     AwaitingStateSync,
     ConnectionState,
+    EarlyDelivery,
     PendingAck,
     PendingSubAck,
     Phase,
@@ -181,7 +182,8 @@ class ServerConnection:
         return self._finish([])  # nothing waits for it (QoS 0, end of session, acks)
 
     def _accepted(self, waiter: AwaitingConnAck) -> list[Effect]:
-        """CONNACK, then the packets the client sent before it (MQTT 3.1.4)."""
+        """CONNACK, then the packets the client sent before it (MQTT 3.1.4), what was
+        routed to it before it, and the session records newer than its own read meanwhile."""
         state = self.state
         effects = handle_connect.connect_stored(state, waiter)
         for packet in state.early_packets:
@@ -192,7 +194,28 @@ class ServerConnection:
             except MQTTError as exc:
                 effects.extend(self.protocol_violation(exc))
         state.early_packets.clear()
+        early, state.early_deliveries = state.early_deliveries or [], None
+        for item in early:
+            if isinstance(item, int):
+                effects.extend(self.release(item))
+            else:
+                effects.extend(delivery.deliver_routed(state, *item))
+        late, state.seen_while_connecting = state.seen_while_connecting or [], None
+        for offset, record in late:
+            effects.extend(self.session_record_seen(record, offset))
         return self._finish(effects)
+
+    def _hold(self, item: EarlyDelivery) -> bool:
+        """Keep ``item`` for after CONNACK if this connection waits for it with its session
+        record already stored (a resumed session being confirmed); False otherwise."""
+        state = self.state
+        if state.phase is not Phase.CONNECTING or not state.confirm_previous:
+            return False
+        if state.early_deliveries is None:
+            state.early_deliveries = []
+        if len(state.early_deliveries) < delivery.MAX_QUEUED:
+            state.early_deliveries.append(item)
+        return True
 
     def store_failed(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
@@ -241,6 +264,7 @@ class ServerConnection:
         Retain As Published, Subscription Identifiers, a store-assigned Packet Identifier
         and DUP), sharing ``message``'s QoS 0 encodings (:mod:`services.ingest.fan_out`)."""
         if self.state.phase is not Phase.CONNECTED:
+            self._hold((message, target))
             return []
         return self._finish(delivery.deliver_routed(self.state, message, target))
 
@@ -259,6 +283,7 @@ class ServerConnection:
         """Send PUBREL for a store-assigned QoS 2 delivery the client received (PUBREC) on
         an earlier connection of its session (MQTT 4.4); PUBCOMP is then expected."""
         if self.state.phase is not Phase.CONNECTED:
+            self._hold(packet_id)
             return []
         return delivery.release(self.state, packet_id)
 
@@ -294,9 +319,10 @@ class ServerConnection:
         read from Kafka (session takeover, MQTT 3.1.4-3).
 
         While CONNECT waits for its confirmation (a session resumed from a connection that
-        still held it), the records of that connection are noted
-        (:func:`handle_connect.previous_record_seen`). Once connected, records no newer than
-        this connection's own (:meth:`session_stored_at`) and its own are ignored. A newer
+        still held it), records are noted (:func:`handle_connect.record_seen_while_connecting`)
+        and the newer ones handled after CONNACK.
+        Once connected, records no newer than this connection's own
+        (:meth:`session_stored_at`) and its own are ignored. A newer
         connected record of another connection (not the one this connection took the
         session from) means that connection took the session over (:meth:`taken_over`).
         Anything else newer is an older connection's record (or a tombstone) that landed
@@ -305,7 +331,7 @@ class ServerConnection:
         """
         state = self.state
         if state.phase is Phase.CONNECTING:
-            handle_connect.previous_record_seen(state, record, offset)
+            handle_connect.record_seen_while_connecting(state, record, offset)
             return []
         if self.closed or state.session_offset is None or offset <= state.session_offset:
             return []

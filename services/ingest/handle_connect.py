@@ -129,12 +129,6 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         # QoS 2 messages stored but not released: a resend is acknowledged, not published
         # again, whichever node stored it (MQTT 4.3.3).
         state.unreleased_qos2 = set(previous.unreleased)
-        if previous.connected:
-            # Another connection still holds it, and may be ending it right now (a v5
-            # DISCONNECT with Session Expiry Interval 0 ends it at once, 3.14.2.2.2):
-            # confirmed once the records written before this connection's are read.
-            state.confirm_previous = True
-            effects.append(WatchSession(client_id))
     else:
         # A new session (MQTT 3.1.2.4): it is named after the connection that starts it.
         state.session_id = state.connection_id
@@ -147,6 +141,12 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
     state.session_requested = True
     connack = ConnAck(session_present, ReasonCode.SUCCESS, connack_props)
     state.phase = Phase.CONNECTING
+    if session_present and previous is not None and previous.connected:
+        # Another connection still holds the session, and may be ending it right now (a
+        # v5 DISCONNECT with Session Expiry Interval 0 ends it at once, 3.14.2.2.2):
+        # confirmed once the records written before this connection's are read.
+        state.confirm_previous = True
+        effects.append(WatchSession(client_id))
     if state.persistent and state.kind is ClientKind.APPLICATION:
         effects.append(CreateAppTopic(state.new_token(AwaitingAppTopic(connack)), client_id))
     else:
@@ -155,32 +155,47 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
     return effects
 
 
-def previous_record_seen(state: ConnectionState, record: SessionRecord | None, offset: int) -> None:
+def record_seen_while_connecting(
+    state: ConnectionState, record: SessionRecord | None, offset: int
+) -> None:
     """While a resumed session is being confirmed (:func:`confirm_session`), a record of
-    the client at ``offset``: the latest one of the connection that held the session (or a
-    tombstone) is kept."""
-    if state.confirm_previous and (
-        record is None or record.connection_id == state.previous_connection_id
-    ):
-        state.previous_end = (offset, record)
+    the client at ``offset`` (None: a tombstone), read from Kafka; this connection's own
+    are left out."""
+    if not state.confirm_previous:
+        return
+    if record is not None and record.connection_id == state.connection_id:
+        return
+    if state.seen_while_connecting is None:
+        state.seen_while_connecting = []
+    state.seen_while_connecting.append((offset, record))
 
 
 def confirm_session(state: ConnectionState, waiter: AwaitingStateSync) -> list[Effect] | None:
     """The state topics have been read past this connection's own session record: None if
     the resumed session stands (CONNACK may go), or the effects that start a new session
-    instead, because the connection that held it ended it before this one's record
-    (a tombstone, or a record that is not persistent): Session Present 0 and no old
-    subscriptions, as if that end had been read at CONNECT (MQTT 3.1.2.4, 3.14.2.2.2)."""
-    seen, state.previous_end = state.previous_end, None
+    instead, because the connection that held it ended it before this one's record (a
+    tombstone, or a record that is not persistent): Session Present 0 and no old
+    subscriptions, as if that end had been read at CONNECT (MQTT 3.1.2.4, 3.14.2.2.2).
+
+    Records seen after this connection's own stay in ``seen_while_connecting``: they are
+    newer, and are handled once connected (``ServerConnection.session_record_seen``).
+    """
     state.confirm_previous = False
-    if seen is None or state.session_offset is None or seen[0] >= state.session_offset:
-        return None  # no end before ours; a later one is an older record landing late
-    _, record = seen
-    if record is not None and record.persistent:
-        return None  # marked disconnected: the session lives on
+    seen, own = state.seen_while_connecting or [], state.session_offset
+    state.seen_while_connecting = [s for s in seen if own is not None and s[0] > own] or None
+    before = [
+        record
+        for offset, record in seen
+        if own is not None
+        and offset < own
+        and (record is None or record.connection_id == state.previous_connection_id)
+    ]
+    if not before or (before[-1] is not None and before[-1].persistent):
+        return None  # not ended before this connection's record: the session goes on
     state.session_id = state.connection_id
     state.subscriptions = {}
     state.unreleased_qos2 = set()
+    state.early_deliveries = None  # routed for the session that ended
     connack = dataclasses.replace(waiter.connack, session_present=False)
     token = state.new_token(AwaitingConnAck(connack))
     return [StoreSession(token, session_record(state, connected=True))]

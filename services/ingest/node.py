@@ -223,7 +223,7 @@ class IngestNode:
         message = FanOut(downlink.meta, downlink.payload, self.clock())
         delivered = 0
         for target in downlink.targets:
-            client = self.registry.get(target.client_id)
+            client = self._recipient(target.client_id)
             if client is not None:
                 self.run(client, client.connection.deliver_routed(message, target))
                 delivered += 1
@@ -233,9 +233,14 @@ class IngestNode:
         """Send PUBREL for each (client id, Packet Identifier) whose client is connected
         here: QoS 2 deliveries a message store saw acknowledged with PUBREC (MQTT 4.4)."""
         for client_id, packet_id in releases:
-            client = self.registry.get(client_id)
+            client = self._recipient(client_id)
             if client is not None:
                 self.run(client, client.connection.release(packet_id))
+
+    def _recipient(self, client_id: str) -> Client | None:
+        """The connection of ``client_id`` here: the registered one, else one still
+        waiting for its CONNACK (it holds what it gets until then)."""
+        return self.registry.get(client_id) or self.registry.watching(client_id)
 
     # ----------------------------------------------------------------------------------------
     # start and stop

@@ -11,8 +11,9 @@ from typing import TypeVar
 
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
-from services.common.records import AckKind, ClientKind, SessionRecord
+from services.common.records import AckKind, ClientKind, SessionRecord, Target
 from services.common.subscription import Subscription
+from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
 from services.ingest.topic_alias import OutboundAliases
 
@@ -153,6 +154,11 @@ class Queued:
     expires_at_ms: int | None
 
 
+EarlyDelivery = tuple[FanOut, Target] | int
+"""A message routed to a connection before its CONNACK, sent after it: a routed message
+and its target, or the Packet Identifier of a PUBREL."""
+
+
 @dataclass(slots=True)
 class ConnectionState:
     """Mutable per-connection state shared by the ``handle_*`` modules.
@@ -191,10 +197,11 @@ class ConnectionState:
     # client at a higher offset is newer than this connection's (session takeover)
     session_offset: int | None = None
     # resuming a session another connection still held: Session Present is confirmed once
-    # the records before this connection's are read; the latest record (offset, record or
-    # tombstone) of that connection seen meanwhile
+    # the records before this connection's own are read; the client's records (offset,
+    # record or tombstone) seen meanwhile, and what was routed to it before CONNACK
     confirm_previous: bool = False
-    previous_end: tuple[int, SessionRecord | None] | None = None
+    seen_while_connecting: list[tuple[int, SessionRecord | None]] | None = None
+    early_deliveries: list[EarlyDelivery] | None = None
     # inbound (client → server)
     # in arrival order; acknowledged from the front (a list: an empty deque costs 760 bytes)
     pending_acks: list[PendingAck] = field(default_factory=list)

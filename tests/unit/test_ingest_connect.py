@@ -14,6 +14,7 @@ from test_ingest_support import (
     SESSION_OFFSET,
     Client,
     closes,
+    fan_out,
     make_settings,
     of_type,
     only,
@@ -38,7 +39,7 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import ClientKind, SessionRecord
+from services.common.records import ClientKind, SessionRecord, Target
 from services.common.sessions import assigned_client_id, client_kind, is_persistent
 from services.common.settings import Settings
 from services.common.subscription import Subscription
@@ -827,9 +828,8 @@ def _held() -> Client:
 def _connect_held(client: Client) -> tuple[StoreSession, SyncState]:
     """CONNECT, Clean Start 0, with the connect record stored at SESSION_OFFSET: returns the
     record and the state sync CONNACK then waits for."""
-    effects = client.send(
-        Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60))
-    )
+    props = Properties(session_expiry_interval=60)
+    effects = client.send(Connect(5, "c1", False, 30, properties=props))
     assert only(effects, WatchSession) == WatchSession("c1")
     stored = only(effects, StoreSession)
     client.conn.session_stored_at(SESSION_OFFSET)
@@ -863,9 +863,56 @@ def test_a_session_whose_holder_did_not_end_it_first_is_resumed(seen: str | None
         client.conn.session_record_seen(None, LATER)
     elif seen == "disconnected":
         client.conn.session_record_seen(_record(persistent=True), SESSION_OFFSET - 1)
-    connack = only(client.packets(client.stored(sync.token)), ConnAck)
+    effects = client.stored(sync.token)
+    connack = only(client.packets(effects), ConnAck)
     assert connack.session_present is True
     assert set(client.conn.state.subscriptions) == {"a/b"}
+    # A tombstone after ours is an older connection's late word: ours, and the
+    # subscriptions it deleted, are stored again (restate_session).
+    restated = of_type(effects, StoreSession) + of_type(effects, StoreSubscriptions)
+    assert len(restated) == (2 if seen == "after-ours" else 0)
+
+
+def test_the_holders_end_record_landing_after_ours_is_answered_after_connack() -> None:
+    # The holder's connection dropped: its "disconnected" record landed after this
+    # connection's own while CONNECT was being confirmed. The latest record must name this
+    # connection again, or every service would take the client for disconnected.
+    client = _held()
+    _, sync = _connect_held(client)
+    client.conn.session_record_seen(_record(persistent=True), LATER)
+    effects = client.stored(sync.token)
+    assert only(client.packets(effects), ConnAck).session_present is True
+    store = only(effects, StoreSession)
+    assert store.record is not None and store.record.connected
+    assert store.record.connection_id == CONNECTION_ID
+    assert effects.index(store) > effects.index(only(effects, Connected))  # after CONNACK
+
+
+def test_what_is_routed_before_connack_is_sent_after_it() -> None:
+    # The session record is in Kafka before CONNACK: a store resends what was in flight,
+    # and it may arrive first. It waits for CONNACK [MQTT-3.2.0-1, server sends nothing
+    # before], then goes out in order.
+    client = _held()
+    _, sync = _connect_held(client)
+    assert (
+        client.conn.deliver_routed(fan_out("a/b", b"resent"), Target("c1", 1, False, (), 7, True))
+        == []
+    )
+    assert client.conn.release(9) == []
+    packets = client.packets(client.stored(sync.token))
+    assert [type(p) for p in packets] == [ConnAck, Publish, PubRel]
+    resent = packets[1]
+    assert isinstance(resent, Publish) and (resent.packet_id, resent.dup) == (7, True)
+
+
+def test_what_was_routed_for_a_session_that_ended_is_dropped() -> None:
+    client = _held()
+    _, sync = _connect_held(client)
+    client.conn.deliver_routed(fan_out("a/b", b"old session"), Target("c1", 1, False, (), 7))
+    client.conn.session_record_seen(None, SESSION_OFFSET - 1)
+    restart = only(client.stored(sync.token), StoreSession)
+    [connack] = client.packets(client.stored(restart.token))  # and nothing else
+    assert isinstance(connack, ConnAck) and connack.session_present is False
 
 
 def test_a_failed_state_sync_refuses_the_connect() -> None:

@@ -135,9 +135,13 @@ class Shell:
         return [p for p in self.received if isinstance(p, kind)]
 
 
-def _node(producer: Producer, **settings: Any) -> IngestNode:
-    async def synced() -> None:
-        return None
+def _node(producer: Producer, synced: asyncio.Event | None = None, **settings: Any) -> IngestNode:
+    """A node on ``producer``; its state topics are read up to date at once, or when
+    ``synced`` is set."""
+
+    async def sync_state() -> None:
+        if synced is not None:
+            await synced.wait()
 
     async def no_app_topics(client_id: str) -> None:
         raise AssertionError(f"{client_id} is not an APPLICATION client")
@@ -145,7 +149,7 @@ def _node(producer: Producer, **settings: Any) -> IngestNode:
     values = {"node_id": "n1", "topic_prefix": "t.", "kafka_request_timeout_seconds": 5.0}
     values.update(settings)
     return IngestNode(
-        make_settings(**values), producer.send, synced, no_app_topics, clock=lambda: NOW_MS
+        make_settings(**values), producer.send, sync_state, no_app_topics, clock=lambda: NOW_MS
     )
 
 
@@ -245,16 +249,37 @@ async def test_a_session_its_holder_ended_before_the_new_connect_record_is_not_r
     node.apply_state("t.client.sessions", b"c1", encode_session(held), 50)
     shell = Shell(node)
     shell.send(Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60)))
+    assert node.registry.watching("c1") is shell
     await wait_for(lambda: producer.on("t.client.sessions"), "the connect record")
     if ended_at is not None:  # the holder's DISCONNECT (Session Expiry Interval 0) landed
         node.apply_state("t.client.sessions", b"c1", None, ended_at)
     producer.answer()  # the connect record, at offset 101: after the tombstone
     if not present:
-        await wait_for(lambda: len(producer.on("t.client.sessions")) == 2, "a new session's record")
+        await wait_for(lambda: len(producer.on("t.client.sessions")) == 2, "a new session")
         producer.answer()
     await wait_for(lambda: shell.of(ConnAck), "CONNACK")
     assert shell.of(ConnAck)[0].session_present is present
     assert node.registry.get("c1") is shell and node.registry.watching("c1") is None
+
+
+async def test_a_delivery_before_connack_reaches_the_client_after_it() -> None:
+    producer = Producer()
+    synced = asyncio.Event()
+    node = _node(producer, synced)
+    held = SessionRecord("n2", b"x" * 16, True, 5, False, True, session_expiry_interval=60)
+    node.apply_state("t.client.sessions", b"c1", encode_session(held), 50)
+    shell = Shell(node)
+    shell.send(Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60)))
+    await wait_for(lambda: producer.on("t.client.sessions"), "the connect record")
+    producer.answer()
+    # A store read the connect record and resent what was in flight; the state sync
+    # CONNACK waits for is not done yet.
+    meta = PublishMeta("t", 1, False, NOW_MS, 5)
+    assert node.deliver(Downlink(meta, b"resent", [Target("c1", 1, False, (), 3, True)])) == 1
+    assert shell.received == []
+    synced.set()
+    await wait_for(lambda: shell.of(Publish), "the delivery")
+    assert [type(p) for p in shell.received] == [ConnAck, Publish]
 
 
 # ---------------------------------------------------------------------- store pipeline

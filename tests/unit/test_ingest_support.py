@@ -135,7 +135,7 @@ class Client:
         record = only(effects, StoreSession)
         self.conn.session_stored_at(SESSION_OFFSET)
         after = self.stored(record.token)
-        for sync in of_type(after, SyncState):  # a resumed session held by another connection
+        for sync in of_type(after, SyncState):  # a resumed session another connection held
             after = self.stored(sync.token)
         packets = self.packets(after)
         assert len(packets) == 1 and isinstance(packets[0], ConnAck), packets
