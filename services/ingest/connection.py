@@ -160,7 +160,7 @@ class ServerConnection:
         that the :class:`~services.ingest.effects.CreateAppTopic` named ``token`` is done."""
         state = self.state
         if self.closed:
-            return []
+            return handle_connect.closed_after(state, token)
         waiter = state.waiting.pop(token, None)
         if isinstance(waiter, PendingAck):
             return self._finish(handle_publish.publish_outcome(state, waiter, ok=True))
@@ -229,7 +229,7 @@ class ServerConnection:
         """
         state = self.state
         if self.closed:
-            return []
+            return handle_connect.closed_after(state, token)
         waiter = state.waiting.pop(token, None)
         if isinstance(waiter, PendingAck):
             return self._finish(handle_publish.publish_outcome(state, waiter, ok=False))

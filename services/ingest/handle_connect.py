@@ -311,7 +311,8 @@ class ConnAckBytes:
 def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect]:
     """A client's DISCONNECT: end the session as it asks, then close (MQTT 3.14.4).
 
-    A v5 DISCONNECT may change the Session Expiry Interval, but not from 0 to non-zero
+    The socket is closed once Kafka has the end records (or refused them). A v5
+    DISCONNECT may change the Session Expiry Interval, but not from 0 to non-zero
     (3.14.2.2.2: Protocol Error). One that says 0 ends the session with the connection,
     whatever made it persistent at CONNECT (TBMQ's Clean Start 0 rule included): a new
     connection finds no session (3.1.2.11.2). A v3.1.1 DISCONNECT and a v5 one with Reason
@@ -328,7 +329,22 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
     if state.protocol_version < 5 or packet.reason_code == ReasonCode.SUCCESS:
         will.discard(state)
     state.phase = Phase.CLOSED
-    return [*end_session(state), Close("client sent DISCONNECT")]
+    ends = end_session(state)
+    if not ends:
+        return [Close("client sent DISCONNECT")]
+    # The socket closes once the session's end is stored (:func:`closed_after`): a client
+    # that reconnects after the close finds what its DISCONNECT left.
+    state.close_after = ends[-1].token
+    return ends
+
+
+def closed_after(state: ConnectionState, token: int) -> list[Effect]:
+    """The outcome of a store of a connection already closed for the protocol: the close
+    of the socket if it waited for that one (:func:`handle_disconnect`), else nothing."""
+    if token != state.close_after:
+        return []
+    state.close_after = None
+    return [Close("client sent DISCONNECT")]
 
 
 def end_session(state: ConnectionState) -> list[Effect]:

@@ -193,6 +193,8 @@ class ConnectionState:
     # a session record was asked for (CONNECT accepted): the session's end must be recorded
     session_requested: bool = False
     session_ended: bool = False
+    # the store after which the socket closes (a DISCONNECT's end of session)
+    close_after: int | None = None
     # Kafka offset of this connection's latest connected session record: a record of the
     # client at a higher offset is newer than this connection's (session takeover)
     session_offset: int | None = None

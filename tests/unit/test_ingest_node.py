@@ -282,6 +282,17 @@ async def test_a_delivery_before_connack_reaches_the_client_after_it() -> None:
     assert [type(p) for p in shell.received] == [ConnAck, Publish]
 
 
+async def test_the_socket_closes_after_a_disconnects_end_records_are_stored() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer)
+    shell.send(Disconnect())
+    await wait_for(lambda: len(producer.on("t.client.sessions")) == 2, "the end record")
+    assert not shell.closed  # a reconnect after the close must find the session ended
+    producer.answer()
+    await wait_for(lambda: shell.closed, "the close")
+
+
 # ---------------------------------------------------------------------- store pipeline
 
 

@@ -106,7 +106,7 @@ def test_a_normal_disconnect_discards_the_will(version: int, reason: int) -> Non
     client = _with_will(version)
     effects = client.send(Disconnect(reason))
     assert wills(effects) == []
-    assert closes(effects)
+    assert closes(client.store_all(effects))  # once the session's end is stored
     assert client.conn.connection_lost() == []
 
 
@@ -118,7 +118,7 @@ def test_a_normal_disconnect_discards_the_will(version: int, reason: int) -> Non
 def test_a_v5_disconnect_other_than_normal_keeps_the_will(reason: int) -> None:
     client = _with_will(5)
     effects = client.send(Disconnect(reason))
-    assert closes(effects)
+    assert closes(client.store_all(effects))
     assert len(wills(client.conn.connection_lost())) == 1
 
 
