@@ -127,7 +127,7 @@ class DevicePersister:
     def apply_session(self, key: bytes, value: bytes | None) -> None:
         """Apply one ``client.sessions`` record (the state reader's handler; never blocks).
 
-        Raises ``RecordError`` / ``UnicodeDecodeError`` on garbage (the reader skips it).
+        Raises ``RecordError`` on garbage (the reader skips it).
         """
         client_id, record = parse_client_session(key, value)
         previous = self.sessions.pop(client_id, None)

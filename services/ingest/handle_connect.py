@@ -335,7 +335,7 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
     # The socket closes once the session's end is stored (:func:`closed_after`): a client
     # that reconnects after the close finds what its DISCONNECT left.
     state.close_after = ends[-1].token
-    return ends
+    return list(ends)
 
 
 def closed_after(state: ConnectionState, token: int) -> list[Effect]:
@@ -347,7 +347,7 @@ def closed_after(state: ConnectionState, token: int) -> list[Effect]:
     return [Close("client sent DISCONNECT")]
 
 
-def end_session(state: ConnectionState) -> list[Effect]:
+def end_session(state: ConnectionState) -> list[StoreSubscriptions | StoreSession]:
     """Records that end this connection's hold on the session (once; none after takeover).
 
     A persistent session is marked disconnected and keeps its subscriptions; a non-persistent
@@ -358,7 +358,7 @@ def end_session(state: ConnectionState) -> list[Effect]:
     state.session_ended = True
     if state.persistent:
         return [StoreSession(state.new_token(), session_record(state, connected=False))]
-    effects: list[Effect] = []
+    effects: list[StoreSubscriptions | StoreSession] = []
     if state.subscriptions:
         effects.append(StoreSubscriptions(state.new_token(), []))
     effects.append(StoreSession(state.new_token(), None))
