@@ -22,6 +22,7 @@ import faust
 
 from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
+from services.common.kafka.names import TopicNames
 from services.common.settings import Settings, get_settings
 
 Headers = list[tuple[str, bytes]]
@@ -77,7 +78,7 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
         "datadir": str(datadir),
     }
     options.update(overrides)
-    app = faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
+    app = faust.App(TopicNames.from_settings(settings).service_group(service), **options)
     app.producer_only = True
     return app
 

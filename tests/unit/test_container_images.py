@@ -158,9 +158,19 @@ def test_copied_files_exist_and_are_in_the_build_context(
 
 @pytest.mark.parametrize(
     "path",
-    [".git", ".git/HEAD", "tests", "tests/conftest.py", "bench", "bench/NOTES.md", "infra",
-     "scripts/test.sh", "services/__pycache__/cli.cpython-311.pyc", "cormorant.env"],
-)  # fmt: skip
+    [
+        ".git",
+        ".git/HEAD",
+        "tests",
+        "tests/conftest.py",
+        "bench",
+        "bench/NOTES.md",
+        "infra",
+        "scripts/test.sh",
+        "services/__pycache__/cli.cpython-311.pyc",
+        "cormorant.env",
+    ],
+)
 def test_dockerignore_keeps_out(path: str, ignore_patterns: list[str]) -> None:
     assert dockerignored(path, ignore_patterns)
 

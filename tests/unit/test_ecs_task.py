@@ -24,11 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
             "arn:aws:ecs:eu-west-1:123456789012:task/cormorant-prod/0f1e2d3c4b5a69788796a5b4c3d2e1f0",
             "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
         ),
-        ("arn:aws:ecs:us-east-1:123456789012:task/1234abcd-12ab-34cd-56ef-1234567890ab",
-         "1234abcd-12ab-34cd-56ef-1234567890ab"),
+        (
+            "arn:aws:ecs:us-east-1:123456789012:task/1234abcd-12ab-34cd-56ef-1234567890ab",
+            "1234abcd-12ab-34cd-56ef-1234567890ab",
+        ),
         ("arn:aws-cn:ecs:cn-north-1:123456789012:task/c/abc", "abc"),
     ],
-)  # fmt: skip
+)
 def test_task_id_from_arn_is_a_valid_node_id(arn: str, expected: str) -> None:
     assert task_id_from_arn(arn) == expected
     assert Settings(node_id=task_id_from_arn(arn)).node_id == expected
