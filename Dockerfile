@@ -22,8 +22,9 @@ RUN python -m venv /opt/cormorant
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
-# As README installs it (pip, from pyproject.toml), without the test extra and not editable.
-RUN /opt/cormorant/bin/pip install .
+# As README installs it (pip, from pyproject.toml), not editable, with the aws extra (MSK IAM
+# authentication) instead of the test extra.
+RUN /opt/cormorant/bin/pip install '.[aws]'
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
 # The RDS certificate authorities, for PostgreSQL with sslmode=verify-full

@@ -10,6 +10,7 @@ import os
 
 import click
 
+from services.cloud.cli import cloud
 from services.local.cli import down, fetch_kafka, status, up
 
 SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery")
@@ -140,6 +141,7 @@ main.add_command(up)
 main.add_command(down)
 main.add_command(status)
 main.add_command(fetch_kafka)
+main.add_command(cloud)
 
 if __name__ == "__main__":
     main()

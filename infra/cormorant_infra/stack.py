@@ -10,6 +10,7 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+
 from cormorant_infra.analytics import Analytics
 from cormorant_infra.cache import Cache
 from cormorant_infra.compute import Compute
@@ -30,7 +31,8 @@ def build(config: StackConfig) -> dict[str, Any]:
     cloud status`` checks (``region``, ``ecsCluster``, ``ecsServices``,
     ``targetGroupArns``, ``mskClusterArn``, ``redisReplicationGroupId``,
     ``dbInstanceIdentifier``) and what ``cormorant cloud create-topics`` runs
-    (``topicsTaskDefinition``, ``taskSubnetIds``, ``taskSecurityGroupId``). None is secret.
+    (``topicsTaskDefinition``, ``taskSubnetIds``, ``taskSecurityGroupId``, ``logGroups``).
+    They parse as :class:`services.cloud.outputs.StackOutputs`. None is secret.
     """
     name = f"cormorant-{pulumi.get_stack()}"
     region = aws.get_region().region
@@ -59,5 +61,6 @@ def build(config: StackConfig) -> dict[str, Any]:
         "topicsTaskDefinition": compute.topics_task_definition,
         "taskSubnetIds": compute.task_subnet_ids,
         "taskSecurityGroupId": compute.task_security_group,
+        "logGroups": compute.log_groups,
         "alarmTopicArn": alarms.topic_arn,
     }

@@ -14,6 +14,7 @@ from cormorant_infra.config import NLB_TLS_IDLE_TIMEOUT_SECONDS
 from cormorant_infra.network import TIERS
 
 from services.cli import SERVICE_COMMANDS
+from services.cloud.outputs import StackOutputs
 from services.common.kafka.admin import core_topic_specs
 from services.common.mqtt.keep_alive import GRACE_FACTOR, IDLE_MARGIN_SECONDS
 from services.common.settings import Settings
@@ -574,6 +575,10 @@ def test_outputs(deployment: Deployment) -> None:
         "topicsTaskDefinition",
     }
     assert deployment.secret_outputs == set()
+    # What `cormorant cloud` reads from `pulumi stack output --json`.
+    parsed = StackOutputs.parse(json.dumps(deployment.outputs))
+    assert parsed.ecs_services == list(SERVICE_COMMANDS)
+    assert parsed.log_groups[shared.TOPICS_COMMAND].endswith("/create-topics")
 
 
 def test_generated_secrets_appear_only_as_pulumi_secrets(deployment: Deployment) -> None:
