@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,3 +141,10 @@ def test_a_bad_value_fails_the_pulumi_program() -> None:
     values = stack_file_values("dev") | {"cormorant:natGateways": 5}
     with pytest.raises(ConfigError, match="natGateways is 5"):
         deploy("dev", values)
+
+
+def test_readme_documents_every_key() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Deploy to AWS") : readme.index("## Development")]
+    for name, info in StackConfig.model_fields.items():
+        assert f"`{info.alias or name}`" in section, info.alias
