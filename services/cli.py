@@ -106,14 +106,18 @@ def create_topics(timeout: float) -> None:
     from aiokafka.errors import KafkaError
 
     from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
+    from services.common.kafka.security import client_security
     from services.common.settings import get_settings
 
     settings = get_settings()
     specs = core_topic_specs(settings)
+    security = client_security(settings)
 
     async def create() -> list[str]:
-        await wait_for_kafka(settings.kafka_bootstrap, timeout=timeout)
-        return await ensure_topics(settings.kafka_bootstrap, specs, settings.replication_factor)
+        await wait_for_kafka(settings.kafka_bootstrap, timeout=timeout, security=security)
+        return await ensure_topics(
+            settings.kafka_bootstrap, specs, settings.replication_factor, security=security
+        )
 
     try:
         created = asyncio.run(create())
