@@ -226,6 +226,16 @@ class Settings(BaseSettings):
     ingest_base_port: int = Field(
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
     )
+    local_tls_cert_file: Path | None = Field(
+        None,
+        description="Certificate (PEM) of the local cluster's Kafka, Redis and PostgreSQL: when "
+        "set with local_tls_key_file, they serve TLS (Kafka with kafka_security_protocol, "
+        "Redis only on TLS, PostgreSQL requiring it for the cormorant role), the way the "
+        "services meet them in AWS.",
+    )
+    local_tls_key_file: Path | None = Field(
+        None, description="Private key (PEM, unencrypted) of local_tls_cert_file."
+    )
     log_level: str = Field("INFO", description="Python logging level of the services.")
 
     # --- device_persist store --------------------------------------------------------------
