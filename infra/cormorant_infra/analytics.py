@@ -139,11 +139,6 @@ class Analytics(pulumi.ComponentResource):
             opts=child,
         )
 
-        role = aws.iam.Role(
-            f"{name}-spark-job",
-            assume_role_policy=iam.assume_role_policy("emr-serverless.amazonaws.com"),
-            opts=child,
-        )
         statements = [
             iam.allow(["s3:GetBucketLocation", "s3:ListBucket"], [bucket.arn]),
             iam.allow(
@@ -156,8 +151,8 @@ class Analytics(pulumi.ComponentResource):
             statements.append(iam.allow(["secretsmanager:GetSecretValue"], kafka.secret_arns))
         if kafka.kms_key_arns:
             statements.append(iam.allow(["kms:Decrypt"], kafka.kms_key_arns))
-        aws.iam.RolePolicy(
-            f"{name}-spark-job", role=role.id, policy=iam.document(statements), opts=child
+        role = iam.service_role(
+            f"{name}-spark-job", "emr-serverless.amazonaws.com", statements, child
         )
 
         self.bucket_name: pulumi.Output[str] = bucket.bucket

@@ -44,6 +44,9 @@ STOP_TIMEOUT_SECONDS = 60
 """How long ECS waits after SIGTERM: an ingest node closes its connections and stores
 their Will Messages and session records before it exits."""
 
+ECS_TASKS = "ecs-tasks.amazonaws.com"
+"""The service principal that assumes ECS task and execution roles."""
+
 ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(.+)$")
 
 LAG_TOPICS = {"router": "msg_all", "device-persist": "msg_persisted"}
@@ -191,12 +194,6 @@ class Compute(pulumi.ComponentResource):
     def _execution_role(self, spec: TaskSpec, log_group: aws.cloudwatch.LogGroup) -> aws.iam.Role:
         """The role ECS uses to start the task: pull its image, write its log group, read
         its own secrets. Nothing else."""
-        name = f"{self._name}-{spec.command}-execution"
-        role = aws.iam.Role(
-            name,
-            assume_role_policy=iam.assume_role_policy("ecs-tasks.amazonaws.com"),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
         statements = [
             iam.allow(
                 ["logs:CreateLogStream", "logs:PutLogEvents"],
@@ -222,31 +219,21 @@ class Compute(pulumi.ComponentResource):
             statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.secret_arns))
         if spec.kms_key_arns:
             statements.append(iam.allow(["kms:Decrypt"], spec.kms_key_arns))
-        aws.iam.RolePolicy(
-            name,
-            role=role.id,
-            policy=iam.document(statements),
-            opts=pulumi.ResourceOptions(parent=self),
+        return iam.service_role(
+            f"{self._name}-{spec.command}-execution",
+            ECS_TASKS,
+            statements,
+            pulumi.ResourceOptions(parent=self),
         )
-        return role
 
     def _task_role(self, spec: TaskSpec) -> aws.iam.Role:
         """The role the service's code runs as: Kafka with MSK IAM, nothing otherwise."""
-        name = f"{self._name}-{spec.command}-task"
-        role = aws.iam.Role(
-            name,
-            assume_role_policy=iam.assume_role_policy("ecs-tasks.amazonaws.com"),
-            opts=pulumi.ResourceOptions(parent=self),
+        return iam.service_role(
+            f"{self._name}-{spec.command}-task",
+            ECS_TASKS,
+            self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka),
+            pulumi.ResourceOptions(parent=self),
         )
-        statements = self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka)
-        if statements:
-            aws.iam.RolePolicy(
-                name,
-                role=role.id,
-                policy=iam.document(statements),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-        return role
 
     def _task_definition(self, spec: TaskSpec) -> aws.ecs.TaskDefinition:
         config = self._config

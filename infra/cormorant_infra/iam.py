@@ -1,4 +1,4 @@
-"""IAM policy documents as data: statements in, JSON out (resolved once their ARNs are known).
+"""IAM roles and their policy documents: statements in, JSON out (once their ARNs are known).
 
 Every policy of the stack is built here from explicit actions on explicit resources, so the
 tests and the policy pack can parse it and check that no statement allows ``*`` on ``*``.
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 
 Statement = dict[str, Any]
 """One IAM policy statement; values may be Pulumi inputs (ARNs known only after creation)."""
@@ -45,6 +46,20 @@ def assume_role_policy(service: str) -> str:
             ],
         }
     )
+
+
+def service_role(
+    name: str,
+    service: str,
+    statements: Sequence[Statement],
+    opts: pulumi.ResourceOptions,
+) -> aws.iam.Role:
+    """A role AWS service ``service`` assumes, allowed ``statements`` only (an inline
+    policy ``name``; none when there are no statements)."""
+    role = aws.iam.Role(name, assume_role_policy=assume_role_policy(service), opts=opts)
+    if statements:
+        aws.iam.RolePolicy(name, role=role.id, policy=document(statements), opts=opts)
+    return role
 
 
 def secret_key(secret_arn: pulumi.Input[str], key: str) -> pulumi.Output[str]:

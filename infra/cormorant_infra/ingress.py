@@ -14,6 +14,8 @@ the broker's largest Keep Alive are kept consistent by :mod:`cormorant_infra.con
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_aws as aws
 
@@ -73,40 +75,35 @@ class Ingress(pulumi.ComponentResource):
                 opts=child,
             )
 
-        def forward(port: int) -> list[aws.lb.ListenerDefaultActionArgsDict]:
-            return [{"type": "forward", "target_group_arn": groups[port].arn}]
+        def listener(suffix: str, port: int, target: int, **protocol: Any) -> None:
+            """A listener on ``port`` forwarding to the target group of ingest port ``target``;
+            ``protocol``: TCP with its idle timeout unless a TLS listener's arguments."""
+            aws.lb.Listener(
+                f"{name}-{suffix}",
+                load_balancer_arn=nlb.arn,
+                port=port,
+                default_actions=[{"type": "forward", "target_group_arn": groups[target].arn}],
+                **(
+                    protocol
+                    or {
+                        "protocol": "TCP",
+                        "tcp_idle_timeout_seconds": config.nlb_idle_timeout_seconds,
+                    }
+                ),
+                opts=child,
+            )
 
         if config.plain_mqtt:
-            aws.lb.Listener(
-                f"{name}-mqtt",
-                load_balancer_arn=nlb.arn,
-                port=shared.MQTT_PORT,
-                protocol="TCP",
-                tcp_idle_timeout_seconds=config.nlb_idle_timeout_seconds,
-                default_actions=forward(shared.MQTT_PORT),
-                opts=child,
-            )
+            listener("mqtt", shared.MQTT_PORT, shared.MQTT_PORT)
         if config.tls_listener:
-            aws.lb.Listener(
-                f"{name}-mqtts",
-                load_balancer_arn=nlb.arn,
-                port=shared.MQTT_TLS_PORT,
-                protocol="TLS",
-                certificate_arn=config.certificate_arn,
-                ssl_policy=TLS_POLICY,
-                default_actions=forward(shared.MQTT_PORT),
-                opts=child,
-            )
+            tls = {
+                "protocol": "TLS",
+                "certificate_arn": config.certificate_arn,
+                "ssl_policy": TLS_POLICY,
+            }
+            listener("mqtts", shared.MQTT_TLS_PORT, shared.MQTT_PORT, **tls)
         else:
-            aws.lb.Listener(
-                f"{name}-mqtts",
-                load_balancer_arn=nlb.arn,
-                port=shared.MQTT_TLS_PORT,
-                protocol="TCP",
-                tcp_idle_timeout_seconds=config.nlb_idle_timeout_seconds,
-                default_actions=forward(shared.MQTT_TLS_PORT),
-                opts=child,
-            )
+            listener("mqtts", shared.MQTT_TLS_PORT, shared.MQTT_TLS_PORT)
 
         self.arn: pulumi.Output[str] = nlb.arn
         self.arn_suffix: pulumi.Output[str] = nlb.arn_suffix

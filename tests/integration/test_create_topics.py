@@ -4,30 +4,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
 from services.common.kafka.admin import core_topic_specs
 from services.common.settings import Settings
+from tests.commands import run_cormorant
 
 pytestmark = __import__("pytest").mark.kafka
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _create_topics(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli", "create-topics", "--timeout", "30"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cormorant("create-topics", "--timeout", "30", env=env)
 
 
 async def test_create_topics_creates_the_core_topics_once(kafka_bootstrap: str) -> None:
@@ -67,15 +56,7 @@ def test_create_topics_fails_clearly_without_kafka() -> None:
         "CORMORANT_SETTINGS_FILE": os.devnull,
         "CORMORANT_KAFKA_BOOTSTRAP": "127.0.0.1:1",  # nothing listens on port 1
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "create-topics", "--timeout", "1"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cormorant("create-topics", "--timeout", "1", env=env)
     assert result.returncode == 1
     assert "Error: creating topics at 127.0.0.1:1: Kafka at 127.0.0.1:1 did not answer" in (
         result.stderr

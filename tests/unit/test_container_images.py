@@ -11,14 +11,13 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from services.cli import SERVICE_COMMANDS, TOPICS_COMMAND, main
+from tests.commands import run_cormorant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,14 +120,7 @@ def test_one_target_per_service_and_the_topics_task(stages: list[Stage]) -> None
 def test_entry_point_command_exists_and_starts(command: str) -> None:
     assert command in main.commands
     # As the image runs it, minus the installed script: the module behind `cormorant`.
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", command, "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cormorant(command, "--help")
     assert result.returncode == 0, result.stderr
     assert f"Usage: python -m services.cli {command}" in result.stdout
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,8 +10,7 @@ from click.testing import CliRunner
 from services.cli import main
 from services.cloud.ecs_task import NotInEcsTask, task_id, task_id_from_arn
 from services.common.settings import Settings
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.commands import run_cormorant
 
 
 @pytest.mark.parametrize(
@@ -57,15 +53,7 @@ def test_outside_ecs_there_is_no_task_id() -> None:
 
 def test_ingest_outside_ecs_refuses_to_start_without_a_node_id() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ECS_CONTAINER_METADATA_URI_V4"}
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "ingest", "--node-id-from-ecs-task"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cormorant("ingest", "--node-id-from-ecs-task", env=env)
     assert result.returncode == 1
     assert "ECS_CONTAINER_METADATA_URI_V4 is not set" in result.stderr
 
