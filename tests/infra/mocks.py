@@ -9,7 +9,9 @@ resource with its inputs, and the stack's outputs resolved.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,8 +213,33 @@ def deploy(stack: str, values: Mapping[str, Any]) -> Deployment:
     """Declare the whole stack ``stack`` with configuration ``values`` (``cormorant:key`` →
     value, as in a stack file) under :class:`CloudMocks`; return what was declared.
 
-    Raises whatever the program raises (``ConfigError`` for a bad value).
+    Runs in a thread of its own with its own event loop (Pulumi's runtime drives one), so
+    the test session's asyncio loop is left alone. Raises whatever the program raises
+    (``ConfigError`` for a bad value).
     """
+    outcome: list[Deployment] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            outcome.append(_declare(stack, values))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    worker = threading.Thread(target=run, name=f"pulumi-mocks-{stack}")
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+    return outcome[0]
+
+
+def _declare(stack: str, values: Mapping[str, Any]) -> Deployment:
     from cormorant_infra.config import load
     from cormorant_infra.stack import build
 
