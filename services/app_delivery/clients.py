@@ -33,6 +33,7 @@ from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_topic_spec, delete_topics_and_groups, ensure_topics
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
+from services.common.kafka.security import client_security
 from services.common.records import (
     AckRecord,
     SessionRecord,
@@ -133,6 +134,7 @@ class AppClients:
         self._admin = AIOKafkaAdminClient(
             bootstrap_servers=self.settings.kafka_bootstrap,
             request_timeout_ms=max(int(self.settings.kafka_request_timeout_seconds * 1000), 15000),
+            **client_security(self.settings),
         )
         await self._admin.start()
 
@@ -240,6 +242,7 @@ class AppClients:
                     self.settings.kafka_bootstrap,
                     [self.names.app(client_id)],
                     [self.names.app_group(client_id)],
+                    security=client_security(self.settings),
                 )
                 log.info("client %r: session ended, its topic is deleted", client_id)
         if wanted is None:
@@ -250,6 +253,7 @@ class AppClients:
                 self.settings.kafka_bootstrap,
                 [app_topic_spec(self.settings, client_id)],
                 self.settings.replication_factor,
+                security=client_security(self.settings),
             )
             assert self._admin is not None, "start() first"
             feed = ClientFeed(

@@ -48,6 +48,7 @@ from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_shared_topic_spec, ensure_topics
 from services.common.kafka.consumer import Record, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
+from services.common.kafka.security import client_security
 from services.common.records import (
     AckRecord,
     RecordError,
@@ -289,6 +290,7 @@ class ClientFeed:
                 self.settings.kafka_bootstrap,
                 [app_shared_topic_spec(self.settings, *key)],
                 self.settings.replication_factor,
+                security=client_security(self.settings),
             )
             group = self.names.app_shared_group(*key)
             consumer = make_consumer(self.settings, group_id=group)

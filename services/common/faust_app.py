@@ -23,6 +23,8 @@ import faust
 
 from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
+from services.common.kafka.names import TopicNames
+from services.common.kafka.security import client_security, faust_credentials
 from services.common.records import Headers
 from services.common.settings import Settings, get_settings
 
@@ -60,6 +62,7 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     datadir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
         "broker": [f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
+        "broker_credentials": faust_credentials(settings),
         "store": "memory://",
         "web_enabled": False,
         "autodiscover": False,
@@ -78,7 +81,7 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
         "datadir": str(datadir),
     }
     options.update(overrides)
-    app = faust.App(f"{settings.topic_prefix}cormorant-{service}", **options)
+    app = faust.App(TopicNames.from_settings(settings).service_group(service), **options)
     app.producer_only = True
     return app
 
@@ -121,7 +124,14 @@ def run_service(
     SIGTERM/SIGINT. Raises ``aiokafka.errors.KafkaError`` when Kafka cannot be reached."""
     settings = get_settings()
     specs = [*core_topic_specs(settings), *extra_topics(settings)]
-    asyncio.run(ensure_topics(settings.kafka_bootstrap, specs, settings.replication_factor))
+    asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap,
+            specs,
+            settings.replication_factor,
+            security=client_security(settings),
+        )
+    )
     run_worker(build_app(settings), settings)
 
 

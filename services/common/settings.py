@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -75,6 +75,31 @@ class Settings(BaseSettings):
         description="Records an ingest node may have waiting for Kafka's answer; past it, the "
         "node stops reading from the clients that publish until half are answered (TCP "
         "backpressure), so a QoS 0 flood cannot make Kafka time out everyone's records.",
+    )
+
+    # --- Kafka security (MSK) ---------------------------------------------------------------
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_SSL"] = Field(
+        "PLAINTEXT",
+        description="Kafka's security.protocol for every client: PLAINTEXT (local), SSL (TLS "
+        "only) or SASL_SSL (TLS and SASL: MSK's SCRAM port 9096 or IAM port 9098).",
+    )
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "OAUTHBEARER"] = Field(
+        "SCRAM-SHA-512",
+        description="SASL mechanism with SASL_SSL: SCRAM-SHA-512 (username and password) or "
+        "OAUTHBEARER (MSK IAM: a token signed with the task's AWS credentials).",
+    )
+    kafka_sasl_username: str | None = Field(None, description="SCRAM username.")
+    kafka_sasl_password: SecretStr | None = Field(
+        None, description="SCRAM password (ECS fills it from Secrets Manager)."
+    )
+    kafka_ssl_cafile: Path | None = Field(
+        None,
+        description="CA bundle (PEM) that signs the brokers' certificates; unset: the "
+        "system's trust store (MSK's certificates chain to public roots).",
+    )
+    kafka_iam_region: str | None = Field(
+        None,
+        description="AWS region of the MSK cluster for IAM tokens; unset: AWS_REGION (set by ECS).",
     )
 
     # --- MQTT ------------------------------------------------------------------------------
@@ -199,9 +224,35 @@ class Settings(BaseSettings):
         pattern=r"^[^{}]*$",
         description="Prefix of every Redis key of the message store; no braces (hash tags).",
     )
+    redis_password: SecretStr | None = Field(
+        None,
+        description="Redis AUTH password (ElastiCache's auth token; ECS fills it from "
+        "Secrets Manager). Use a rediss:// redis_url for TLS.",
+    )
+    redis_ssl_cafile: Path | None = Field(
+        None,
+        description="CA bundle (PEM) of a rediss:// server; unset: the system's trust store.",
+    )
     postgres_dsn: str = Field(
         "postgresql://cormorant@127.0.0.1:5432/cormorant",
         description="PostgreSQL of the message store (libpq connection URL).",
+    )
+    postgres_password: SecretStr | None = Field(
+        None,
+        description="PostgreSQL password (RDS's managed password; ECS fills it from "
+        "Secrets Manager).",
+    )
+    postgres_sslmode: Literal[
+        "disable", "allow", "prefer", "require", "verify-ca", "verify-full"
+    ] = Field(
+        "prefer",
+        description="libpq sslmode of PostgreSQL connections; verify-full checks the "
+        "server's certificate and host name against postgres_sslrootcert.",
+    )
+    postgres_sslrootcert: Path | None = Field(
+        None,
+        description="CA bundle (PEM) for verify-ca/verify-full: the RDS bundle in the "
+        "images (/etc/ssl/certs/rds-global-bundle.pem).",
     )
     persisted_max_messages: int = Field(
         10_000,

@@ -29,6 +29,7 @@ from services.common.faust_app import (
 )
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
+from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import Headers
@@ -57,7 +58,12 @@ def build_app(settings: Settings) -> faust.App:
     ) -> None:
         persister.apply_session(key, value)
 
-    reader = CompactedTopicReader(settings.kafka_bootstrap, [names.client_sessions], apply_session)
+    reader = CompactedTopicReader(
+        settings.kafka_bootstrap,
+        [names.client_sessions],
+        apply_session,
+        security=client_security(settings),
+    )
 
     async def handle(records: list[Record]) -> list[Awaitable[object]]:
         # Session records stored before these records were are applied first: a message

@@ -14,6 +14,7 @@ import logging
 
 from services.common.mqtt.codec import StreamDecoder
 from services.common.mqtt.errors import MQTTError
+from services.common.mqtt.keep_alive import silence_allowed
 from services.common.mqtt.packets import (
     Connect,
     Disconnect,
@@ -93,7 +94,7 @@ class ServerConnection:
         """
         if self.state.phase is Phase.AWAIT_CONNECT:
             return self.state.limits.connect_timeout_seconds
-        return self.state.keep_alive * 1.5 if self.state.keep_alive else None
+        return silence_allowed(self.state.keep_alive) if self.state.keep_alive else None
 
     def receive_data(self, data: bytes) -> list[Effect]:
         """Handle bytes read from the socket; returns the effects, in order."""

@@ -35,6 +35,7 @@ from services.common.kafka.consumer import (
     make_consumer,
 )
 from services.common.kafka.names import TopicNames
+from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import Downlink, RecordError, parse_downlink
@@ -60,6 +61,7 @@ def build_app(settings: Settings) -> faust.App:
             settings.kafka_bootstrap,
             [app_topic_spec(settings, client_id)],
             settings.replication_factor,
+            security=client_security(settings),
         )
 
     node = IngestNode(settings, send, sync_state, ensure_app_topic)
@@ -67,6 +69,7 @@ def build_app(settings: Settings) -> faust.App:
         settings.kafka_bootstrap,
         [names.client_sessions, names.client_subscriptions],
         node.apply_state,
+        security=client_security(settings),
     )
     servers: list[asyncio.Server] = []
     downlink = names.downlink(settings.node_id)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from pydantic import SecretStr
+
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
@@ -108,6 +110,12 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     """
     env = dict(os.environ)
     values = {k: v for k, v in settings.model_dump(mode="json").items() if v is not None}
+    # JSON mode masks secrets ("**********"); the child needs the real value.
+    values.update(
+        (name, secret.get_secret_value())
+        for name in values
+        if isinstance(secret := getattr(settings, name), SecretStr)
+    )
     values.update(overrides)
     for name, value in values.items():
         text = json.dumps(value) if isinstance(value, list) else str(value)

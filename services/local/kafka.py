@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
+from services.common.kafka.security import client_security
 from services.local import processes
 from services.local.settings import LocalSettings
 
@@ -137,7 +138,11 @@ def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
     home = _kafka_dir(settings)
     home.mkdir(parents=True, exist_ok=True)
     port, controller = settings.kafka_port, settings.kafka_controller_port
+    # The client listener speaks what the services are told to (kafka_security_protocol);
+    # its name is the protocol's, and the broker's own traffic uses it too.
+    protocol = settings.kafka_security_protocol
     server = home / "server.properties"
+    server.touch(mode=0o600)  # it may hold the broker's SCRAM login
     server.write_text(
         "\n".join(
             [
@@ -145,11 +150,12 @@ def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
                 "node.id=1",
                 # A static voter set: one node, no dynamic quorum to bootstrap.
                 f"controller.quorum.voters=1@127.0.0.1:{controller}",
-                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                f"listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+                f"advertised.listeners={protocol}://127.0.0.1:{port}",
                 "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"inter.broker.listener.name={protocol}",
+                f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{protocol}:{protocol}",
+                *_security_config(settings, home),
                 f"log.dirs={home / 'data'}",
                 # One broker: every internal topic has one replica.
                 "offsets.topic.replication.factor=1",
@@ -190,6 +196,57 @@ def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
     return server, log4j
 
 
+def _scram_login(settings: LocalSettings) -> tuple[str, str]:
+    if not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
+        raise ValueError("a local SASL_SSL Kafka needs kafka_sasl_username and kafka_sasl_password")
+    return settings.kafka_sasl_username, settings.kafka_sasl_password.get_secret_value()
+
+
+def _security_config(settings: LocalSettings, home: Path) -> list[str]:
+    """server.properties lines of a TLS (SSL or SASL_SSL with SCRAM-SHA-512) client listener.
+
+    The broker's certificate and key are ``local_tls_cert_file``/``local_tls_key_file``
+    (PEM), joined into one PEM keystore; it trusts ``kafka_ssl_cafile`` as a client of
+    itself. Raises ``ValueError`` when one of them is missing, or for OAUTHBEARER (MSK IAM
+    exists only in AWS).
+    """
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return []
+    cert, key, cafile = (
+        settings.local_tls_cert_file,
+        settings.local_tls_key_file,
+        settings.kafka_ssl_cafile,
+    )
+    if cert is None or key is None or cafile is None:
+        raise ValueError(
+            f"a local {protocol} Kafka needs local_tls_cert_file, local_tls_key_file and "
+            "kafka_ssl_cafile"
+        )
+    keystore = home / "keystore.pem"
+    keystore.touch(mode=0o600)
+    keystore.write_bytes(key.read_bytes() + cert.read_bytes())
+    lines = [
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={keystore}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={cafile}",
+        "ssl.client.auth=none",
+    ]
+    if protocol == "SASL_SSL":
+        if settings.kafka_sasl_mechanism != "SCRAM-SHA-512":
+            raise ValueError("the local Kafka serves SCRAM-SHA-512 only (MSK IAM is AWS's)")
+        username, password = _scram_login(settings)
+        lines += [
+            "sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{username}" password="{password}";',
+        ]
+    return lines
+
+
 def _java() -> str:
     java = shutil.which("java")
     if java is None:
@@ -211,6 +268,11 @@ def _format_storage(
         # "=": a cluster id may start with "-", which would read as an option otherwise.
         f"--cluster-id={_cluster_id(settings)}", "-c", str(server), "--ignore-formatted",
     ]  # fmt: skip
+    if settings.kafka_security_protocol == "SASL_SSL":
+        # The SCRAM credential exists from the first start (KRaft stores it in the metadata
+        # log): the broker needs it for its own login before any admin client could add it.
+        username, password = _scram_login(settings)
+        argv += ["--add-scram", f"SCRAM-SHA-512=[name={username},password={password}]"]
     with log.open("ab") as out:
         result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120)
     if result.returncode != 0:
@@ -246,12 +308,13 @@ def start(settings: LocalSettings) -> int:
         "-cp", classpath, "kafka.Kafka", str(server),
     ]  # fmt: skip
     address = bootstrap(settings)
+    security = client_security(settings)
 
     def answers() -> bool:
         if not processes.port_open(settings.kafka_port):
             return False
         try:
-            _run(wait_for_kafka(address, timeout=10.0))
+            _run(wait_for_kafka(address, timeout=10.0, security=security))
         except TimeoutError:
             return False
         return True
@@ -259,5 +322,9 @@ def start(settings: LocalSettings) -> int:
     pid = processes.ensure_started(
         settings.state_dir, NAME, argv, answers, START_TIMEOUT, port=settings.kafka_port
     )
-    _run(ensure_topics(address, core_topic_specs(settings), settings.replication_factor))
+    _run(
+        ensure_topics(
+            address, core_topic_specs(settings), settings.replication_factor, security=security
+        )
+    )
     return pid

@@ -110,6 +110,57 @@ def _psql(settings: LocalSettings, sql: str) -> subprocess.CompletedProcess[str]
     return subprocess.run(argv, input=sql, capture_output=True, text=True, timeout=30, check=False)
 
 
+def _tls(settings: LocalSettings) -> bool:
+    return settings.local_tls_cert_file is not None and settings.local_tls_key_file is not None
+
+
+def _secure(settings: LocalSettings, data: Path) -> list[str]:
+    """Set up TLS and client authentication from ``settings``; return postgres options.
+
+    pg_hba.conf is rewritten on every start: the superuser (the launcher's psql) is trusted
+    on loopback; the ``cormorant`` role is trusted too on a plain local cluster, and with
+    ``local_tls_cert_file`` it must come over TLS (``hostssl``) and, when
+    ``postgres_password`` is set, log in with it (SCRAM-SHA-256). The certificate and key
+    are copied into the data directory, owned by the server's user with mode 0600, as
+    PostgreSQL requires of its key.
+    """
+    method = "trust" if settings.postgres_password is None else "scram-sha-256"
+    kind = "hostssl" if _tls(settings) else "host"
+    hba = data / "pg_hba.conf"
+    hba.write_text(
+        f"host    all  {SUPERUSER}  127.0.0.1/32  trust\n"
+        f"{kind}  all  {ROLE}  127.0.0.1/32  {method}\n",
+        encoding="utf-8",
+    )
+    files = [hba]
+    options = []
+    if _tls(settings):
+        assert settings.local_tls_cert_file is not None and settings.local_tls_key_file is not None
+        for source, name in (
+            (settings.local_tls_cert_file, "server.crt"),
+            (settings.local_tls_key_file, "server.key"),
+        ):
+            target = data / name
+            target.touch(mode=0o600)
+            target.write_bytes(source.read_bytes())
+            files.append(target)
+        options = [
+            "-c",
+            "ssl=on",
+            "-c",
+            "ssl_cert_file=server.crt",
+            "-c",
+            "ssl_key_file=server.key",
+        ]
+    if os.geteuid() == 0:
+        user = pwd.getpwnam(SUPERUSER)
+        for path in files:
+            os.chown(path, user.pw_uid, user.pw_gid)
+    for path in files:
+        path.chmod(0o600)
+    return options
+
+
 def start(settings: LocalSettings) -> int:
     """Start PostgreSQL unless it runs (initdb on first use); ensure the cormorant database.
 
@@ -123,7 +174,8 @@ def start(settings: LocalSettings) -> int:
     argv = _as_postgres(
         [str(bin_dir() / "postgres"), "-D", str(data),
          "-c", "listen_addresses=127.0.0.1", "-c", f"port={settings.postgres_port}",
-         "-c", "unix_socket_directories=", "-c", "logging_collector=off"]
+         "-c", "unix_socket_directories=", "-c", "logging_collector=off",
+         *_secure(settings, data)]
     )  # fmt: skip
     pid = processes.ensure_started(
         settings.state_dir,
@@ -134,7 +186,11 @@ def start(settings: LocalSettings) -> int:
         port=settings.postgres_port,
         stop_signal=STOP_SIGNAL,
     )
-    result = _psql(settings, _CREATE_SQL)
+    sql = _CREATE_SQL
+    if settings.postgres_password is not None:
+        quoted = settings.postgres_password.get_secret_value().replace("'", "''")
+        sql += f"ALTER ROLE {ROLE} PASSWORD '{quoted}';\n"  # over stdin, not the command line
+    result = _psql(settings, sql)
     if result.returncode != 0:
         raise processes.StartError(
             NAME,

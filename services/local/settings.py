@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import Field
 
 from services.common.settings import Settings
+from services.common.versions import KAFKA_VERSION
 
 
 def _default_cache_dir() -> Path:
@@ -30,7 +31,9 @@ class LocalSettings(Settings):
         default_factory=_default_cache_dir,
         description="Downloaded Kafka jars ($XDG_CACHE_HOME/cormorant).",
     )
-    kafka_version: str = Field("3.9.1", description="Apache Kafka release fetched from Maven.")
+    kafka_version: str = Field(
+        KAFKA_VERSION, description="Apache Kafka release fetched from Maven."
+    )
     kafka_port: int = Field(9092, ge=1, le=65535, description="Local Kafka's client port.")
     kafka_controller_port: int = Field(
         9093, ge=1, le=65535, description="Local Kafka's KRaft controller port."
@@ -42,4 +45,14 @@ class LocalSettings(Settings):
     ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
     ingest_base_port: int = Field(
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
+    )
+    local_tls_cert_file: Path | None = Field(
+        None,
+        description="Certificate (PEM) of the local cluster's Kafka, Redis and PostgreSQL: when "
+        "set with local_tls_key_file, they serve TLS (Kafka with kafka_security_protocol, "
+        "Redis only on TLS, PostgreSQL requiring it for the cormorant role), the way the "
+        "services meet them in AWS.",
+    )
+    local_tls_key_file: Path | None = Field(
+        None, description="Private key (PEM, unencrypted) of local_tls_cert_file."
     )

@@ -33,6 +33,7 @@ from services.common.faust_app import make_app, on_shutdown, run_service, run_ta
 from services.common.kafka.admin import app_spec_of, ensure_topics
 from services.common.kafka.consumer import Record, consume_batches, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
+from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import (
@@ -76,6 +77,7 @@ def build_app(settings: Settings) -> faust.App:
         settings.kafka_bootstrap,
         [names.client_subscriptions, names.client_sessions, names.msg_retained],
         apply_state,
+        security=client_security(settings),
     )
 
     # APPLICATION topics known to exist. The ingest node creates a client's msg.app topic
@@ -98,7 +100,10 @@ def build_app(settings: Settings) -> faust.App:
         try:
             if specs:
                 await ensure_topics(
-                    settings.kafka_bootstrap, list(specs.values()), settings.replication_factor
+                    settings.kafka_bootstrap,
+                    list(specs.values()),
+                    settings.replication_factor,
+                    security=client_security(settings),
                 )
                 app_topics.update(specs)
             for topic, key, value, headers in batch:

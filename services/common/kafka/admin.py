@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
@@ -100,15 +102,23 @@ def app_spec_of(settings: Settings, topic: str) -> TopicSpec | None:
 
 
 async def delete_topics_and_groups(
-    bootstrap: str, topics: list[str], groups: list[str], timeout: float = 30.0
+    bootstrap: str,
+    topics: list[str],
+    groups: list[str],
+    timeout: float = 30.0,
+    *,
+    security: Mapping[str, Any] | None = None,
 ) -> None:
     """Delete ``topics`` and the consumer groups ``groups`` (with their committed offsets).
 
     What does not exist is skipped. A group must have no active member (Kafka answers
-    ``NON_EMPTY_GROUP`` otherwise). ``timeout`` in seconds. Raises
+    ``NON_EMPTY_GROUP`` otherwise). ``timeout`` in seconds; ``security``: the client
+    security options (:func:`~services.common.kafka.security.client_security`). Raises
     ``aiokafka.errors.KafkaError`` on any other failure.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), **(security or {})
+    )
     try:
         await admin.start()
         if topics:
@@ -129,15 +139,20 @@ async def delete_topics_and_groups(
         await admin.close()
 
 
-async def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
+async def wait_for_kafka(
+    bootstrap: str, timeout: float = 60.0, *, security: Mapping[str, Any] | None = None
+) -> None:
     """Wait until the Kafka cluster at ``bootstrap`` answers a metadata request.
 
-    ``timeout`` is in seconds. Raises ``TimeoutError`` if Kafka does not answer in time.
+    ``timeout`` is in seconds; ``security``: the client security options. Raises
+    ``TimeoutError`` if Kafka does not answer in time (also when it refuses the login).
     """
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=5000, **(security or {})
+        )
         try:
             await admin.start()
             await admin.list_topics()
@@ -150,15 +165,24 @@ async def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
     raise TimeoutError(f"Kafka at {bootstrap} did not answer within {timeout}s: {last!r}")
 
 
-async def ensure_topics(bootstrap: str, specs: list[TopicSpec], replication: int = 1) -> list[str]:
+async def ensure_topics(
+    bootstrap: str,
+    specs: list[TopicSpec],
+    replication: int = 1,
+    *,
+    security: Mapping[str, Any] | None = None,
+) -> list[str]:
     """Create each topic of ``specs`` that does not exist yet; return the names created.
+    ``security``: the client security options (none: PLAINTEXT).
 
     Returns once every topic of ``specs`` is visible in the cluster's metadata. Existing
     topics are left unchanged. Raises ``TimeoutError`` if new topics stay invisible for
     30 s, ``aiokafka.errors.KafkaError`` on any other failure (``KafkaConnectionError``
     when the cluster cannot be reached).
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=15000, **(security or {})
+    )
     try:
         await admin.start()
         existing = set(await admin.list_topics())

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from services.common.kafka.security import client_security
 from services.common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def make_consumer(
         "fetch_max_wait_ms": 500,
         "max_partition_fetch_bytes": max(settings.max_packet_size * 2, 1024 * 1024),
         "request_timeout_ms": max(int(settings.kafka_request_timeout_seconds * 1000), 15000),
+        **client_security(settings),
     }
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)

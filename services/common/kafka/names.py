@@ -29,6 +29,7 @@ APP_PREFIX = "msg.app."
 APP_SHARED_PREFIX = "msg.app-shared."
 APP_GROUP_PREFIX = "cormorant-app."
 APP_SHARED_GROUP_PREFIX = "cormorant-app-shared."
+SERVICE_GROUP_PREFIX = "cormorant-"
 
 KAFKA_TOPIC_MAX = 249
 """The longest topic name Kafka accepts (``Topic.MAX_NAME_LENGTH``)."""
@@ -111,6 +112,13 @@ class TopicNames:
     def client_acks(self) -> str:
         """Subscribers' PUBACK/PUBCOMP of delivered messages, keyed by client id."""
         return self.prefix + CLIENT_ACKS
+
+    def service_group(self, service: str) -> str:
+        """The consumer group (and Faust app id) of service ``service`` (``"router"``,
+        ``"device-persist"``...): ``<prefix>cormorant-<service>``. Its committed offsets are
+        the service's position in the topics it consumes, and its lag is the service's
+        backlog (what autoscaling and alarms in ``infra/`` watch)."""
+        return f"{self.prefix}{SERVICE_GROUP_PREFIX}{service}"
 
     def downlink(self, node_id: str) -> str:
         """The downlink topic read by ingest node ``node_id``."""

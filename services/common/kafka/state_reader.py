@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
@@ -30,13 +31,23 @@ raises :class:`~services.common.records.RecordError` for a record that does not 
 class CompactedTopicReader:
     """Replays and follows whole topics (all partitions) outside any consumer group.
 
-    ``bootstrap`` is Kafka's ``host:port`` list; ``handler`` is called once per record in
-    partition order. A record that does not decode (or whose handling fails otherwise) is
-    logged and skipped, never retried, so a poisoned record cannot block the partition.
+    ``bootstrap`` is Kafka's ``host:port`` list and ``security`` its client security options
+    (:func:`services.common.kafka.security.client_security`; none: PLAINTEXT); ``handler`` is
+    called once per record in partition order. A record that does not decode (or whose
+    handling fails otherwise) is logged and skipped, never retried, so a poisoned record
+    cannot block the partition.
     """
 
-    def __init__(self, bootstrap: str, topics: Sequence[str], handler: RecordHandler) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Sequence[str],
+        handler: RecordHandler,
+        *,
+        security: Mapping[str, Any] | None = None,
+    ) -> None:
         self._bootstrap = bootstrap
+        self._security = dict(security or {})
         self._topics = list(topics)
         self._handler = handler
         self._consumer: AIOKafkaConsumer | None = None
@@ -60,11 +71,12 @@ class CompactedTopicReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
+            **self._security,
         )
         # Asks for end offsets only. Its own connection matters: Kafka answers the requests
         # of one connection in order, so on the follower's connection a ListOffsets would
         # wait behind the follower's long-polling fetch (fetch_max_wait_ms) every time.
-        probe = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None)
+        probe = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None, **self._security)
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()

@@ -43,7 +43,9 @@ __all__ = [
 def open_store(settings: Settings) -> MessageStore:
     """The message store ``settings.store_backend`` names, configured from ``settings``.
 
-    Redis: ``redis_url``, ``redis_key_prefix``; PostgreSQL: ``postgres_dsn``. Both take
+    Redis: ``redis_url`` (``rediss://`` for TLS), ``redis_password``, ``redis_ssl_cafile``,
+    ``redis_key_prefix``; PostgreSQL: ``postgres_dsn``, ``postgres_password``,
+    ``postgres_sslmode``, ``postgres_sslrootcert``. Both take
     ``persisted_max_messages`` as the per-client cap and ``store_timeout_seconds`` as the
     per-operation timeout (seconds). Nothing is connected yet: the store connects (and
     PostgreSQL migrates its schema) on first use, so this never raises StoreUnavailable.
@@ -54,10 +56,15 @@ def open_store(settings: Settings) -> MessageStore:
             settings.postgres_dsn,
             max_messages=settings.persisted_max_messages,
             timeout=settings.store_timeout_seconds,
+            password=settings.postgres_password,
+            sslmode=settings.postgres_sslmode,
+            sslrootcert=settings.postgres_sslrootcert,
         )
     return RedisMessageStore(
         settings.redis_url,
         key_prefix=settings.redis_key_prefix,
         max_messages=settings.persisted_max_messages,
         timeout=settings.store_timeout_seconds,
+        password=settings.redis_password,
+        ssl_cafile=settings.redis_ssl_cafile,
     )

@@ -20,11 +20,13 @@ import asyncio
 import hashlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
+from pydantic import SecretStr
 
 from services.common.stores.base import (
     MAX_PACKET_ID,
@@ -129,10 +131,28 @@ def _public_address(dsn: str) -> str:
     return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
 
 
+def _connection_options(
+    timeout: float, password: SecretStr | None, sslmode: str | None, sslrootcert: Path | None
+) -> dict[str, Any]:
+    """libpq connection parameters added to the DSN: timeout, password and TLS."""
+    # libpq takes whole seconds and treats values below 2 as 2.
+    options: dict[str, Any] = {"connect_timeout": max(2, math.ceil(timeout))}
+    if password is not None:
+        options["password"] = password.get_secret_value()
+    if sslmode is not None:
+        options["sslmode"] = sslmode
+    if sslrootcert is not None:
+        options["sslrootcert"] = str(sslrootcert)
+    return options
+
+
 class PostgresMessageStore(MessageStore):
     """:class:`MessageStore` on PostgreSQL 12+ (``psycopg`` 3, ``psycopg_pool``).
 
-    ``dsn``: a libpq connection string or URL. ``max_messages``: per-client cap, 1..65534.
+    ``dsn``: a libpq connection string or URL; ``password``, ``sslmode`` and ``sslrootcert``
+    (a PEM CA bundle), when given, are added to it (the password stays out of the DSN and of
+    every message; ``verify-full`` checks the server's certificate and host name).
+    ``max_messages``: per-client cap, 1..65534.
     ``timeout``: seconds one operation may take, waiting for a connection included.
     ``pool_size``: most connections held. The pool opens and the schema is migrated on first
     use, so the constructor does no I/O. Raises ``ValueError`` for an invalid cap.
@@ -145,6 +165,9 @@ class PostgresMessageStore(MessageStore):
         max_messages: int = 10_000,
         timeout: float = 5.0,
         pool_size: int = 10,
+        password: SecretStr | None = None,
+        sslmode: str | None = None,
+        sslrootcert: Path | None = None,
     ) -> None:
         self._max_messages = check_max_messages(max_messages)
         self._timeout = timeout
@@ -155,8 +178,7 @@ class PostgresMessageStore(MessageStore):
             max_size=pool_size,
             open=False,
             timeout=timeout,
-            # libpq takes whole seconds and treats values below 2 as 2.
-            kwargs={"connect_timeout": max(2, math.ceil(timeout))},
+            kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
             name="message-store",
         )
         self._ready = False

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from pydantic import SecretStr
 from redis import exceptions as redis_errors
 from redis.asyncio.client import Pipeline
 from redis.backoff import NoBackoff
@@ -224,10 +226,13 @@ def _public_address(url: str) -> str:
 class RedisMessageStore(MessageStore):
     """:class:`MessageStore` on one Redis 7 server (or a Cluster's slot), via redis.asyncio.
 
-    ``url``: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS). ``key_prefix``
-    starts every key and must not contain ``{`` or ``}``. ``max_messages``: per-client cap,
-    1..65534. ``timeout``: seconds one operation may take, connecting included. Raises
-    ``ValueError`` for an invalid prefix or cap. Connects on first use.
+    ``url``: ``redis://[user:password@]host:port/db``, or ``rediss://`` for TLS (the server's
+    certificate and host name verified against ``ssl_cafile``, PEM, or the system's trust
+    store). ``password``: the AUTH password (ElastiCache's auth token), kept out of the URL
+    and of every message. ``key_prefix`` starts every key and must not contain ``{`` or
+    ``}``. ``max_messages``: per-client cap, 1..65534. ``timeout``: seconds one operation
+    may take, connecting included. Raises ``ValueError`` for an invalid prefix or cap.
+    Connects on first use.
     """
 
     def __init__(
@@ -237,6 +242,8 @@ class RedisMessageStore(MessageStore):
         key_prefix: str = "cormorant:",
         max_messages: int = 10_000,
         timeout: float = 5.0,
+        password: SecretStr | None = None,
+        ssl_cafile: Path | None = None,
     ) -> None:
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key_prefix must not contain braces, got {key_prefix!r}")
@@ -246,12 +253,18 @@ class RedisMessageStore(MessageStore):
         self._address = _public_address(url)
         # No retries inside redis-py: a retried script could run twice after a lost reply,
         # and the caller owns the retry policy (every operation is safe to repeat).
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if password is not None:
+            options["password"] = password.get_secret_value()
+        if urlsplit(url).scheme == "rediss":  # certificate and host name always verified
+            options |= {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+            if ssl_cafile is not None:
+                options["ssl_ca_certs"] = str(ssl_cafile)
+        self._redis = aioredis.Redis.from_url(url, **options)
         self._append = self._redis.register_script(_APPEND)
         self._window = self._redis.register_script(_WINDOW)
         self._mark_sent = self._redis.register_script(_MARK_SENT)

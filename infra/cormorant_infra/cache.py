@@ -1,0 +1,96 @@
+"""The message store of persistent DEVICE sessions: an ElastiCache Redis replication group.
+
+Two or more nodes in different zones with automatic failover (Multi-AZ), encrypted at rest
+and in transit, clients authenticated with an AUTH token kept in Secrets Manager. Redis
+must never evict a stored message to make room: ``maxmemory-policy noeviction`` makes a
+full Redis refuse writes instead (device_persist retries them), where ElastiCache's default
+policy would silently drop messages that were acknowledged to their publishers.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_random as random
+
+from cormorant_infra.config import StackConfig
+from cormorant_infra.network import REDIS_PORT, Network
+
+ENGINE_VERSION = "7.1"
+PARAMETER_FAMILY = "redis7"
+
+
+class Cache(pulumi.ComponentResource):
+    """The Redis replication group.
+
+    Attributes: ``url`` (``rediss://<primary endpoint>:6379/0``), ``replication_group_id``,
+    ``member_ids`` (its cache clusters, for alarms), ``auth_secret_arn`` (the AUTH token's
+    secret: a plain string).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: StackConfig,
+        network: Network,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("cormorant:cache:Cache", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        token = random.RandomPassword(
+            # ElastiCache AUTH tokens: 16-128 printable characters without @ " or /.
+            f"{name}-auth-token",
+            length=64,
+            special=False,
+            opts=child,
+        )
+        secret = aws.secretsmanager.Secret(
+            f"{name}-auth-token",
+            name_prefix=f"{name}-redis-auth-",
+            description="Cormorant's Redis AUTH token",
+            opts=child,
+        )
+        aws.secretsmanager.SecretVersion(
+            f"{name}-auth-token", secret_id=secret.id, secret_string=token.result, opts=child
+        )
+        subnets = aws.elasticache.SubnetGroup(
+            f"{name}-subnets", subnet_ids=network.private_subnet_ids, opts=child
+        )
+        parameters = aws.elasticache.ParameterGroup(
+            f"{name}-params",
+            family=PARAMETER_FAMILY,
+            parameters=[{"name": "maxmemory-policy", "value": "noeviction"}],
+            opts=child,
+        )
+        self.replication_group_id = f"{name}"[:40]
+        group = aws.elasticache.ReplicationGroup(
+            f"{name}-redis",
+            replication_group_id=self.replication_group_id,
+            description="Cormorant message store",
+            engine="redis",
+            engine_version=ENGINE_VERSION,
+            node_type=config.redis_node_type,
+            num_cache_clusters=config.redis_nodes,
+            automatic_failover_enabled=True,
+            multi_az_enabled=True,
+            at_rest_encryption_enabled=True,
+            transit_encryption_enabled=True,
+            auth_token=token.result,
+            port=REDIS_PORT,
+            parameter_group_name=parameters.name,
+            subnet_group_name=subnets.name,
+            security_group_ids=[network.security_groups["cache"]],
+            snapshot_retention_limit=config.redis_snapshot_retention_days,
+            auto_minor_version_upgrade=True,
+            apply_immediately=False,
+            opts=child,
+        )
+        # ElastiCache names a replication group's clusters <group id>-001, -002, ...
+        self.member_ids = [
+            f"{self.replication_group_id}-{index:03d}" for index in range(1, config.redis_nodes + 1)
+        ]
+        self.url: pulumi.Output[str] = pulumi.Output.concat(
+            "rediss://", group.primary_endpoint_address, f":{REDIS_PORT}/0"
+        )
+        self.auth_secret_arn: pulumi.Output[str] = secret.arn
+        self.register_outputs({"url": self.url})

@@ -1,0 +1,456 @@
+"""Compute: an ECS cluster on Fargate, one service per Cormorant service, one one-off topics task.
+
+Each service (``services/cli.py`` ``SERVICE_COMMANDS``) runs its own image target
+(``<image>:<tag>-<command>``, Dockerfile) with its own log group, an execution role that
+may read only that service's secrets (ECS injects them at start), a task role with only
+the Kafka permissions it needs (MSK IAM; none with SCRAM), deployment circuit breaker with
+rollback, and target-tracking autoscaling: CPU for all; connections per task for ingest;
+consumer lag per task for the router and device_persist, whose consumer groups hold the
+backlog. app_delivery's lag is per APPLICATION client, so it scales on CPU.
+
+The topics task runs ``cormorant create-topics`` once per deployment (``cormorant cloud
+create-topics`` starts it), creating the core topics from the project's own specs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+from pulumi_aws.appautoscaling import (
+    PolicyTargetTrackingScalingPolicyConfigurationArgsDict,
+    PolicyTargetTrackingScalingPolicyConfigurationCustomizedMetricSpecificationMetricArgsDict,
+)
+
+from cormorant_infra import environment, iam, shared
+from cormorant_infra.cache import Cache
+from cormorant_infra.config import ServiceSize, StackConfig
+from cormorant_infra.database import Database
+from cormorant_infra.ingress import Ingress
+from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka
+from cormorant_infra.network import Network, ingest_target_ports
+
+HEALTH_CHECK = 'test -f "$CORMORANT_READY_FILE"'
+"""The container health check, as the Dockerfile's HEALTHCHECK: a service writes its ready
+file once it serves and removes it when it stops (a GET of /health once issue 13 lands)."""
+
+RDS_CA_BUNDLE = "/etc/ssl/certs/rds-global-bundle.pem"
+"""Where the images hold the RDS certificate authorities (Dockerfile)."""
+
+STOP_TIMEOUT_SECONDS = 60
+"""How long ECS waits after SIGTERM: an ingest node closes its connections and stores
+their Will Messages and session records before it exits."""
+
+ECS_TASKS = "ecs-tasks.amazonaws.com"
+"""The service principal that assumes ECS task and execution roles."""
+
+ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(.+)$")
+
+LAG_TOPICS = {"router": "msg_all", "device-persist": "msg_persisted"}
+"""The services that scale (and alarm) on consumer lag → the topic (a TopicNames
+attribute) they consume in their consumer group."""
+
+TOPICS_TASK_SIZE = ServiceSize(cpu=256, memory=512)
+"""The topics task's size: an admin client's few requests."""
+
+
+@dataclass
+class TaskSpec:
+    """What one task definition runs: command, tier (security group), settings and secrets."""
+
+    command: str
+    tier: str
+    settings: dict[str, pulumi.Input[Any]]
+    secrets: dict[str, pulumi.Input[str]]
+    secret_arns: list[pulumi.Input[str]]
+    kms_key_arns: list[pulumi.Input[str]]
+    write_kafka: bool = True
+    args: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+
+
+class Compute(pulumi.ComponentResource):
+    """The ECS cluster, its services with autoscaling, and the topics task definition.
+
+    Attributes: ``cluster_name``, ``service_names`` (command → ECS service name),
+    ``topics_task_definition`` (ARN), ``task_subnet_ids`` and ``task_security_group`` (how
+    to run the topics task), ``log_groups`` (command → log group name).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: StackConfig,
+        region: str,
+        network: Network,
+        kafka: Kafka,
+        cache: Cache,
+        database: Database,
+        ingress: Ingress,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("cormorant:compute:Compute", name, None, opts)
+        self._name = name
+        self._config = config
+        self._region = region
+        self._network = network
+        self._kafka = kafka
+        child = pulumi.ResourceOptions(parent=self)
+        cluster = aws.ecs.Cluster(
+            f"{name}-cluster",
+            name=name,
+            # Container Insights publishes RunningTaskCount, which the autoscaling and
+            # alarms divide and compare by.
+            settings=[{"name": "containerInsights", "value": "enabled"}],
+            opts=child,
+        )
+        self.cluster_name: pulumi.Output[str] = cluster.name
+        self.log_groups: dict[str, pulumi.Output[str]] = {}
+        self.service_names: dict[str, str] = {}
+
+        for spec in self._specs(cache, database):
+            task_definition = self._task_definition(spec)
+            self._service(spec, cluster, task_definition, ingress)
+        topics = self._topics_spec()
+        self.topics_task_definition: pulumi.Output[str] = self._task_definition(topics).arn
+        self.task_subnet_ids = network.private_subnet_ids
+        self.task_security_group = network.security_groups["stages"]
+        self.register_outputs({"clusterName": self.cluster_name})
+
+    # --- what each task runs ---------------------------------------------------------------
+
+    def _common(self) -> dict[str, pulumi.Input[Any]]:
+        config = self._config
+        return {
+            "kafka_bootstrap": self._kafka.bootstrap,
+            **self._kafka.settings,
+            "topic_prefix": config.topic_prefix,
+            "replication_factor": REPLICATION_FACTOR,
+            "log_level": config.log_level,
+            "application_client_ids": config.application_client_ids,
+        }
+
+    def _specs(self, cache: Cache, database: Database) -> list[TaskSpec]:
+        """One :class:`TaskSpec` per service command, least privilege each."""
+        config, kafka = self._config, self._kafka
+        specs = []
+        for command in shared.SERVICE_COMMANDS:
+            spec = TaskSpec(
+                command=command,
+                tier="stages",
+                settings=self._common(),
+                secrets=dict(kafka.secrets),
+                secret_arns=list(kafka.secret_arns),
+                kms_key_arns=list(kafka.kms_key_arns),
+            )
+            if command == shared.INGEST:
+                spec.tier = "ingest"
+                spec.args = ["--node-id-from-ecs-task"]
+                spec.ports = ingest_target_ports(config)
+                spec.settings |= {
+                    "mqtt_host": "0.0.0.0",
+                    "mqtt_port": shared.MQTT_PORT,
+                    "max_keep_alive": config.max_keep_alive,
+                }
+            if command == "device-persist":
+                spec.settings["store_backend"] = config.store_backend
+                if config.store_backend == "redis":
+                    spec.settings["redis_url"] = cache.url
+                    spec.secrets["redis_password"] = cache.auth_secret_arn
+                    spec.secret_arns.append(cache.auth_secret_arn)
+                else:
+                    spec.settings |= {
+                        "postgres_dsn": database.dsn,
+                        "postgres_sslmode": "verify-full",
+                        "postgres_sslrootcert": RDS_CA_BUNDLE,
+                    }
+                    spec.secrets["postgres_password"] = iam.secret_key(
+                        database.password_secret_arn, "password"
+                    )
+                    spec.secret_arns.append(database.password_secret_arn)
+            specs.append(spec)
+        return specs
+
+    def _topics_spec(self) -> TaskSpec:
+        kafka = self._kafka
+        return TaskSpec(
+            command=shared.TOPICS_COMMAND,
+            tier="stages",
+            settings=self._common(),
+            secrets=dict(kafka.secrets),
+            secret_arns=list(kafka.secret_arns),
+            kms_key_arns=list(kafka.kms_key_arns),
+        )
+
+    # --- resources ---------------------------------------------------------------------
+
+    def _image(self, command: str) -> str:
+        target = "topics" if command == shared.TOPICS_COMMAND else command
+        return f"{self._config.image}:{self._config.image_tag}-{target}"
+
+    def _execution_role(self, spec: TaskSpec, log_group: aws.cloudwatch.LogGroup) -> aws.iam.Role:
+        """The role ECS uses to start the task: pull its image, write its log group, read
+        its own secrets. Nothing else."""
+        statements = [
+            iam.allow(
+                ["logs:CreateLogStream", "logs:PutLogEvents"],
+                [pulumi.Output.concat(log_group.arn, ":log-stream:*")],
+            )
+        ]
+        ecr = ECR_IMAGE.match(self._config.image)
+        if ecr is not None:
+            account, region, repository = ecr.groups()
+            # GetAuthorizationToken has no resource-level permissions: AWS requires "*".
+            statements.append(iam.allow(["ecr:GetAuthorizationToken"], ["*"]))
+            statements.append(
+                iam.allow(
+                    [
+                        "ecr:BatchCheckLayerAvailability",
+                        "ecr:BatchGetImage",
+                        "ecr:GetDownloadUrlForLayer",
+                    ],
+                    [f"arn:aws:ecr:{region}:{account}:repository/{repository}"],
+                )
+            )
+        if spec.secret_arns:
+            statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.secret_arns))
+        if spec.kms_key_arns:
+            statements.append(iam.allow(["kms:Decrypt"], spec.kms_key_arns))
+        return iam.service_role(
+            f"{self._name}-{spec.command}-execution",
+            ECS_TASKS,
+            statements,
+            pulumi.ResourceOptions(parent=self),
+        )
+
+    def _task_role(self, spec: TaskSpec) -> aws.iam.Role:
+        """The role the service's code runs as: Kafka with MSK IAM, nothing otherwise."""
+        return iam.service_role(
+            f"{self._name}-{spec.command}-task",
+            ECS_TASKS,
+            self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka),
+            pulumi.ResourceOptions(parent=self),
+        )
+
+    def _task_definition(self, spec: TaskSpec) -> aws.ecs.TaskDefinition:
+        config = self._config
+        child = pulumi.ResourceOptions(parent=self)
+        log_group = aws.cloudwatch.LogGroup(
+            f"{self._name}-{spec.command}",
+            name=f"/cormorant/{self._name}/{spec.command}",
+            retention_in_days=config.log_retention_days,
+            opts=child,
+        )
+        self.log_groups[spec.command] = log_group.name
+        size = config.services.get(spec.command, TOPICS_TASK_SIZE)
+        container = pulumi.Output.all(
+            environment=environment.environment(spec.settings),
+            secrets=environment.secrets(spec.secrets),
+            log_group=log_group.name,
+        ).apply(lambda parts: [self._container(spec, parts)])
+        return aws.ecs.TaskDefinition(
+            f"{self._name}-{spec.command}",
+            family=f"{self._name}-{spec.command}",
+            network_mode="awsvpc",
+            requires_compatibilities=["FARGATE"],
+            cpu=str(size.cpu),
+            memory=str(size.memory),
+            runtime_platform={
+                "operating_system_family": "LINUX",
+                "cpu_architecture": config.cpu_architecture,
+            },
+            execution_role_arn=self._execution_role(spec, log_group).arn,
+            task_role_arn=self._task_role(spec).arn,
+            container_definitions=pulumi.Output.json_dumps(container),
+            opts=child,
+        )
+
+    def _container(self, spec: TaskSpec, parts: dict[str, Any]) -> dict[str, Any]:
+        """The container definition of ``spec`` (ECS RegisterTaskDefinition's shape)."""
+        container: dict[str, Any] = {
+            "name": spec.command,
+            "image": self._image(spec.command),
+            "essential": True,
+            "environment": parts["environment"],
+            "secrets": parts["secrets"],
+            "logConfiguration": {
+                "logDriver": "awslogs",
+                "options": {
+                    "awslogs-group": parts["log_group"],
+                    "awslogs-region": self._region,
+                    "awslogs-stream-prefix": spec.command,
+                },
+            },
+            "stopTimeout": STOP_TIMEOUT_SECONDS,
+        }
+        if spec.args:
+            container["command"] = spec.args
+        if spec.ports:
+            container["portMappings"] = [
+                {"containerPort": port, "protocol": "tcp"} for port in spec.ports
+            ]
+        if spec.command != shared.TOPICS_COMMAND:  # a one-off task that exits when done
+            container["healthCheck"] = {
+                "command": ["CMD-SHELL", HEALTH_CHECK],
+                "interval": 15,
+                "timeout": 5,
+                "retries": 3,
+                "startPeriod": 90,
+            }
+        return container
+
+    def _service(
+        self,
+        spec: TaskSpec,
+        cluster: aws.ecs.Cluster,
+        task_definition: aws.ecs.TaskDefinition,
+        ingress: Ingress,
+    ) -> None:
+        config, name = self._config, self._name
+        size = config.services[spec.command]
+        load_balancers: list[aws.ecs.ServiceLoadBalancerArgsDict] = [
+            {
+                "target_group_arn": ingress.target_groups[port],
+                "container_name": spec.command,
+                "container_port": port,
+            }
+            for port in spec.ports
+        ]
+        service = aws.ecs.Service(
+            f"{name}-{spec.command}",
+            name=spec.command,
+            cluster=cluster.arn,
+            task_definition=task_definition.arn,
+            desired_count=size.min_tasks,
+            launch_type="FARGATE",
+            network_configuration={
+                "subnets": self._network.private_subnet_ids,
+                "security_groups": [self._network.security_groups[spec.tier]],
+                "assign_public_ip": False,
+            },
+            load_balancers=load_balancers,
+            health_check_grace_period_seconds=120 if load_balancers else None,
+            deployment_circuit_breaker={"enable": True, "rollback": True},
+            deployment_minimum_healthy_percent=100,
+            deployment_maximum_percent=200,
+            enable_execute_command=False,
+            propagate_tags="SERVICE",
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[ingress] if load_balancers else [],
+                # Autoscaling owns the task count once the service exists.
+                ignore_changes=["desiredCount"],
+            ),
+        )
+        self.service_names[spec.command] = spec.command
+        self._autoscaling(spec, cluster, service, ingress)
+
+    def _autoscaling(
+        self,
+        spec: TaskSpec,
+        cluster: aws.ecs.Cluster,
+        service: aws.ecs.Service,
+        ingress: Ingress,
+    ) -> None:
+        config, name = self._config, self._name
+        size = config.services[spec.command]
+        child = pulumi.ResourceOptions(parent=self)
+        target = aws.appautoscaling.Target(
+            f"{name}-{spec.command}",
+            service_namespace="ecs",
+            scalable_dimension="ecs:service:DesiredCount",
+            resource_id=pulumi.Output.concat("service/", cluster.name, "/", service.name),
+            min_capacity=size.min_tasks,
+            max_capacity=size.max_tasks,
+            opts=child,
+        )
+
+        def policy(kind: str, target_value: float, metrics: list[_Query] | None = None) -> None:
+            tracking: _Tracking = {
+                "target_value": target_value,
+                "scale_in_cooldown": 300,
+                "scale_out_cooldown": 60,
+            }
+            if metrics is None:
+                tracking["predefined_metric_specification"] = {
+                    "predefined_metric_type": "ECSServiceAverageCPUUtilization"
+                }
+            else:
+                tracking["customized_metric_specification"] = {"metrics": metrics}
+            aws.appautoscaling.Policy(
+                f"{name}-{spec.command}-{kind}",
+                policy_type="TargetTrackingScaling",
+                service_namespace=target.service_namespace,
+                scalable_dimension=target.scalable_dimension,
+                resource_id=target.resource_id,
+                target_tracking_scaling_policy_configuration=tracking,
+                opts=child,
+            )
+
+        policy("cpu", config.cpu_target_percent)
+        running = _query(
+            "tasks",
+            "ECS/ContainerInsights",
+            "RunningTaskCount",
+            {"ClusterName": cluster.name, "ServiceName": service.name},
+            "Average",
+        )
+        if spec.command == shared.INGEST:
+            flows = _query(
+                "flows",
+                "AWS/NetworkELB",
+                "ActiveFlowCount",
+                {"LoadBalancer": ingress.arn_suffix},
+                "Average",
+            )
+            per_task = _ratio("flows / tasks", "connections per task")
+            policy("connections", config.connections_per_ingest_task, [flows, running, per_task])
+        elif spec.command in LAG_TOPICS:
+            names = shared.TopicNames(config.topic_prefix)
+            lag = _query(
+                "lag",
+                "AWS/Kafka",
+                "SumOffsetLag",
+                {
+                    "Cluster Name": self._kafka.cluster_name,
+                    "Consumer Group": names.service_group(spec.command),
+                    "Topic": getattr(names, LAG_TOPICS[spec.command]),
+                },
+                "Maximum",
+            )
+            per_task = _ratio("lag / tasks", "lag per task")
+            policy("lag", config.consumer_lag_per_task, [lag, running, per_task])
+
+
+_Tracking = PolicyTargetTrackingScalingPolicyConfigurationArgsDict
+_Query = PolicyTargetTrackingScalingPolicyConfigurationCustomizedMetricSpecificationMetricArgsDict
+
+
+def _query(
+    query_id: str,
+    namespace: str,
+    metric: str,
+    dimensions: dict[str, pulumi.Input[str]],
+    stat: str,
+) -> _Query:
+    """One CloudWatch metric of a target tracking policy's metric math (not returned)."""
+    return {
+        "id": query_id,
+        "metric_stat": {
+            "metric": {
+                "namespace": namespace,
+                "metric_name": metric,
+                "dimensions": [{"name": key, "value": value} for key, value in dimensions.items()],
+            },
+            "stat": stat,
+        },
+        "return_data": False,
+    }
+
+
+def _ratio(expression: str, label: str) -> _Query:
+    """The metric math expression a target tracking policy tracks (per running task)."""
+    return {"id": "per_task", "expression": expression, "label": label, "return_data": True}

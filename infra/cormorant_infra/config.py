@@ -1,0 +1,352 @@
+"""The stack's configuration: every ``cormorant:*`` key, typed, with defaults and cross-checks.
+
+A stack file (``Pulumi.<stack>.yaml``) sets the keys; :func:`load` reads them from Pulumi's
+configuration and :class:`StackConfig` validates them before any resource is declared, so a
+bad value stops ``pulumi preview``/``up`` with one clear message (:class:`ConfigError`)
+instead of a half-applied stack. Keys are camelCase (``natGateways``); structured values
+(``services``, ``allowedCidrs``) are YAML objects and lists in the stack file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import types
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import pulumi
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from cormorant_infra import shared
+
+NAMESPACE = "cormorant"
+"""The configuration namespace of every key of this program (``cormorant:natGateways``)."""
+
+NLB_TLS_IDLE_TIMEOUT_SECONDS = 350
+"""The idle timeout of an NLB TLS listener: fixed by AWS (TCP listeners' is configurable)."""
+
+CLOUDWATCH_RETENTION_DAYS = frozenset(
+    {
+        1,
+        3,
+        5,
+        7,
+        14,
+        30,
+        60,
+        90,
+        120,
+        150,
+        180,
+        365,
+        400,
+        545,
+        731,
+        1096,
+        1827,
+        2192,
+        2557,
+        2922,
+        3288,
+        3653,
+    }
+)
+"""The retention periods CloudWatch Logs accepts (PutRetentionPolicy)."""
+
+FARGATE_CPU_MEMORY: dict[int, range] = {
+    256: range(512, 2048 + 1, 512),
+    512: range(1024, 4096 + 1, 1024),
+    1024: range(2048, 8192 + 1, 1024),
+    2048: range(4096, 16384 + 1, 1024),
+    4096: range(8192, 30720 + 1, 1024),
+}
+"""Fargate's valid task sizes: CPU units → the memory sizes (MiB) allowed with it."""
+
+
+CONSUMER_GROUP_PARTITIONS = {
+    "router": "msg_all_partitions",
+    "device-persist": "state_topic_partitions",
+    "app-delivery": "state_topic_partitions",
+}
+"""The services whose tasks share topics' partitions in one consumer group → the setting
+with that partition count (router: msg.all; device_persist and app_delivery: the topics
+keyed by client id)."""
+
+
+class ConfigError(pulumi.RunError):
+    """A configuration value is invalid; the message names each key and what is wrong.
+
+    A :class:`pulumi.RunError`, so Pulumi prints the message without a traceback.
+    """
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class ServiceSize(_Model):
+    """One ECS service's task size and scaling range.
+
+    ``cpu`` in Fargate CPU units (1024 = one vCPU), ``memory`` in MiB (a pair Fargate
+    accepts), ``min_tasks``/``max_tasks`` the autoscaling range (min is also the count the
+    service starts with).
+    """
+
+    cpu: int = 512
+    memory: int = 1024
+    min_tasks: int = Field(1, ge=1, le=100)
+    max_tasks: int = Field(4, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceSize:
+        allowed = FARGATE_CPU_MEMORY.get(self.cpu)
+        if allowed is None:
+            raise ValueError(f"cpu {self.cpu} is not a Fargate size ({sorted(FARGATE_CPU_MEMORY)})")
+        if self.memory not in allowed:
+            raise ValueError(
+                f"memory {self.memory} MiB is not allowed with cpu {self.cpu} "
+                f"({allowed.start}..{allowed.stop - 1} MiB in steps of {allowed.step})"
+            )
+        if self.max_tasks < self.min_tasks:
+            raise ValueError(f"maxTasks {self.max_tasks} is below minTasks {self.min_tasks}")
+        return self
+
+
+def _default_services() -> dict[str, ServiceSize]:
+    return {command: ServiceSize() for command in shared.SERVICE_COMMANDS}
+
+
+class StackConfig(_Model):
+    """Every ``cormorant:*`` key of a stack, with its default. Sizes: GiB for disks, MiB for
+    task memory; durations in seconds unless the key says days."""
+
+    # --- network -----------------------------------------------------------------------
+    vpc_cidr: str = "10.40.0.0/16"
+    availability_zones: int = Field(3, ge=2, le=3)
+    nat_gateways: int = Field(1, ge=1)
+
+    # --- kafka -------------------------------------------------------------------------
+    kafka_mode: Literal["provisioned", "serverless"] = "provisioned"
+    kafka_broker_instance_type: str = "kafka.t3.small"
+    kafka_brokers: int = Field(3, ge=3)
+    kafka_broker_volume_gib: int = Field(100, ge=1, le=16384)
+    kafka_enhanced_monitoring: Literal[
+        "DEFAULT", "PER_BROKER", "PER_TOPIC_PER_BROKER", "PER_TOPIC_PER_PARTITION"
+    ] = "DEFAULT"
+    topic_prefix: str = ""
+
+    # --- cache -------------------------------------------------------------------------
+    redis_node_type: str = "cache.t4g.small"
+    redis_nodes: int = Field(2, ge=2, le=6)
+    redis_snapshot_retention_days: int = Field(1, ge=0, le=35)
+
+    # --- database ----------------------------------------------------------------------
+    db_instance_class: str = "db.t4g.micro"
+    db_engine_version: str = "16"
+    db_allocated_storage_gib: int = Field(20, ge=20, le=65536)
+    db_max_allocated_storage_gib: int = Field(100, ge=20, le=65536)
+    db_multi_az: bool = False
+    db_deletion_protection: bool = False
+    db_backup_retention_days: int = Field(1, ge=1, le=35)
+
+    # --- compute -----------------------------------------------------------------------
+    image: str = Field(min_length=1)
+    image_tag: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
+    cpu_architecture: Literal["X86_64", "ARM64"] = "X86_64"
+    services: dict[str, ServiceSize] = Field(default_factory=_default_services)
+    store_backend: Literal["redis", "postgres"] = "redis"
+    application_client_ids: list[str] = Field(default_factory=list)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_retention_days: int = 30
+    cpu_target_percent: int = Field(60, ge=10, le=90)
+    connections_per_ingest_task: int = Field(10_000, ge=100)
+    consumer_lag_per_task: int = Field(10_000, ge=100)
+
+    # --- ingress -----------------------------------------------------------------------
+    tls_mode: Literal["terminate", "passthrough"] = "terminate"
+    certificate_arn: str | None = None
+    plain_mqtt: bool = True
+    allowed_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
+    nlb_idle_timeout_seconds: int = Field(350, ge=60, le=6000)
+    max_keep_alive: int = Field(230, ge=1, le=65535)
+    proxy_protocol_v2: bool = False
+    deregistration_delay_seconds: int = Field(30, ge=0, le=3600)
+    nlb_deletion_protection: bool = False
+
+    # --- analytics ---------------------------------------------------------------------
+    emr_release_label: str = "emr-7.12.0"
+    emr_max_vcpu: int = Field(16, ge=1, le=4000)
+    emr_max_memory_gib: int = Field(64, ge=1, le=16000)
+    archive_infrequent_access_days: int = Field(30, ge=30)
+    archive_expiration_days: int | None = Field(None, ge=1)
+
+    # --- observability -----------------------------------------------------------------
+    alarm_email: str | None = Field(None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, value: str) -> str:
+        network = ipaddress.ip_network(value, strict=True)
+        if network.version != 4 or not 16 <= network.prefixlen <= 20:
+            raise ValueError(f"{value} must be an IPv4 network with a /16 to /20 prefix")
+        if not network.is_private:
+            raise ValueError(f"{value} is not a private address range (RFC 1918)")
+        return value
+
+    @field_validator("allowed_cidrs")
+    @classmethod
+    def _allowed_cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=True)
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value not in CLOUDWATCH_RETENTION_DAYS:
+            raise ValueError(
+                f"{value} is not a CloudWatch Logs retention ({sorted(CLOUDWATCH_RETENTION_DAYS)})"
+            )
+        return value
+
+    @field_validator("services")
+    @classmethod
+    def _services(cls, value: dict[str, ServiceSize]) -> dict[str, ServiceSize]:
+        unknown = set(value) - set(shared.SERVICE_COMMANDS)
+        if unknown:
+            raise ValueError(
+                f"unknown services {sorted(unknown)}; the services are {shared.SERVICE_COMMANDS}"
+            )
+        return {command: value.get(command, ServiceSize()) for command in shared.SERVICE_COMMANDS}
+
+    @field_validator("emr_release_label")
+    @classmethod
+    def _emr_release(cls, value: str) -> str:
+        shared.check_emr_release(value)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> StackConfig:
+        if self.nat_gateways > self.availability_zones:
+            raise ValueError(
+                f"natGateways is {self.nat_gateways} but there are {self.availability_zones} "
+                "availability zones: at most one NAT gateway per zone"
+            )
+        if self.kafka_mode == "provisioned" and self.kafka_brokers % self.availability_zones:
+            raise ValueError(
+                f"kafkaBrokers {self.kafka_brokers} must be a multiple of availabilityZones "
+                f"{self.availability_zones} (MSK spreads brokers evenly over the zones)"
+            )
+        if self.tls_mode == "terminate" and not self.certificate_arn:
+            raise ValueError("tlsMode terminate needs certificateArn (an ACM certificate)")
+        if self.db_max_allocated_storage_gib < self.db_allocated_storage_gib:
+            raise ValueError("dbMaxAllocatedStorageGib is below dbAllocatedStorageGib")
+        if self.archive_expiration_days is not None and (
+            self.archive_expiration_days <= self.archive_infrequent_access_days
+        ):
+            raise ValueError("archiveExpirationDays must come after archiveInfrequentAccessDays")
+        defaults = shared.settings_for()
+        for command, setting in CONSUMER_GROUP_PARTITIONS.items():
+            partitions = getattr(defaults, setting)
+            if self.services[command].max_tasks > partitions:
+                raise ValueError(
+                    f"services.{command}.maxTasks {self.services[command].max_tasks} is more "
+                    f"than the {partitions} partitions its consumer group shares "
+                    f"({shared.setting_env(setting)}): the extra tasks would get none"
+                )
+        idle = self.shortest_idle_timeout
+        allowed = shared.max_keep_alive_for_idle_timeout(idle)
+        if self.max_keep_alive > allowed:
+            raise ValueError(
+                f"maxKeepAlive {self.max_keep_alive} s is too long for the load balancer's "
+                f"{idle} s idle timeout: the broker waits 1.5 x keep alive before it gives up "
+                f"on a silent client, so at most {allowed} s keeps the NLB from dropping "
+                "flows the broker still counts as alive"
+            )
+        return self
+
+    @property
+    def tls_listener(self) -> bool:
+        """Whether port 8883 is an NLB TLS listener (TLS terminated at the NLB)."""
+        return self.tls_mode == "terminate"
+
+    @property
+    def shortest_idle_timeout(self) -> int:
+        """The shortest idle timeout (seconds) of the NLB's MQTT listeners: a TLS listener's
+        is fixed at 350 s, the TCP listeners' is ``nlbIdleTimeoutSeconds``."""
+        timeouts = []
+        if self.tls_listener:
+            timeouts.append(NLB_TLS_IDLE_TIMEOUT_SECONDS)
+        if self.plain_mqtt or not self.tls_listener:
+            timeouts.append(self.nlb_idle_timeout_seconds)
+        return min(timeouts)
+
+    @property
+    def kafka_iam(self) -> bool:
+        """Whether clients authenticate to Kafka with IAM (MSK Serverless) rather than SCRAM."""
+        return self.kafka_mode == "serverless"
+
+
+def _is_text(annotation: Any) -> bool:
+    """Whether a field holds text (its configuration value is used as is, not as JSON)."""
+    if annotation is str:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _is_text(typing.get_args(annotation)[0])
+    if origin is Literal:
+        return all(isinstance(arg, str) for arg in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_text(arg) or arg is type(None) for arg in typing.get_args(annotation))
+    return False
+
+
+def from_values(values: Mapping[str, str]) -> StackConfig:
+    """Validate the configuration ``values`` (key without namespace → value as Pulumi
+    stores it: text, or JSON for numbers, booleans, lists and objects).
+
+    Raises :class:`ConfigError` naming every invalid or unknown key.
+    """
+    fields = {info.alias or name: info for name, info in StackConfig.model_fields.items()}
+    parsed: dict[str, Any] = {}
+    for key, raw in values.items():
+        info = fields.get(key)
+        if info is not None and _is_text(info.annotation):
+            parsed[key] = raw
+            continue
+        try:
+            parsed[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed[key] = raw  # pydantic then says what type it wanted
+    try:
+        return StackConfig.model_validate(parsed)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            key = f"{NAMESPACE}:{where}" if where else "configuration"
+            problems.append(f"  {key}: {error['msg'].removeprefix('Value error, ')}")
+        raise ConfigError(
+            "invalid stack configuration (Pulumi.<stack>.yaml):\n" + "\n".join(problems)
+        ) from None
+
+
+def load() -> StackConfig:
+    """The :class:`StackConfig` of the running Pulumi program (its ``cormorant:*`` keys).
+
+    Raises :class:`ConfigError` as :func:`from_values` does.
+    """
+    everything = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    prefix = f"{NAMESPACE}:"
+    return from_values(
+        {
+            key[len(prefix) :]: str(value)
+            for key, value in everything.items()
+            if key.startswith(prefix)
+        }
+    )

@@ -1,0 +1,120 @@
+"""Ingress: the internet-facing Network Load Balancer in front of the ingest tasks.
+
+Listeners: MQTT on 1883 (TCP, ``cormorant:plainMqtt``) and MQTT over TLS on 8883, either
+terminated at the NLB with an ACM certificate (``tlsMode: terminate``: the tasks see plain
+MQTT on 1883) or passed through to the tasks' own TLS listener (``tlsMode: passthrough``,
+for mutual TLS; it needs the ingest TLS listener of issue 12). Targets are the ingest
+tasks' IP addresses, in every zone (cross-zone load balancing on), checked with TCP
+connects; a task leaving is drained for ``deregistrationDelaySeconds`` and its remaining
+connections are then closed so their clients reconnect to another task.
+
+MQTT connections are long-lived and idle between PINGREQs: the listeners' idle timeout and
+the broker's largest Keep Alive are kept consistent by :mod:`cormorant_infra.config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from cormorant_infra import shared
+from cormorant_infra.config import StackConfig
+from cormorant_infra.network import Network, ingest_target_ports
+
+TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+"""TLS 1.3 and 1.2 with forward-secret ciphers only."""
+
+
+class Ingress(pulumi.ComponentResource):
+    """The NLB, its target groups (one per ingest port) and listeners.
+
+    Attributes: ``dns_name``; ``endpoints`` (``mqtt://<dns>:1883``, ``mqtts://<dns>:8883``);
+    ``target_groups`` (ingest container port → target group ARN); ``arn``,
+    ``arn_suffix`` and ``target_group_suffixes`` (for CloudWatch dimensions).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: StackConfig,
+        network: Network,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("cormorant:ingress:Ingress", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        nlb = aws.lb.LoadBalancer(
+            f"{name}-nlb",
+            load_balancer_type="network",
+            internal=False,
+            subnets=network.public_subnet_ids,
+            security_groups=[network.security_groups["nlb"]],
+            enable_cross_zone_load_balancing=True,
+            enable_deletion_protection=config.nlb_deletion_protection,
+            opts=child,
+        )
+        groups: dict[int, aws.lb.TargetGroup] = {}
+        for port in ingest_target_ports(config):
+            groups[port] = aws.lb.TargetGroup(
+                f"{name}-mqtt-{port}",
+                port=port,
+                protocol="TCP",
+                target_type="ip",
+                vpc_id=network.vpc_id,
+                proxy_protocol_v2=config.proxy_protocol_v2,
+                deregistration_delay=config.deregistration_delay_seconds,
+                connection_termination=True,
+                health_check=aws.lb.TargetGroupHealthCheckArgs(
+                    protocol="TCP",
+                    port="traffic-port",
+                    interval=10,
+                    healthy_threshold=3,
+                    unhealthy_threshold=3,
+                ),
+                opts=child,
+            )
+
+        def listener(suffix: str, port: int, target: int, **protocol: Any) -> None:
+            """A listener on ``port`` forwarding to the target group of ingest port ``target``;
+            ``protocol``: TCP with its idle timeout unless a TLS listener's arguments."""
+            aws.lb.Listener(
+                f"{name}-{suffix}",
+                load_balancer_arn=nlb.arn,
+                port=port,
+                default_actions=[{"type": "forward", "target_group_arn": groups[target].arn}],
+                **(
+                    protocol
+                    or {
+                        "protocol": "TCP",
+                        "tcp_idle_timeout_seconds": config.nlb_idle_timeout_seconds,
+                    }
+                ),
+                opts=child,
+            )
+
+        if config.plain_mqtt:
+            listener("mqtt", shared.MQTT_PORT, shared.MQTT_PORT)
+        if config.tls_listener:
+            tls = {
+                "protocol": "TLS",
+                "certificate_arn": config.certificate_arn,
+                "ssl_policy": TLS_POLICY,
+            }
+            listener("mqtts", shared.MQTT_TLS_PORT, shared.MQTT_PORT, **tls)
+        else:
+            listener("mqtts", shared.MQTT_TLS_PORT, shared.MQTT_TLS_PORT)
+
+        self.arn: pulumi.Output[str] = nlb.arn
+        self.arn_suffix: pulumi.Output[str] = nlb.arn_suffix
+        self.dns_name: pulumi.Output[str] = nlb.dns_name
+        self.target_groups = {port: group.arn for port, group in groups.items()}
+        self.target_group_suffixes = {port: group.arn_suffix for port, group in groups.items()}
+        schemes = ([("mqtt", shared.MQTT_PORT)] if config.plain_mqtt else []) + [
+            ("mqtts", shared.MQTT_TLS_PORT)
+        ]
+        self.endpoints = [
+            pulumi.Output.concat(f"{scheme}://", nlb.dns_name, f":{port}")
+            for scheme, port in schemes
+        ]
+        self.register_outputs({"dnsName": self.dns_name})

@@ -1,0 +1,266 @@
+"""The network: a VPC over 2-3 availability zones, subnets, NAT, and one security group per tier.
+
+Public subnets hold the load balancer and the NAT gateways; everything else (ECS tasks,
+MSK brokers, Redis, PostgreSQL, EMR Serverless workers) lives in private subnets with no
+public address. Who may reach whom is written down here, in one place: only the NLB takes
+traffic from outside, on the MQTT ports; each tier accepts its clients' security groups.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from cormorant_infra import shared
+from cormorant_infra.config import StackConfig
+
+REDIS_PORT = 6379
+POSTGRES_PORT = 5432
+HTTPS_PORT = 443
+KAFKA_SCRAM_PORT = 9096
+"""MSK's port for TLS with SASL/SCRAM clients."""
+KAFKA_IAM_PORT = 9098
+"""MSK's port for TLS with IAM (SASL/OAUTHBEARER) clients."""
+
+TIERS = ("nlb", "ingest", "stages", "kafka", "cache", "database", "analytics")
+"""One security group each: the load balancer, the ingest tasks, the Kafka-reading stages
+(router, device_persist, app_delivery and the topics task), MSK, ElastiCache, RDS and EMR
+Serverless."""
+
+
+@dataclass(frozen=True)
+class Subnets:
+    """The CIDR blocks of one availability zone's subnets."""
+
+    public: str
+    private: str
+
+
+def subnet_plan(vpc_cidr: str, zones: int) -> list[Subnets]:
+    """Split ``vpc_cidr`` into a private and a public subnet per zone.
+
+    Private subnets take a quarter of the VPC each (they hold every task and data store);
+    public ones share the last quarter (load balancer nodes and NAT gateways only).
+    """
+    vpc = ipaddress.IPv4Network(vpc_cidr)
+    quarters = list(vpc.subnets(prefixlen_diff=2))
+    publics = list(quarters[3].subnets(prefixlen_diff=2))
+    return [Subnets(str(publics[i]), str(quarters[i])) for i in range(zones)]
+
+
+def mqtt_listener_ports(config: StackConfig) -> list[int]:
+    """The NLB's MQTT ports open to ``allowedCidrs``: 1883 (if plain MQTT is on) and 8883."""
+    return ([shared.MQTT_PORT] if config.plain_mqtt else []) + [shared.MQTT_TLS_PORT]
+
+
+def ingest_target_ports(config: StackConfig) -> list[int]:
+    """The ingest tasks' ports the NLB forwards to: 1883 for plain MQTT and for TLS
+    terminated at the NLB, 8883 when TLS passes through to the tasks."""
+    plain = config.plain_mqtt or config.tls_listener
+    return ([shared.MQTT_PORT] if plain else []) + (
+        [] if config.tls_listener else [shared.MQTT_TLS_PORT]
+    )
+
+
+class Network(pulumi.ComponentResource):
+    """VPC, subnets, routes, NAT gateways, S3 gateway endpoint and the tiers' security groups.
+
+    Attributes: ``vpc_id``; ``public_subnet_ids`` and ``private_subnet_ids`` (one per zone,
+    in zone order); ``security_groups`` (tier name of :data:`TIERS` → security group id);
+    ``kafka_port`` (9096 SCRAM or 9098 IAM).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: StackConfig,
+        region: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("cormorant:network:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        zones = aws.get_availability_zones(
+            state="available",
+            filters=[{"name": "opt-in-status", "values": ["opt-in-not-required"]}],
+            opts=pulumi.InvokeOptions(parent=self),
+        ).names[: config.availability_zones]
+        if len(zones) < config.availability_zones:
+            raise pulumi.RunError(
+                f"the region has {len(zones)} availability zones, the stack asks for "
+                f"{config.availability_zones} (cormorant:availabilityZones)"
+            )
+
+        vpc = aws.ec2.Vpc(
+            f"{name}-vpc",
+            cidr_block=config.vpc_cidr,
+            enable_dns_hostnames=True,  # MSK, ElastiCache and RDS endpoints are DNS names
+            enable_dns_support=True,
+            tags={"Name": name},
+            opts=child,
+        )
+        gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, opts=child)
+        public_routes = aws.ec2.RouteTable(
+            f"{name}-public",
+            vpc_id=vpc.id,
+            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
+            tags={"Name": f"{name}-public"},
+            opts=child,
+        )
+
+        public_subnets: list[aws.ec2.Subnet] = []
+        private_subnets: list[aws.ec2.Subnet] = []
+        for index, (zone, plan) in enumerate(
+            zip(zones, subnet_plan(config.vpc_cidr, len(zones)), strict=True)
+        ):
+            public = aws.ec2.Subnet(
+                f"{name}-public-{index}",
+                vpc_id=vpc.id,
+                cidr_block=plan.public,
+                availability_zone=zone,
+                map_public_ip_on_launch=False,  # only the NAT gateways get (elastic) addresses
+                tags={"Name": f"{name}-public-{zone}"},
+                opts=child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-public-{index}",
+                subnet_id=public.id,
+                route_table_id=public_routes.id,
+                opts=child,
+            )
+            private = aws.ec2.Subnet(
+                f"{name}-private-{index}",
+                vpc_id=vpc.id,
+                cidr_block=plan.private,
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags={"Name": f"{name}-private-{zone}"},
+                opts=child,
+            )
+            public_subnets.append(public)
+            private_subnets.append(private)
+
+        nats = []
+        for index in range(config.nat_gateways):
+            address = aws.ec2.Eip(f"{name}-nat-{index}", domain="vpc", opts=child)
+            nats.append(
+                aws.ec2.NatGateway(
+                    f"{name}-nat-{index}",
+                    allocation_id=address.id,
+                    subnet_id=public_subnets[index].id,
+                    tags={"Name": f"{name}-nat-{index}"},
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[gateway]),
+                )
+            )
+        private_route_ids = []
+        for index, private in enumerate(private_subnets):
+            # A zone without its own NAT gateway borrows another zone's (cheaper, less
+            # available: natGateways = availabilityZones in production).
+            routes = aws.ec2.RouteTable(
+                f"{name}-private-{index}",
+                vpc_id=vpc.id,
+                routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nats[index % len(nats)].id}],
+                tags={"Name": f"{name}-private-{index}"},
+                opts=child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-private-{index}",
+                subnet_id=private.id,
+                route_table_id=routes.id,
+                opts=child,
+            )
+            private_route_ids.append(routes.id)
+
+        # S3 traffic (the archive, EMR logs, ECR's image layers) stays off the NAT gateways.
+        aws.ec2.VpcEndpoint(
+            f"{name}-s3",
+            vpc_id=vpc.id,
+            service_name=f"com.amazonaws.{region}.s3",
+            vpc_endpoint_type="Gateway",
+            route_table_ids=private_route_ids,
+            opts=child,
+        )
+
+        self.kafka_port = KAFKA_IAM_PORT if config.kafka_iam else KAFKA_SCRAM_PORT
+        groups = {
+            tier: aws.ec2.SecurityGroup(
+                f"{name}-{tier}",
+                vpc_id=vpc.id,
+                description=f"Cormorant {tier} tier",
+                revoke_rules_on_delete=True,
+                tags={"Name": f"{name}-{tier}"},
+                opts=child,
+            )
+            for tier in TIERS
+        }
+        self._rules(name, config, groups)
+
+        self.vpc_id = vpc.id
+        self.public_subnet_ids = [subnet.id for subnet in public_subnets]
+        self.private_subnet_ids = [subnet.id for subnet in private_subnets]
+        self.security_groups: dict[str, pulumi.Output[str]] = {
+            tier: group.id for tier, group in groups.items()
+        }
+        self.register_outputs({"vpcId": self.vpc_id, "privateSubnetIds": self.private_subnet_ids})
+
+    def _rules(
+        self, name: str, config: StackConfig, groups: dict[str, aws.ec2.SecurityGroup]
+    ) -> None:
+        """The only paths traffic may take between the tiers (and in from the internet)."""
+        child = pulumi.ResourceOptions(parent=self)
+
+        def between(client: str, server: str, port: int) -> None:
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-{client}-to-{server}-{port}",
+                security_group_id=groups[client].id,
+                referenced_security_group_id=groups[server].id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                description=f"{client} to {server}",
+                opts=child,
+            )
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-{server}-from-{client}-{port}",
+                security_group_id=groups[server].id,
+                referenced_security_group_id=groups[client].id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                description=f"{server} from {client}",
+                opts=child,
+            )
+
+        for port in mqtt_listener_ports(config):
+            for index, cidr in enumerate(config.allowed_cidrs):
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-nlb-mqtt-{port}-{index}",
+                    security_group_id=groups["nlb"].id,
+                    cidr_ipv4=cidr,
+                    ip_protocol="tcp",
+                    from_port=port,
+                    to_port=port,
+                    description="MQTT clients",
+                    opts=child,
+                )
+        for port in ingest_target_ports(config):
+            between("nlb", "ingest", port)
+        for client in ("ingest", "stages", "analytics"):
+            between(client, "kafka", self.kafka_port)
+        between("stages", "cache", REDIS_PORT)
+        between("stages", "database", POSTGRES_PORT)
+        # AWS APIs the tasks need (ECR, Secrets Manager, CloudWatch Logs, STS), through the
+        # NAT gateways: HTTPS out only.
+        for tier in ("ingest", "stages", "analytics"):
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-{tier}-https",
+                security_group_id=groups[tier].id,
+                cidr_ipv4="0.0.0.0/0",
+                ip_protocol="tcp",
+                from_port=HTTPS_PORT,
+                to_port=HTTPS_PORT,
+                description="AWS APIs over HTTPS",
+                opts=child,
+            )

@@ -1,0 +1,212 @@
+"""Observability: CloudWatch alarms on what breaks a broker, sent to one SNS topic.
+
+Alarms: unhealthy NLB targets, an ECS service running fewer tasks than it wants, RDS and
+ElastiCache CPU and memory, MSK broker disk use, and the router's and device_persist's
+consumer lag (messages accepted but not yet routed or stored). Logs are per service
+(:mod:`cormorant_infra.compute`); metrics from the services themselves come with issue 13.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from cormorant_infra import shared
+from cormorant_infra.cache import Cache
+from cormorant_infra.compute import LAG_TOPICS, Compute
+from cormorant_infra.config import StackConfig
+from cormorant_infra.database import Database
+from cormorant_infra.ingress import Ingress
+from cormorant_infra.kafka import Kafka
+
+CPU_PERCENT = 80.0
+MEMORY_PERCENT = 80.0
+DISK_PERCENT = 80.0
+RDS_FREEABLE_MEMORY_BYTES = 256 * 1024 * 1024
+LAG_RECORDS = 100_000.0
+"""Consumer lag (records) that, held for 10 minutes, means a stage cannot keep up."""
+
+
+class Observability(pulumi.ComponentResource):
+    """The SNS topic (optionally mailed to ``alarmEmail``) and the alarms.
+
+    Attributes: ``topic_arn``, ``alarm_names`` (every alarm's logical name).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: StackConfig,
+        kafka: Kafka,
+        cache: Cache,
+        database: Database,
+        ingress: Ingress,
+        compute: Compute,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("cormorant:observability:Observability", name, None, opts)
+        self._name = name
+        child = pulumi.ResourceOptions(parent=self)
+        topic = aws.sns.Topic(f"{name}-alarms", kms_master_key_id="alias/aws/sns", opts=child)
+        if config.alarm_email:
+            aws.sns.TopicSubscription(
+                f"{name}-alarms-email",
+                topic=topic.arn,
+                protocol="email",
+                endpoint=config.alarm_email,
+                opts=child,
+            )
+        self.topic_arn: pulumi.Output[str] = topic.arn
+        self.alarm_names: list[str] = []
+
+        for port, suffix in ingress.target_group_suffixes.items():
+            self._alarm(
+                f"unhealthy-targets-{port}",
+                f"An ingest task fails the NLB health check on port {port}",
+                namespace="AWS/NetworkELB",
+                metric="UnHealthyHostCount",
+                dimensions={"LoadBalancer": ingress.arn_suffix, "TargetGroup": suffix},
+                statistic="Maximum",
+                threshold=0,
+                periods=3,
+            )
+        for command in shared.SERVICE_COMMANDS:
+            self._tasks_below_desired(command, compute)
+        for member in cache.member_ids:
+            for metric, threshold in (
+                ("EngineCPUUtilization", CPU_PERCENT),
+                ("DatabaseMemoryUsagePercentage", MEMORY_PERCENT),
+            ):
+                self._alarm(
+                    f"redis-{metric}-{member[-3:]}",
+                    f"Redis node {member}: {metric} above {threshold:g} %",
+                    namespace="AWS/ElastiCache",
+                    metric=metric,
+                    dimensions={"CacheClusterId": member},
+                    statistic="Average",
+                    threshold=threshold,
+                    periods=3,
+                )
+        self._alarm(
+            "rds-cpu",
+            f"PostgreSQL CPU above {CPU_PERCENT:g} %",
+            namespace="AWS/RDS",
+            metric="CPUUtilization",
+            dimensions={"DBInstanceIdentifier": database.identifier},
+            statistic="Average",
+            threshold=CPU_PERCENT,
+            periods=3,
+        )
+        self._alarm(
+            "rds-memory",
+            "PostgreSQL freeable memory below 256 MiB",
+            namespace="AWS/RDS",
+            metric="FreeableMemory",
+            dimensions={"DBInstanceIdentifier": database.identifier},
+            statistic="Minimum",
+            threshold=RDS_FREEABLE_MEMORY_BYTES,
+            periods=3,
+            comparison="LessThanThreshold",
+        )
+        if not config.kafka_iam:  # MSK Serverless manages its own storage
+            for broker in range(1, config.kafka_brokers + 1):
+                self._alarm(
+                    f"msk-disk-{broker}",
+                    f"MSK broker {broker}: data disk above {DISK_PERCENT:g} % used",
+                    namespace="AWS/Kafka",
+                    metric="KafkaDataLogsDiskUsed",
+                    dimensions={"Cluster Name": kafka.cluster_name, "Broker ID": str(broker)},
+                    statistic="Maximum",
+                    threshold=DISK_PERCENT,
+                    periods=2,
+                )
+        names = shared.TopicNames(config.topic_prefix)
+        for command, attribute in LAG_TOPICS.items():
+            self._alarm(
+                f"lag-{command}",
+                f"{command} falls behind: consumer lag above {LAG_RECORDS:,.0f} records",
+                namespace="AWS/Kafka",
+                metric="SumOffsetLag",
+                dimensions={
+                    "Cluster Name": kafka.cluster_name,
+                    "Consumer Group": names.service_group(command),
+                    "Topic": getattr(names, attribute),
+                },
+                statistic="Maximum",
+                threshold=LAG_RECORDS,
+                periods=10,
+            )
+        self.register_outputs({"topicArn": self.topic_arn})
+
+    def _alarm(
+        self,
+        name: str,
+        description: str,
+        *,
+        namespace: str,
+        metric: str,
+        dimensions: dict[str, pulumi.Input[str]],
+        statistic: str,
+        threshold: float,
+        periods: int,
+        comparison: str = "GreaterThanThreshold",
+    ) -> None:
+        self.alarm_names.append(name)
+        aws.cloudwatch.MetricAlarm(
+            f"{self._name}-{name}",
+            alarm_description=description,
+            namespace=namespace,
+            metric_name=metric,
+            dimensions=dimensions,
+            statistic=statistic,
+            period=60,
+            evaluation_periods=periods,
+            threshold=threshold,
+            comparison_operator=comparison,
+            treat_missing_data="notBreaching",
+            alarm_actions=[self.topic_arn],
+            ok_actions=[self.topic_arn],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _tasks_below_desired(self, command: str, compute: Compute) -> None:
+        """Running tasks below the desired count for 5 minutes (failing health checks,
+        crash loops, no capacity): Container Insights' two counts compared."""
+        name = f"tasks-below-desired-{command}"
+        self.alarm_names.append(name)
+        dimensions: dict[str, pulumi.Input[str]] = {
+            "ClusterName": compute.cluster_name,
+            "ServiceName": command,
+        }
+
+        def count(query_id: str, metric: str) -> aws.cloudwatch.MetricAlarmMetricQueryArgsDict:
+            query: aws.cloudwatch.MetricAlarmMetricQueryMetricArgsDict = {
+                "namespace": "ECS/ContainerInsights",
+                "metric_name": metric,
+                "dimensions": dimensions,
+                "period": 60,
+                "stat": "Average",
+            }
+            return {"id": query_id, "metric": query, "return_data": False}
+
+        aws.cloudwatch.MetricAlarm(
+            f"{self._name}-{name}",
+            alarm_description=f"{command}: fewer tasks running than desired",
+            metric_queries=[
+                count("desired", "DesiredTaskCount"),
+                count("running", "RunningTaskCount"),
+                {
+                    "id": "missing",
+                    "expression": "desired - running",
+                    "label": "tasks missing",
+                    "return_data": True,
+                },
+            ],
+            evaluation_periods=5,
+            threshold=0,
+            comparison_operator="GreaterThanThreshold",
+            treat_missing_data="breaching",
+            alarm_actions=[self.topic_arn],
+            ok_actions=[self.topic_arn],
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,0 +1,112 @@
+"""What the deployment takes from Cormorant itself: one source of truth for every fact.
+
+Service names and commands (``services/cli.py``), topic names, partitions and consumer
+groups (``services/common/kafka/``), settings and their environment variables
+(``services/common/settings.py``), the MQTT ports and the keep alive rule
+(``services/common/mqtt/``), the Kafka and Spark versions (``services/common/versions.py``)
+are imported here, never copied, so a change there changes the deployment.
+"""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from services.cli import SERVICE_COMMANDS, TOPICS_COMMAND
+from services.common.kafka.admin import core_topic_specs
+from services.common.kafka.names import TopicNames
+from services.common.mqtt.keep_alive import max_keep_alive_for_idle_timeout
+from services.common.mqtt.ports import MQTT_PORT, MQTT_TLS_PORT
+from services.common.settings import Settings
+from services.common.versions import KAFKA_VERSION, SPARK_VERSION, release_line
+
+__all__ = [
+    "EMR_RELEASE_SPARK",
+    "INGEST",
+    "KAFKA_VERSION",
+    "MQTT_PORT",
+    "MQTT_TLS_PORT",
+    "SERVICE_COMMANDS",
+    "SPARK_VERSION",
+    "TOPICS_COMMAND",
+    "Settings",
+    "TopicNames",
+    "check_emr_release",
+    "core_topic_specs",
+    "max_keep_alive_for_idle_timeout",
+    "msk_kafka_version",
+    "setting_env",
+    "settings_for",
+]
+
+INGEST = "ingest"
+"""The one service that holds MQTT sockets: the only target of the load balancer."""
+assert INGEST in SERVICE_COMMANDS
+
+EMR_RELEASE_SPARK: dict[str, str] = {
+    "emr-7.8.0": "3.5.4",
+    "emr-7.9.0": "3.5.5",
+    "emr-7.10.0": "3.5.5",
+    "emr-7.11.0": "3.5.6",
+    "emr-7.12.0": "3.5.6",
+    "emr-7.13.0": "3.5.6",
+}
+"""The Apache Spark each EMR release runs (AWS, EMR Release Guide, "Spark release
+history"). Add a release here, with its Spark version from that page, to deploy it."""
+
+
+def check_emr_release(label: str) -> str:
+    """The Spark version of EMR release ``label``, checked against :data:`SPARK_VERSION`.
+
+    The release must run the same ``major.minor`` Spark line as the one the Spark jobs pin
+    (EMR ships its own patch level: ``3.5.6`` on EMR for jobs built against ``3.5.7``).
+    Raises ``ValueError`` for an unknown label or another Spark line.
+    """
+    spark = EMR_RELEASE_SPARK.get(label)
+    if spark is None:
+        raise ValueError(
+            f"unknown EMR release {label!r}; known: {sorted(EMR_RELEASE_SPARK)} "
+            "(add a release with its Spark version to cormorant_infra/shared.py)"
+        )
+    if release_line(spark) != release_line(SPARK_VERSION):
+        raise ValueError(
+            f"{label} runs Spark {spark}, but the Spark jobs pin {SPARK_VERSION}: choose a "
+            f"release of the Spark {release_line(SPARK_VERSION)} line"
+        )
+    return spark
+
+
+def msk_kafka_version() -> str:
+    """The MSK version of the Kafka line Cormorant is tested with: ``3.9.1`` → ``3.9.x``."""
+    return f"{release_line(KAFKA_VERSION)}.x"
+
+
+def setting_env(name: str) -> str:
+    """The environment variable of setting ``name``: ``kafka_bootstrap`` →
+    ``CORMORANT_KAFKA_BOOTSTRAP``. Raises ``KeyError`` for a name that is no setting."""
+    if name not in Settings.model_fields:
+        raise KeyError(f"{name!r} is not a Cormorant setting (services/common/settings.py)")
+    prefix = Settings.model_config.get("env_prefix", "")
+    return f"{prefix}{name}".upper()
+
+
+class _DeclaredSettings(Settings):
+    """:class:`Settings` from the values given only: not this machine's environment or
+    settings file (the deployment's tasks do not see them)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def settings_for(**values: object) -> Settings:
+    """The :class:`Settings` a service would build from ``values`` alone (no environment,
+    no settings file), validated the way the service validates them. Raises
+    ``pydantic.ValidationError`` naming a bad value."""
+    return _DeclaredSettings.model_validate(values)

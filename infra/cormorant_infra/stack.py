@@ -1,0 +1,66 @@
+"""The whole deployment: the components wired together, and the stack's outputs.
+
+``__main__.py`` calls :func:`build` with the stack's configuration and exports what it
+returns; the tests call it under Pulumi's mocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from cormorant_infra.analytics import Analytics
+from cormorant_infra.cache import Cache
+from cormorant_infra.compute import Compute
+from cormorant_infra.config import StackConfig
+from cormorant_infra.database import Database
+from cormorant_infra.ingress import Ingress
+from cormorant_infra.kafka import Kafka
+from cormorant_infra.network import Network
+from cormorant_infra.observability import Observability
+
+
+def build(config: StackConfig) -> dict[str, Any]:
+    """Declare every resource of the stack; return its outputs (name → value).
+
+    Outputs (what ``pulumi stack output --json`` prints and ``cormorant cloud`` reads):
+    ``mqttEndpoints``, ``nlbDnsName``, ``kafkaBootstrap``, ``archiveBucket``,
+    ``emrApplicationId`` and ``emrJobRoleArn`` for users; the names and ARNs ``cormorant
+    cloud status`` checks (``region``, ``ecsCluster``, ``ecsServices``,
+    ``targetGroupArns``, ``mskClusterArn``, ``redisReplicationGroupId``,
+    ``dbInstanceIdentifier``) and what ``cormorant cloud create-topics`` runs
+    (``topicsTaskDefinition``, ``taskSubnetIds``, ``taskSecurityGroupId``, ``logGroups``).
+    They parse as :class:`services.cloud.outputs.StackOutputs`. None is secret.
+    """
+    name = f"cormorant-{pulumi.get_stack()}"
+    region = aws.get_region().region
+    network = Network(name, config, region)
+    kafka = Kafka(name, config, network)
+    cache = Cache(name, config, network)
+    database = Database(name, config, network)
+    ingress = Ingress(name, config, network)
+    compute = Compute(name, config, region, network, kafka, cache, database, ingress)
+    analytics = Analytics(name, config, network, kafka)
+    alarms = Observability(name, config, kafka, cache, database, ingress, compute)
+    return {
+        "mqttEndpoints": ingress.endpoints,
+        "nlbDnsName": ingress.dns_name,
+        "kafkaBootstrap": kafka.bootstrap,
+        "archiveBucket": analytics.bucket_name,
+        "emrApplicationId": analytics.application_id,
+        "emrJobRoleArn": analytics.job_role_arn,
+        "region": region,
+        "ecsCluster": compute.cluster_name,
+        "ecsServices": list(compute.service_names.values()),
+        "targetGroupArns": list(ingress.target_groups.values()),
+        "mskClusterArn": kafka.cluster_arn,
+        "redisReplicationGroupId": cache.replication_group_id,
+        "dbInstanceIdentifier": database.identifier,
+        "topicsTaskDefinition": compute.topics_task_definition,
+        "taskSubnetIds": compute.task_subnet_ids,
+        "taskSecurityGroupId": compute.task_security_group,
+        "logGroups": compute.log_groups,
+        "alarmTopicArn": alarms.topic_arn,
+    }

@@ -1,0 +1,90 @@
+"""``cormorant cloud``: the deployed stack from the command line (status, topics task).
+
+Both commands read the stack's outputs, ``pulumi stack output --json`` of infra/, from a
+file or standard input, and use the AWS credentials of the environment (profile, variables
+or role), in the stack's region.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO
+
+import click
+
+from services.cloud.outputs import OutputsError, StackOutputs
+
+_OUTPUTS = click.option(
+    "--outputs",
+    "outputs_file",
+    type=click.File("r"),
+    required=True,
+    help="The stack's outputs: `pulumi stack output --json` saved to a file, or - for "
+    "standard input.",
+)
+
+
+def _read_outputs(source: IO[str]) -> StackOutputs:
+    try:
+        return StackOutputs.parse(source.read())
+    except OutputsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.group()
+def cloud() -> None:
+    """Cormorant deployed on AWS with infra/ (Pulumi)."""
+
+
+@cloud.command()
+@_OUTPUTS
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
+def status(outputs_file: IO[str], as_json: bool) -> None:
+    """Check every part of the deployed stack: ECS services, NLB targets, MSK, ElastiCache,
+    RDS, EMR Serverless. Exits with status 1 when any part is not ok."""
+    from botocore.exceptions import BotoCoreError
+
+    from services.cloud.status import Clients, stack_status
+
+    outputs = _read_outputs(outputs_file)
+    try:
+        checks = stack_status(outputs, Clients.for_region(outputs.region))
+    except BotoCoreError as exc:
+        raise click.ClickException(f"cannot ask AWS ({outputs.region}): {exc}") from exc
+    if as_json:
+        click.echo(json.dumps([check.as_dict() for check in checks], indent=2))
+    else:
+        rows = [("PART", "NAME", "OK", "STATE", "DETAIL")] + [
+            (c.part, c.name, "ok" if c.ok else "NOT OK", c.state, c.detail) for c in checks
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            click.echo(
+                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            )
+    if not all(check.ok for check in checks):
+        sys.exit(1)
+
+
+@cloud.command("create-topics")
+@_OUTPUTS
+@click.option(
+    "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the task."
+)
+def create_topics(outputs_file: IO[str], timeout: float) -> None:
+    """Run the stack's one-off topics task (`cormorant create-topics` on Fargate, in the
+    stack's network) and wait until it has created the Kafka topics."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from services.cloud.topics_task import TaskFailed, run_topics_task
+
+    outputs = _read_outputs(outputs_file)
+    ecs = boto3.client("ecs", region_name=outputs.region)
+    try:
+        result = run_topics_task(ecs, outputs, timeout)
+    except (TaskFailed, ClientError, BotoCoreError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"topics created (task {result.task_arn})")
+    click.echo(f"logs: {result.log_group} {result.log_stream}")

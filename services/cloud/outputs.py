@@ -1,0 +1,68 @@
+"""A deployed stack's outputs: what ``pulumi stack output --json`` prints for infra/.
+
+``cormorant cloud`` reads them to find the deployment's resources; infra/ builds its outputs
+under these names (its tests check that they parse here), so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+
+class OutputsError(ValueError):
+    """The stack outputs are not JSON, or lack what ``cormorant cloud`` needs (named)."""
+
+
+class StackOutputs(BaseModel):
+    """The outputs of a Cormorant stack (camelCase in JSON: ``ecsCluster``).
+
+    ``region``: the AWS region; ``ecs_cluster`` and ``ecs_services`` (names);
+    ``target_group_arns`` (the NLB's); ``msk_cluster_arn``; ``redis_replication_group_id``;
+    ``db_instance_identifier``; ``emr_application_id``; the topics task
+    (``topics_task_definition`` ARN, ``task_subnet_ids``, ``task_security_group_id``);
+    ``log_groups`` (service command → CloudWatch log group); and what users connect to:
+    ``mqtt_endpoints``, ``kafka_bootstrap``, ``archive_bucket``.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    region: str
+    ecs_cluster: str
+    ecs_services: list[str]
+    target_group_arns: list[str]
+    msk_cluster_arn: str
+    redis_replication_group_id: str
+    db_instance_identifier: str
+    emr_application_id: str
+    topics_task_definition: str
+    task_subnet_ids: list[str]
+    task_security_group_id: str
+    log_groups: dict[str, str]
+    mqtt_endpoints: list[str]
+    kafka_bootstrap: str
+    archive_bucket: str
+
+    @classmethod
+    def parse(cls, text: str) -> StackOutputs:
+        """Parse ``pulumi stack output --json`` text. Raises :class:`OutputsError` naming
+        each missing or malformed output."""
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise OutputsError(f"stack outputs are not JSON: {exc}") from None
+        try:
+            return cls.model_validate(document)
+        except ValidationError as exc:
+            problems = ", ".join(
+                f"{'.'.join(str(p) for p in error['loc'])} ({error['msg'].lower()})"
+                for error in exc.errors()
+            )
+            raise OutputsError(
+                f"stack outputs lack what cormorant cloud needs: {problems} "
+                "(is this `pulumi stack output --json` of Cormorant's infra/?)"
+            ) from None

@@ -1,0 +1,56 @@
+"""The stacks under test, each declared once per session under Pulumi's mocks.
+
+``dev`` and ``prod`` are the repository's own stack files; ``serverless`` is prod with MSK
+Serverless (IAM), TLS passed through to the tasks, PROXY protocol and the PostgreSQL
+message store: the other branch of every configuration choice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.infra.mocks import Deployment, deploy, stack_file_values
+
+
+def serverless_values() -> dict[str, Any]:
+    """The prod stack file with every alternative switched on."""
+    values = stack_file_values("prod")
+    values.pop("cormorant:certificateArn")
+    values |= {
+        "cormorant:kafkaMode": "serverless",
+        "cormorant:tlsMode": "passthrough",
+        "cormorant:proxyProtocolV2": True,
+        "cormorant:storeBackend": "postgres",
+        "cormorant:plainMqtt": False,
+        "cormorant:nlbIdleTimeoutSeconds": 600,
+        "cormorant:maxKeepAlive": 390,
+        "cormorant:topicPrefix": "mqtt.",
+    }
+    return values
+
+
+@pytest.fixture(scope="session")
+def dev() -> Deployment:
+    """infra/Pulumi.dev.yaml, declared."""
+    return deploy("dev", stack_file_values("dev"))
+
+
+@pytest.fixture(scope="session")
+def prod() -> Deployment:
+    """infra/Pulumi.prod.yaml, declared."""
+    return deploy("prod", stack_file_values("prod"))
+
+
+@pytest.fixture(scope="session")
+def serverless() -> Deployment:
+    """prod with MSK Serverless, TLS passthrough, PROXY v2 and the PostgreSQL store."""
+    return deploy("serverless", serverless_values())
+
+
+@pytest.fixture(scope="session", params=["dev", "prod", "serverless"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    """Each of the three stacks in turn."""
+    found: Deployment = request.getfixturevalue(request.param)
+    return found
