@@ -31,6 +31,16 @@ from dataclasses import dataclass, field
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from services.common import records
 from spark_emr import decode
@@ -338,9 +348,38 @@ def run(
     return results
 
 
+#: The Kafka source's columns (Structured Streaming + Kafka Integration Guide), headers on.
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType(
+                    [StructField("key", StringType()), StructField("value", BinaryType())]
+                )
+            ),
+        ),
+    ]
+)
+
+
+def table_schema(spark: SparkSession, table: str) -> StructType:
+    """The columns of archive ``table``: its transform applied to no Kafka records."""
+    empty = spark.createDataFrame([], KAFKA_SCHEMA)
+    sample = ArchiveTopics("a", "b", "c", "d", "e.", "f.", "g.")
+    return next(t for t in tables(sample) if t.name == table).transform(empty).schema
+
+
 def read_table(spark: SparkSession, archive: str, table: str) -> DataFrame | None:
     """The archived ``table`` as the file sink committed it (through ``_spark_metadata``), or
-    None if no run has written it yet."""
+    None if no run has written it yet (an archived table without rows is an empty frame)."""
     path = _join(archive, table)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -348,7 +387,7 @@ def read_table(spark: SparkSession, archive: str, table: str) -> DataFrame | Non
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
     if not fs.exists(hadoop_path):
         return None
-    return spark.read.parquet(path)
+    return spark.read.schema(table_schema(spark, table)).parquet(path)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
