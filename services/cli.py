@@ -11,6 +11,7 @@ import os
 import click
 
 from services.local.cli import down, fetch_kafka, status, up
+from spark_emr.cli import analytics
 
 
 def _apply(**overrides: object) -> None:
@@ -64,10 +65,10 @@ def app_delivery() -> None:
 @main.command("settings")
 def show_settings() -> None:
     """List every setting: environment variable, current value and meaning."""
-    from services.common.settings import Settings, get_settings
+    from spark_emr.settings import AnalyticsSettings
 
-    current = get_settings()
-    for name, info in Settings.model_fields.items():
+    current = AnalyticsSettings()
+    for name, info in AnalyticsSettings.model_fields.items():
         value = getattr(current, name)
         click.echo(f"CORMORANT_{name.upper()}={'' if value is None else value}")
         if info.description:
@@ -78,6 +79,7 @@ main.add_command(up)
 main.add_command(down)
 main.add_command(status)
 main.add_command(fetch_kafka)
+main.add_command(analytics)
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,11 @@ class AnalyticsSettings(Settings):
     analytics_kafka_password: SecretStr | None = Field(
         None, description="SCRAM password of the Spark jobs (from the environment, never logged)."
     )
+    analytics_kafka_secret_arn: str | None = Field(
+        None,
+        description="On EMR with analytics_kafka_auth=scram: the Secrets Manager secret "
+        "({username, password}, MSK's format) the job's driver reads the credentials from.",
+    )
     aws_region: str | None = Field(
         None, description="AWS region of the EMR Serverless application and the archive bucket."
     )
