@@ -94,7 +94,9 @@ def _run_on_emr(
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     client, s3 = _boto(target)
-    spec = emr.JobSpec(job, arguments, JOB_CONF | emr.python_archive_conf(settings.emr_python_archive))
+    spec = emr.JobSpec(
+        job, arguments, JOB_CONF | emr.python_archive_conf(settings.emr_python_archive)
+    )
     try:
         run_id = emr.submit(client, s3, target, spec, _jars(settings), progress=click.echo)
         emr.wait(client, target.application_id, run_id, poll_seconds=settings.emr_poll_seconds,

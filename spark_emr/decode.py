@@ -113,7 +113,9 @@ def rows(
     return pd.DataFrame(out, columns=columns)
 
 
-def _udf(decode: Callable[[bytes], tuple[Any, ...]], schema: StructType) -> Callable[[Column], Column]:
+def _udf(
+    decode: Callable[[bytes], tuple[Any, ...]], schema: StructType
+) -> Callable[[Column], Column]:
     def apply(values: pd.Series) -> pd.DataFrame:
         return rows(decode, schema, values)
 

@@ -45,8 +45,12 @@ _ROOT = Path(__file__).resolve().parent.parent
 # dropping case, "_" and "-", so archiveBucket, archive_bucket and ARCHIVE-BUCKET all match.
 _OUTPUT_NAMES = {
     "application_id": ("emrapplicationid", "emrserverlessapplicationid", "applicationid"),
-    "job_role_arn": ("emrjobrolearn", "emrjobexecutionrolearn", "emrexecutionrolearn",
-                     "jobrolearn"),  # fmt: skip
+    "job_role_arn": (
+        "emrjobrolearn",
+        "emrjobexecutionrolearn",
+        "emrexecutionrolearn",
+        "jobrolearn",
+    ),
     "bucket": ("archivebucket", "archivebucketname", "analyticsbucket"),
     "region": ("region", "awsregion"),
     "kafka_bootstrap": ("kafkabootstrap", "kafkabootstrapbrokers", "bootstrapbrokers"),
@@ -105,7 +109,8 @@ def target_from(settings: AnalyticsSettings, stack_outputs: Path | None = None) 
     missing = [k for k in ("application_id", "job_role_arn", "bucket") if not found[k]]
     if missing:
         raise ValueError(
-            "EMR Serverless target incomplete, missing " + ", ".join(missing)
+            "EMR Serverless target incomplete, missing "
+            + ", ".join(missing)
             + ": pass --stack-outputs (pulumi stack output --json) or set "
             "CORMORANT_EMR_APPLICATION_ID, CORMORANT_EMR_JOB_ROLE_ARN, CORMORANT_ARCHIVE_BUCKET"
         )
@@ -130,10 +135,9 @@ def _imports(path: Path) -> Iterable[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names if a.name.startswith("services"))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("services"):
-                yield node.module
-                yield from (f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("services"):
+            yield str(node.module)
+            yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
 def package_files() -> list[Path]:
@@ -195,9 +199,7 @@ def _upload(s3: Any, bucket: str, key: str, body: bytes) -> str:
     return f"s3://{bucket}/{key}"
 
 
-def spark_submit_parameters(
-    py_files: str, jars: Sequence[str], conf: dict[str, str]
-) -> str:
+def spark_submit_parameters(py_files: str, jars: Sequence[str], conf: dict[str, str]) -> str:
     """The ``sparkSubmitParameters`` string: ``--py-files``, ``--jars``, ``--conf k=v``…"""
     parts = [f"--py-files {py_files}", f"--jars {','.join(jars)}"]
     parts += [f"--conf {key}={value}" for key, value in conf.items()]
@@ -262,9 +264,7 @@ def submit(
             },
             configurationOverrides={
                 "monitoringConfiguration": {
-                    "s3MonitoringConfiguration": {
-                        "logUri": f"s3://{target.bucket}/{LOGS_PREFIX}/"
-                    }
+                    "s3MonitoringConfiguration": {"logUri": f"s3://{target.bucket}/{LOGS_PREFIX}/"}
                 }
             },
             tags={"cormorant-job": spec.job, "spark-version": versions.SPARK_VERSION},

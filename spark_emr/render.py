@@ -19,8 +19,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
 #: Rows of each table shown in the page (the CSV files have more).
 SHOWN_ROWS = 15
@@ -65,7 +65,9 @@ def _table(frame: pd.DataFrame, total: int | None = None) -> str:
     shown = frame.head(SHOWN_ROWS)
     more = (total if total is not None else len(frame)) - len(shown)
     extra = f"<p class=meta>… and {more:,} more rows in the CSV file</p>" if more > 0 else ""
-    return shown.to_html(index=False, border=0, na_rep="", float_format=lambda v: f"{v:,.1f}") + extra
+    return (
+        shown.to_html(index=False, border=0, na_rep="", float_format=lambda v: f"{v:,.1f}") + extra
+    )
 
 
 def _bars(frame: pd.DataFrame, label: str, value: str, horizontal: bool = False,
@@ -83,7 +85,9 @@ def _bars(frame: pd.DataFrame, label: str, value: str, horizontal: bool = False,
     return draw
 
 
-def _over_time(frame: pd.DataFrame, when: str, value: str, kind: str = "bar") -> Callable[[Any], None]:
+def _over_time(
+    frame: pd.DataFrame, when: str, value: str, kind: str = "bar"
+) -> Callable[[Any], None]:
     def draw(ax: Any) -> None:
         times = pd.to_datetime(frame[when])
         if kind == "bar" and len(frame) > 1:
@@ -206,7 +210,8 @@ def render(directory: Path) -> Path:
         _table(tables.get("stored_backlog", pd.DataFrame()), counts.get("stored_backlog")),
         "<h3>Expired before delivery</h3>",
         _table(tables.get("expired", pd.DataFrame()), counts.get("expired")),
-        "<p class=meta>Every table in full: csv/*.csv and tables/*/ (Parquet) beside this page.</p>",
+        "<p class=meta>Every table in full: csv/*.csv and tables/*/ (Parquet) beside this "
+        "page.</p>",
         "</body></html>",
     ]  # fmt: skip
     index = directory / "index.html"

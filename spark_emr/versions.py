@@ -20,6 +20,4 @@ MSK_IAM_AUTH_VERSION = "2.3.2"
 EMR_RELEASE_LABEL = "emr-7.9.0"
 
 #: The Maven coordinates of the Structured Streaming Kafka source (``groupId:artifactId:version``).
-KAFKA_CONNECTOR = (
-    f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}:{SPARK_VERSION}"
-)
+KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}:{SPARK_VERSION}"

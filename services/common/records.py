@@ -588,7 +588,7 @@ class DisconnectCause(IntEnum):
     CONNECTION_LOST = 2
     """The socket closed or failed without DISCONNECT."""
     KEEP_ALIVE_TIMEOUT = 3
-    """Nothing arrived within 1.5 × Keep Alive (MQTT 3.1.2.10)."""
+    """Nothing arrived within 1.5 times the Keep Alive (MQTT 3.1.2.10)."""
     TAKEOVER = 4
     """The same Client Identifier connected again (MQTT 3.1.4-3, Reason Code 0x8E)."""
     PROTOCOL_ERROR = 5

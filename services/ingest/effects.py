@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.records import AckRecord, PublishMeta, SessionRecord
+from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.topics.trie import Subscription
 
 
@@ -118,6 +118,15 @@ class Connected:
     client_id: str
 
 
+@dataclass(slots=True)
+class RecordEvent:
+    """Append ``event`` to ``client.events`` for the analysts (key: ``client_id``): written
+    off the hot path, nobody waits for it, a failure is only logged."""
+
+    client_id: str
+    event: EventRecord
+
+
 StoreEffect = (
     StorePublish
     | StoreRetained
@@ -128,4 +137,4 @@ StoreEffect = (
 )
 """The effects that write one Kafka record and report back through their ``token``."""
 
-Effect = Send | Close | StoreEffect | CreateAppTopic | PublishWill | Connected
+Effect = Send | Close | StoreEffect | CreateAppTopic | PublishWill | Connected | RecordEvent

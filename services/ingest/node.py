@@ -29,7 +29,6 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import PacketType, Publish
 from services.common.mqtt.properties import Properties, decode_properties
-from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     HEADER_META,
     HEADER_RETAINED_REQUEST,
@@ -39,6 +38,7 @@ from services.common.records import (
     decode_session,
     decode_subscriptions,
     encode_ack,
+    encode_event,
     encode_meta,
     encode_session,
     encode_subscriptions,
@@ -54,6 +54,7 @@ from services.ingest.effects import (
     CreateAppTopic,
     Effect,
     PublishWill,
+    RecordEvent,
     Send,
     StoreAcks,
     StoreEffect,
@@ -238,6 +239,8 @@ class IngestNode:
                 self._will(client, effect)
             elif isinstance(effect, CreateAppTopic):
                 self._background_task(self._create_app_topic(client, effect))
+            elif isinstance(effect, RecordEvent):
+                self._record_event(effect)
             else:
                 self._enqueue_store(client, effect)
 
@@ -259,6 +262,12 @@ class IngestNode:
             self.run(client, client.connection.store_failed(effect.token))
             return
         self.run(client, client.connection.stored(effect.token))
+
+    def _record_event(self, effect: RecordEvent) -> None:
+        """Append a ``client.events`` record; nothing waits for it (off the hot path)."""
+        record = (self.names.client_events, effect.client_id.encode("utf-8"),
+                  encode_event(effect.event), None)  # fmt: skip
+        self._background_task(self._write_logged(*record))
 
     def _register(self, client: Client, client_id: str) -> None:
         old = self.clients.get(client_id)
@@ -594,12 +603,7 @@ class IngestNode:
         wait (at most :data:`SHUTDOWN_FLUSH_SECONDS`) until Kafka has them."""
         for client in list(self.clients.values()):
             connection = client.connection
-            self.run(
-                client,
-                connection.disconnect_and_close(
-                    ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down"
-                ),
-            )
+            self.run(client, connection.shutting_down())
             self.run(client, connection.connection_lost())
         for client_id in list(self.waiting_wills):
             waiting = self.waiting_wills.pop(client_id)

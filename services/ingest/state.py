@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Packet, Publish, Will
-from services.common.records import AckKind, ClientKind, SessionRecord
+from services.common.records import AckKind, ClientKind, DisconnectCause, SessionRecord
 from services.common.settings import Settings
 from services.common.topics.trie import Subscription
 
@@ -150,6 +150,11 @@ class ConnectionState:
     outbound_queue: deque[Queued] | None = None
     last_packet_id: int = 0
     acks_out: list[tuple[AckKind, int]] = field(default_factory=list)
+    # client.events (services/ingest/events.py): the peer, and why the connection ends
+    client_address: str = ""
+    end_cause: DisconnectCause = DisconnectCause.NONE
+    end_reason_code: int = 0
+    disconnect_recorded: bool = False
 
     def new_token(self) -> int:
         """A fresh token naming one ``Store*`` effect of this connection."""

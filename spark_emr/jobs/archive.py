@@ -155,11 +155,22 @@ def events(kafka: DataFrame) -> DataFrame:
         F.col("key").cast("string").alias("client_id"),
         F.col("e.kind").alias("kind"),
         at.alias("at"),
-        *[F.col(f"e.{name}").alias(name) for name in (
-            "node_id", "client_address", "connection_id", "protocol_version", "reason_code",
-            "cause", "persistent", "clean_start", "session_expiry_interval", "topic_filters",
-            "filter_qos",
-        )],  # fmt: skip
+        *[
+            F.col(f"e.{name}").alias(name)
+            for name in (
+                "node_id",
+                "client_address",
+                "connection_id",
+                "protocol_version",
+                "reason_code",
+                "cause",
+                "persistent",
+                "clean_start",
+                "session_expiry_interval",
+                "topic_filters",
+                "filter_qos",
+            )
+        ],
         *_kafka_columns(),
         F.col("e.error").alias("record_error"),
     )
@@ -361,9 +372,7 @@ KAFKA_SCHEMA = StructType(
         StructField(
             "headers",
             ArrayType(
-                StructType(
-                    [StructField("key", StringType()), StructField("value", BinaryType())]
-                )
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
             ),
         ),
     ]

@@ -43,8 +43,8 @@ CSV_ROW_LIMIT = 1000
 #: Seconds after a disconnect within which a connect of the same client is a reconnect.
 RECONNECT_WINDOW_SECONDS = 60
 
-_DURATION_BUCKETS = [(0, "< 1 s"), (1, "1–10 s"), (10, "10 s–1 min"), (60, "1–10 min"),
-                     (600, "10 min–1 h"), (3600, "1 h–1 day"), (86400, "≥ 1 day")]  # fmt: skip
+_DURATION_BUCKETS = [(0, "< 1 s"), (1, "1-10 s"), (10, "10 s-1 min"), (60, "1-10 min"),
+                     (600, "10 min-1 h"), (3600, "1 h-1 day"), (86400, "≥ 1 day")]  # fmt: skip
 
 
 @dataclass
@@ -165,9 +165,7 @@ def sessions_table(events: DataFrame, options: ReportOptions) -> DataFrame:
     )
     joined = connects.join(disconnects, ["client_id", "connection_id"], "left")
     end = F.coalesce(F.col("disconnected_at"), _until(options))
-    joined = joined.withColumn(
-        "duration_seconds", _millis(end, F.col("connected_at")) / 1000.0
-    )
+    joined = joined.withColumn("duration_seconds", _millis(end, F.col("connected_at")) / 1000.0)
     overlap = F.lit(True)
     if options.since is not None:
         overlap &= end >= F.lit(options.since)
@@ -190,15 +188,19 @@ def fleet_tables(events_all: DataFrame, messages_all: DataFrame | None,
         "date_trunc('hour', duration_end), interval 1 hour)"
     )
     connected = (
-        sessions.withColumn(
-            "duration_end", F.coalesce(F.col("disconnected_at"), _until(options))
-        )
+        sessions.withColumn("duration_end", F.coalesce(F.col("disconnected_at"), _until(options)))
         .select("client_id", F.explode(hours).alias("hour"))
-        .where(_in_range(F.col("hour"), ReportOptions(
-            since=None if options.since is None else options.since.replace(
-                minute=0, second=0, microsecond=0),
-            until=options.until,
-        )))  # fmt: skip
+        .where(
+            _in_range(
+                F.col("hour"),
+                ReportOptions(
+                    since=None
+                    if options.since is None
+                    else options.since.replace(minute=0, second=0, microsecond=0),
+                    until=options.until,
+                ),
+            )
+        )
         .groupBy("hour")
         .agg(F.countDistinct("client_id").alias("clients"))
         .orderBy("hour")
@@ -317,10 +319,11 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
     # One row per record and stage for routing (a downlink record lists many subscribers).
     routed = (
         deliveries.where(F.col("stage") != "downlink")
-        .union(deliveries.where(
-            (F.col("stage") == "downlink")
-            & ~F.exists("target_packet_ids", lambda p: p > 0)
-        ))  # fmt: skip
+        .union(
+            deliveries.where(
+                (F.col("stage") == "downlink") & ~F.exists("target_packet_ids", lambda p: p > 0)
+            )
+        )
         .select(
             F.concat(F.lit("routed to "), F.col("stage")).alias("stage"),
             _millis(F.col("routed_at"), F.col("received_at")).alias("latency_ms"),
@@ -333,9 +336,11 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
     )  # fmt: skip
     frames = [routed]
     if acks is not None:
-        done = acks.where(F.col("record_error").isNull()).where(
-            F.col("kind").isin("PUBACK", "PUBCOMP")
-        ).where(_in_range(F.col("acked_at"), options))
+        done = (
+            acks.where(F.col("record_error").isNull())
+            .where(F.col("kind").isin("PUBACK", "PUBCOMP"))
+            .where(_in_range(F.col("acked_at"), options))
+        )
         # An acknowledgement answers the latest delivery of its Packet Identifier to that
         # client before it (Packet Identifiers are reused once acknowledged, MQTT 4.3).
         pairs = done.alias("a").join(
@@ -368,10 +373,13 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
             F.max("latency_ms").alias("max_ms"),
         )
         .select(
-            "stage", "messages",
-            F.col("q")[0].alias("p50_ms"), F.col("q")[1].alias("p90_ms"),
-            F.col("q")[2].alias("p99_ms"), "max_ms",
-        )  # fmt: skip
+            "stage",
+            "messages",
+            F.col("q")[0].alias("p50_ms"),
+            F.col("q")[1].alias("p90_ms"),
+            F.col("q")[2].alias("p99_ms"),
+            "max_ms",
+        )
         .orderBy("stage")
     )
     bucket = F.lit(_LATENCY_BUCKETS_MS[0])
@@ -383,9 +391,7 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
         .orderBy("stage", "from_ms")
     )
     persisted = targets.where(F.col("stage") == "persisted")
-    stored = persisted.groupBy(F.col("key").alias("client_id")).agg(
-        F.count("*").alias("stored")
-    )
+    stored = persisted.groupBy(F.col("key").alias("client_id")).agg(F.count("*").alias("stored"))
     if acks is not None:
         completed = (
             acks.where(F.col("record_error").isNull())
