@@ -41,6 +41,8 @@ from services.common.records import (
     decode_ack,
     decode_session,
     decode_subscriptions,
+    encode_event,
+    session_expired_event,
 )
 from services.common.sessions import is_application_store, session_expired
 from services.common.settings import Settings
@@ -301,4 +303,6 @@ class AppDelivery:
             key = client_id.encode("utf-8")
             acks.append(await self._send(self.names.client_subscriptions, key, None, []))
             acks.append(await self._send(self.names.client_sessions, key, None, []))
+            event = encode_event(session_expired_event(session, now_ms))
+            acks.append(await self._send(self.names.client_events, key, event, []))
         return acks

@@ -607,9 +607,10 @@ _EVENT = struct.Struct(">BBBBBBQI16s")
 class EventRecord:
     """One ``client.events`` record (the client id is the record key).
 
-    ``at_ms`` is when it happened (Unix ms, the ingest node's or device_persist's clock);
-    ``node_id`` the ingest node of the connection (device_persist's name for
-    SESSION_EXPIRED); ``client_address`` the peer as ``host:port`` (``""`` when unknown);
+    ``at_ms`` is when it happened (Unix ms, the writer's clock: the ingest node's, or for
+    SESSION_EXPIRED device_persist's or app_delivery's); ``node_id`` the ingest node of the
+    connection (for SESSION_EXPIRED the node that held the session last);
+    ``client_address`` the peer as ``host:port`` (``""`` when unknown);
     ``connection_id`` (16 bytes) pairs a CONNECTED event with the DISCONNECTED event of the
     same network connection (``SessionRecord.connection_id``; zeros when none);
     ``protocol_version`` 3, 4 or 5 (0 when the CONNECT did not say); ``reason_code`` the MQTT
@@ -661,6 +662,21 @@ def encode_event(event: EventRecord) -> bytes:
         parts.append(_str16(topic_filter))
         parts.append(struct.pack(">B", qos))
     return b"".join(parts)
+
+
+def session_expired_event(session: SessionRecord, at_ms: int) -> EventRecord:
+    """The SESSION_EXPIRED event of ``session`` (its last connection's node, connection
+    and protocol), ended at ``at_ms`` (Unix ms) by the store that owned it."""
+    return EventRecord(
+        kind=EventKind.SESSION_EXPIRED,
+        at_ms=at_ms,
+        node_id=session.node_id,
+        connection_id=session.connection_id,
+        protocol_version=session.protocol_version,
+        persistent=session.persistent,
+        clean_start=session.clean_start,
+        session_expiry_interval=session.session_expiry_interval,
+    )
 
 
 def decode_event(data: bytes) -> EventRecord:

@@ -54,10 +54,12 @@ from services.common.records import (
     decode_session,
     decode_stored,
     decode_targets,
+    encode_event,
     encode_releases,
     encode_stored,
     encode_targets,
     expires_at_ms,
+    session_expired_event,
 )
 from services.common.sessions import session_expired
 from services.common.settings import Settings
@@ -417,6 +419,8 @@ class DevicePersister:
                 self._cursors.pop(client_id, None)
             acks.append(await self._send(self.names.client_subscriptions, key, None, []))
             acks.append(await self._send(self.names.client_sessions, key, None, []))
+            event = encode_event(session_expired_event(session, now_ms))
+            acks.append(await self._send(self.names.client_events, key, event, []))
         return acks
 
 
