@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,11 +71,24 @@ def _jars(settings: AnalyticsSettings) -> list[Path]:
         raise click.ClickException(str(exc)) from exc
 
 
-def _spark(settings: AnalyticsSettings) -> Any:
+@contextmanager
+def _spark(settings: AnalyticsSettings) -> Iterator[Any]:
+    """The local SparkSession for one command, stopped at its end (a session that was
+    already running in this process, a test's, is used and left running)."""
+    from pyspark.sql import SparkSession
+
     from spark_emr.session import local_session
 
+    running = SparkSession.getActiveSession()
+    if running is not None:
+        yield running
+        return
     click.echo(f"starting Spark {versions.SPARK_VERSION} on {settings.analytics_master}")
-    return local_session(settings.analytics_master, _jars(settings))
+    spark = local_session(settings.analytics_master, _jars(settings))
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _boto(target: Any) -> tuple[Any, Any]:
@@ -99,8 +114,13 @@ def _run_on_emr(
     )
     try:
         run_id = emr.submit(client, s3, target, spec, _jars(settings), progress=click.echo)
-        emr.wait(client, target.application_id, run_id, poll_seconds=settings.emr_poll_seconds,
-                 progress=click.echo)  # fmt: skip
+        emr.wait(
+            client,
+            target.application_id,
+            run_id,
+            poll_seconds=settings.emr_poll_seconds,
+            progress=click.echo,
+        )
     except emr.EmrError as exc:
         raise click.ClickException(str(exc)) from exc
     return target, client, s3
@@ -121,12 +141,23 @@ def fetch_jars() -> None:
 @analytics.command()
 @_EMR
 @_STACK_OUTPUTS
-@click.option("--archive", "archive_uri", help="Archive directory or URI (default: the "
-              "archive_dir setting; with --emr s3://<bucket>/archive).")  # fmt: skip
-@click.option("--max-records-per-batch", type=click.IntRange(min=1),
-              help="Bound each micro-batch (Kafka maxOffsetsPerTrigger).")  # fmt: skip
-def archive(emr: bool, stack_outputs: Path | None, archive_uri: str | None,
-            max_records_per_batch: int | None) -> None:  # fmt: skip
+@click.option(
+    "--archive",
+    "archive_uri",
+    help="Archive directory or URI (default: the "
+    "archive_dir setting; with --emr s3://<bucket>/archive).",
+)
+@click.option(
+    "--max-records-per-batch",
+    type=click.IntRange(min=1),
+    help="Bound each micro-batch (Kafka maxOffsetsPerTrigger).",
+)
+def archive(
+    emr: bool,
+    stack_outputs: Path | None,
+    archive_uri: str | None,
+    max_records_per_batch: int | None,
+) -> None:
     """Archive what is new in Kafka to Parquet (Structured Streaming, availableNow)."""
     settings = AnalyticsSettings()
     if emr:
@@ -134,11 +165,20 @@ def archive(emr: bool, stack_outputs: Path | None, archive_uri: str | None,
 
         target = emr_module.target_from(settings, stack_outputs)
         uri = archive_uri or f"s3://{target.bucket}/{emr_module.ARCHIVE_PREFIX}"
-        options = _kafka(settings.model_copy(update={"analytics_kafka_auth": "none"})
-                         if settings.analytics_kafka_auth == "scram" else settings,
-                         target.kafka_bootstrap)  # fmt: skip
-        arguments = ["--archive", uri, "--topics", json.dumps(_topics(settings)),
-                     "--kafka-options", json.dumps(options)]  # fmt: skip
+        options = _kafka(
+            settings.model_copy(update={"analytics_kafka_auth": "none"})
+            if settings.analytics_kafka_auth == "scram"
+            else settings,
+            target.kafka_bootstrap,
+        )
+        arguments = [
+            "--archive",
+            uri,
+            "--topics",
+            json.dumps(_topics(settings)),
+            "--kafka-options",
+            json.dumps(options),
+        ]
         if settings.analytics_kafka_auth == "scram":
             if not target.kafka_secret_arn:
                 raise click.ClickException(
@@ -156,16 +196,19 @@ def archive(emr: bool, stack_outputs: Path | None, archive_uri: str | None,
 
     uri = archive_uri or str(settings.archive_path())
     click.echo(f"archiving Kafka {settings.kafka_bootstrap} into {uri}")
-    spark = _spark(settings)
     started = time.monotonic()
-    try:
-        results = job.run(spark, uri, job.ArchiveTopics(**_topics(settings)), _kafka(settings),
-                          max_records_per_batch=max_records_per_batch,
-                          progress=click.echo)  # fmt: skip
-    except KafkaUnreachable as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        spark.stop()
+    with _spark(settings) as spark:
+        try:
+            results = job.run(
+                spark,
+                uri,
+                job.ArchiveTopics(**_topics(settings)),
+                _kafka(settings),
+                max_records_per_batch=max_records_per_batch,
+                progress=click.echo,
+            )
+        except KafkaUnreachable as exc:
+            raise click.ClickException(str(exc)) from exc
     elapsed = time.monotonic() - started
     total = sum(r.rows for r in results.values())
     click.echo("")
@@ -191,17 +234,38 @@ def _time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> da
 @_STACK_OUTPUTS
 @click.option("--since", callback=_time, help="Start of the range, ISO 8601 (UTC unless given).")
 @click.option("--until", callback=_time, help="End of the range (excluded), ISO 8601.")
-@click.option("--out", "out_dir", required=True,
-              type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for index.html, csv/ and tables/.")  # fmt: skip
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for index.html, csv/ and tables/.",
+)
 @click.option("--archive", "archive_uri", help="Archive directory or URI (as for archive).")
-@click.option("--silent-hours", type=float, default=24.0, show_default=True,
-              help="A client silent this long is listed as silent.")  # fmt: skip
-@click.option("--storm-reconnects", type=int, default=10, show_default=True,
-              help="Reconnects within one minute that make a reconnect storm.")  # fmt: skip
-def report(emr: bool, stack_outputs: Path | None, since: datetime | None,
-           until: datetime | None, out_dir: Path, archive_uri: str | None,
-           silent_hours: float, storm_reconnects: int) -> None:  # fmt: skip
+@click.option(
+    "--silent-hours",
+    type=float,
+    default=24.0,
+    show_default=True,
+    help="A client silent this long is listed as silent.",
+)
+@click.option(
+    "--storm-reconnects",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Reconnects within one minute that make a reconnect storm.",
+)
+def report(
+    emr: bool,
+    stack_outputs: Path | None,
+    since: datetime | None,
+    until: datetime | None,
+    out_dir: Path,
+    archive_uri: str | None,
+    silent_hours: float,
+    storm_reconnects: int,
+) -> None:
     """Traffic, fleet and delivery report over the archive: Parquet, CSV and index.html."""
     from spark_emr.render import render
 
@@ -216,10 +280,15 @@ def report(emr: bool, stack_outputs: Path | None, since: datetime | None,
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         prefix = f"{emr_module.REPORTS_PREFIX}/{stamp}"
         arguments = [
-            "--archive", archive_uri or f"s3://{target.bucket}/{emr_module.ARCHIVE_PREFIX}",
-            "--out", f"s3://{target.bucket}/{prefix}",
-            "--silent-hours", str(silent_hours), "--storm-reconnects", str(storm_reconnects),
-        ]  # fmt: skip
+            "--archive",
+            archive_uri or f"s3://{target.bucket}/{emr_module.ARCHIVE_PREFIX}",
+            "--out",
+            f"s3://{target.bucket}/{prefix}",
+            "--silent-hours",
+            str(silent_hours),
+            "--storm-reconnects",
+            str(storm_reconnects),
+        ]
         arguments += ["--since", since.isoformat()] if since else []
         arguments += ["--until", until.isoformat()] if until else []
         target, _, s3 = _run_on_emr(settings, stack_outputs, "report", arguments)
@@ -229,13 +298,9 @@ def report(emr: bool, stack_outputs: Path | None, since: datetime | None,
         from spark_emr.jobs import report as job
 
         archive_path = archive_uri or str(settings.archive_path())
-        click.echo(f"report over {archive_path} "
-                   f"({since or 'beginning'} → {until or 'now'}, UTC)")  # fmt: skip
-        spark = _spark(settings)
-        try:
+        click.echo(f"report over {archive_path} ({since or 'beginning'} → {until or 'now'}, UTC)")
+        with _spark(settings) as spark:
             options = job.ReportOptions(since, until, silent_hours, storm_reconnects)
             job.run(spark, archive_path, str(out_dir.resolve()), options, progress=click.echo)
-        finally:
-            spark.stop()
     index = render(out_dir)
     click.echo(f"report: {index}")

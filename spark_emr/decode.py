@@ -42,22 +42,41 @@ def _struct(*fields: tuple[str, DataType]) -> StructType:
 
 
 META = _struct(
-    ("error", _S), ("topic", _S), ("qos", _I), ("retain", _B), ("received_at_ms", _L),
-    ("protocol_version", _I), ("message_expiry_interval", _L), ("properties_size", _I),
-)  # fmt: skip
+    ("error", _S),
+    ("topic", _S),
+    ("qos", _I),
+    ("retain", _B),
+    ("received_at_ms", _L),
+    ("protocol_version", _I),
+    ("message_expiry_interval", _L),
+    ("properties_size", _I),
+)
 TARGETS = _struct(
-    ("error", _S), ("client_ids", ArrayType(_S)), ("qos", ArrayType(_I)),
-    ("packet_ids", ArrayType(_I)), ("dup", ArrayType(_B)),
-)  # fmt: skip
+    ("error", _S),
+    ("client_ids", ArrayType(_S)),
+    ("qos", ArrayType(_I)),
+    ("packet_ids", ArrayType(_I)),
+    ("dup", ArrayType(_B)),
+)
 ACKS = _struct(
     ("error", _S), ("session_id", _S), ("kinds", ArrayType(_S)), ("packet_ids", ArrayType(_I))
 )
 EVENT = _struct(
-    ("error", _S), ("kind", _S), ("at_ms", _L), ("node_id", _S), ("client_address", _S),
-    ("connection_id", _S), ("protocol_version", _I), ("reason_code", _I), ("cause", _S),
-    ("persistent", _B), ("clean_start", _B), ("session_expiry_interval", _L),
-    ("topic_filters", ArrayType(_S)), ("filter_qos", ArrayType(_I)),
-)  # fmt: skip
+    ("error", _S),
+    ("kind", _S),
+    ("at_ms", _L),
+    ("node_id", _S),
+    ("client_address", _S),
+    ("connection_id", _S),
+    ("protocol_version", _I),
+    ("reason_code", _I),
+    ("cause", _S),
+    ("persistent", _B),
+    ("clean_start", _B),
+    ("session_expiry_interval", _L),
+    ("topic_filters", ArrayType(_S)),
+    ("filter_qos", ArrayType(_I)),
+)
 
 _DECODE_ERRORS = (records.RecordError, MQTTError, ValueError)
 
@@ -66,8 +85,16 @@ def _meta_row(raw: bytes) -> tuple[Any, ...]:
     meta = records.decode_meta(raw)
     expires = records.expires_at_ms(meta)
     interval = None if expires is None else (expires - meta.received_at_ms) // 1000
-    return (None, meta.topic, meta.qos, meta.retain, meta.received_at_ms,
-            meta.protocol_version, interval, len(meta.properties))  # fmt: skip
+    return (
+        None,
+        meta.topic,
+        meta.qos,
+        meta.retain,
+        meta.received_at_ms,
+        meta.protocol_version,
+        interval,
+        len(meta.properties),
+    )
 
 
 def _targets_row(raw: bytes) -> tuple[Any, ...]:
@@ -88,10 +115,22 @@ def _acks_row(raw: bytes) -> tuple[Any, ...]:
 
 def _event_row(raw: bytes) -> tuple[Any, ...]:
     e = records.decode_event(raw)
-    return (None, e.kind.name, e.at_ms, e.node_id, e.client_address, e.connection_id.hex(),
-            e.protocol_version, e.reason_code, e.cause.name, e.persistent, e.clean_start,
-            e.session_expiry_interval, [f for f, _ in e.topic_filters],
-            [q for _, q in e.topic_filters])  # fmt: skip
+    return (
+        None,
+        e.kind.name,
+        e.at_ms,
+        e.node_id,
+        e.client_address,
+        e.connection_id.hex(),
+        e.protocol_version,
+        e.reason_code,
+        e.cause.name,
+        e.persistent,
+        e.clean_start,
+        e.session_expiry_interval,
+        [f for f, _ in e.topic_filters],
+        [q for _, q in e.topic_filters],
+    )
 
 
 def rows(

@@ -240,15 +240,20 @@ def submit(
     code = package()
     digest = hashlib.sha256(code).hexdigest()[:16]
     prefix = f"{PACKAGE_PREFIX}/{digest}"
-    progress(f"uploading the job package ({len(code) / 1024:.0f} KiB) and {len(jars)} jars "
-             f"to s3://{target.bucket}/{prefix}/")  # fmt: skip
+    progress(
+        f"uploading the job package ({len(code) / 1024:.0f} KiB) and {len(jars)} jars "
+        f"to s3://{target.bucket}/{prefix}/"
+    )
     py_files = _upload(s3, target.bucket, f"{prefix}/cormorant.zip", code)
     entry = _upload(
-        s3, target.bucket, f"{prefix}/{spec.job}.py",
+        s3,
+        target.bucket,
+        f"{prefix}/{spec.job}.py",
         (_ROOT / "spark_emr" / "jobs" / f"{spec.job}.py").read_bytes(),
-    )  # fmt: skip
-    jar_uris = [_upload(s3, target.bucket, f"{prefix}/jars/{jar.name}", jar.read_bytes())
-                for jar in jars]  # fmt: skip
+    )
+    jar_uris = [
+        _upload(s3, target.bucket, f"{prefix}/jars/{jar.name}", jar.read_bytes()) for jar in jars
+    ]
     conf = JOB_CONF | spec.spark_conf
     try:
         response = emr.start_job_run(

@@ -70,8 +70,9 @@ def _table(frame: pd.DataFrame, total: int | None = None) -> str:
     )
 
 
-def _bars(frame: pd.DataFrame, label: str, value: str, horizontal: bool = False,
-          color: str = "#3b6ea5") -> Callable[[Any], None]:  # fmt: skip
+def _bars(
+    frame: pd.DataFrame, label: str, value: str, horizontal: bool = False, color: str = "#3b6ea5"
+) -> Callable[[Any], None]:
     def draw(ax: Any) -> None:
         labels = frame[label].astype(str)
         if horizontal:
@@ -104,8 +105,9 @@ def _over_time(
 def _latency(frame: pd.DataFrame) -> Callable[[Any], None]:
     def draw(ax: Any) -> None:
         for stage, rows in frame.groupby("stage"):
-            ax.step(rows["from_ms"].clip(lower=0.5), rows["messages"], where="post",
-                    label=str(stage))  # fmt: skip
+            ax.step(
+                rows["from_ms"].clip(lower=0.5), rows["messages"], where="post", label=str(stage)
+            )
         ax.set_xscale("log")
         ax.set_xlabel("latency from PUBLISH received (ms, bucket start)")
         ax.set_ylabel("messages")
@@ -131,8 +133,9 @@ def render(directory: Path) -> Path:
     tables = {name: _read(directory, name) for name in summary["tables"]}
     counts: dict[str, int] = summary["tables"]
 
-    def chart(name: str, title: str, make: Callable[[pd.DataFrame], Callable[[Any], None]],
-              **size: float) -> str:  # fmt: skip
+    def chart(
+        name: str, title: str, make: Callable[[pd.DataFrame], Callable[[Any], None]], **size: float
+    ) -> str:
         frame = tables.get(name, pd.DataFrame())
         if frame.empty:
             return _figure(title, "<p class=meta>no data in this range</p>")
@@ -140,13 +143,16 @@ def render(directory: Path) -> Path:
 
     span = f"{summary['since'] or 'the beginning'} → {summary['until'] or 'now'} (UTC)"
     totals = [
-        ("messages", summary["messages"]), ("bytes", summary["bytes"]),
-        ("publishers", summary["publishers"]), ("topics", summary["topics"]),
-        ("connects", summary["connects"]), ("disconnects", summary["disconnects"]),
+        ("messages", summary["messages"]),
+        ("bytes", summary["bytes"]),
+        ("publishers", summary["publishers"]),
+        ("topics", summary["topics"]),
+        ("connects", summary["connects"]),
+        ("disconnects", summary["disconnects"]),
         ("authentication failures", summary["auth_failures"]),
         ("clients seen", summary["clients_seen"]),
         ("undecodable records", summary["undecodable_records"]),
-    ]  # fmt: skip
+    ]
     level1 = tables.get("traffic_by_topic_level", pd.DataFrame())
     deepest = pd.DataFrame()
     if not level1.empty:
@@ -166,46 +172,73 @@ def render(directory: Path) -> Path:
         chart("traffic_by_hour", "Messages per hour", lambda f: _over_time(f, "hour", "messages")),
         chart("qos_mix", "QoS mix (messages)", lambda f: _bars(f, "qos", "messages")),
         _figure("Top topics, first level", _png(_bars(level1, "topic_prefix", "messages", True)))
-        if not level1.empty else "",
+        if not level1.empty
+        else "",
         _figure("Top topics, full names", _png(_bars(deepest, "topic_prefix", "messages", True)))
-        if not deepest.empty else "",
-        chart("traffic_by_client", "Top talkers (messages)",
-              lambda f: _bars(f.head(12), "client_id", "messages", True)),
-        chart("payload_sizes", "Payload sizes (bytes, bucket start)",
-              lambda f: _bars(f, "size_from_bytes", "messages")),
+        if not deepest.empty
+        else "",
+        chart(
+            "traffic_by_client",
+            "Top talkers (messages)",
+            lambda f: _bars(f.head(12), "client_id", "messages", True),
+        ),
+        chart(
+            "payload_sizes",
+            "Payload sizes (bytes, bucket start)",
+            lambda f: _bars(f, "size_from_bytes", "messages"),
+        ),
         chart("retained_share", "Retained share", lambda f: _bars(f, "retain", "messages")),
         "</div>",
         "<h3>Messages and bytes per topic level</h3>",
-        _table(tables.get("traffic_by_topic_level", pd.DataFrame()),
-               counts.get("traffic_by_topic_level")),
+        _table(
+            tables.get("traffic_by_topic_level", pd.DataFrame()),
+            counts.get("traffic_by_topic_level"),
+        ),
         "<h3>Top talkers</h3>",
         _table(tables.get("traffic_by_client", pd.DataFrame()), counts.get("traffic_by_client")),
         "<h2>Fleet</h2><div class=grid>",
-        chart("clients_connected_by_hour", "Clients connected per hour",
-              lambda f: _over_time(f, "hour", "clients", kind="line")),
-        chart("session_durations", "Session durations",
-              lambda f: _bars(f, "duration", "sessions")),
-        chart("disconnect_reasons", "Disconnect reasons",
-              lambda f: _bars(f.assign(label=f["cause"] + " " + f["reason"].fillna("").astype(str)),
-                              "label", "disconnects", True, "#a5503b")),
-        chart("reconnects_by_minute", "Reconnects per minute",
-              lambda f: _over_time(f, "minute", "reconnects")),
+        chart(
+            "clients_connected_by_hour",
+            "Clients connected per hour",
+            lambda f: _over_time(f, "hour", "clients", kind="line"),
+        ),
+        chart("session_durations", "Session durations", lambda f: _bars(f, "duration", "sessions")),
+        chart(
+            "disconnect_reasons",
+            "Disconnect reasons",
+            lambda f: _bars(
+                f.assign(label=f["cause"] + " " + f["reason"].fillna("").astype(str)),
+                "label",
+                "disconnects",
+                True,
+                "#a5503b",
+            ),
+        ),
+        chart(
+            "reconnects_by_minute",
+            "Reconnects per minute",
+            lambda f: _over_time(f, "minute", "reconnects"),
+        ),
         "</div>",
         "<h3>Disconnect reasons</h3>",
         _table(tables.get("disconnect_reasons", pd.DataFrame())),
-        "<h3>Protocol versions</h3>", _table(tables.get("protocol_versions", pd.DataFrame())),
+        "<h3>Protocol versions</h3>",
+        _table(tables.get("protocol_versions", pd.DataFrame())),
         "<h3>Authentication failures by client address</h3>",
         _table(tables.get("auth_failures", pd.DataFrame()), counts.get("auth_failures")),
         "<h3>Reconnect storms</h3>",
-        _table(tables.get("reconnects_by_minute", pd.DataFrame()).query("storm == True")
-               if not tables.get("reconnects_by_minute", pd.DataFrame()).empty
-               else pd.DataFrame()),
+        _table(
+            tables.get("reconnects_by_minute", pd.DataFrame()).query("storm == True")
+            if not tables.get("reconnects_by_minute", pd.DataFrame()).empty
+            else pd.DataFrame()
+        ),
         "<h3>Silent clients</h3>",
         _table(tables.get("silent_clients", pd.DataFrame()), counts.get("silent_clients")),
         "<h2>Delivery</h2><div class=grid>",
         chart("latency_histogram", "Latency distributions per stage", _latency),
         "</div>",
-        "<h3>Latency per stage (ms)</h3>", _table(tables.get("latency", pd.DataFrame())),
+        "<h3>Latency per stage (ms)</h3>",
+        _table(tables.get("latency", pd.DataFrame())),
         "<h3>Stored backlog (persistent DEVICE sessions)</h3>",
         _table(tables.get("stored_backlog", pd.DataFrame()), counts.get("stored_backlog")),
         "<h3>Expired before delivery</h3>",
@@ -213,7 +246,7 @@ def render(directory: Path) -> Path:
         "<p class=meta>Every table in full: csv/*.csv and tables/*/ (Parquet) beside this "
         "page.</p>",
         "</body></html>",
-    ]  # fmt: skip
+    ]
     index = directory / "index.html"
     index.write_text("\n".join(parts), encoding="utf-8")
     return index

@@ -230,10 +230,17 @@ def acks(kafka: DataFrame) -> DataFrame:
         *_kafka_columns(),
         F.col("a.error").alias("record_error"),
     ).select(
-        "client_id", "session_id", F.col("ack.kind").alias("kind"),
-        F.col("ack.packet_id").alias("packet_id"), "acked_at", "kafka_topic", "kafka_partition",
-        "kafka_offset", "kafka_timestamp", "record_error",
-    )  # fmt: skip
+        "client_id",
+        "session_id",
+        F.col("ack.kind").alias("kind"),
+        F.col("ack.packet_id").alias("packet_id"),
+        "acked_at",
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+        "kafka_timestamp",
+        "record_error",
+    )
     return _partitioned(df, F.col("acked_at"))
 
 
@@ -404,8 +411,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--archive", required=True, help="archive URI (s3://bucket/archive)")
     parser.add_argument("--topics", required=True, help="ArchiveTopics as JSON")
     parser.add_argument("--kafka-options", required=True, help="Kafka source options as JSON")
-    parser.add_argument("--kafka-secret-arn", help="Secrets Manager secret holding SCRAM "
-                        "credentials as JSON {username, password} (MSK's format)")  # fmt: skip
+    parser.add_argument(
+        "--kafka-secret-arn",
+        help="Secrets Manager secret holding SCRAM "
+        "credentials as JSON {username, password} (MSK's format)",
+    )
     parser.add_argument("--max-records-per-batch", type=int)
     return parser.parse_args(argv)
 

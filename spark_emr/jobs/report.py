@@ -43,8 +43,15 @@ CSV_ROW_LIMIT = 1000
 #: Seconds after a disconnect within which a connect of the same client is a reconnect.
 RECONNECT_WINDOW_SECONDS = 60
 
-_DURATION_BUCKETS = [(0, "< 1 s"), (1, "1-10 s"), (10, "10 s-1 min"), (60, "1-10 min"),
-                     (600, "10 min-1 h"), (3600, "1 h-1 day"), (86400, "≥ 1 day")]  # fmt: skip
+_DURATION_BUCKETS = [
+    (0, "< 1 s"),
+    (1, "1-10 s"),
+    (10, "10 s-1 min"),
+    (60, "1-10 min"),
+    (600, "10 min-1 h"),
+    (3600, "1 h-1 day"),
+    (86400, "≥ 1 day"),
+]
 
 
 @dataclass
@@ -110,8 +117,10 @@ def _millis(later: Column, earlier: Column) -> Column:
 def traffic_tables(messages: DataFrame) -> dict[str, DataFrame]:
     """Traffic tables of decoded messages (``messages`` already limited to the range)."""
     parts = F.split("topic", "/")
-    levels = F.expr("transform(sequence(1, size(split(topic, '/'))), "
-                    "i -> array_join(slice(split(topic, '/'), 1, i), '/'))")  # fmt: skip
+    levels = F.expr(
+        "transform(sequence(1, size(split(topic, '/'))), "
+        "i -> array_join(slice(split(topic, '/'), 1, i), '/'))"
+    )
     by_level = (
         messages.select(F.posexplode(levels).alias("pos", "topic_prefix"), "payload_size")
         .groupBy((F.col("pos") + 1).alias("level"), "topic_prefix")
@@ -157,9 +166,14 @@ def sessions_table(events: DataFrame, options: ReportOptions) -> DataFrame:
     connection id (none yet: ``disconnected_at`` null, duration up to ``until``), keeping
     connections that overlap the range."""
     connects = events.where(F.col("kind") == "CONNECTED").select(
-        "client_id", "connection_id", F.col("at").alias("connected_at"), "node_id",
-        "client_address", "protocol_version", "persistent",
-    )  # fmt: skip
+        "client_id",
+        "connection_id",
+        F.col("at").alias("connected_at"),
+        "node_id",
+        "client_address",
+        "protocol_version",
+        "persistent",
+    )
     disconnects = events.where(F.col("kind") == "DISCONNECTED").select(
         "client_id", "connection_id", F.col("at").alias("disconnected_at"), "cause", "reason_code"
     )
@@ -174,8 +188,9 @@ def sessions_table(events: DataFrame, options: ReportOptions) -> DataFrame:
     return joined.where(overlap).orderBy("connected_at")
 
 
-def fleet_tables(events_all: DataFrame, messages_all: DataFrame | None,
-                 options: ReportOptions) -> dict[str, DataFrame]:  # fmt: skip
+def fleet_tables(
+    events_all: DataFrame, messages_all: DataFrame | None, options: ReportOptions
+) -> dict[str, DataFrame]:
     """Fleet tables; ``events_all`` and ``messages_all`` are not limited to the range
     (sessions and last-seen times need what came before it)."""
     events_all = events_all.where(F.col("record_error").isNull())
@@ -208,8 +223,9 @@ def fleet_tables(events_all: DataFrame, messages_all: DataFrame | None,
     bucket = F.lit(_DURATION_BUCKETS[0][1])
     for lower, label in _DURATION_BUCKETS[1:]:
         bucket = F.when(F.col("duration_seconds") >= lower, F.lit(label)).otherwise(bucket)
-    order = F.create_map(*[x for i, (_, label) in enumerate(_DURATION_BUCKETS)
-                           for x in (F.lit(label), F.lit(i))])  # fmt: skip
+    order = F.create_map(
+        *[x for i, (_, label) in enumerate(_DURATION_BUCKETS) for x in (F.lit(label), F.lit(i))]
+    )
     durations = (
         sessions.where(F.col("disconnected_at").isNotNull())
         .groupBy(bucket.alias("duration"))
@@ -294,12 +310,12 @@ def fleet_tables(events_all: DataFrame, messages_all: DataFrame | None,
 # --------------------------------------------------------------------------------------------
 # delivery
 
-_LATENCY_BUCKETS_MS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000,
-                       30000, 60000]  # fmt: skip
+_LATENCY_BUCKETS_MS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
 
 
-def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
-                    options: ReportOptions) -> dict[str, DataFrame]:  # fmt: skip
+def delivery_tables(
+    deliveries: DataFrame, acks: DataFrame | None, options: ReportOptions
+) -> dict[str, DataFrame]:
     """Latency per stage, stored backlog and expired messages from the ``deliveries`` and
     ``acks`` tables (limited to the range by routing / acknowledgement time)."""
     deliveries = deliveries.where(F.col("record_error").isNull()).where(
@@ -308,10 +324,16 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
     targets = deliveries.select(
         "*", F.explode_outer(F.arrays_zip("target_client_ids", "target_packet_ids")).alias("t")
     ).select(
-        "stage", "topic", "qos", "received_at", "routed_at", "message_expiry_interval", "key",
+        "stage",
+        "topic",
+        "qos",
+        "received_at",
+        "routed_at",
+        "message_expiry_interval",
+        "key",
         F.col("t.target_client_ids").alias("subscriber"),
         F.coalesce(F.col("t.target_packet_ids"), F.lit(0)).alias("packet_id"),
-    )  # fmt: skip
+    )
     from_store = (F.col("stage") == "downlink") & (F.col("packet_id") > 0)
     stage = F.when(from_store, F.lit("sent from store")).otherwise(
         F.concat(F.lit("routed to "), F.col("stage"))
@@ -332,8 +354,12 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
     sent = targets.where(from_store).select(
         stage.alias("stage"),
         _millis(F.col("routed_at"), F.col("received_at")).alias("latency_ms"),
-        "subscriber", "packet_id", "received_at", "routed_at", "topic",
-    )  # fmt: skip
+        "subscriber",
+        "packet_id",
+        "received_at",
+        "routed_at",
+        "topic",
+    )
     frames = [routed]
     if acks is not None:
         done = (
@@ -413,9 +439,11 @@ def delivery_tables(deliveries: DataFrame, acks: DataFrame | None,
         F.col("key").alias("client_id"), "topic", "received_at", deadline.alias("expires_at")
     )
     delivered = sent.select(
-        F.col("subscriber").alias("client_id"), "topic", "received_at",
+        F.col("subscriber").alias("client_id"),
+        "topic",
+        "received_at",
         F.col("routed_at").alias("sent_at"),
-    )  # fmt: skip
+    )
     expired = (
         with_expiry.join(delivered, ["client_id", "topic", "received_at"], "left")
         .groupBy("client_id", "topic", "received_at", "expires_at")
@@ -451,8 +479,15 @@ def _hadoop_write(spark: SparkSession, uri: str, text: str) -> None:
         stream.close()
 
 
-_PER_CLIENT = {"traffic_by_client", "silent_clients", "stored_backlog", "expired", "sessions",
-               "auth_failures", "traffic_by_topic_level"}  # fmt: skip
+_PER_CLIENT = {
+    "traffic_by_client",
+    "silent_clients",
+    "stored_backlog",
+    "expired",
+    "sessions",
+    "auth_failures",
+    "traffic_by_topic_level",
+}
 
 
 def _write(spark: SparkSession, out: str, name: str, frame: DataFrame) -> int:
@@ -498,9 +533,11 @@ def run(
         summary.undecodable_records = in_range.where(F.col("record_error").isNotNull()).count()
         decoded = in_range.where(F.col("record_error").isNull()).cache()
         totals = decoded.agg(
-            F.count("*"), F.sum("payload_size"), F.countDistinct("client_id"),
+            F.count("*"),
+            F.sum("payload_size"),
+            F.countDistinct("client_id"),
             F.countDistinct("topic"),
-        ).first()  # fmt: skip
+        ).first()
         assert totals is not None
         summary.messages, summary.bytes = int(totals[0]), int(totals[1] or 0)
         summary.publishers, summary.topics = int(totals[2]), int(totals[3])
@@ -513,8 +550,10 @@ def run(
         counts = {
             row["kind"]: row["n"]
             for row in events_all.where(_in_range(F.col("at"), options))
-            .groupBy("kind").agg(F.count("*").alias("n")).collect()
-        }  # fmt: skip
+            .groupBy("kind")
+            .agg(F.count("*").alias("n"))
+            .collect()
+        }
         summary.connects = int(counts.get("CONNECTED", 0))
         summary.disconnects = int(counts.get("DISCONNECTED", 0))
         summary.auth_failures = int(counts.get("AUTH_FAILED", 0))

@@ -49,9 +49,15 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any, str]]:
 
 def test_the_package_holds_the_jobs_and_the_shared_decoder_only(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(_write(tmp_path / "p.zip", emr.package())).namelist())
-    assert {"spark_emr/jobs/archive.py", "spark_emr/jobs/report.py", "spark_emr/decode.py",
-            "services/common/records.py", "services/common/mqtt/properties.py",
-            "services/__init__.py", "services/common/__init__.py"} <= names  # fmt: skip
+    assert {
+        "spark_emr/jobs/archive.py",
+        "spark_emr/jobs/report.py",
+        "spark_emr/decode.py",
+        "services/common/records.py",
+        "services/common/mqtt/properties.py",
+        "services/__init__.py",
+        "services/common/__init__.py",
+    } <= names
     assert not [n for n in names if n.startswith(("services/ingest", "services/router"))]
     assert emr.package() == emr.package()  # reproducible: uploads are shared between runs
 
@@ -82,8 +88,12 @@ def test_submit_uploads_and_starts_the_job_run(aws: tuple[Any, Any, str], tmp_pa
     assert driver["entryPoint"].startswith(f"s3://{BUCKET}/cormorant/emr/")
     assert driver["entryPointArguments"] == ["--archive", f"s3://{BUCKET}/archive"]
     parameters = driver["sparkSubmitParameters"].split(" ")
-    assert parameters[:4] == ["--py-files", f"{prefix}/cormorant.zip", "--jars",
-                              f"{prefix}/jars/{jar.name}"]  # fmt: skip
+    assert parameters[:4] == [
+        "--py-files",
+        f"{prefix}/cormorant.zip",
+        "--jars",
+        f"{prefix}/jars/{jar.name}",
+    ]
     assert {"spark.sql.session.timeZone=UTC", "spark.x=1"} <= set(parameters[5::2])
     assert job_run["configurationOverrides"]["monitoringConfiguration"] == {
         "s3MonitoringConfiguration": {"logUri": f"s3://{BUCKET}/emr-logs/"}
@@ -100,19 +110,25 @@ def test_submit_uploads_and_starts_the_job_run(aws: tuple[Any, Any, str], tmp_pa
 
 def _job_run(state: str, details: str = "") -> dict[str, Any]:
     run: dict[str, Any] = {
-        "applicationId": "app", "jobRunId": "run-1",
+        "applicationId": "app",
+        "jobRunId": "run-1",
         "arn": "arn:aws:emr-serverless:eu-west-1:123456789012:/applications/app/jobruns/run-1",
-        "createdBy": "arn:aws:iam::123456789012:user/analyst", "createdAt": 0, "updatedAt": 0,
-        "executionRole": ROLE, "state": state, "releaseLabel": versions.EMR_RELEASE_LABEL,
+        "createdBy": "arn:aws:iam::123456789012:user/analyst",
+        "createdAt": 0,
+        "updatedAt": 0,
+        "executionRole": ROLE,
+        "state": state,
+        "releaseLabel": versions.EMR_RELEASE_LABEL,
         "jobDriver": {"sparkSubmit": {"entryPoint": "s3://b/report.py"}},
-    }  # fmt: skip
+    }
     run["stateDetails"] = details or f"Job run is {state.lower()}"
     return {"jobRun": run}
 
 
 def _stubbed(states: list[tuple[str, str]]) -> tuple[Any, Stubber]:
-    client = boto3.client("emr-serverless", region_name=REGION, aws_access_key_id="x",
-                          aws_secret_access_key="x")  # fmt: skip
+    client = boto3.client(
+        "emr-serverless", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stubber = Stubber(client)
     for state, details in states:
         stubber.add_response(
@@ -136,12 +152,17 @@ def test_wait_reports_each_state_change_until_success() -> None:
     )
     lines: list[str] = []
     slept: list[float] = []
-    final = emr.wait(client, "app", "run-1", poll_seconds=7, progress=lines.append,
-                     sleep=slept.append)  # fmt: skip
+    final = emr.wait(
+        client, "app", "run-1", poll_seconds=7, progress=lines.append, sleep=slept.append
+    )
     assert final["state"] == "SUCCESS"
     assert [re.search(r"run-1: (\w+)", line).group(1) for line in lines] == [  # type: ignore[union-attr]
-        "SUBMITTED", "PENDING", "SCHEDULED", "RUNNING", "SUCCESS",
-    ]  # fmt: skip
+        "SUBMITTED",
+        "PENDING",
+        "SCHEDULED",
+        "RUNNING",
+        "SUCCESS",
+    ]
     assert slept == [7] * 6
     stubber.assert_no_pending_responses()
 
@@ -155,10 +176,18 @@ def test_wait_raises_with_the_details_of_a_failed_run(state: str) -> None:
 
 
 def test_target_from_stack_outputs_or_settings(tmp_path: Path) -> None:
-    outputs = _write(tmp_path / "outputs.json", json.dumps({
-        "archiveBucket": BUCKET, "emrApplicationId": "00abc", "emrJobRoleArn": ROLE,
-        "kafkaBootstrap": "b-1:9098", "mqttEndpoint": "mqtt://nlb:1883",
-    }).encode())  # fmt: skip
+    outputs = _write(
+        tmp_path / "outputs.json",
+        json.dumps(
+            {
+                "archiveBucket": BUCKET,
+                "emrApplicationId": "00abc",
+                "emrJobRoleArn": ROLE,
+                "kafkaBootstrap": "b-1:9098",
+                "mqttEndpoint": "mqtt://nlb:1883",
+            }
+        ).encode(),
+    )
     target = emr.target_from(AnalyticsSettings(aws_region=REGION), outputs)
     assert target == emr.EmrTarget("00abc", ROLE, BUCKET, REGION, "b-1:9098", None)
     from_settings = AnalyticsSettings(
@@ -192,10 +221,18 @@ def test_cli_archive_on_emr_submits_and_waits(
     aws: tuple[Any, Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, _, app_id = aws
-    outputs = _write(tmp_path / "outputs.json", json.dumps({
-        "archive_bucket": BUCKET, "emr_application_id": app_id, "emr_job_role_arn": ROLE,
-        "kafka_bootstrap": "b-1.msk:9098", "region": REGION,
-    }).encode())  # fmt: skip
+    outputs = _write(
+        tmp_path / "outputs.json",
+        json.dumps(
+            {
+                "archive_bucket": BUCKET,
+                "emr_application_id": app_id,
+                "emr_job_role_arn": ROLE,
+                "kafka_bootstrap": "b-1.msk:9098",
+                "region": REGION,
+            }
+        ).encode(),
+    )
     monkeypatch.setenv("CORMORANT_ANALYTICS_KAFKA_AUTH", "iam")
     monkeypatch.setenv("CORMORANT_TOPIC_PREFIX", "prod.")
     result = CliRunner().invoke(
