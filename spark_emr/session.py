@@ -7,6 +7,7 @@ and Arrow carries the pandas UDFs' batches.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def local_session(
     """A SparkSession on ``master`` (``local[*]``, ``local[2]``…) with ``jars`` on its
     classpath; ``shuffle_partitions`` small (the report's tables are aggregates), the web UI
     off unless ``ui``. The JVM starts here; a second call returns the same session."""
+    # The driver's ports (block manager, RPC) on loopback only, whatever the host name says.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -41,6 +44,8 @@ def local_session(
         .config("spark.driver.memory", driver_memory)
         .config("spark.ui.enabled", str(ui).lower())
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
     )
     for key, value in JOB_CONF.items():
         builder = builder.config(key, value)

@@ -37,6 +37,8 @@ from services.common.kafka.names import (
     TopicNames,
 )
 from services.common.records import EventKind, decode_event
+from services.common.settings import Settings
+from services.local import cluster as local_cluster
 from spark_emr.jobs import archive, report
 from spark_emr.kafka_options import kafka_options
 from spark_emr.render import render
@@ -188,10 +190,13 @@ def _mine(spark: SparkSession, where: Path, published: Published) -> pd.DataFram
 
 @pytest.fixture(scope="module")
 def archived(
-    cluster: LocalCluster, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """Traffic made, then archived once: the published messages, the archive directory,
     the first run's results and the time range around it all."""
+    if not all(row.healthy for row in local_cluster.status(settings)):
+        local_cluster.up(settings)
+    cluster = LocalCluster(settings)
     started = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=5)
     published = Published(unique("an"))
     _traffic(cluster, published)
