@@ -65,7 +65,7 @@ def _table(frame: pd.DataFrame, total: int | None = None) -> str:
     shown = frame.head(SHOWN_ROWS)
     more = (total if total is not None else len(frame)) - len(shown)
     extra = f"<p class=meta>… and {more:,} more rows in the CSV file</p>" if more > 0 else ""
-    return (
+    return str(
         shown.to_html(index=False, border=0, na_rep="", float_format=lambda v: f"{v:,.1f}") + extra
     )
 

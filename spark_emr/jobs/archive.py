@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -400,7 +400,7 @@ def read_table(spark: SparkSession, archive: str, table: str) -> DataFrame | Non
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     hadoop_path = jvm.org.apache.hadoop.fs.Path(_join(path, "_spark_metadata"))
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(hadoop_path):
         return None
     return spark.read.schema(table_schema(spark, table)).parquet(path)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -471,7 +472,7 @@ def _hadoop_write(spark: SparkSession, uri: str, text: str) -> None:
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(uri)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     stream = fs.create(path, True)
     try:
         stream.write(bytearray(text.encode("utf-8")))
@@ -498,7 +499,8 @@ def _write(spark: SparkSession, out: str, name: str, frame: DataFrame) -> int:
     count = table.count()
     if name in _PER_CLIENT:
         table = table.limit(CSV_ROW_LIMIT)
-    _hadoop_write(spark, f"{base}/csv/{name}.csv", table.toPandas().to_csv(index=False))
+    rows: Any = table.toPandas()  # a pandas.DataFrame
+    _hadoop_write(spark, f"{base}/csv/{name}.csv", rows.to_csv(index=False))
     return count
 
 
