@@ -38,12 +38,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.bench_stores import free_port  # noqa: E402
 from bench.bench_trie import cpu_model  # noqa: E402
 from services.common import records  # noqa: E402
-from services.common.kafka.names import (  # noqa: E402
-    APP_PREFIX,
-    APP_SHARED_PREFIX,
-    DOWNLINK_PREFIX,
-    TopicNames,
-)
+from services.common.kafka.names import TopicNames  # noqa: E402
 from services.common.settings import Settings  # noqa: E402
 from services.local import cluster  # noqa: E402
 
@@ -98,19 +93,12 @@ def bench_archive(spark: Any, settings: Settings, count: int, runs: int) -> dict
     """Archive ``count`` records ``runs`` times into fresh archives; return the record."""
     from spark_emr.jobs import archive
     from spark_emr.kafka_options import kafka_options
+    from spark_emr.topics import archive_topics
 
     names = TopicNames.from_settings(settings)
     produced = asyncio.run(produce(settings.kafka_bootstrap, names.msg_all, count))
     print(f"produced {count:,} records at {produced:,.0f} records/s")
-    topics = archive.ArchiveTopics(
-        names.msg_all,
-        names.client_events,
-        names.client_acks,
-        names.msg_persisted,
-        names.prefix + DOWNLINK_PREFIX,
-        names.prefix + APP_PREFIX,
-        names.prefix + APP_SHARED_PREFIX,
-    )
+    topics = archive_topics(names)
     rates = []
     for run in range(runs):
         with tempfile.TemporaryDirectory(prefix="bench-archive-") as where:

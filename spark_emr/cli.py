@@ -18,12 +18,7 @@ from typing import Any
 
 import click
 
-from services.common.kafka.names import (
-    APP_PREFIX,
-    APP_SHARED_PREFIX,
-    DOWNLINK_PREFIX,
-    TopicNames,
-)
+from services.common.kafka.names import TopicNames
 from services.local.maven import FetchError
 from spark_emr import jars, versions
 from spark_emr.kafka_options import kafka_options
@@ -38,16 +33,11 @@ _EMR = click.option("--emr", is_flag=True, help="Run on EMR Serverless instead o
 
 
 def _topics(settings: AnalyticsSettings) -> dict[str, str]:
-    names = TopicNames.from_settings(settings)
-    return {
-        "msg_all": names.msg_all,
-        "client_events": names.client_events,
-        "client_acks": names.client_acks,
-        "msg_persisted": names.msg_persisted,
-        "downlink_prefix": names.prefix + DOWNLINK_PREFIX,
-        "app_prefix": names.prefix + APP_PREFIX,
-        "app_shared_prefix": names.prefix + APP_SHARED_PREFIX,
-    }
+    from dataclasses import asdict
+
+    from spark_emr.topics import archive_topics
+
+    return asdict(archive_topics(TopicNames.from_settings(settings)))
 
 
 def _kafka(settings: AnalyticsSettings, bootstrap: str | None = None) -> dict[str, str]:

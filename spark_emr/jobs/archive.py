@@ -105,6 +105,11 @@ def _has_header(key: str) -> Column:
     return F.expr(f"exists(headers, h -> h.key = '{key}')")
 
 
+def _fields(struct: str, *names: str) -> list[Column]:
+    """Fields ``names`` of struct column ``struct``, each as a column of the same name."""
+    return [F.col(f"{struct}.{name}").alias(name) for name in names]
+
+
 def _kafka_columns() -> list[Column]:
     return [
         F.col("topic").alias("kafka_topic"),
@@ -133,11 +138,9 @@ def messages(kafka: DataFrame) -> DataFrame:
     df = df.select(
         F.col("m.topic").alias("topic"),
         F.col("key").cast("string").alias("client_id"),
-        F.col("m.qos").alias("qos"),
-        F.col("m.retain").alias("retain"),
-        F.col("m.protocol_version").alias("protocol_version"),
-        F.col("m.message_expiry_interval").alias("message_expiry_interval"),
-        F.col("m.properties_size").alias("properties_size"),
+        *_fields(
+            "m", "qos", "retain", "protocol_version", "message_expiry_interval", "properties_size"
+        ),
         F.col("value").alias("payload"),
         F.length("value").alias("payload_size"),
         received.alias("received_at"),
@@ -155,22 +158,20 @@ def events(kafka: DataFrame) -> DataFrame:
         F.col("key").cast("string").alias("client_id"),
         F.col("e.kind").alias("kind"),
         at.alias("at"),
-        *[
-            F.col(f"e.{name}").alias(name)
-            for name in (
-                "node_id",
-                "client_address",
-                "connection_id",
-                "protocol_version",
-                "reason_code",
-                "cause",
-                "persistent",
-                "clean_start",
-                "session_expiry_interval",
-                "topic_filters",
-                "filter_qos",
-            )
-        ],
+        *_fields(
+            "e",
+            "node_id",
+            "client_address",
+            "connection_id",
+            "protocol_version",
+            "reason_code",
+            "cause",
+            "persistent",
+            "clean_start",
+            "session_expiry_interval",
+            "topic_filters",
+            "filter_qos",
+        ),
         *_kafka_columns(),
         F.col("e.error").alias("record_error"),
     )
@@ -197,8 +198,7 @@ def deliveries(topics: ArchiveTopics) -> Callable[[DataFrame], DataFrame]:
         df = df.select(
             stage.alias("stage"),
             F.col("key").cast("string").alias("key"),
-            F.col("m.topic").alias("topic"),
-            F.col("m.qos").alias("qos"),
+            *_fields("m", "topic", "qos"),
             F.timestamp_millis(F.col("m.received_at_ms")).alias("received_at"),
             F.col("timestamp").alias("routed_at"),
             F.col("m.message_expiry_interval").alias("message_expiry_interval"),

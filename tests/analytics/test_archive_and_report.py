@@ -30,18 +30,14 @@ from pyspark.sql import SparkSession
 from services.cli import main
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import assign_whole_topics
-from services.common.kafka.names import (
-    APP_PREFIX,
-    APP_SHARED_PREFIX,
-    DOWNLINK_PREFIX,
-    TopicNames,
-)
+from services.common.kafka.names import TopicNames
 from services.common.records import EventKind, decode_event
 from services.common.settings import Settings
 from services.local import cluster as local_cluster
 from spark_emr.jobs import archive, report
 from spark_emr.kafka_options import kafka_options
 from spark_emr.render import render
+from spark_emr.topics import archive_topics
 from tests.e2e.clients import TIMEOUT, PahoClient, RawSocket, session_connect_packet, unique
 from tests.servers import LocalCluster
 
@@ -166,16 +162,7 @@ async def _events_in_kafka(cluster: LocalCluster, clients: set[str], disconnects
 
 
 def _topics(cluster: LocalCluster) -> archive.ArchiveTopics:
-    names = TopicNames.from_settings(cluster.settings)
-    return archive.ArchiveTopics(
-        names.msg_all,
-        names.client_events,
-        names.client_acks,
-        names.msg_persisted,
-        names.prefix + DOWNLINK_PREFIX,
-        names.prefix + APP_PREFIX,
-        names.prefix + APP_SHARED_PREFIX,
-    )
+    return archive_topics(TopicNames.from_settings(cluster.settings))
 
 
 def _mine(spark: SparkSession, where: Path, published: Published) -> pd.DataFrame:
