@@ -19,6 +19,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on servers and CI
+import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -89,15 +90,27 @@ def _bars(
 def _over_time(
     frame: pd.DataFrame, when: str, value: str, kind: str = "bar"
 ) -> Callable[[Any], None]:
+    """Bars (or a line) of ``value`` over ``when``: up to 48 points as labelled bars, more as
+    a line over a date axis."""
+
     def draw(ax: Any) -> None:
         times = pd.to_datetime(frame[when])
-        if kind == "bar" and len(frame) > 1:
-            width = (times.diff().min() or pd.Timedelta(hours=1)) * 0.8
-            ax.bar(times, frame[value], width=width, color="#3b6ea5")
+        if len(frame) <= 48:
+            labels = times.dt.strftime("%m-%d %H:%M")
+            if kind == "bar":
+                ax.bar(labels, frame[value], color="#3b6ea5")
+            else:
+                ax.plot(labels, frame[value], marker="o", color="#3b6ea5")
+            ax.tick_params(axis="x", rotation=30)
+            for label in ax.get_xticklabels()[:: max(1, len(frame) // 12)]:
+                label.set_visible(True)
         else:
-            ax.plot(times, frame[value], marker="o", color="#3b6ea5")
+            ax.plot(times, frame[value], color="#3b6ea5")
+            locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
+            ax.xaxis.set_major_locator(locator)
+            formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
+            ax.xaxis.set_major_formatter(formatter)
         ax.set_ylabel(value)
-        ax.tick_params(axis="x", rotation=30)
 
     return draw
 
@@ -187,7 +200,15 @@ def render(directory: Path) -> Path:
             "Payload sizes (bytes, bucket start)",
             lambda f: _bars(f, "size_from_bytes", "messages"),
         ),
-        chart("retained_share", "Retained share", lambda f: _bars(f, "retain", "messages")),
+        chart(
+            "retained_share",
+            "Retained share",
+            lambda f: _bars(
+                f.assign(kind=f["retain"].map({True: "retained", False: "not retained"})),
+                "kind",
+                "messages",
+            ),
+        ),
         "</div>",
         "<h3>Messages and bytes per topic level</h3>",
         _table(

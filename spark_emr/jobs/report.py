@@ -239,7 +239,14 @@ def fleet_tables(
     reasons = (
         disconnects.groupBy("cause", "reason_code")
         .agg(F.count("*").alias("disconnects"))
-        .withColumn("reason", _reason_names()[F.col("reason_code")])
+        .withColumn(
+            "reason",
+            # 0x00 in a DISCONNECT is "Normal disconnection" (MQTT 5.0 3.14.2.1); a lost
+            # connection has no Reason Code at all.
+            F.when(F.col("cause") == "CONNECTION_LOST", F.lit(None))
+            .when(F.col("reason_code") == 0, F.lit("NORMAL_DISCONNECTION"))
+            .otherwise(_reason_names()[F.col("reason_code")]),
+        )
         .select("cause", "reason_code", "reason", "disconnects")
         .orderBy(F.desc("disconnects"), "cause", "reason_code")
     )
