@@ -88,16 +88,23 @@ def _boto(target: Any) -> tuple[Any, Any]:
     return session.client("emr-serverless"), session.client("s3")
 
 
+def _target(settings: AnalyticsSettings, stack_outputs: Path | None) -> Any:
+    """The EMR Serverless target; a clear error (not a trace) when it is incomplete."""
+    from spark_emr import emr
+
+    try:
+        return emr.target_from(settings, stack_outputs)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 def _run_on_emr(
     settings: AnalyticsSettings, stack_outputs: Path | None, job: str, arguments: list[str]
 ) -> tuple[Any, Any, Any]:
     from spark_emr import emr
     from spark_emr.session import JOB_CONF
 
-    try:
-        target = emr.target_from(settings, stack_outputs)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    target = _target(settings, stack_outputs)
     client, s3 = _boto(target)
     spec = emr.JobSpec(
         job, arguments, JOB_CONF | emr.python_archive_conf(settings.emr_python_archive)
@@ -153,7 +160,7 @@ def archive(
     if emr:
         from spark_emr import emr as emr_module
 
-        target = emr_module.target_from(settings, stack_outputs)
+        target = _target(settings, stack_outputs)
         uri = archive_uri or f"s3://{target.bucket}/{emr_module.ARCHIVE_PREFIX}"
         options = _kafka(
             settings.model_copy(update={"analytics_kafka_auth": "none"})
@@ -266,7 +273,7 @@ def report(
     if emr:
         from spark_emr import emr as emr_module
 
-        target = emr_module.target_from(settings, stack_outputs)
+        target = _target(settings, stack_outputs)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         prefix = f"{emr_module.REPORTS_PREFIX}/{stamp}"
         arguments = [

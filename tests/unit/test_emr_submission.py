@@ -257,3 +257,12 @@ def test_cli_archive_on_emr_submits_and_waits(
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+def test_cli_without_an_emr_target_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EMR_APPLICATION_ID", "EMR_JOB_ROLE_ARN", "ARCHIVE_BUCKET"):
+        monkeypatch.delenv(f"CORMORANT_{name}", raising=False)
+    result = CliRunner().invoke(main, ["analytics", "archive", "--emr"])
+    assert result.exit_code == 1
+    assert "missing application_id, job_role_arn, bucket" in result.output
+    assert "Traceback" not in result.output
