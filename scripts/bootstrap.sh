@@ -10,13 +10,15 @@ set -euo pipefail
 cd "$CORMORANT_ROOT"
 
 # Kafka and Spark (pyspark's JVM) need a JRE 17 and Maven (their jars come from Maven
-# Central); setpriv (util-linux) runs PostgreSQL as its own user when we are root.
+# Central); setpriv (util-linux) runs PostgreSQL as its own user when we are root; the
+# analytics report's page is checked in a real headless Chromium (driven by Playwright).
 PACKAGES=(
     ca-certificates python3 python3-venv python3-pip
     openjdk-17-jre-headless maven
     redis-server postgresql haproxy
     mosquitto mosquitto-clients
     util-linux
+    chromium
 )
 
 SUDO=()
