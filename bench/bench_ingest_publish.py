@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))  # the checkout being measured, not an installed copy
 
-from services.common.mqtt.codec import encode  # noqa: E402
-from services.common.mqtt.packets import Connect, Publish  # noqa: E402
-from services.common.mqtt.properties import Properties  # noqa: E402
-from services.common.settings import Settings  # noqa: E402
-from services.ingest.connection import ServerConnection  # noqa: E402
-from services.ingest.effects import StorePublish, StoreSession  # noqa: E402
+from services.common.mqtt.codec import encode
+from services.common.mqtt.packets import Connect, Publish
+from services.common.mqtt.properties import Properties
+from services.common.settings import Settings
+from services.ingest.connection import ServerConnection
+from services.ingest.effects import StorePublish, StoreSession
 
 
 def connected() -> ServerConnection:
@@ -30,7 +30,9 @@ def connected() -> ServerConnection:
     connection = ServerConnection(
         Settings(), "node1", bytes(16), lambda _: (None, []), lambda: 1_700_000_000_000
     )
-    effects = connection.receive_data(encode(Connect(4, "pub-1", True, 60, Properties()), 4))
+    effects = connection.receive_data(
+        encode(Connect(4, "pub-1", True, 60, properties=Properties()), 4)
+    )
     connection.stored(next(e.token for e in effects if isinstance(e, StoreSession)))
     return connection
 
