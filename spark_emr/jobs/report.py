@@ -117,7 +117,6 @@ def _millis(later: Column, earlier: Column) -> Column:
 
 def traffic_tables(messages: DataFrame) -> dict[str, DataFrame]:
     """Traffic tables of decoded messages (``messages`` already limited to the range)."""
-    parts = F.split("topic", "/")
     levels = F.expr(
         "transform(sequence(1, size(split(topic, '/'))), "
         "i -> array_join(slice(split(topic, '/'), 1, i), '/'))"
@@ -128,7 +127,6 @@ def traffic_tables(messages: DataFrame) -> dict[str, DataFrame]:
         .agg(F.count("*").alias("messages"), F.sum("payload_size").alias("bytes"))
         .orderBy("level", F.desc("messages"), "topic_prefix")
     )
-    del parts
     size_bucket = F.when(F.col("payload_size") == 0, F.lit(0)).otherwise(
         F.pow(F.lit(2), F.floor(F.log2(F.col("payload_size")))).cast("long")
     )
