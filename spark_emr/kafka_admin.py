@@ -18,28 +18,32 @@ class KafkaUnreachable(RuntimeError):
     """Kafka did not answer the topic listing in time (wrong address, down, or refused)."""
 
 
-def existing_topics(spark: SparkSession, options: dict[str, str]) -> set[str]:
+def existing_topics(
+    spark: SparkSession, options: dict[str, str], timeout: int = LIST_TIMEOUT
+) -> set[str]:
     """The names of the topics of the Kafka cluster that Spark Kafka source ``options``
     (``kafka.``-prefixed client configs) reach. Raises :class:`KafkaUnreachable` naming the
-    bootstrap address if it does not answer within :data:`LIST_TIMEOUT` seconds."""
+    bootstrap address and Kafka's error if it does not answer within ``timeout`` seconds."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     props = jvm.java.util.Properties()
     for name, value in options.items():
         if name.startswith("kafka."):
             props.put(name.removeprefix("kafka."), value)
-    millis = str(LIST_TIMEOUT * 1000)
+    millis = str(timeout * 1000)
     props.put("default.api.timeout.ms", millis)
     props.put("request.timeout.ms", millis)
     admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
     try:
         future = admin.listTopics().names()
-        names = future.get(LIST_TIMEOUT, jvm.java.util.concurrent.TimeUnit.SECONDS)
+        names = future.get(timeout, jvm.java.util.concurrent.TimeUnit.SECONDS)
         return {str(name) for name in names}
     except Exception as exc:  # py4j wraps the Java TimeoutException/ExecutionException
+        java = getattr(exc, "java_exception", None)
+        detail = str(java.toString()) if java is not None else str(exc).splitlines()[0]
         raise KafkaUnreachable(
             f"Kafka at {options.get('kafka.bootstrap.servers')} did not list its topics "
-            f"within {LIST_TIMEOUT} s: {str(exc).splitlines()[0]}"
+            f"within {timeout} s ({detail})"
         ) from exc
     finally:
         admin.close()

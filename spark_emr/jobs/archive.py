@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 
 from services.common import records
 from spark_emr import decode
-from spark_emr.kafka_admin import existing_topics
+from spark_emr.kafka_admin import LIST_TIMEOUT, existing_topics
 
 Progress = Callable[[str], None]
 
@@ -332,18 +332,20 @@ def run(
     *,
     only: tuple[str, ...] = TABLES,
     max_records_per_batch: int | None = None,
+    list_timeout: int = LIST_TIMEOUT,
     progress: Progress = print,
 ) -> dict[str, TableResult]:
     """Archive what is new in Kafka into ``archive`` (a path or URI: ``/dir``, ``s3://…``).
 
     ``kafka_options`` come from :func:`spark_emr.kafka_options.kafka_options`; ``only``
     limits the tables; ``max_records_per_batch`` bounds each micro-batch
-    (``maxOffsetsPerTrigger``). Returns each table's :class:`TableResult`. A topic that does
+    (``maxOffsetsPerTrigger``); ``list_timeout`` (seconds) bounds the first request, which
+    lists Kafka's topics. Returns each table's :class:`TableResult`. A topic that does
     not exist gives a result with a note, not an error; raises
     :class:`~spark_emr.kafka_admin.KafkaUnreachable` if Kafka does not answer and
     ``pyspark.errors.StreamingQueryException`` if a query fails.
     """
-    present = existing_topics(spark, kafka_options)
+    present = existing_topics(spark, kafka_options, list_timeout)
     results = {name: TableResult(name) for name in only}
     queries: dict[str, StreamingQuery] = {}
     for table in tables(topics):

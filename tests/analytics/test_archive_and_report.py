@@ -35,6 +35,7 @@ from services.common.records import EventKind, decode_event
 from services.common.settings import Settings
 from services.local import cluster as local_cluster
 from spark_emr.jobs import archive, report
+from spark_emr.kafka_admin import KafkaUnreachable
 from spark_emr.kafka_options import kafka_options
 from spark_emr.render import render
 from spark_emr.topics import archive_topics
@@ -390,6 +391,24 @@ def test_a_missing_or_empty_topic_and_an_empty_archive_give_clear_results(
     assert summary.notes[0].startswith("no messages archived")
     page = render(tmp_path / "report").read_text(encoding="utf-8")
     assert "no messages archived" in page and "no data in this range" in page
+
+
+def test_an_unreachable_kafka_is_one_clear_error(spark: SparkSession, tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(KafkaUnreachable, match=r"Kafka at 127\.0\.0\.1:1 did not list its topics"):
+        archive.run(
+            spark,
+            str(tmp_path),
+            _topics_for_prefix("x."),
+            kafka_options("127.0.0.1:1"),
+            list_timeout=2,
+        )
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "messages").exists()
+
+
+def _topics_for_prefix(prefix: str) -> archive.ArchiveTopics:
+    return archive_topics(TopicNames(prefix))
 
 
 def test_the_commands_print_what_they_did(
