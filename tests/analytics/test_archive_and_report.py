@@ -15,6 +15,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,7 +32,7 @@ from services.cli import main
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import assign_whole_topics
 from services.common.kafka.names import TopicNames
-from services.common.records import EventKind, decode_event
+from services.common.records import EventKind, decode_ack, decode_event
 from services.common.settings import Settings
 from services.local import cluster as local_cluster
 from spark_emr.jobs import archive, report
@@ -83,8 +84,14 @@ def _publish(
 
 def _traffic(cluster: LocalCluster, published: Published) -> None:
     """Publishers of both protocol versions and every QoS, and connections that end in
-    each way the events tell apart."""
+    each way the events tell apart; a persistent subscriber (a DEVICE: its messages go
+    through device_persist) receives and acknowledges the QoS 2 ones."""
     root = published.root
+    dash = PahoClient(
+        cluster.mqtt_port, f"{root}-dash", version=5, clean_start=False, session_expiry=300
+    )
+    assert dash.connect() == 0
+    assert dash.subscribe(f"{root}/room2", 1)[0].value == 1
     a = _publish(
         cluster,
         f"{root}-a",
@@ -109,6 +116,9 @@ def _traffic(cluster: LocalCluster, published: Published) -> None:
         [(f"{root}/room2", bytes(100), 2, False) for _ in range(3)],
         published,
     )
+    for _ in range(3):
+        dash.messages.get(timeout=TIMEOUT)  # paho acknowledges each (PUBACK)
+    dash.disconnect(0)
     a.disconnect(0)
     b.close()  # v3.1.1 DISCONNECT
     c.disconnect(0x04)  # Disconnect with Will Message
@@ -116,6 +126,7 @@ def _traffic(cluster: LocalCluster, published: Published) -> None:
         f"{root}-a": ("CLIENT_DISCONNECT", 0),
         f"{root}-b": ("CLIENT_DISCONNECT", 0),
         f"{root}-c": ("CLIENT_DISCONNECT", 4),
+        f"{root}-dash": ("CLIENT_DISCONNECT", 0),
     }
     with RawSocket(cluster.mqtt_port) as lost:
         lost.send(session_connect_packet(f"{root}-lost", level=4, clean_start=True))
@@ -141,25 +152,41 @@ def _traffic(cluster: LocalCluster, published: Published) -> None:
     published.ends[f"{root}-twin"] = ("TAKEOVER", 0x8E)
 
 
-async def _events_in_kafka(cluster: LocalCluster, clients: set[str], disconnects: int) -> None:
-    """Wait until ``client.events`` holds ``disconnects`` DISCONNECTED events of ``clients``
-    (the ingest nodes write events without waiting for them)."""
-    topic = TopicNames.from_settings(cluster.settings).client_events
+async def _in_kafka(
+    cluster: LocalCluster, topic: str, count: Callable[[Any], int], wanted: int
+) -> None:
+    """Wait until the records of ``topic`` add up to ``wanted`` by ``count`` (a record's
+    share), from the topic's start: events and acknowledgements are written by the ingest
+    nodes without the client waiting for them."""
     consumer = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap, group_id=None)
     await consumer.start()
     seen = 0
     try:
         async with asyncio.timeout(TIMEOUT):
             await assign_whole_topics(consumer, [topic], from_end=False)
-            while seen < disconnects:
+            while seen < wanted:
                 batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
-                    for record in records:
-                        if record.key.decode() in clients:
-                            event = decode_event(record.value)
-                            seen += event.kind is EventKind.DISCONNECTED
+                seen += sum(count(record) for records in batch.values() for record in records)
     finally:
         await consumer.stop()
+
+
+def _written(cluster: LocalCluster, published: Published) -> None:
+    """Wait for the DISCONNECTED events of every connection and the subscriber's PUBACKs."""
+    names = TopicNames.from_settings(cluster.settings)
+    clients = {key.encode() for key in published.ends}
+    dash = f"{published.root}-dash".encode()
+
+    def disconnects(record: Any) -> int:
+        if record.key not in clients:
+            return 0
+        return int(decode_event(record.value).kind is EventKind.DISCONNECTED)
+
+    def pubacks(record: Any) -> int:
+        return len(decode_ack(record.value).acks) if record.key == dash else 0
+
+    asyncio.run(_in_kafka(cluster, names.client_events, disconnects, len(clients) + 1))
+    asyncio.run(_in_kafka(cluster, names.client_acks, pubacks, 3))
 
 
 def _topics(cluster: LocalCluster) -> archive.ArchiveTopics:
@@ -188,7 +215,7 @@ def archived(
     started = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=5)
     published = Published(unique("an"))
     _traffic(cluster, published)
-    asyncio.run(_events_in_kafka(cluster, set(published.ends), disconnects=7))
+    _written(cluster, published)
     where = tmp_path_factory.mktemp("archive")
     options = kafka_options(cluster.kafka_bootstrap)
     results = archive.run(spark, str(where), _topics(cluster), options, progress=lambda _: None)
@@ -235,6 +262,10 @@ def test_events_tell_each_connection_and_how_it_ended(
     expected = {(client, cause, code) for client, (cause, code) in published.ends.items()}
     twin = f"{published.root}-twin"
     assert causes == expected | {(twin, "CLIENT_DISCONNECT", 0)}
+    subscribed = events[events["kind"] == "SUBSCRIBED"]
+    assert [
+        (r.client_id, list(r.topic_filters), list(r.filter_qos)) for r in subscribed.itertuples()
+    ] == [(f"{published.root}-dash", [f"{published.root}/room2"], [1])]
     assert set(connects["protocol_version"]) == {4, 5}
     assert connects["client_address"].str.match(r"^127\.0\.0\.1:\d+$").all()
     assert connects["node_id"].str.startswith("node").all()
@@ -347,6 +378,16 @@ def test_report_numbers_equal_counts_computed_independently(
     )
     assert summary.connects == (events["kind"] == "CONNECTED").sum()
     assert set(reasons["reason"].dropna()) >= {"KEEP_ALIVE_TIMEOUT", "SESSION_TAKEN_OVER"}
+
+    backlog = _parquet(out / "tables" / "stored_backlog")
+    dash = backlog[backlog["client_id"] == f"{root}-dash"]
+    assert dash[["stored", "acknowledged", "backlog"]].values.tolist() == [[3, 3, 0]]
+    acks = _parquet(archived["where"] / "acks", ["client_id", "kind", "acked_at"])
+    latency = _parquet(out / "tables" / "latency").set_index("stage")
+    acked = acks[acks["kind"].isin(["PUBACK", "PUBCOMP"]) & (acks["acked_at"] >= since)]
+    assert latency.loc["acknowledged", "messages"] == len(acked)
+    assert latency.loc["acknowledged", "p50_ms"] >= latency.loc["sent from store", "p50_ms"]
+    assert "routed to persisted" in latency.index
 
     index = render(out)
     page = index.read_text(encoding="utf-8")
