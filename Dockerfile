@@ -22,6 +22,9 @@ RUN python -m venv /opt/cormorant
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
+# `cormorant analytics` is a subcommand of the one CLI (its jobs need the analytics extra,
+# not installed here).
+COPY spark_emr ./spark_emr
 # As README installs it (pip, from pyproject.toml), not editable, with the aws extra (MSK IAM
 # authentication) instead of the test extra.
 RUN /opt/cormorant/bin/pip install '.[aws]'

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Install what the local cluster and the tests need on a Debian machine, idempotently:
-# system packages (only those missing), Cormorant itself with its test extra, and the Kafka
-# jars (through Maven, cached under ~/.cache/cormorant). Run as root or with sudo.
+# system packages (only those missing), Cormorant itself with its test extra (which pulls in
+# the analytics extra: pyspark, pandas, pyarrow, matplotlib, boto3), the Kafka jars and the
+# Spark Kafka connector's jars (through Maven, cached under ~/.cache/cormorant). Run as root
+# or with sudo.
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$CORMORANT_ROOT"
 
-# Kafka needs a JRE and Maven (its jars come from Maven Central); setpriv (util-linux)
-# runs PostgreSQL as its own user when we are root.
+# Kafka and Spark (pyspark's JVM) need a JRE 17 and Maven (their jars come from Maven
+# Central); setpriv (util-linux) runs PostgreSQL as its own user when we are root; the
+# analytics report's page is checked in a real headless Chromium (driven by Playwright).
 PACKAGES=(
     ca-certificates python3 python3-venv python3-pip
     openjdk-17-jre-headless maven
     redis-server postgresql haproxy
     mosquitto mosquitto-clients
     util-linux
+    chromium
 )
 
 SUDO=()
@@ -50,3 +54,4 @@ echo "bootstrap: installing Cormorant into $PY"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test]'
 
 "$PY" -m services.cli fetch-kafka
+"$PY" -m services.cli analytics fetch-jars >/dev/null

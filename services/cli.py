@@ -12,6 +12,7 @@ import click
 
 from services.cloud.cli import cloud
 from services.local.cli import down, fetch_kafka, status, up
+from spark_emr.cli import analytics
 
 SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery")
 """The commands that each run one deployable service: one container image target
@@ -131,18 +132,25 @@ def create_topics(timeout: float) -> None:
 @main.command("settings")
 def show_settings() -> None:
     """List every setting: environment variable, current value and meaning (the services'
-    run-time settings first, then the local cluster launcher's)."""
+    run-time settings first, then the local cluster launcher's, then the analytics')."""
     from services.common.settings import Settings
     from services.local.settings import LocalSettings
+    from spark_emr.settings import AnalyticsSettings
 
-    current = LocalSettings()
-    launcher = [name for name in LocalSettings.model_fields if name not in Settings.model_fields]
-    for title, names in (("services", list(Settings.model_fields)), ("local cluster", launcher)):
+    current = AnalyticsSettings()
+    sections = {
+        "services": list(Settings.model_fields),
+        "local cluster": [n for n in LocalSettings.model_fields if n not in Settings.model_fields],
+        "analytics": [
+            n for n in AnalyticsSettings.model_fields if n not in LocalSettings.model_fields
+        ],
+    }
+    for title, names in sections.items():
         click.echo(f"# {title}")
         for name in names:
             value = getattr(current, name)
             click.echo(f"CORMORANT_{name.upper()}={'' if value is None else value}")
-            description = LocalSettings.model_fields[name].description
+            description = AnalyticsSettings.model_fields[name].description
             if description:
                 click.echo(f"    {description}")
 
@@ -152,6 +160,7 @@ main.add_command(down)
 main.add_command(status)
 main.add_command(fetch_kafka)
 main.add_command(cloud)
+main.add_command(analytics)
 
 if __name__ == "__main__":
     main()

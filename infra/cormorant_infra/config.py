@@ -179,7 +179,7 @@ class StackConfig(_Model):
     nlb_deletion_protection: bool = False
 
     # --- analytics ---------------------------------------------------------------------
-    emr_release_label: str = "emr-7.12.0"
+    emr_release_label: str = shared.EMR_RELEASE_LABEL
     emr_max_vcpu: int = Field(16, ge=1, le=4000)
     emr_max_memory_gib: int = Field(64, ge=1, le=16000)
     archive_infrequent_access_days: int = Field(30, ge=30)

@@ -63,8 +63,9 @@ class Kafka(pulumi.ComponentResource):
     Attributes: ``bootstrap`` (``host:port,...`` on the SCRAM or IAM port), ``cluster_arn``,
     ``cluster_name``; ``settings`` (setting name → value of the clients' security settings),
     ``secrets`` (setting name → Secrets Manager ``valueFrom``), ``secret_arns`` and
-    ``kms_key_arns`` (what reading those secrets needs); ``iam`` (whether clients
-    authenticate with IAM); :meth:`iam_statements` for the tasks' roles.
+    ``kms_key_arns`` (what reading those secrets needs); ``scram_secret_arn`` (the SCRAM
+    login's secret, None with IAM: the Spark jobs' driver reads it); ``iam`` (whether
+    clients authenticate with IAM); :meth:`iam_statements` for the tasks' roles.
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class Kafka(pulumi.ComponentResource):
         self.secret_arns: list[pulumi.Output[str]] = []
         self.kms_key_arns: list[pulumi.Output[str]] = []
         self.secrets: dict[str, pulumi.Output[str]] = {}
+        self.scram_secret_arn: pulumi.Output[str] | None = None
         if config.kafka_iam:
             cluster = aws.msk.ServerlessCluster(
                 f"{name}-serverless",
@@ -204,6 +206,7 @@ class Kafka(pulumi.ComponentResource):
             "kafka_sasl_password": iam.secret_key(secret.arn, "password"),
         }
         self.secret_arns = [secret.arn]
+        self.scram_secret_arn = secret.arn
         self.kms_key_arns = [key.arn]
 
     def iam_statements(self, topic_prefix: str, *, write: bool) -> list[iam.Statement]:

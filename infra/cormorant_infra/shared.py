@@ -3,7 +3,8 @@
 Service names and commands (``services/cli.py``), topic names, partitions and consumer
 groups (``services/common/kafka/``), settings and their environment variables
 (``services/common/settings.py``), the MQTT ports and the keep alive rule
-(``services/common/mqtt/``), the Kafka and Spark versions (``services/common/versions.py``)
+(``services/common/mqtt/``), the Kafka and Spark versions and the EMR release
+(``services/common/versions.py``)
 are imported here, never copied, so a change there changes the deployment.
 """
 
@@ -17,9 +18,15 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.keep_alive import max_keep_alive_for_idle_timeout
 from services.common.mqtt.ports import MQTT_PORT, MQTT_TLS_PORT
 from services.common.settings import Settings
-from services.common.versions import KAFKA_VERSION, SPARK_VERSION, release_line
+from services.common.versions import (
+    EMR_RELEASE_LABEL,
+    KAFKA_VERSION,
+    SPARK_VERSION,
+    release_line,
+)
 
 __all__ = [
+    "EMR_RELEASE_LABEL",
     "EMR_RELEASE_SPARK",
     "INGEST",
     "KAFKA_VERSION",

@@ -25,9 +25,11 @@ from cormorant_infra.observability import Observability
 def build(config: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; return its outputs (name → value).
 
-    Outputs (what ``pulumi stack output --json`` prints and ``cormorant cloud`` reads):
-    ``mqttEndpoints``, ``nlbDnsName``, ``kafkaBootstrap``, ``archiveBucket``,
-    ``emrApplicationId`` and ``emrJobRoleArn`` for users; the names and ARNs ``cormorant
+    Outputs (what ``pulumi stack output --json`` prints and ``cormorant cloud`` and
+    ``cormorant analytics --emr`` read): ``mqttEndpoints``, ``nlbDnsName``,
+    ``kafkaBootstrap``, ``archiveBucket``, ``emrApplicationId``, ``emrJobRoleArn`` and, with
+    SCRAM, ``kafkaScramSecretArn`` (the Spark jobs read their login there) for users and
+    analysts (:func:`spark_emr.emr.target_from`); the names and ARNs ``cormorant
     cloud status`` checks (``region``, ``ecsCluster``, ``ecsServices``,
     ``targetGroupArns``, ``mskClusterArn``, ``redisReplicationGroupId``,
     ``dbInstanceIdentifier``) and what ``cormorant cloud create-topics`` runs
@@ -44,7 +46,7 @@ def build(config: StackConfig) -> dict[str, Any]:
     compute = Compute(name, config, region, network, kafka, cache, database, ingress)
     analytics = Analytics(name, config, network, kafka)
     alarms = Observability(name, config, kafka, cache, database, ingress, compute)
-    return {
+    outputs: dict[str, Any] = {
         "mqttEndpoints": ingress.endpoints,
         "nlbDnsName": ingress.dns_name,
         "kafkaBootstrap": kafka.bootstrap,
@@ -64,3 +66,6 @@ def build(config: StackConfig) -> dict[str, Any]:
         "logGroups": compute.log_groups,
         "alarmTopicArn": alarms.topic_arn,
     }
+    if kafka.scram_secret_arn is not None:
+        outputs["kafkaScramSecretArn"] = kafka.scram_secret_arn
+    return outputs

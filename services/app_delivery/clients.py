@@ -37,11 +37,10 @@ from services.common.kafka.security import client_security
 from services.common.records import (
     AckRecord,
     SessionRecord,
-    client_session_record,
-    client_subscriptions_record,
     parse_client_acks,
     parse_client_session,
     parse_client_subscriptions,
+    session_expired_records,
 )
 from services.common.sessions import DeliveryPath, delivery_path, session_expired
 from services.common.settings import Settings
@@ -291,8 +290,8 @@ class AppClients:
     async def expire_sessions(self, now_ms: int) -> list[Awaitable[object]]:
         """End the owned APPLICATION sessions past their Session Expiry Interval (or
         ``session_expiry_max_seconds``): tombstones for their session and subscriptions
-        records; their topics go when the tombstones come back. Returns the writes'
-        acknowledgements."""
+        records and their SESSION_EXPIRED event; their topics go when the tombstones come
+        back. Returns the writes' acknowledgements."""
         acks: list[Awaitable[object]] = []
         cap = self.settings.session_expiry_max_seconds
         for client_id, session in list(self.sessions.items()):
@@ -302,9 +301,6 @@ class AppClients:
                 continue
             log.info("client %r: session expired", client_id)
             self._expiring.add(client_id)
-            for tombstone in (
-                client_subscriptions_record(self.names, client_id, []),
-                client_session_record(self.names, client_id, None),
-            ):
-                acks.append(await self._send(*tombstone))
+            for record in session_expired_records(self.names, client_id, session, now_ms):
+                acks.append(await self._send(*record))
         return acks

@@ -35,6 +35,9 @@ Topic → key / value / headers:
   a tombstone = session removed.
 - ``client.acks``: key = subscriber client id; value = :class:`AckRecord`: the client's
   PUBACK / PUBREC / PUBCOMP of messages a store (device_persist, app_delivery) delivered.
+- ``client.events`` (append-only, for the analysts): key = client id; value =
+  :class:`EventRecord`: connects, disconnects with their cause, authentication failures,
+  subscription changes and session expiries.
 
 Each record kind has one builder (``*_record``, returning a :class:`KafkaRecord`) and one
 parser (``parse_*``), and every parser raises only :class:`RecordError`: the one test of
@@ -585,6 +588,169 @@ def decode_stored(data: bytes) -> StoredRecord:
 
 
 # --------------------------------------------------------------------------------------------
+# client.events
+
+
+class EventKind(IntEnum):
+    """What happened to a client, as one ``client.events`` record tells."""
+
+    CONNECTED = 1
+    """CONNACK with Reason Code 0 sent: a network connection became an MQTT session."""
+    DISCONNECTED = 2
+    """The network connection of a connected client ended (``cause`` says why)."""
+    AUTH_FAILED = 3
+    """CONNECT refused for its credentials (CONNACK 0x86/0x87/0x8C, v3.1.1 0x04/0x05)."""
+    SUBSCRIBED = 4
+    """SUBACK sent: ``topic_filters`` with their granted QoS (failures left out)."""
+    UNSUBSCRIBED = 5
+    """UNSUBACK sent: ``topic_filters`` removed (QoS 0)."""
+    SESSION_EXPIRED = 6
+    """A disconnected persistent session ended: its Session Expiry Interval passed."""
+
+
+class DisconnectCause(IntEnum):
+    """Why a connection ended (``EventRecord.cause`` of a DISCONNECTED event)."""
+
+    NONE = 0
+    """Not a disconnect."""
+    CLIENT_DISCONNECT = 1
+    """The client sent DISCONNECT (``reason_code`` is its Reason Code; 0 on v3.1.1)."""
+    CONNECTION_LOST = 2
+    """The socket closed or failed without DISCONNECT."""
+    KEEP_ALIVE_TIMEOUT = 3
+    """Nothing arrived within 1.5 times the Keep Alive (MQTT 3.1.2.10)."""
+    TAKEOVER = 4
+    """The same Client Identifier connected again (MQTT 3.1.4-3, Reason Code 0x8E)."""
+    PROTOCOL_ERROR = 5
+    """The server closed the connection for a malformed packet or a protocol violation."""
+    SERVER_SHUTDOWN = 6
+    """The ingest node stopped (Reason Code 0x8B)."""
+
+
+_EVENT = struct.Struct(">BBBBBBQI16s")
+# version, kind, flags, protocol version, reason code, cause, at_ms, session expiry interval,
+# connection id; then node id (str16), client address (str16), topic filter count (u16) and
+# each topic filter (str16) with its QoS (u8).
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """One ``client.events`` record (the client id is the record key).
+
+    ``at_ms`` is when it happened (Unix ms, the writer's clock: the ingest node's, or for
+    SESSION_EXPIRED device_persist's or app_delivery's); ``node_id`` the ingest node of the
+    connection (for SESSION_EXPIRED the node that held the session last);
+    ``client_address`` the peer as ``host:port`` (``""`` when unknown);
+    ``connection_id`` (16 bytes) pairs a CONNECTED event with the DISCONNECTED event of the
+    same network connection (``SessionRecord.connection_id``; zeros when none);
+    ``protocol_version`` 3, 4 or 5 (0 when the CONNECT did not say); ``reason_code`` the MQTT
+    5 Reason Code of the CONNACK (CONNECTED, AUTH_FAILED) or DISCONNECT (DISCONNECTED) sent or
+    received, MQTT 5.0 2.4; ``cause`` a :class:`DisconnectCause`; ``persistent`` and
+    ``clean_start`` describe the session (DESIGN.md's rule), ``session_expiry_interval`` in
+    seconds; ``topic_filters`` are (Topic Filter, QoS) pairs of SUBSCRIBED / UNSUBSCRIBED.
+    """
+
+    kind: EventKind
+    at_ms: int
+    node_id: str
+    client_address: str = ""
+    connection_id: bytes = bytes(16)
+    protocol_version: int = 0
+    reason_code: int = 0
+    cause: DisconnectCause = DisconnectCause.NONE
+    persistent: bool = False
+    clean_start: bool = False
+    session_expiry_interval: int = 0
+    topic_filters: tuple[tuple[str, int], ...] = ()
+
+
+def encode_event(event: EventRecord) -> bytes:
+    """Encode a ``client.events`` value.
+
+    Raises ``ValueError`` if ``connection_id`` is not 16 bytes or a field is out of range.
+    """
+    if len(event.connection_id) != 16:
+        raise ValueError("connection_id must be 16 bytes")
+    flags = (0x01 if event.persistent else 0) | (0x02 if event.clean_start else 0)
+    parts = [
+        _EVENT.pack(
+            _VERSION,
+            int(event.kind),
+            flags,
+            event.protocol_version,
+            event.reason_code,
+            int(event.cause),
+            event.at_ms,
+            event.session_expiry_interval,
+            event.connection_id,
+        ),
+        _str16(event.node_id),
+        _str16(event.client_address),
+        struct.pack(">H", len(event.topic_filters)),
+    ]
+    for topic_filter, qos in event.topic_filters:
+        parts.append(_str16(topic_filter))
+        parts.append(struct.pack(">B", qos))
+    return b"".join(parts)
+
+
+def session_expired_event(session: SessionRecord, at_ms: int) -> EventRecord:
+    """The SESSION_EXPIRED event of ``session`` (its last connection's node, connection
+    and protocol), ended at ``at_ms`` (Unix ms) by the store that owned it."""
+    return EventRecord(
+        kind=EventKind.SESSION_EXPIRED,
+        at_ms=at_ms,
+        node_id=session.node_id,
+        connection_id=session.connection_id,
+        protocol_version=session.protocol_version,
+        persistent=session.persistent,
+        clean_start=session.clean_start,
+        session_expiry_interval=session.session_expiry_interval,
+    )
+
+
+def decode_event(data: bytes) -> EventRecord:
+    """Decode a ``client.events`` value. Raises :class:`RecordError` on garbage."""
+    _check_version(data, "event")
+    if len(data) < _EVENT.size:
+        raise RecordError("truncated event record")
+    _, kind, flags, version, reason, cause, at_ms, expiry, conn_id = _EVENT.unpack_from(data, 0)
+    node_id, offset = _read_str(data, _EVENT.size, ">H")
+    address, offset = _read_str(data, offset, ">H")
+    try:
+        (count,) = struct.unpack_from(">H", data, offset)
+        offset += 2
+        filters: list[tuple[str, int]] = []
+        for _ in range(count):
+            topic_filter, offset = _read_str(data, offset, ">H")
+            (qos,) = struct.unpack_from(">B", data, offset)
+            offset += 1
+            filters.append((topic_filter, qos))
+    except struct.error as exc:
+        raise RecordError(f"truncated event record: {exc}") from exc
+    if offset != len(data):
+        raise RecordError("trailing bytes after event record")
+    try:
+        event_kind, event_cause = EventKind(kind), DisconnectCause(cause)
+    except ValueError as exc:
+        raise RecordError(f"unknown event kind or cause: {exc}") from exc
+    return EventRecord(
+        kind=event_kind,
+        at_ms=at_ms,
+        node_id=node_id,
+        client_address=address,
+        connection_id=conn_id,
+        protocol_version=version,
+        reason_code=reason,
+        cause=event_cause,
+        persistent=bool(flags & 0x01),
+        clean_start=bool(flags & 0x02),
+        session_expiry_interval=expiry,
+        topic_filters=tuple(filters),
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # Kafka records: one builder and one parser per record kind
 
 Headers = Sequence[tuple[str, bytes]]
@@ -849,7 +1015,7 @@ def parse_app_shared(value: bytes | None, headers: Headers | None) -> Message:
     return _message(headers, value)
 
 
-# client.sessions, client.subscriptions, client.acks ----------------------------------------------
+# client.sessions, client.subscriptions, client.acks, client.events -------------------------
 
 
 def client_session_record(
@@ -895,3 +1061,26 @@ def client_acks_record(names: TopicNames, client_id: str, record: AckRecord) -> 
 def parse_client_acks(key: bytes | None, value: bytes | None) -> tuple[str, AckRecord]:
     """Parse a ``client.acks`` record. Raises :class:`RecordError` (a tombstone too)."""
     return client_id_of(key), decode_ack(value or b"")
+
+
+def client_event_record(names: TopicNames, client_id: str, event: EventRecord) -> KafkaRecord:
+    """The ``client.events`` record of what happened to ``client_id``."""
+    return KafkaRecord(names.client_events, client_id.encode("utf-8"), encode_event(event))
+
+
+def parse_client_event(key: bytes | None, value: bytes | None) -> tuple[str, EventRecord]:
+    """Parse a ``client.events`` record. Raises :class:`RecordError` (a tombstone too)."""
+    return client_id_of(key), decode_event(value or b"")
+
+
+def session_expired_records(
+    names: TopicNames, client_id: str, session: SessionRecord, at_ms: int
+) -> list[KafkaRecord]:
+    """What the store that owns ``client_id``'s ``session`` (device_persist or app_delivery)
+    writes when it ends it as expired at ``at_ms`` (Unix ms): tombstones of its
+    subscriptions and session records, and its SESSION_EXPIRED event."""
+    return [
+        client_subscriptions_record(names, client_id, []),
+        client_session_record(names, client_id, None),
+        client_event_record(names, client_id, session_expired_event(session, at_ms)),
+    ]

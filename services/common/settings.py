@@ -16,6 +16,14 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_SSL"]
+"""Kafka's ``security.protocol`` values Cormorant's clients speak (services' aiokafka
+clients: :mod:`services.common.kafka.security`; the Spark jobs: :mod:`spark_emr.kafka_options`)."""
+
+KafkaSaslMechanism = Literal["SCRAM-SHA-512", "OAUTHBEARER"]
+"""SASL mechanisms with ``SASL_SSL``: SCRAM-SHA-512 (MSK port 9096) or OAUTHBEARER (MSK IAM,
+port 9098)."""
+
 
 def _default_state_dir() -> Path:
     """The local cluster's data and log directory: ``$XDG_STATE_HOME/cormorant``."""
@@ -78,12 +86,12 @@ class Settings(BaseSettings):
     )
 
     # --- Kafka security (MSK) ---------------------------------------------------------------
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_SSL"] = Field(
+    kafka_security_protocol: KafkaSecurityProtocol = Field(
         "PLAINTEXT",
         description="Kafka's security.protocol for every client: PLAINTEXT (local), SSL (TLS "
         "only) or SASL_SSL (TLS and SASL: MSK's SCRAM port 9096 or IAM port 9098).",
     )
-    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "OAUTHBEARER"] = Field(
+    kafka_sasl_mechanism: KafkaSaslMechanism = Field(
         "SCRAM-SHA-512",
         description="SASL mechanism with SASL_SSL: SCRAM-SHA-512 (username and password) or "
         "OAUTHBEARER (MSK IAM: a token signed with the task's AWS credentials).",

@@ -1,8 +1,11 @@
 """Versions of the outside software Cormorant is built and tested against, in one place.
 
 The local cluster fetches :data:`KAFKA_VERSION`; ``infra/`` deploys the MSK version of the
-same line and chooses the EMR release whose Spark matches :data:`SPARK_VERSION`, the
-version spark_emr/ pins for PySpark.
+same line. spark_emr/ pins PySpark and its Kafka connector to :data:`SPARK_VERSION` (the
+``analytics`` extra, checked by a test), and ``infra/`` deploys its EMR Serverless
+application with :data:`EMR_RELEASE_LABEL`, a release that runs the same Spark line
+(checked by ``cormorant_infra.shared.check_emr_release``). Spark-only versions (Scala, the
+MSK IAM login module) are in :mod:`spark_emr.versions`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ KAFKA_VERSION = "3.9.1"
 
 SPARK_VERSION = "3.5.7"
 """The Apache Spark (PySpark) release the Spark jobs pin: the 3.5 line that EMR 7 runs."""
+
+EMR_RELEASE_LABEL = "emr-7.12.0"
+"""The EMR release of the Spark jobs' EMR Serverless application (Spark 3.5.6: the newest
+3.5 patch level among the releases ``infra/`` knows), the default of ``infra/``'s
+``emrReleaseLabel``."""
 
 
 def release_line(version: str) -> str:

@@ -44,8 +44,6 @@ from services.common.records import (
     SessionRecord,
     StoredRecord,
     Target,
-    client_session_record,
-    client_subscriptions_record,
     decode_stored,
     downlink_record,
     encode_stored,
@@ -54,6 +52,7 @@ from services.common.records import (
     parse_client_session,
     parse_persisted,
     release_record,
+    session_expired_records,
 )
 from services.common.sessions import DeliveryPath, delivery_path, session_expired
 from services.common.settings import Settings
@@ -390,7 +389,8 @@ class DevicePersister:
     async def expire_sessions(self, now_ms: int) -> list[Awaitable[object]]:
         """End the owned persistent DEVICE sessions that outlived their Session Expiry
         Interval (MQTT 3.1.2.11.2) or ``session_expiry_max_seconds``: tombstones for their
-        session and subscriptions records, and their stored messages deleted."""
+        session and subscriptions records, their SESSION_EXPIRED event in ``client.events``,
+        and their stored messages deleted."""
         acks: list[Awaitable[object]] = []
         cap = self.settings.session_expiry_max_seconds
         for client_id, session in list(self.sessions.items()):
@@ -402,11 +402,8 @@ class DevicePersister:
             async with self._serving:
                 await self.store.clear(client_id)
                 self._cursors.pop(client_id, None)
-            for tombstone in (
-                client_subscriptions_record(self.names, client_id, []),
-                client_session_record(self.names, client_id, None),
-            ):
-                acks.append(await self._send(*tombstone))
+            for record in session_expired_records(self.names, client_id, session, now_ms):
+                acks.append(await self._send(*record))
         return acks
 
 

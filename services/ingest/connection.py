@@ -31,8 +31,15 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import SessionRecord, Target
-from services.ingest import delivery, handle_connect, handle_publish, handle_subscribe, will
+from services.common.records import DisconnectCause, SessionRecord, Target
+from services.ingest import (
+    delivery,
+    events,
+    handle_connect,
+    handle_publish,
+    handle_subscribe,
+    will,
+)
 from services.ingest.effects import Close, Effect, Send, SyncState
 from services.ingest.fan_out import FanOut
 from services.ingest.state import (
@@ -292,6 +299,7 @@ class ServerConnection:
         """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D)."""
         if self.state.phase is Phase.AWAIT_CONNECT:
             return self.close("no CONNECT within the connect timeout")
+        events.ending(self.state, DisconnectCause.KEEP_ALIVE_TIMEOUT, ReasonCode.KEEP_ALIVE_TIMEOUT)
         return self.protocol_violation(
             MQTTError("keep alive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT)
         )
@@ -304,6 +312,7 @@ class ServerConnection:
         ``new_clean_start``, the new connection's Clean Start.
         """
         self.state.session_ended = True
+        events.ending(self.state, DisconnectCause.TAKEOVER, ReasonCode.SESSION_TAKEN_OVER)
         effects = will.on_taken_over(self.state, new_clean_start)
         return effects + self.disconnect_and_close(
             ReasonCode.SESSION_TAKEN_OVER, "session taken over"
@@ -313,7 +322,16 @@ class ServerConnection:
         """The socket is gone: the Will Message (unless a normal DISCONNECT discarded it) and
         the session's end records (none if already ended); each at most once."""
         self.state.phase = Phase.CLOSED
-        return will.on_close(self.state) + handle_connect.end_session(self.state)
+        return [
+            *will.on_close(self.state),
+            *handle_connect.end_session(self.state),
+            *events.disconnected(self.state),
+        ]
+
+    def shutting_down(self) -> list[Effect]:
+        """The node stops: v5 DISCONNECT 0x8B Server shutting down, then close."""
+        events.ending(self.state, DisconnectCause.SERVER_SHUTDOWN, ReasonCode.SERVER_SHUTTING_DOWN)
+        return self.disconnect_and_close(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
 
     def session_record_seen(self, record: SessionRecord | None, offset: int) -> list[Effect]:
         """A ``client.sessions`` record of this client (None: a tombstone) at ``offset``,
@@ -352,6 +370,7 @@ class ServerConnection:
         log.info("client %r: %r", self.state.client_id, exc)
         if self.state.phase is Phase.AWAIT_CONNECT:
             return handle_connect.refuse(self.state, exc)
+        events.ending(self.state, DisconnectCause.PROTOCOL_ERROR, exc.reason_code)
         return self.disconnect_and_close(exc.reason_code, exc.message)
 
     def disconnect_and_close(self, reason_code: int, reason: str) -> list[Effect]:

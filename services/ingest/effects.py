@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.records import AckRecord, PublishMeta, SessionRecord
+from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.subscription import Subscription
 
 
@@ -142,6 +142,15 @@ class SyncState:
     token: int
 
 
+@dataclass(slots=True)
+class RecordEvent:
+    """Append ``event`` to ``client.events`` for the analysts (key: ``client_id``): written
+    off the hot path, nobody waits for it, a failure is only logged."""
+
+    client_id: str
+    event: EventRecord
+
+
 StoreEffect = (
     StorePublish
     | StoreRetained
@@ -153,5 +162,13 @@ StoreEffect = (
 """The effects that write one Kafka record and report back through their ``token``."""
 
 Effect = (
-    Send | Close | StoreEffect | CreateAppTopic | PublishWill | Connected | WatchSession | SyncState
+    Send
+    | Close
+    | StoreEffect
+    | CreateAppTopic
+    | PublishWill
+    | Connected
+    | WatchSession
+    | SyncState
+    | RecordEvent
 )

@@ -24,10 +24,10 @@ from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedPro
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
-from services.common.records import ClientKind, SessionRecord
+from services.common.records import ClientKind, DisconnectCause, SessionRecord
 from services.common.sessions import client_kind, is_persistent, session_expired
 from services.common.topics.validation import validate_topic_name
-from services.ingest import will
+from services.ingest import events, will
 from services.ingest.effects import (
     Close,
     Connected,
@@ -254,7 +254,7 @@ def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effe
     """The session record is in Kafka: send CONNACK; the shell registers the client."""
     state.phase = Phase.CONNECTED
     state.accepted = True
-    return [Send(state.encode(waiter.connack)), Connected(state.client_id)]
+    return [Send(state.encode(waiter.connack)), Connected(state.client_id), events.connected(state)]
 
 
 def connect_failed(state: ConnectionState) -> list[Effect]:
@@ -285,7 +285,7 @@ def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
     elif exc.reason_code in _V3_REFUSALS:
         effects.append(Send(state.encode(ConnAck(False, v3_connack_code(exc.reason_code)))))
     effects.append(Close(exc.message))
-    return effects
+    return effects + events.refused(state, exc.reason_code)
 
 
 _V3_REFUSALS = frozenset(
@@ -329,6 +329,7 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
     if state.protocol_version < 5 or packet.reason_code == ReasonCode.SUCCESS:
         will.discard(state)
     state.phase = Phase.CLOSED
+    events.ending(state, DisconnectCause.CLIENT_DISCONNECT, packet.reason_code)
     ends = end_session(state)
     if not ends:
         return [Close("client sent DISCONNECT")]

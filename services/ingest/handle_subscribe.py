@@ -14,8 +14,10 @@ from __future__ import annotations
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
 from services.common.mqtt.reason_codes import ReasonCode
+from services.common.records import EventKind
 from services.common.subscription import Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
+from services.ingest import events
 from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
 from services.ingest.state import ConnectionState, PendingSubAck
 
@@ -77,7 +79,11 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             retained.pop(request.topic_filter, None)
         updated[request.topic_filter] = subscription
         codes.append(granted)
-    return _store(state, updated, SubAck(packet.packet_id, codes), list(retained.values()))
+    accepted = [(r.topic_filter, c) for r, c in zip(packet.subscriptions, codes, strict=True)
+                if c < 0x80]  # fmt: skip
+    return _store(
+        state, updated, SubAck(packet.packet_id, codes), list(retained.values())
+    ) + events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted)
 
 
 def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effect]:
@@ -95,7 +101,10 @@ def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effe
         else:
             codes.append(ReasonCode.SUCCESS)
     ack = UnsubAck(packet.packet_id, codes if state.protocol_version == 5 else [])
-    return _store(state, updated, ack, [])
+    removed = [(f, 0) for f, c in zip(packet.topic_filters, codes, strict=True) if c == 0]
+    return _store(state, updated, ack, []) + events.subscriptions_changed(
+        state, EventKind.UNSUBSCRIBED, removed
+    )
 
 
 def _store(

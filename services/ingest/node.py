@@ -24,6 +24,7 @@ from services.common.kafka.names import TopicNames
 from services.common.records import (
     Downlink,
     SessionRecord,
+    client_event_record,
     parse_client_session,
     parse_client_subscriptions,
 )
@@ -37,6 +38,7 @@ from services.ingest.effects import (
     CreateAppTopic,
     Effect,
     PublishWill,
+    RecordEvent,
     Send,
     StoreEffect,
     StorePublish,
@@ -169,6 +171,10 @@ class IngestNode:
             elif isinstance(effect, SyncState):
                 synced = self.sync_state()
                 self.pipeline.background(self._report(client, effect.token, synced, "state"))
+            elif isinstance(effect, RecordEvent):
+                # Nothing waits for it: off the hot path (a failure is only logged).
+                record = client_event_record(self.names, effect.client_id, effect.event)
+                self.pipeline.write_logged(record)
             else:
                 self.pipeline.enqueue(client, effect)
 

@@ -16,6 +16,15 @@ from services.ingest.connection import ServerConnection
 from services.ingest.effects import CreateAppTopic, Effect, StoreEffect
 from services.ingest.node import IngestNode
 
+
+def peer_address(peername: object) -> str:
+    """A socket's peer as ``host:port`` (``[host]:port`` for IPv6); ``""`` when unknown."""
+    if not isinstance(peername, tuple) or len(peername) < 2:
+        return ""
+    host, port = peername[0], peername[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 log = logging.getLogger(__name__)
 
 
@@ -53,6 +62,7 @@ class MQTTServerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start the connect timeout (MQTT 3.1.4: close if no CONNECT arrives)."""
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.connection.state.client_address = peer_address(transport.get_extra_info("peername"))
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:

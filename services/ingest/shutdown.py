@@ -18,7 +18,6 @@ import logging
 from collections.abc import Callable, Mapping
 
 from services.common.kafka.names import TopicNames
-from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     KafkaRecord,
     SessionRecord,
@@ -92,12 +91,7 @@ async def shut_down(
     Will Messages, and wait until Kafka has every record or the flush time is up."""
     for client in registry.clients():
         connection = client.connection
-        run(
-            client,
-            connection.disconnect_and_close(
-                ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down"
-            ),
-        )
+        run(client, connection.shutting_down())
         run(client, connection.connection_lost())
     wills.publish_all()
     try:

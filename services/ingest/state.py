@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
-from services.common.records import AckKind, ClientKind, SessionRecord, Target
+from services.common.records import AckKind, ClientKind, DisconnectCause, SessionRecord, Target
 from services.common.subscription import Subscription
 from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
@@ -224,6 +224,11 @@ class ConnectionState:
     acks_out: list[tuple[AckKind, int]] = field(default_factory=list)
     # server-assigned Topic Aliases; created at the first PUBLISH that may use one
     outbound_aliases: OutboundAliases | None = None
+    # client.events (services/ingest/events.py): the peer, and why the connection ends
+    client_address: str = ""
+    end_cause: DisconnectCause = DisconnectCause.NONE
+    end_reason_code: int = 0
+    disconnect_recorded: bool = False
 
     @property
     def limits(self) -> Limits:

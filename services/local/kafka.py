@@ -11,7 +11,6 @@ import asyncio
 import base64
 import shutil
 import subprocess
-import tempfile
 import threading
 import uuid
 from collections.abc import Coroutine
@@ -21,10 +20,13 @@ from typing import Any, TypeVar
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
 from services.common.kafka.security import client_security
-from services.local import processes
+from services.local import maven, processes
+from services.local.maven import FetchError
 from services.local.settings import LocalSettings
 
 NAME = "kafka"
+
+__all__ = ["NAME", "FetchError", "bootstrap", "fetch_jars", "libs_dir", "prepare", "start"]
 
 #: Seconds the broker may take from launch to answering metadata requests.
 START_TIMEOUT = 120.0
@@ -32,16 +34,7 @@ START_TIMEOUT = 120.0
 #: Seconds a controlled shutdown may take before the broker is killed.
 STOP_TIMEOUT = 60.0
 
-#: Seconds Maven may take to download the jars (a cold cache fetches about 60 MB).
-FETCH_TIMEOUT = 900.0
-
-_COMPLETE_MARKER = ".complete"
-
 T = TypeVar("T")
-
-
-class FetchError(RuntimeError):
-    """The Kafka jars could not be fetched (Maven missing or failing)."""
 
 
 def bootstrap(settings: LocalSettings) -> str:
@@ -57,42 +50,15 @@ def libs_dir(settings: LocalSettings) -> Path:
 def fetch_jars(settings: LocalSettings) -> Path:
     """Download the broker's jars with Maven unless cached; return the libs directory.
 
-    The jars are copied into a staging directory renamed into place only when complete, so
-    an interrupted fetch never leaves a half-filled cache. Raises :class:`FetchError` if
-    ``mvn`` is not installed or fails (its output is quoted).
+    Raises :class:`FetchError` if ``mvn`` is not installed or fails.
     """
-    libs = libs_dir(settings)
-    if (libs / _COMPLETE_MARKER).exists():
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FetchError("mvn (Apache Maven) is not installed: run scripts/bootstrap.sh")
-    work = libs.parent
-    work.mkdir(parents=True, exist_ok=True)
-    pom = work / "pom.xml"
-    pom.write_bytes(resources.files("services.local").joinpath("kafka-pom.xml").read_bytes())
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=work))
-    argv = [
-        mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-        f"-DoutputDirectory={staging}", f"-Dkafka.version={settings.kafka_version}",
-    ]  # fmt: skip
-    try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=FETCH_TIMEOUT, check=False
-        )
-        if result.returncode != 0:
-            output = (result.stdout + result.stderr).strip().splitlines()[-40:]
-            raise FetchError(
-                f"fetching Kafka {settings.kafka_version} with Maven failed "
-                f"(exit {result.returncode}):\n" + "\n".join(output)
-            )
-        (staging / _COMPLETE_MARKER).touch()
-        if libs.exists():  # an earlier interrupted fetch: replace it
-            shutil.rmtree(libs)
-        staging.rename(libs)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return libs
+    pom = resources.files("services.local").joinpath("kafka-pom.xml").read_bytes()
+    return maven.fetch(
+        pom,
+        libs_dir(settings),
+        {"kafka.version": settings.kafka_version},
+        f"Kafka {settings.kafka_version}",
+    )
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

@@ -29,7 +29,8 @@ class LocalSettings(Settings):
 
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,
-        description="Downloaded Kafka jars ($XDG_CACHE_HOME/cormorant).",
+        description="Downloaded jars: the local Kafka's and the Spark jobs' Kafka connector "
+        "($XDG_CACHE_HOME/cormorant).",
     )
     kafka_version: str = Field(
         KAFKA_VERSION, description="Apache Kafka release fetched from Maven."

@@ -17,6 +17,7 @@ from pulumi_policy import (
 )
 
 import cormorant_policies as rules
+from services.common.versions import EMR_RELEASE_LABEL
 from tests.infra.mocks import Deployment, Registered, unwrap
 
 OPTIONS = PolicyResourceOptions(
@@ -258,7 +259,9 @@ def test_iam_rule_refuses_a_policy_that_is_not_json() -> None:
 
 def test_emr_release_rule() -> None:
     assert (
-        check(rules.validate_emr_release, rules.EMR_APPLICATION, {"releaseLabel": "emr-7.12.0"})
+        check(
+            rules.validate_emr_release, rules.EMR_APPLICATION, {"releaseLabel": EMR_RELEASE_LABEL}
+        )
         == []
     )
     [message] = check(

@@ -19,6 +19,8 @@ from services.common.kafka.admin import core_topic_specs
 from services.common.mqtt.keep_alive import GRACE_FACTOR, IDLE_MARGIN_SECONDS
 from services.common.settings import Settings
 from services.common.versions import SPARK_VERSION, release_line
+from spark_emr import emr
+from spark_emr.settings import AnalyticsSettings
 from tests.infra.mocks import ZONES, Deployment, is_secret_wrapper, walk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -504,6 +506,8 @@ def test_archive_bucket(prod: Deployment) -> None:
 def test_emr_release_matches_the_pinned_spark(deployment: Deployment) -> None:
     application = deployment.one("aws:emrserverless/application:Application").inputs
     assert application["type"] == "spark"
+    # The release the Spark jobs are built for (one definition: services/common/versions.py).
+    assert application["releaseLabel"] == shared.EMR_RELEASE_LABEL
     spark = shared.EMR_RELEASE_SPARK[application["releaseLabel"]]
     assert release_line(spark) == release_line(SPARK_VERSION) == "3.5"
     assert application["autoStopConfiguration"]["enabled"] is True
@@ -580,6 +584,33 @@ def test_outputs(deployment: Deployment) -> None:
     assert parsed.log_groups[shared.TOPICS_COMMAND].endswith("/create-topics")
 
 
+def test_outputs_give_the_spark_jobs_their_emr_target(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # What `cormorant analytics --emr --stack-outputs` reads from `pulumi stack output --json`.
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(deployment.outputs), encoding="utf-8")
+    settings = AnalyticsSettings.model_construct(kafka_bootstrap="local:9092")
+    target = emr.target_from(settings, path)
+    outputs = deployment.outputs
+    assert target == emr.EmrTarget(
+        application_id=outputs["emrApplicationId"],
+        job_role_arn=outputs["emrJobRoleArn"],
+        bucket=outputs["archiveBucket"],
+        region=outputs["region"],
+        kafka_bootstrap=outputs["kafkaBootstrap"],
+        kafka_secret_arn=outputs.get("kafkaScramSecretArn"),
+    )
+    # SCRAM (provisioned MSK): the secret the Spark job role may read; IAM (serverless): none.
+    provisioned = bool(deployment.of_type("aws:msk/cluster:Cluster"))
+    assert (target.kafka_secret_arn is not None) == provisioned
+    if target.kafka_secret_arn is not None:
+        [job_policy] = [
+            d for n, d in policy_documents(deployment).items() if n.endswith("-spark-job")
+        ]
+        assert target.kafka_secret_arn in json.dumps(job_policy)
+
+
 def test_generated_secrets_appear_only_as_pulumi_secrets(deployment: Deployment) -> None:
     assert deployment.generated_secrets  # the Redis AUTH token, and the SCRAM password
     for value in walk(deployment.outputs):
@@ -609,6 +640,7 @@ def test_the_topics_task_creates_the_projects_own_topics(
         "mqtt.msg.all",
         "mqtt.msg.persisted",
         "mqtt.client.acks",
+        "mqtt.client.events",
         "mqtt.client.sessions",
         "mqtt.client.subscriptions",
         "mqtt.msg.retained",

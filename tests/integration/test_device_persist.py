@@ -26,9 +26,11 @@ from services.common.records import (
     HEADER_TARGETS,
     AckKind,
     AckRecord,
+    EventKind,
     PublishMeta,
     SessionRecord,
     Target,
+    decode_event,
     decode_releases,
     decode_targets,
     encode_ack,
@@ -253,11 +255,14 @@ async def test_an_expired_session_is_deleted_with_its_messages(h: Harness) -> No
     acks = await h.persister.expire_sessions(NOW + 9_999)
     assert acks == [] and await h.persister.store.count(client) == 1
     await asyncio.gather(*await h.persister.expire_sessions(NOW + 10_000))
-    tombstones = {(s.topic, s.value) for s in h.take()}
+    written = h.take()
+    tombstones = {(s.topic, s.value) for s in written if s.topic != h.names.client_events}
     assert tombstones == {
         (h.names.client_sessions, None),
         (h.names.client_subscriptions, None),
     }
+    [event] = [decode_event(s.value) for s in written if s.topic == h.names.client_events]
+    assert (event.kind, event.at_ms) == (EventKind.SESSION_EXPIRED, NOW + 10_000)
     assert await h.persister.store.count(client) == 0
 
 

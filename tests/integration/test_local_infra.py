@@ -86,12 +86,14 @@ async def test_state_topics_are_compacted_and_message_topics_are_not(
         f"{prefix}msg.all": "delete",
         f"{prefix}msg.persisted": "delete",
         f"{prefix}client.acks": "delete",
+        f"{prefix}client.events": "delete",
         f"{prefix}client.sessions": "compact",
         f"{prefix}client.subscriptions": "compact",
         f"{prefix}msg.retained": "compact",
     }
     week_ms = str(settings.msg_retention_seconds * 1000)
     assert configs[f"{prefix}msg.all"]["retention.ms"] == week_ms
+    assert configs[f"{prefix}client.events"]["retention.ms"] == week_ms
 
 
 def test_redis_answers_and_keeps_an_append_only_file(redis_server: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,8 +145,12 @@ def test_copied_files_exist_and_are_in_the_build_context(
     for source in copied:
         assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
         assert not dockerignored(source.rstrip("/"), ignore_patterns), f"{source} is ignored"
-    for module in ("services/cli.py", "services/common/settings.py"):
+    for module in ("services/cli.py", "services/common/settings.py", "spark_emr/cli.py"):
         assert not dockerignored(module, ignore_patterns)
+    # Every package pyproject.toml installs is in the image: `cormorant` imports them all.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {f"{package.rstrip('*')}" for package in packages} <= set(copied)
 
 
 @pytest.mark.parametrize(

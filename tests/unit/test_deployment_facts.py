@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
+import pyspark
 import pytest
 
+from cormorant_infra import shared
 from services.common.faust_app import make_app
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.keep_alive import (
@@ -11,8 +16,11 @@ from services.common.mqtt.keep_alive import (
     silence_allowed,
 )
 from services.common.settings import Settings
-from services.common.versions import KAFKA_VERSION, SPARK_VERSION, release_line
+from services.common.versions import EMR_RELEASE_LABEL, KAFKA_VERSION, SPARK_VERSION, release_line
 from services.local.settings import LocalSettings
+from spark_emr import versions as spark_versions
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_silence_allowed_is_one_and_a_half_keep_alives() -> None:
@@ -42,6 +50,20 @@ def test_release_lines() -> None:
     for bad in ("3", "x.5.1", ""):
         with pytest.raises(ValueError, match=r"not a major\.minor"):
             release_line(bad)
+
+
+def test_one_spark_line_for_pyspark_the_jobs_and_emr() -> None:
+    # pyproject.toml's pin, the jobs' connector (spark_emr) and the EMR release (infra/)
+    # all follow services/common/versions.py.
+    assert pyspark.__version__ == SPARK_VERSION
+    assert (spark_versions.SPARK_VERSION, spark_versions.EMR_RELEASE_LABEL) == (
+        SPARK_VERSION,
+        EMR_RELEASE_LABEL,
+    )
+    assert spark_versions.KAFKA_CONNECTOR.endswith(f":{SPARK_VERSION}")
+    assert release_line(shared.check_emr_release(EMR_RELEASE_LABEL)) == release_line(SPARK_VERSION)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert f"pyspark=={SPARK_VERSION}" in pyproject["project"]["optional-dependencies"]["analytics"]
 
 
 def test_service_group_is_the_faust_app_id(tmp_path: object) -> None:

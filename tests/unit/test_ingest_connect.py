@@ -280,7 +280,7 @@ def test_failed_session_store_refuses_with_server_unavailable(version: int, code
     assert closes(effects)
     assert not any(isinstance(e, Connected) for e in effects)
     assert client.conn.closed
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
     assert client.conn.stored(record.token) == []
 
 
@@ -356,7 +356,7 @@ def test_protocol_error_before_connack_sends_no_disconnect() -> None:
     assert closes(effects)
     assert client.stored(record.token) == []
     # The session record may be in Kafka: the end records still follow.
-    assert of_type(client.conn.connection_lost(), StoreSession) != []
+    assert of_type(client.lost(), StoreSession) != []
 
 
 def test_pingreq_gets_pingresp() -> None:
@@ -574,7 +574,7 @@ def test_disconnect_of_non_persistent_session_deletes_it(version: int) -> None:
     # The socket closes once the session's end is stored: a reconnect after it finds it.
     assert client.store_all(effects) == [Close("client sent DISCONNECT")]
     assert client.conn.closed
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
 
 
 def test_disconnect_without_subscriptions_writes_only_the_session_tombstone() -> None:
@@ -608,15 +608,15 @@ def test_disconnect_of_persistent_session_marks_it_disconnected(version: int) ->
 def test_connection_lost_ends_the_session_once() -> None:
     client = Client(5)
     client.connect()
-    first = client.conn.connection_lost()
+    first = client.lost()
     assert [type(e) for e in first] == [StoreSession]
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
     assert client.conn.closed
 
 
 def test_connection_lost_before_connect_writes_nothing() -> None:
     client = Client(5)
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
 
 
 def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
@@ -627,7 +627,7 @@ def test_taken_over_sends_0x8e_and_writes_no_end_records() -> None:
     assert disconnect.reason_code == ReasonCode.SESSION_TAKEN_OVER
     assert closes(effects)
     assert store_effects(effects) == []
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
     assert client.send(PingReq()) == []
     assert client.conn.deliver(Publish("t", b"x")) == []
 
@@ -638,7 +638,7 @@ def test_v311_taken_over_just_closes() -> None:
     effects = client.conn.taken_over(new_clean_start=False)
     assert client.packets(effects) == []
     assert closes(effects)
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
 
 
 def test_v5_disconnect_cannot_set_an_expiry_after_zero() -> None:
@@ -649,7 +649,7 @@ def test_v5_disconnect_cannot_set_an_expiry_after_zero() -> None:
     assert disconnect.reason_code == ReasonCode.PROTOCOL_ERROR
     assert closes(effects)
     # The session stays non-persistent: deleted when the socket goes.
-    end = client.conn.connection_lost()
+    end = client.lost()
     assert [type(e) for e in end] == [StoreSession]
     assert only(end, StoreSession).record is None
 
@@ -752,7 +752,7 @@ def test_a_late_record_of_another_session_or_a_tombstone_is_only_overwritten(
 def test_a_closed_connection_does_not_restate_its_session() -> None:
     client = Client(5)
     client.connect()
-    client.conn.connection_lost()
+    client.lost()
     assert client.conn.session_record_seen(None, LATER) == []
 
 
@@ -777,7 +777,7 @@ def test_a_newer_connection_elsewhere_takes_the_session_over(version: int) -> No
     assert [d.reason_code for d in disconnects] == ([0x8E] if version == 5 else [])
     assert closes(effects)
     assert store_effects(effects) == []  # the session is the new connection's: no end records
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
 
 
 def test_records_no_newer_than_the_connections_own_are_ignored() -> None:

@@ -30,7 +30,9 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.records import (
+    DisconnectCause,
     Downlink,
+    EventKind,
     Headers,
     PublishMeta,
     SessionRecord,
@@ -39,6 +41,7 @@ from services.common.records import (
     decode_session,
     encode_session,
     encode_subscriptions,
+    parse_client_event,
 )
 from services.common.sessions import new_connection_id
 from services.common.subscription import Subscription
@@ -335,6 +338,23 @@ async def test_a_flood_pauses_reading_until_half_the_records_are_answered() -> N
     assert shell.pending_at_resume == [2]  # once half of the 4 allowed were left
 
 
+# ---------------------------------------------------------------------- client.events
+
+
+async def test_client_events_are_written_and_nothing_waits_for_them() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer)
+    [connected] = producer.on("t.client.events")  # sent after CONNACK, not answered
+    assert parse_client_event(connected.key, connected.value)[1].kind is EventKind.CONNECTED
+    assert node.pending_records == 0  # not a store effect: it never pauses a publisher
+    shell.send(Publish("t", b"x", 1, packet_id=1))
+    await wait_for(lambda: producer.on("t.msg.all"), "the msg.all record")
+    producer.answer(*producer.on("t.msg.all"))
+    await wait_for(lambda: shell.of(PubAck), "the PUBACK, with the event still unanswered")
+    assert not connected.ack.done()
+
+
 # ---------------------------------------------------------------------- Will Messages
 
 
@@ -452,3 +472,5 @@ async def test_shutdown_disconnects_everyone_and_waits_for_their_records() -> No
     await asyncio.wait_for(stopping, 5)
     ended = producer.on("t.client.sessions")[-1].value
     assert ended is not None and not decode_session(ended).connected
+    _, event = parse_client_event(b"c1", producer.on("t.client.events")[-1].value)
+    assert (event.kind, event.cause) == (EventKind.DISCONNECTED, DisconnectCause.SERVER_SHUTDOWN)

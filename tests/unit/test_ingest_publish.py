@@ -531,7 +531,7 @@ def test_v311_failed_qos2_store_closes_and_the_end_record_leaves_the_id_out() ->
     publish, record = client.send(Publish("t", b"", qos=2, packet_id=8))
     client.stored(record.token)
     assert closes(client.store_failed(publish.token))
-    end = only(client.conn.connection_lost(), StoreSession).record
+    end = only(client.lost(), StoreSession).record
     assert end is not None and not end.connected
     assert end.unreleased == (2,)  # resent after the reconnect, 8 is stored again
 
@@ -545,7 +545,7 @@ def test_a_pubrel_that_cannot_be_recorded_closes_and_keeps_the_id(version: int) 
     assert closes(effects)
     if version == 5:
         assert only(client.packets(effects), Disconnect).reason_code == 0x80
-    end = only(client.conn.connection_lost(), StoreSession).record
+    end = only(client.lost(), StoreSession).record
     assert end is not None and end.unreleased == (5,)  # the client resends PUBREL
 
 
@@ -554,7 +554,7 @@ def test_end_record_lists_only_acknowledged_ids() -> None:
     client.store_all(client.send(Publish("t", b"", qos=2, packet_id=2)))
     client.send(Publish("t", b"", qos=2, packet_id=3))  # not stored yet: no PUBREC sent
     client.send(PubRel(1))  # its record not stored yet: PUBCOMP not sent
-    end = only(client.conn.connection_lost(), StoreSession).record
+    end = only(client.lost(), StoreSession).record
     assert end is not None and end.unreleased == (1, 2)
 
 

@@ -26,6 +26,7 @@ from services.ingest.effects import (
     Connected,
     Effect,
     PublishWill,
+    RecordEvent,
     Send,
     StoreEffect,
     StorePublish,
@@ -58,7 +59,9 @@ class Client:
     """One MQTT client talking to one :class:`ServerConnection`, with bytes only.
 
     ``previous`` is what the state topics know of this client id (session record and
-    subscriptions). Every effect the connection returns is also kept in :attr:`log`.
+    subscriptions). Every effect the connection returns is also kept in :attr:`log`, except
+    the ``client.events`` records (:class:`RecordEvent`), which go to :attr:`events` only:
+    they ride along every connect, subscription and disconnect, and are checked on their own.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Client:
         self.conn = ServerConnection(server, CONNECTION_ID)
         self.decoder = StreamDecoder(protocol_version=version)
         self.log: list[Effect] = []
+        self.events: list[RecordEvent] = []
 
     def _previous_session(self, client_id: str) -> tuple[SessionRecord | None, list[Subscription]]:
         self.looked_up.append(client_id)
@@ -90,6 +94,8 @@ class Client:
     # ------------------------------------------------------------------ driving
 
     def _keep(self, effects: list[Effect]) -> list[Effect]:
+        self.events += [e for e in effects if isinstance(e, RecordEvent)]
+        effects = [e for e in effects if not isinstance(e, RecordEvent)]
         self.log.extend(effects)
         return effects
 
@@ -100,6 +106,10 @@ class Client:
     def send_bytes(self, data: bytes) -> list[Effect]:
         """Feed raw bytes to the connection."""
         return self._keep(self.conn.receive_data(data))
+
+    def lost(self) -> list[Effect]:
+        """The socket closed (``ServerConnection.connection_lost``)."""
+        return self._keep(self.conn.connection_lost())
 
     def stored(self, token: int) -> list[Effect]:
         """Kafka stored the effect ``token``."""

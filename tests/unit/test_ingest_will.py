@@ -64,7 +64,7 @@ def _delayed(delay: int) -> Will:
 def test_socket_loss_publishes_the_will_before_the_end_records(version: int) -> None:
     client = _with_will(version)
     client.now = NOW_MS + 700
-    effects = client.conn.connection_lost()
+    effects = client.lost()
     will = effects[0]
     assert isinstance(will, StorePublish)
     meta = PublishMeta("status/dev", 1, True, NOW_MS + 700, version, b"")
@@ -73,28 +73,28 @@ def test_socket_loss_publishes_the_will_before_the_end_records(version: int) -> 
     # Will Retain: it is also the topic's retained message [MQTT-3.1.2-17].
     assert effects[1] == StoreRetained(effects[1].token, meta, b"offline")  # type: ignore[union-attr]
     assert isinstance(effects[2], StoreSession)
-    assert client.conn.connection_lost() == []  # published once (MQTT-3.1.2-10)
+    assert client.lost() == []  # published once (MQTT-3.1.2-10)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_keep_alive_timeout_publishes_the_will(version: int) -> None:
     client = _with_will(version)
     assert wills(client.conn.keep_alive_expired()) == []  # at the close
-    assert len(wills(client.conn.connection_lost())) == 1
+    assert len(wills(client.lost())) == 1
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_protocol_error_publishes_the_will(version: int) -> None:
     client = _with_will(version)
     assert closes(client.send_bytes(b"\x00\x00"))  # reserved packet type: malformed
-    assert len(wills(client.conn.connection_lost())) == 1
+    assert len(wills(client.lost())) == 1
 
 
 def test_server_shutdown_publishes_the_will() -> None:
     client = _with_will(5)
     effects = client.conn.disconnect_and_close(ReasonCode.SERVER_SHUTTING_DOWN, "shutdown")
     assert only(client.packets(effects), Disconnect).reason_code == 0x8B
-    assert len(wills(client.conn.connection_lost())) == 1
+    assert len(wills(client.lost())) == 1
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_a_normal_disconnect_discards_the_will(version: int, reason: int) -> Non
     effects = client.send(Disconnect(reason))
     assert wills(effects) == []
     assert closes(client.store_all(effects))  # once the session's end is stored
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
 
 
 @pytest.mark.parametrize(
@@ -119,26 +119,26 @@ def test_a_v5_disconnect_other_than_normal_keeps_the_will(reason: int) -> None:
     client = _with_will(5)
     effects = client.send(Disconnect(reason))
     assert closes(client.store_all(effects))
-    assert len(wills(client.conn.connection_lost())) == 1
+    assert len(wills(client.lost())) == 1
 
 
 def test_no_will_before_connack() -> None:
     client = Client(5)
     client.send(Connect(5, "dev", True, 30, will=Will("w", b"")))
-    assert wills(client.conn.connection_lost()) == []
+    assert wills(client.lost()) == []
 
 
 def test_no_will_for_a_refused_connect() -> None:
     client = Client(5)
     record = only(client.send(Connect(5, "dev", True, 30, will=Will("w", b""))), StoreSession)
     assert closes(client.store_failed(record.token))
-    assert client.conn.connection_lost() == []
+    assert client.lost() == []
 
 
 def test_no_will_flag_no_will() -> None:
     client = Client(5)
     client.connect()
-    assert wills(client.conn.connection_lost()) == []
+    assert wills(client.lost()) == []
 
 
 # ---------------------------------------------------------------------- what it carries
@@ -155,7 +155,7 @@ def test_will_properties_are_forwarded_without_the_will_delay() -> None:
         user_properties=[("k", "v")],
     )
     client = _with_will(5, Will("w", b"bye", 2, False, props), expiry=0)
-    will = only(wills(client.conn.connection_lost()), PublishWill)
+    will = only(wills(client.lost()), PublishWill)
     forwarded, _ = decode_properties(will.meta.properties, 0, PacketType.PUBLISH)
     assert forwarded == Properties(
         payload_format_indicator=1,
@@ -170,7 +170,7 @@ def test_will_properties_are_forwarded_without_the_will_delay() -> None:
 
 def test_a_will_delay_alone_forwards_no_properties() -> None:
     client = _with_will(5, _delayed(5), expiry=0)
-    assert only(wills(client.conn.connection_lost()), PublishWill).meta.properties == b""
+    assert only(wills(client.lost()), PublishWill).meta.properties == b""
 
 
 def test_v311_will_round_trips_through_the_codec() -> None:
@@ -178,7 +178,7 @@ def test_v311_will_round_trips_through_the_codec() -> None:
     client = Client(4)
     raw = encode(Connect(4, "dev", True, 30, will=Will("a/b", b"\x00\xff", 2, True)), 4)
     client.stored(only(client.send_bytes(raw), StoreSession).token)
-    will = only(wills(client.conn.connection_lost()), PublishWill)
+    will = only(wills(client.lost()), PublishWill)
     assert (will.meta.topic, will.payload, will.meta.qos, will.meta.retain) == (
         "a/b",
         b"\x00\xff",
@@ -204,7 +204,7 @@ def test_the_delay_is_the_least_of_will_delay_and_session_expiry(
     delay: int, expiry: int, published_after: int
 ) -> None:
     client = _with_will(5, _delayed(delay), expiry=expiry)
-    assert only(wills(client.conn.connection_lost()), PublishWill).delay_seconds == published_after
+    assert only(wills(client.lost()), PublishWill).delay_seconds == published_after
 
 
 def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
@@ -212,12 +212,12 @@ def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
     client.send(
         Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE, Properties(session_expiry_interval=5))
     )
-    assert only(wills(client.conn.connection_lost()), PublishWill).delay_seconds == 5
+    assert only(wills(client.lost()), PublishWill).delay_seconds == 5
 
 
 def test_v311_has_no_will_delay() -> None:
     client = _with_will(4, clean_start=False)
-    assert only(wills(client.conn.connection_lost()), PublishWill).delay_seconds == 0
+    assert only(wills(client.lost()), PublishWill).delay_seconds == 0
 
 
 # ------------------------------------------------------------ takeover and new connections
@@ -236,7 +236,7 @@ def test_takeover_publishes_the_will_at_once_or_cancels_it(
     assert [w.delay_seconds for w in published_wills] == ([0] if published else [])
     assert only(client.packets(effects), Disconnect).reason_code == 0x8E
     assert closes(effects)
-    assert client.conn.connection_lost() == []  # settled at the takeover
+    assert client.lost() == []  # settled at the takeover
 
 
 def test_v311_takeover_publishes_the_will() -> None:
@@ -247,7 +247,7 @@ def test_v311_takeover_publishes_the_will() -> None:
 @pytest.mark.parametrize(("clean_start", "published"), [(True, True), (False, False)])
 def test_a_new_connection_settles_a_waiting_will(clean_start: bool, published: bool) -> None:
     client = _with_will(5, _delayed(10), expiry=60)
-    waiting = only(client.conn.connection_lost(), PublishWill)
+    waiting = only(client.lost(), PublishWill)
     records = on_new_connection(waiting, clean_start, NOW_MS + 3000)
     assert bool(records) is published
     if published:
@@ -264,7 +264,7 @@ def _waiting(retain: bool = False) -> PublishWill:
         5, Will("status/dev", b"gone", 1, retain, Properties(will_delay_interval=10)), expiry=60
     )
     client.conn.session_stored_at(10)
-    return only(client.conn.connection_lost(), PublishWill)
+    return only(client.lost(), PublishWill)
 
 
 def test_a_waiting_will_belongs_to_its_connection_and_session_record() -> None:
@@ -305,5 +305,5 @@ def test_a_will_that_waited_is_stamped_when_published(retain: bool) -> None:
 
 def test_nothing_after_the_will_is_published_reaches_the_closed_connection() -> None:
     client = _with_will(5)
-    client.conn.connection_lost()
+    client.lost()
     assert client.send(PingReq()) == []

@@ -24,6 +24,8 @@ from services.common.records import (
     AppMessage,
     ClientKind,
     Downlink,
+    EventKind,
+    EventRecord,
     Headers,
     Message,
     Persisted,
@@ -38,9 +40,11 @@ from services.common.records import (
     app_record,
     app_shared_record,
     client_acks_record,
+    client_event_record,
     client_session_record,
     client_subscriptions_record,
     decode_ack,
+    decode_event,
     decode_meta,
     decode_releases,
     decode_session,
@@ -49,6 +53,7 @@ from services.common.records import (
     decode_targets,
     downlink_record,
     encode_ack,
+    encode_event,
     encode_meta,
     encode_releases,
     encode_session,
@@ -59,6 +64,7 @@ from services.common.records import (
     parse_app,
     parse_app_shared,
     parse_client_acks,
+    parse_client_event,
     parse_client_session,
     parse_client_subscriptions,
     parse_downlink,
@@ -70,6 +76,8 @@ from services.common.records import (
     release_record,
     retained_record,
     retained_request_record,
+    session_expired_event,
+    session_expired_records,
 )
 from services.common.subscription import Subscription
 
@@ -222,6 +230,12 @@ ENCODED: dict[str, tuple[bytes, Callable[[bytes], Any]]] = {
         encode_stored(StoredRecord(bytes(16), b"meta", Target("c", 1), b"")),
         decode_stored,
     ),
+    "event": (
+        encode_event(
+            EventRecord(EventKind.SUBSCRIBED, 5, "n", "1.2.3.4:5", topic_filters=(("a", 1),))
+        ),
+        decode_event,
+    ),
 }
 FORMATS = sorted(ENCODED)
 
@@ -243,7 +257,9 @@ def test_unknown_version_is_a_record_error(name: str, version: int) -> None:
         decode(bytes([version]) + data[1:])
 
 
-@pytest.mark.parametrize("name", ["targets", "subscriptions", "session", "releases", "ack"])
+@pytest.mark.parametrize(
+    "name", ["targets", "subscriptions", "session", "releases", "ack", "event"]
+)
 def test_trailing_bytes_are_a_record_error(name: str) -> None:
     data, decode = ENCODED[name]
     with pytest.raises(RecordError):
@@ -328,6 +344,7 @@ def _decode_any(data: bytes) -> None:
         decode_releases,
         decode_ack,
         decode_stored,
+        decode_event,
         lambda d: decode_subscriptions("c", d),
     ):
         with contextlib.suppress(RecordError):
@@ -393,6 +410,27 @@ def test_each_record_kind_builds_and_parses_back() -> None:
         NAMES.client_acks,
         ("c", ack),
     )
+    event = EventRecord(EventKind.CONNECTED, 5, "n1", "1.2.3.4:5", bytes(range(16)), 5)
+    recorded = client_event_record(NAMES, "c", event)
+    assert (recorded.topic, parse_client_event(recorded.key, recorded.value)) == (
+        NAMES.client_events,
+        ("c", event),
+    )
+
+
+def test_an_expired_session_ends_with_tombstones_and_its_event() -> None:
+    subscriptions, session, event = session_expired_records(NAMES, "c", _session(), 9_000)
+    assert [r.topic for r in (subscriptions, session, event)] == [
+        NAMES.client_subscriptions,
+        NAMES.client_sessions,
+        NAMES.client_events,
+    ]
+    assert parse_client_subscriptions(subscriptions.key, subscriptions.value) == ("c", [])
+    assert parse_client_session(session.key, session.value) == ("c", None)
+    assert parse_client_event(event.key, event.value) == (
+        "c",
+        session_expired_event(_session(), 9_000),
+    )
 
 
 def test_tombstones() -> None:
@@ -457,6 +495,10 @@ PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object]
     ),
     "client.acks": (
         lambda key, value, _headers: parse_client_acks(key, value),
+        [(None, b"", []), (b"c", None, []), (b"c", b"\x01", [])],
+    ),
+    "client.events": (
+        lambda key, value, _headers: parse_client_event(key, value),
         [(None, b"", []), (b"c", None, []), (b"c", b"\x01", [])],
     ),
 }

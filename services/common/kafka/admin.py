@@ -53,6 +53,7 @@ def core_topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(names.msg_all, settings.msg_all_partitions, msg_retention),
         TopicSpec(names.msg_persisted, settings.state_topic_partitions, msg_retention),
         TopicSpec(names.client_acks, settings.state_topic_partitions, msg_retention),
+        TopicSpec(names.client_events, settings.state_topic_partitions, msg_retention),
         TopicSpec(names.client_sessions, settings.state_topic_partitions, _compacted()),
         TopicSpec(names.client_subscriptions, settings.state_topic_partitions, _compacted()),
         TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted()),

@@ -24,6 +24,7 @@ MSG_RETAINED = "msg.retained"
 CLIENT_SESSIONS = "client.sessions"
 CLIENT_SUBSCRIPTIONS = "client.subscriptions"
 CLIENT_ACKS = "client.acks"
+CLIENT_EVENTS = "client.events"
 DOWNLINK_PREFIX = "msg.downlink."
 APP_PREFIX = "msg.app."
 APP_SHARED_PREFIX = "msg.app-shared."
@@ -112,6 +113,12 @@ class TopicNames:
     def client_acks(self) -> str:
         """Subscribers' PUBACK/PUBCOMP of delivered messages, keyed by client id."""
         return self.prefix + CLIENT_ACKS
+
+    @property
+    def client_events(self) -> str:
+        """Append-only history of connects, disconnects, authentication failures,
+        subscription changes and session expiries, keyed by client id (for the analysts)."""
+        return self.prefix + CLIENT_EVENTS
 
     def service_group(self, service: str) -> str:
         """The consumer group (and Faust app id) of service ``service`` (``"router"``,

@@ -1,0 +1,318 @@
+"""Scale figures of the analytics jobs (spark_emr/): archive throughput and report time.
+
+- **archive**: ``--records`` PUBLISH records (64-byte payloads, 1,000 publishers, the real
+  ``m`` header) are written to ``msg.all`` of a private Kafka broker (the local cluster
+  launcher, temporary directory, free ports); then the archive job
+  (:func:`spark_emr.jobs.archive.run`, ``messages`` table) reads all of them into a fresh
+  archive on ``local[2]``, ``--runs`` times. Reported: records/s over the run's wall time
+  (query start, Kafka reads, pandas-UDF decoding, Parquet writes and the file sink's
+  commit included), median, min and max.
+- **report**: an archive of ``--report-messages`` messages (10 million by default; 100,000
+  publishers, 300,000 topics, spread over one day) and ``--report-events`` connection events
+  is synthesized with Spark and committed through the file sink (so it reads as the
+  archive job's output does); then :func:`spark_emr.jobs.report.run` computes every table
+  over it on ``local[2]``. Reported: the report's wall time and each table's.
+
+Results are printed and appended as JSON lines to ``bench/results/analytics.jsonl``.
+Run from the repository root: ``python bench/bench_analytics.py`` (about 10 minutes here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.bench_stores import free_port  # noqa: E402
+from bench.bench_trie import cpu_model  # noqa: E402
+from services.common import records  # noqa: E402
+from services.common.kafka.names import TopicNames  # noqa: E402
+from services.local import cluster  # noqa: E402
+from services.local.settings import LocalSettings  # noqa: E402
+
+RESULTS = REPO_ROOT / "bench" / "results" / "analytics.jsonl"
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "command": " ".join(sys.argv),
+    }
+
+
+async def produce(bootstrap: str, topic: str, count: int) -> float:
+    """Write ``count`` PUBLISH records to ``topic``; return records/s of the writing."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=20, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    payload = bytes(64)
+    started = time.perf_counter()
+    try:
+        pending = []
+        for i in range(count):
+            meta = records.PublishMeta(
+                f"devices/d{i % 1000}/telemetry", i % 3, False, int(time.time() * 1000)
+            )
+            pending.append(
+                await producer.send(
+                    topic,
+                    payload,
+                    key=f"d{i % 1000}".encode(),
+                    headers=[(records.HEADER_META, records.encode_meta(meta))],
+                )
+            )
+            if len(pending) >= 20_000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return count / (time.perf_counter() - started)
+
+
+def bench_archive(spark: Any, settings: LocalSettings, count: int, runs: int) -> dict[str, Any]:
+    """Archive ``count`` records ``runs`` times into fresh archives; return the record."""
+    from spark_emr.jobs import archive
+    from spark_emr.kafka_options import kafka_options
+    from spark_emr.topics import archive_topics
+
+    names = TopicNames.from_settings(settings)
+    produced = asyncio.run(produce(settings.kafka_bootstrap, names.msg_all, count))
+    print(f"produced {count:,} records at {produced:,.0f} records/s")
+    topics = archive_topics(names)
+    rates = []
+    for run in range(runs):
+        with tempfile.TemporaryDirectory(prefix="bench-archive-") as where:
+            started = time.perf_counter()
+            result = archive.run(
+                spark,
+                where,
+                topics,
+                kafka_options(settings.kafka_bootstrap),
+                only=("messages",),
+                progress=lambda _: None,
+            )
+            elapsed = time.perf_counter() - started
+        assert result["messages"].rows == count, result
+        rates.append(count / elapsed)
+        print(
+            f"archive run {run + 1}: {count:,} records in {elapsed:.1f} s: "
+            f"{rates[-1]:,.0f} records/s"
+        )
+    return _machine() | {
+        "benchmark": "analytics.archive",
+        "master": "local[2]",
+        "records": count,
+        "payload_bytes": 64,
+        "msg_all_partitions": settings.msg_all_partitions,
+        "records_per_second_median": round(statistics.median(rates)),
+        "records_per_second_min": round(min(rates)),
+        "records_per_second_max": round(max(rates)),
+        "runs": len(rates),
+    }
+
+
+def synthesize(spark: Any, where: str, messages: int, events: int) -> None:
+    """Write an archive of ``messages`` messages and ``events`` connection events with the
+    archive's schemas, committed through the file sink (``_spark_metadata``)."""
+    from pyspark.sql import functions as F
+
+    from spark_emr.jobs import archive
+
+    day = 86_400
+    start = int(datetime(2026, 11, 1, tzinfo=UTC).timestamp())
+    ids = spark.range(messages)
+    metric = F.element_at(
+        F.array(F.lit("telemetry"), F.lit("status"), F.lit("alerts")),
+        (F.col("id") % 3 + 1).cast("int"),
+    )
+    at = F.timestamp_seconds(F.lit(start) + F.col("id") * day / messages)
+    staged = ids.select(
+        F.concat(F.lit("devices/d"), F.col("id") % 100_000, F.lit("/"), metric).alias("topic"),
+        F.concat(F.lit("d"), F.col("id") % 100_000).alias("client_id"),
+        (F.col("id") % 3).cast("int").alias("qos"),
+        (F.col("id") % 50 == 0).alias("retain"),
+        (4 + F.col("id") % 2).cast("int").alias("protocol_version"),
+        F.lit(None).cast("long").alias("message_expiry_interval"),
+        F.lit(0).alias("properties_size"),
+        F.lit(bytes(16)).alias("payload"),
+        (16 + F.col("id") % 240).cast("int").alias("payload_size"),
+        at.alias("received_at"),
+        F.lit("msg.all").alias("kafka_topic"),
+        (F.col("id") % 12).cast("int").alias("kafka_partition"),
+        F.col("id").alias("kafka_offset"),
+        at.alias("kafka_timestamp"),
+        F.lit(None).cast("string").alias("record_error"),
+        F.to_date(at).alias("date"),
+        F.hour(at).alias("hour"),
+    )
+    pairs = spark.range(events // 2)
+    connected = F.timestamp_seconds(F.lit(start) + F.col("id") * day / (events // 2))
+    common = [
+        F.concat(F.lit("d"), F.col("id") % 100_000).alias("client_id"),
+        F.lpad(F.hex(F.col("id")), 32, "0").alias("connection_id"),
+    ]
+    causes = F.element_at(
+        F.array(
+            *[
+                F.lit(c)
+                for c in ("CLIENT_DISCONNECT", "CONNECTION_LOST", "KEEP_ALIVE_TIMEOUT", "TAKEOVER")
+            ]
+        ),
+        (F.col("id") % 4 + 1).cast("int"),
+    )
+    both = pairs.select(
+        *common, connected.alias("c"), causes.alias("cause"), (F.col("id") % 7200).alias("seconds")
+    )
+    event_rows = both.select(
+        "client_id",
+        F.lit("CONNECTED").alias("kind"),
+        F.col("c").alias("at"),
+        "connection_id",
+        F.lit("NONE").alias("cause"),
+        F.lit(0).alias("reason_code"),
+    ).unionByName(
+        both.select(
+            "client_id",
+            F.lit("DISCONNECTED").alias("kind"),
+            (F.col("c") + F.make_dt_interval(secs=F.col("seconds"))).alias("at"),
+            "connection_id",
+            "cause",
+            F.lit(0).alias("reason_code"),
+        )
+    )
+    schema = archive.table_schema(spark, "events")
+    filled = event_rows.select(
+        *[
+            F.col(f.name)
+            if f.name in event_rows.columns
+            else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in schema.fields
+            if f.name not in ("date", "hour")
+        ]
+    )
+    filled = (
+        filled.withColumn("node_id", F.lit("node1"))
+        .withColumn("client_address", F.lit("10.0.0.1:1234"))
+        .withColumn("protocol_version", F.lit(5))
+        .withColumn("date", F.to_date("at"))
+        .withColumn("hour", F.hour("at"))
+    )
+    for table, frame in (("messages", staged), ("events", filled)):
+        stage = f"{where}/_staging/{table}"
+        frame.write.mode("overwrite").parquet(stage)
+        query = (
+            spark.readStream.schema(archive.table_schema(spark, table))
+            .parquet(stage)
+            .writeStream.format("parquet")
+            .option("path", f"{where}/{table}")
+            .option("checkpointLocation", f"{where}/_checkpoints/{table}")
+            .partitionBy("date", "hour")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+
+def bench_report(spark: Any, messages: int, events: int) -> dict[str, Any]:
+    """Time the report over a synthesized archive; return the record."""
+    from spark_emr.jobs import report
+
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as where:
+        started = time.perf_counter()
+        synthesize(spark, where, messages, events)
+        print(
+            f"synthesized {messages:,} messages and {events:,} events "
+            f"in {time.perf_counter() - started:.0f} s"
+        )
+        steps: dict[str, float] = {}
+        last = [time.perf_counter()]
+
+        def progress(line: str) -> None:
+            print(line)
+            if line.startswith("["):
+                name = line.split("]", 1)[1].split()[0]
+                now = time.perf_counter()
+                steps[name] = round(now - last[0], 1)
+                last[0] = now
+
+        started = time.perf_counter()
+        summary = report.run(spark, where, f"{where}/report", report.ReportOptions(), progress)
+        elapsed = time.perf_counter() - started
+    assert summary.messages == messages, summary
+    return _machine() | {
+        "benchmark": "analytics.report",
+        "master": "local[2]",
+        "messages": messages,
+        "events": events,
+        "seconds": round(elapsed, 1),
+        "table_seconds": steps,
+    }
+
+
+def main() -> None:
+    """Parse the options, run the benchmarks, print and record their results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--report-messages", type=int, default=10_000_000)
+    parser.add_argument("--report-events", type=int, default=1_000_000)
+    parser.add_argument("--skip", choices=["archive", "report"], action="append", default=[])
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    from spark_emr.jars import fetch_jars
+    from spark_emr.session import local_session
+
+    base = LocalSettings()
+    spark = local_session(
+        "local[2]", fetch_jars(base.cache_dir), shuffle_partitions=8, driver_memory="4g"
+    )
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-analytics-") as state_dir:
+        settings = cluster.local_settings(
+            LocalSettings(
+                state_dir=Path(state_dir),
+                cache_dir=base.cache_dir,
+                kafka_port=free_port(),
+                kafka_controller_port=free_port(),
+                topic_prefix="bench.",
+            )
+        )
+        try:
+            if "archive" not in args.skip:
+                cluster.start_component(settings, "kafka")
+                results.append(bench_archive(spark, settings, args.records, args.runs))
+        finally:
+            cluster.stop_component(settings, "kafka")
+    if "report" not in args.skip:
+        results.append(bench_report(spark, args.report_messages, args.report_events))
+    spark.stop()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    with args.output.open("a", encoding="utf-8") as out:
+        for result in results:
+            print(json.dumps(result))
+            out.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

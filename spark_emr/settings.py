@@ -1,0 +1,63 @@
+"""Settings of the analytics commands: Cormorant's settings plus where the archive lives,
+which Spark runs the local jobs, and the EMR Serverless application they run on.
+
+The jobs reach Kafka with Cormorant's own Kafka settings (``kafka_bootstrap``,
+``kafka_security_protocol``, ``kafka_sasl_*``, ``kafka_ssl_cafile``:
+:mod:`spark_emr.kafka_options`), and find the Spark connector's jars in the launcher's jar
+cache (``cache_dir``, where the local Kafka's jars are too): analytics runs on the machine
+of the local cluster launcher, so :class:`AnalyticsSettings` extends its
+:class:`~services.local.settings.LocalSettings`. Like every setting, each is an environment
+variable ``CORMORANT_<NAME>`` or a line of the settings file (:mod:`services.common.settings`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from services.local.settings import LocalSettings
+
+
+class AnalyticsSettings(LocalSettings):
+    """:class:`~services.local.settings.LocalSettings` and the analytics' own
+    (``CORMORANT_``)."""
+
+    archive_dir: Path | None = Field(
+        None,
+        description="Where `cormorant analytics archive` writes the local Parquet archive "
+        "(default: <state_dir>/archive).",
+    )
+    analytics_master: str = Field(
+        "local[*]", description="Spark master of the local analytics jobs (local[N], spark://…)."
+    )
+    analytics_kafka_secret_arn: str | None = Field(
+        None,
+        description="On EMR with SCRAM-SHA-512 (kafka_security_protocol SASL_SSL): the "
+        "Secrets Manager secret ({username, password}, MSK's format) the job's driver reads "
+        "the credentials from (with --stack-outputs: its kafkaScramSecretArn).",
+    )
+    aws_region: str | None = Field(
+        None, description="AWS region of the EMR Serverless application and the archive bucket."
+    )
+    archive_bucket: str | None = Field(
+        None, description="S3 bucket of the archive, the job packages, logs and reports (EMR)."
+    )
+    emr_application_id: str | None = Field(
+        None, description="EMR Serverless application that runs the jobs (--emr)."
+    )
+    emr_job_role_arn: str | None = Field(
+        None, description="IAM role the EMR Serverless job runs assume (--emr)."
+    )
+    emr_python_archive: str | None = Field(
+        None,
+        description="S3 URI of a packed Python 3.11 environment with pandas and pyarrow "
+        "(venv-pack) for the EMR jobs, when the application's image has none.",
+    )
+    emr_poll_seconds: float = Field(
+        10.0, gt=0, description="How often a submitted EMR job run's state is asked for."
+    )
+
+    def archive_path(self) -> Path:
+        """The local archive directory: ``archive_dir`` or ``<state_dir>/archive``."""
+        return self.archive_dir or self.state_dir / "archive"
