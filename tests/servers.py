@@ -25,6 +25,8 @@ TEST_PORTS = {
     "postgres_port": 15432,
     "listen_port": 21883,
     "ingest_base_port": 21900,
+    "http_base_port": 21950,
+    "admin_port": 21970,
 }
 PORT_STEP = 100
 PORT_TRIES = 20
@@ -55,9 +57,10 @@ def free_test_ports(ingest_nodes: int) -> dict[str, int]:
     """
     for attempt in range(PORT_TRIES):
         ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        base = ports["ingest_base_port"]
-        wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
+        base, http = ports["ingest_base_port"], ports["http_base_port"]
+        wanted = [p for n, p in ports.items() if n not in ("ingest_base_port", "http_base_port")]
         wanted += [base + i for i in range(1, ingest_nodes + 1)]
+        wanted += [http + i for i in (*range(1, ingest_nodes + 1), 17, 18, 19)]
         if all(_bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")

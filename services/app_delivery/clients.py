@@ -27,6 +27,7 @@ import logging
 from collections.abc import Awaitable, Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from services.app_delivery.feed import ClientFeed, SharedKey
 from services.common.faust_app import SendRecord
@@ -136,6 +137,36 @@ class AppClients:
             **client_security(self.settings),
         )
         await self._admin.start()
+
+    async def kafka_reachable(self) -> None:
+        """Return once Kafka answers a metadata request (a readiness check); raises
+        ``KafkaError`` otherwise."""
+        assert self._admin is not None, "start() first"
+        await self._admin.describe_cluster()
+
+    def families(self) -> Iterable[Metric]:
+        """``cormorant_app_clients{state}`` (the persistent APPLICATION sessions this
+        instance owns) and ``cormorant_app_client_lag_records{client_id}`` (each connected
+        one's records not yet acknowledged in its own topic)."""
+        connected = sum(1 for session in self.sessions.values() if session.connected)
+        clients = GaugeMetricFamily(
+            "cormorant_app_clients",
+            "Persistent APPLICATION sessions this instance owns, by connected state.",
+            labels=["state"],
+        )
+        clients.add_metric(["connected"], connected)
+        clients.add_metric(["disconnected"], len(self.sessions) - connected)
+        yield clients
+        lag = GaugeMetricFamily(
+            "cormorant_app_client_lag_records",
+            "Records of a connected APPLICATION client's topic it has not acknowledged.",
+            labels=["client_id"],
+        )
+        for client_id, feed in sorted(self.feeds.items()):
+            behind = feed.lag()
+            if behind is not None:
+                lag.add_metric([client_id], behind)
+        yield lag
 
     async def close(self) -> None:
         """Stop every feed and close the admin client (at shutdown)."""

@@ -212,12 +212,48 @@ class Settings(BaseSettings):
     )
 
     # --- every service ---------------------------------------------------------------------
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address a service's HTTP endpoints bind (/health, /ready, /metrics): "
+        "loopback unless asked (0.0.0.0 in a container, where the load balancer and "
+        "Prometheus reach it).",
+    )
+    http_port: int = Field(
+        9180,
+        ge=0,
+        le=65535,
+        description="Port of a service's HTTP endpoints (/health, /ready, /metrics); one "
+        "per process (the local cluster gives each process its own).",
+    )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
         description="Data directory: each service's Faust data dir, and the local cluster's "
         "data, logs and pid files ($XDG_STATE_HOME/cormorant).",
     )
     log_level: str = Field("INFO", description="Python logging level of the services.")
+
+    # --- admin (the operators' REST API and web console) -----------------------------------
+    admin_host: str = Field(
+        "127.0.0.1",
+        description="Address the admin API and console bind: loopback unless asked (0.0.0.0 "
+        "behind the deployment's internal load balancer).",
+    )
+    admin_port: int = Field(9170, ge=1, le=65535, description="Port of the admin API and console.")
+    admin_token_ttl_seconds: int = Field(
+        12 * 3600, ge=60, description="How long an admin user's bearer token is valid (seconds)."
+    )
+    cluster_endpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description="The admin service's view of the cluster: process name -> base URL of "
+        'its HTTP endpoints, as a JSON object (\'{"router": "http://10.0.0.5:9180"}\'); '
+        "the local cluster sets it.",
+    )
+    cluster_dns_namespace: str | None = Field(
+        None,
+        description="In AWS: the private DNS namespace where each service's tasks are "
+        "registered (<service>.<namespace>, A records); the admin service finds them there, "
+        "on http_port.",
+    )
 
     # --- device_persist store --------------------------------------------------------------
     store_backend: Literal["redis", "postgres"] = Field(

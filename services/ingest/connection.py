@@ -328,6 +328,24 @@ class ServerConnection:
             *events.disconnected(self.state),
         ]
 
+    def disconnected_by_administrator(self, end_session: bool) -> list[Effect]:
+        """An administrator disconnects this connection (the admin API): v5 DISCONNECT
+        0x98 Administrative action, then close; the Will Message is published, as after
+        any disconnect the client did not ask for (MQTT 3.1.2.5). With ``end_session``
+        the session ends with the connection, as after a v5 DISCONNECT with Session
+        Expiry Interval 0 (its subscriptions and stored messages are deleted)."""
+        if self.closed:
+            return []
+        if end_session:
+            self.state.session_expiry_interval = 0
+            self.state.persistent = False
+        events.ending(
+            self.state, DisconnectCause.ADMINISTRATIVE_ACTION, ReasonCode.ADMINISTRATIVE_ACTION
+        )
+        return self.disconnect_and_close(
+            ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator"
+        )
+
     def shutting_down(self) -> list[Effect]:
         """The node stops: v5 DISCONNECT 0x8B Server shutting down, then close."""
         events.ending(self.state, DisconnectCause.SERVER_SHUTDOWN, ReasonCode.SERVER_SHUTTING_DOWN)

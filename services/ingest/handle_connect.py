@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
@@ -254,6 +255,7 @@ def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effe
     """The session record is in Kafka: send CONNACK; the shell registers the client."""
     state.phase = Phase.CONNECTED
     state.accepted = True
+    MQTT.connect_outcome(state.listener, ReasonCode.SUCCESS)
     return [Send(state.encode(waiter.connack)), Connected(state.client_id), events.connected(state)]
 
 
@@ -274,6 +276,7 @@ def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
     (3.2.2.2).
     """
     state.phase = Phase.CLOSED
+    MQTT.connect_outcome(state.listener, exc.reason_code)
     effects: list[Effect] = []
     if isinstance(exc, UnsupportedProtocolVersion):
         effects.append(Send(ConnAckBytes.unsupported_version))

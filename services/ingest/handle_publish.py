@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import PacketType, PubAck, PubComp, Publish, PubRec, PubRel
 from services.common.mqtt.properties import Properties, encode_properties
@@ -96,6 +97,7 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     if packet.qos:
         assert packet.packet_id is not None
         pending = PendingAck(packet.packet_id, packet.qos)
+    MQTT.publish_received[packet.qos] += 1
     effects: list[Effect] = [StorePublish(state.new_token(pending), meta, packet.payload)]
     if packet.retain:
         effects.append(StoreRetained(state.new_token(pending), meta, packet.payload))

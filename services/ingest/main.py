@@ -21,6 +21,7 @@ from collections.abc import Awaitable
 
 import faust
 
+from services.common import metrics
 from services.common.faust_app import make_app, on_shutdown, run_service, run_task, sender
 from services.common.kafka.admin import (
     app_topic_spec,
@@ -37,9 +38,9 @@ from services.common.kafka.consumer import (
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.readiness import clear_ready, mark_ready
-from services.common.records import Downlink, RecordError, parse_downlink
+from services.common.records import AdminDisconnect, Downlink, RecordError, parse_downlink
 from services.common.settings import Settings
+from services.common.web import serve_http
 from services.ingest.node import IngestNode
 from services.ingest.server import start_server
 
@@ -50,6 +51,7 @@ def build_app(settings: Settings) -> faust.App:
     """Build the ingest node's Faust app: listener, state reader and downlink reader."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, f"ingest-{settings.node_id}")
+    readiness = serve_http(app, "ingest", settings.ready_file, settings.node_id)
 
     send = sender(app)
 
@@ -73,6 +75,10 @@ def build_app(settings: Settings) -> faust.App:
     )
     servers: list[asyncio.Server] = []
     downlink = names.downlink(settings.node_id)
+    readiness.add("kafka", reader.end_offsets)
+    metrics.register(
+        lambda: metrics.mqtt_families(metrics.MQTT, node.connections, node.pending_records)
+    )
 
     async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
         for record in records:
@@ -80,6 +86,8 @@ def build_app(settings: Settings) -> faust.App:
                 parsed = parse_downlink(record.value, record.headers)
                 if isinstance(parsed, Downlink):
                     node.deliver(parsed)
+                elif isinstance(parsed, AdminDisconnect):
+                    node.administer(parsed)
                 else:
                     node.release(parsed.releases)
             except RecordError as exc:
@@ -100,13 +108,13 @@ def build_app(settings: Settings) -> faust.App:
             async with asyncio.timeout(60):
                 await assign_whole_topics(consumer, [downlink], from_end=True)
             servers.append(await start_server(node))
-            mark_ready(settings.ready_file, f"ingest {settings.node_id} {settings.mqtt_port}")
-            await consume_batches(consumer, deliver_batch)
+            readiness.serving(f"ingest {settings.node_id} {settings.mqtt_port}")
+            await consume_batches(consumer, deliver_batch, stage="ingest")
         finally:
             await consumer.stop()
 
     async def stop() -> None:
-        clear_ready(settings.ready_file)
+        readiness.stopping()
         for server in servers:
             server.close()
         await node.shut_down()  # wills and end records, while the producer still runs

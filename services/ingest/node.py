@@ -22,6 +22,7 @@ from services.common.clock import now_ms
 from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
 from services.common.records import (
+    AdminDisconnect,
     Downlink,
     SessionRecord,
     client_event_record,
@@ -234,6 +235,26 @@ class IngestNode:
                 self.run(client, client.connection.deliver_routed(message, target))
                 delivered += 1
         return delivered
+
+    def administer(self, command: AdminDisconnect) -> bool:
+        """Carry out an administrator's command: disconnect the client's connection it
+        names, if that connection is here (a newer one is left alone). Returns whether
+        it was."""
+        client = self.registry.get(command.client_id)
+        if client is None or client.connection.state.connection_id != command.connection_id:
+            return False
+        log.info("client %r: disconnected by an administrator", command.client_id)
+        self.run(client, client.connection.disconnected_by_administrator(command.end_session))
+        return True
+
+    def connections(self) -> dict[tuple[str, int], int]:
+        """The connected clients by (listener, protocol level): ``cormorant_mqtt_connections``."""
+        counts: dict[tuple[str, int], int] = {}
+        for client in self.registry.clients():
+            state = client.connection.state
+            key = (state.listener, state.protocol_version)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def release(self, releases: list[tuple[str, int]]) -> None:
         """Send PUBREL for each (client id, Packet Identifier) whose client is connected

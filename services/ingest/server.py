@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import cast
 
+from services.common.metrics import MQTT
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import CreateAppTopic, Effect, StoreEffect
@@ -39,6 +40,7 @@ class MQTTServerProtocol(asyncio.Protocol):
     """
 
     __slots__ = (
+        "_bytes",
         "_held",
         "_last_read",
         "_loop",
@@ -49,9 +51,14 @@ class MQTTServerProtocol(asyncio.Protocol):
         "transport",
     )
 
+    #: The listener's name in session metrics (``cormorant_mqtt_*{listener=...}``).
+    LISTENER = "tcp"
+
     def __init__(self, node: IngestNode) -> None:
         self.node = node
         self.connection = ServerConnection(node.context, new_connection_id())
+        self.connection.state.listener = self.LISTENER
+        self._bytes = MQTT.listener(self.LISTENER)
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._last_read = self._loop.time()
@@ -68,6 +75,7 @@ class MQTTServerProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Feed the bytes to the protocol core and run its effects."""
         self._last_read = self._loop.time()
+        self._bytes.received_bytes += len(data)
         if self._held is not None:
             self._held += data
         elif self.connection.awaiting_connect:
@@ -141,6 +149,7 @@ class MQTTServerProtocol(asyncio.Protocol):
     def _flush(self) -> None:
         out, self._out = self._out, None
         if out and self.transport is not None and not self.transport.is_closing():
+            self._bytes.sent_bytes += sum(map(len, out))
             self.transport.writelines(out)
 
     def close(self) -> None:

@@ -226,6 +226,8 @@ class ConnectionState:
     outbound_aliases: OutboundAliases | None = None
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
+    # the listener the connection came through (its metrics' label)
+    listener: str = "tcp"
     end_cause: DisconnectCause = DisconnectCause.NONE
     end_reason_code: int = 0
     disconnect_recorded: bool = False

@@ -38,6 +38,10 @@ INFRA_STOP_TIMEOUT = 30.0
 ROUTER = "router"
 DEVICE_PERSIST = "device-persist"
 APP_DELIVERY = "app-delivery"
+ADMIN = "admin"
+
+#: Offsets from ``http_base_port`` of the stages' HTTP ports (ingest node i: base + i).
+STAGE_HTTP_OFFSETS = {ROUTER: 17, DEVICE_PERSIST: 18, APP_DELIVERY: 19}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class Component:
     port: int | None
     start: Callable[[], int]
     ready_file: Path | None = None
+    http_port: int | None = None
     stop_signal: signal.Signals = signal.SIGTERM
     stop_timeout: float = INFRA_STOP_TIMEOUT
 
@@ -61,6 +66,7 @@ class ComponentStatus:
     port: int | None
     port_open: bool | None
     ready: bool | None
+    http_port: int | None = None
 
     @property
     def healthy(self) -> bool:
@@ -103,7 +109,7 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     """The environment of a child process: this one's, plus every field of ``settings`` as
     CORMORANT_* (a service gets :func:`runtime_settings`, a launcher command all of them).
 
-    Unset optional settings (None) are left out; lists are written as JSON, the form
+    Unset optional settings (None) are left out; lists and mappings are written as JSON, the form
     pydantic-settings reads them in. ``overrides`` (setting name → value) win.
     The settings file is switched off (``CORMORANT_SETTINGS_FILE=/dev/null``) so that the
     child sees exactly the launcher's resolved settings, not a file read from its own cwd.
@@ -118,7 +124,7 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     )
     values.update(overrides)
     for name, value in values.items():
-        text = json.dumps(value) if isinstance(value, list) else str(value)
+        text = json.dumps(value) if isinstance(value, list | dict) else str(value)
         env[f"CORMORANT_{name.upper()}"] = text
     env["CORMORANT_SETTINGS_FILE"] = os.devnull
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach the log file as they are written
@@ -131,6 +137,17 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
 def ready_file(settings: LocalSettings, name: str) -> Path:
     """The ready file of service ``name``: ``<state_dir>/run/<name>.ready``."""
     return processes.run_dir(settings.state_dir) / f"{name}.ready"
+
+
+def http_ports(settings: LocalSettings) -> dict[str, int]:
+    """Each service process's HTTP port (``/health``, ``/ready``, ``/metrics``; the admin
+    API's ``admin_port``), by process name."""
+    ports = {
+        f"ingest-node{i}": port for i, port in enumerate(haproxy.node_http_ports(settings), 1)
+    }
+    ports |= {name: settings.http_base_port + o for name, o in STAGE_HTTP_OFFSETS.items()}
+    ports[ADMIN] = settings.admin_port
+    return ports
 
 
 def _start_service(
@@ -174,13 +191,17 @@ def infrastructure(settings: LocalSettings) -> list[Component]:
 def _service(
     settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
 ) -> Component:
-    """The component of service ``name``, run as ``cormorant <command>``."""
+    """The component of service ``name``, run as ``cormorant <command>`` with its own HTTP
+    port (:func:`http_ports`)."""
+    http_port = http_ports(settings)[name]
+    overrides.setdefault("http_port", str(http_port))
     return Component(
         name,
         port,
         partial(_start_service, settings, name, command, port, **overrides),
         ready_file=ready_file(settings, name),
         stop_timeout=SERVICE_STOP_TIMEOUT,
+        http_port=http_port,
     )
 
 
@@ -199,8 +220,18 @@ def services_of(settings: LocalSettings) -> list[Component]:
         _service(settings, DEVICE_PERSIST, "device-persist"),
         _service(settings, APP_DELIVERY, "app-delivery"),
     ]
+    admin = _service(
+        settings, ADMIN, "admin", settings.admin_port, cluster_endpoints=_endpoints(settings)
+    )
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
-    return [*nodes, *stages, proxy]
+    return [*nodes, *stages, admin, proxy]
+
+
+def _endpoints(settings: LocalSettings) -> str:
+    """The admin service's ``cluster_endpoints``: every service process's HTTP address."""
+    ports = http_ports(settings)
+    del ports[ADMIN]
+    return json.dumps({name: f"http://127.0.0.1:{port}" for name, port in ports.items()})
 
 
 def components(settings: LocalSettings) -> list[Component]:
@@ -243,7 +274,19 @@ def start_app_delivery(settings: LocalSettings, name: str) -> int:
     APPLICATION clients through their consumer group) and wait until it is ready; return
     its pid. ``down`` stops it with the rest. Raises
     :class:`~services.local.processes.StartError`."""
-    return _start_service(local_settings(settings), name, "app-delivery", None)
+    return _start_service(
+        local_settings(settings), name, "app-delivery", None, http_port=str(free_port())
+    )
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the kernel's pick)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
@@ -316,6 +359,7 @@ def _probe(settings: LocalSettings, part: Component) -> ComponentStatus:
         port=part.port,
         port_open=None if part.port is None else processes.port_open(part.port),
         ready=None if part.ready_file is None else part.ready_file.exists(),
+        http_port=part.http_port,
     )
 
 

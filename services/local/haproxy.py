@@ -1,7 +1,8 @@
 """The local load balancer: HAProxy in TCP mode on 127.0.0.1:<listen_port> before the nodes.
 
 It plays the part of the cloud's Network Load Balancer: plain TCP pass-through, round robin
-over the ingest nodes, health checks that take a dead node out of rotation.
+over the ingest nodes, health checks (``GET /ready`` on each node's HTTP port) that take a
+node out of rotation when it is dead or not ready (Kafka unreachable, still starting).
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ def node_ports(settings: LocalSettings) -> list[int]:
     return [settings.ingest_base_port + i for i in range(1, settings.ingest_nodes + 1)]
 
 
+def node_http_ports(settings: LocalSettings) -> list[int]:
+    """The HTTP port (``/ready``) of each ingest node: node i on ``http_base_port + i``."""
+    return [settings.http_base_port + i for i in range(1, settings.ingest_nodes + 1)]
+
+
 def render_config(settings: LocalSettings) -> str:
     """haproxy.cfg for ``settings`` (listen port and ingest nodes)."""
     servers = "\n".join(
-        f"    server node{i} 127.0.0.1:{port} check inter 2s fall 2 rise 1"
-        for i, port in enumerate(node_ports(settings), start=1)
+        f"    server node{i} 127.0.0.1:{port} check port {http} inter 2s fall 2 rise 1"
+        for i, (port, http) in enumerate(
+            zip(node_ports(settings), node_http_ports(settings), strict=True), start=1
+        )
     )
     return f"""\
 global
@@ -52,6 +60,10 @@ frontend mqtt
 
 backend ingest_nodes
     balance roundrobin
+    # A node takes clients while its /ready says 200 (Kafka answers, state replayed).
+    option httpchk
+    http-check send meth GET uri /ready
+    http-check expect status 200
 {servers}
 """
 

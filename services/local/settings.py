@@ -47,6 +47,14 @@ class LocalSettings(Settings):
     ingest_base_port: int = Field(
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
     )
+    http_base_port: int = Field(
+        9180,
+        ge=1,
+        le=65500,
+        description="The services' HTTP ports (/health, /ready, /metrics): ingest node i on "
+        "base + i, the router on base + 17, device_persist on base + 18, app_delivery on "
+        "base + 19.",
+    )
     local_tls_cert_file: Path | None = Field(
         None,
         description="Certificate (PEM) of the local cluster's Kafka, Redis and PostgreSQL: when "

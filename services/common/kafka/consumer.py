@@ -23,14 +23,16 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from services.common import metrics
 from services.common.kafka.security import client_security
 from services.common.settings import Settings
 
@@ -236,6 +238,56 @@ async def _first_error(acks: Sequence[Awaitable[object]]) -> BaseException | Non
     return None
 
 
+@dataclass(frozen=True)
+class _Watched:
+    stage: str
+    consumer: AIOKafkaConsumer
+    committer: _Committer
+
+
+_WATCHED: list[_Watched] = []
+_LAG: dict[tuple[str, str, int], int] = {}
+
+
+async def refresh_lag() -> None:
+    """Bring :func:`lag_families` up to date: for every partition a running
+    :func:`consume_batches` reads, the records between its high watermark (from the last
+    fetch) and what the stage has handled and had acknowledged, or else its position."""
+    lags: dict[tuple[str, str, int], int] = {}
+    for watched in list(_WATCHED):
+        consumer = watched.consumer
+        for tp in consumer.assignment():
+            end = consumer.highwater(tp)
+            done = watched.committer.committable.get(tp)
+            if done is None:
+                try:
+                    done = await asyncio.wait_for(consumer.position(tp), 1.0)
+                except Exception:  # a partition moving away, or Kafka unreachable
+                    continue
+            if end is not None:
+                lags[(watched.stage, tp.topic, tp.partition)] = max(0, end - done)
+    _LAG.clear()
+    _LAG.update(lags)
+
+
+def lag_families() -> Iterable[Metric]:
+    """``cormorant_kafka_consumer_lag_records{stage, topic, partition}`` as of the last
+    :func:`refresh_lag`."""
+    family = GaugeMetricFamily(
+        "cormorant_kafka_consumer_lag_records",
+        "Records in a partition the stage has not handled yet (high watermark minus what "
+        "it handled and had acknowledged).",
+        labels=["stage", "topic", "partition"],
+    )
+    for (stage, topic, partition), lag in sorted(_LAG.items()):
+        family.add_metric([stage, topic, str(partition)], lag)
+    yield family
+
+
+metrics.register(lag_families)
+metrics.on_scrape(refresh_lag)
+
+
 async def consume_batches(
     consumer: AIOKafkaConsumer,
     handle: BatchHandler,
@@ -248,6 +300,7 @@ async def consume_batches(
     on_revoked: PartitionsHook | None = None,
     after_fetch: Callable[[], Awaitable[None]] | None = None,
     first: Sequence[str] = (),
+    stage: str = "",
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
 
@@ -265,8 +318,11 @@ async def consume_batches(
     nothing comes). Records of the ``first`` topics already
     fetched go into a batch before any other: a backlog elsewhere does not hold them up
     (device_persist reads acknowledgements before the messages that wait for them).
+    ``stage`` names the reader in ``cormorant_kafka_consumer_lag_records``.
     """
     committer = _Committer(consumer, bool(topics), on_assigned, on_revoked)
+    watched = _Watched(stage, consumer, committer)
+    _WATCHED.append(watched)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
     last_commit = time.monotonic()
@@ -292,6 +348,7 @@ async def consume_batches(
                 last_commit = now
                 await committer.flush()
     finally:
+        _WATCHED.remove(watched)
         with contextlib.suppress(Exception):
             if await committer.settle(0):
                 await committer.flush()

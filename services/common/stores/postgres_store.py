@@ -146,6 +146,31 @@ def _connection_options(
     return options
 
 
+def connection_pool(
+    dsn: str,
+    name: str,
+    *,
+    timeout: float = 5.0,
+    size: int = 4,
+    password: SecretStr | None = None,
+    sslmode: str | None = None,
+    sslrootcert: Path | None = None,
+) -> AsyncConnectionPool[Connection]:
+    """A pool of connections to ``dsn`` (not opened yet: ``await pool.open()``) with the
+    password and TLS the message store uses; ``timeout`` (seconds) bounds connecting and
+    waiting for a connection. For the other users of Cormorant's PostgreSQL (the admin
+    service)."""
+    return AsyncConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        open=False,
+        timeout=timeout,
+        kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
+        name=name,
+    )
+
+
 class PostgresMessageStore(MessageStore):
     """:class:`MessageStore` on PostgreSQL 12+ (``psycopg`` 3, ``psycopg_pool``).
 
@@ -172,14 +197,14 @@ class PostgresMessageStore(MessageStore):
         self._max_messages = check_max_messages(max_messages)
         self._timeout = timeout
         self._address = _public_address(dsn)
-        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+        self._pool = connection_pool(
             dsn,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
+            "message-store",
             timeout=timeout,
-            kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
-            name="message-store",
+            size=pool_size,
+            password=password,
+            sslmode=sslmode,
+            sslrootcert=sslrootcert,
         )
         self._ready = False
         self._ready_lock = asyncio.Lock()
@@ -401,6 +426,28 @@ class PostgresMessageStore(MessageStore):
     async def stats(self, client_id: str) -> StoreStats:
         """See :meth:`MessageStore.stats`. One SELECT of the client's row."""
         return await self._counters("stats", client_id)
+
+    async def counts(self, client_ids: Sequence[str]) -> list[int]:
+        """See :meth:`MessageStore.counts`. One SELECT of the clients' rows."""
+        keys = [client_key(client_id) for client_id in client_ids]
+
+        async def body(conn: Connection) -> list[int]:
+            cursor = await conn.execute(
+                "SELECT client_key, stored FROM persisted_clients WHERE client_key = ANY(%s)",
+                (keys,),
+            )
+            stored = {bytes(key): int(count) for key, count in await cursor.fetchall()}
+            return [stored.get(key, 0) for key in keys]
+
+        return await self._run("counts", body) if keys else []
+
+    async def ping(self) -> None:
+        """See :meth:`MessageStore.ping`. One ``SELECT 1`` (the schema migrated first)."""
+
+        async def body(conn: Connection) -> None:
+            await conn.execute("SELECT 1")
+
+        await self._run("ping", body)
 
     async def _counters(self, what: str, client_id: str) -> StoreStats:
         key = client_key(client_id)

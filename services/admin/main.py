@@ -1,0 +1,108 @@
+"""The admin service: the operators' REST API and web console (``cormorant admin``).
+
+One process, served by uvicorn on ``admin_host:admin_port`` (loopback by default). At start
+it migrates its PostgreSQL tables, replays the state topics, takes a first sample of the
+cluster and opens its Kafka producer; then it serves, and writes its ready file. It is
+ready while Kafka and PostgreSQL answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from services.admin.api import AdminContext, create_app
+from services.admin.cluster import StatsSampler
+from services.admin.commands import CommandWriter
+from services.admin.state import ClientState
+from services.admin.users import AdminUsers
+from services.common.settings import Settings, get_settings
+from services.common.stores import open_store
+from services.common.stores.postgres_store import connection_pool
+from services.common.web import Readiness
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two samples of the cluster's figures (the console's charts).
+SAMPLE_SECONDS = 2.0
+
+
+def users_of(settings: Settings) -> AdminUsers:
+    """The admin users in ``settings``' PostgreSQL (pool not opened yet)."""
+    pool = connection_pool(
+        settings.postgres_dsn,
+        "admin",
+        timeout=settings.store_timeout_seconds,
+        password=settings.postgres_password,
+        sslmode=settings.postgres_sslmode,
+        sslrootcert=settings.postgres_sslrootcert,
+    )
+    return AdminUsers(pool, settings.admin_token_ttl_seconds)
+
+
+def build(settings: Settings) -> FastAPI:
+    """The admin application; its lifespan starts and stops what it reads and writes."""
+    users = users_of(settings)
+    readiness = Readiness(settings.ready_file)
+    context = AdminContext(
+        settings=settings,
+        state=ClientState(settings),
+        sampler=StatsSampler(settings, SAMPLE_SECONDS),
+        users=users,
+        writer=CommandWriter(settings),
+        store=open_store(settings),
+        readiness=readiness,
+    )
+
+    async def postgres() -> None:
+        async with users.pool.connection() as conn:
+            await conn.execute("SELECT 1")
+
+    readiness.add("kafka", context.state.reader.end_offsets)
+    readiness.add("postgres", postgres)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await users.pool.open(wait=True, timeout=settings.store_timeout_seconds * 6)
+        await users.migrate()
+        await context.state.start()
+        await context.writer.start()
+        await context.sampler.start()
+        readiness.serving(f"admin {settings.admin_port}")
+        log.info("admin API and console on http://%s:%d/", settings.admin_host, settings.admin_port)
+        try:
+            yield
+        finally:
+            readiness.stopping()
+            await asyncio.gather(
+                context.sampler.stop(),
+                context.writer.stop(),
+                context.state.stop(),
+                context.store.close(),
+                return_exceptions=True,
+            )
+            await users.pool.close()
+
+    app = create_app(context)
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def run() -> None:
+    """Entry point of ``cormorant admin``: serve until SIGTERM/SIGINT."""
+    settings = get_settings()
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        build(settings),
+        host=settings.admin_host,
+        port=settings.admin_port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )

@@ -1,0 +1,189 @@
+"""The admin API's request and response bodies (its OpenAPI document's schemas)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+ProtocolVersion = Literal["3.1", "3.1.1", "5.0", "unknown"]
+
+
+class Problem(BaseModel):
+    """An error: what went wrong, in words."""
+
+    detail: str
+
+
+class LoginRequest(BaseModel):
+    """An admin user's name and password."""
+
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class TokenResponse(BaseModel):
+    """A bearer token: send it as ``Authorization: Bearer <token>``."""
+
+    token: str
+    token_type: Literal["bearer"] = "bearer"
+    username: str
+    expires_at: datetime
+
+
+class ServiceStatus(BaseModel):
+    """One service process as its ``/health``, ``/ready`` and ``/metrics`` tell."""
+
+    name: str = Field(description="The process (ingest-node1, router, an ECS task...).")
+    url: str = Field(description="Base URL of its HTTP endpoints.")
+    service: str = Field(description="ingest, router, device-persist or app-delivery.")
+    node_id: str | None = Field(description="An ingest node's id.")
+    version: str
+    alive: bool = Field(description="/health answered 200.")
+    ready: bool = Field(description="/ready answered 200.")
+    checks: dict[str, str] = Field(description="Each readiness check: ok, or what failed.")
+    error: str | None = Field(description="Why the process could not be asked, if it could not.")
+    connections: int | None = Field(description="Connected MQTT clients (ingest nodes).")
+    lag: int | None = Field(description="Records the process's consumers have not handled.")
+
+
+class ClusterResponse(BaseModel):
+    """Every service process, and where the admin service reads Kafka."""
+
+    services: list[ServiceStatus]
+    kafka_bootstrap: str
+    admin_version: str
+
+
+class StatsSample(BaseModel):
+    """The cluster's figures at one moment."""
+
+    at: datetime
+    connections: int = Field(description="Connected MQTT clients, all nodes.")
+    msg_in_per_second: float = Field(description="PUBLISH packets accepted per second.")
+    msg_out_per_second: float = Field(description="PUBLISH packets sent per second.")
+    publish_received_total: float
+    publish_sent_total: float
+    received_bytes_total: float
+    sent_bytes_total: float
+    lag: dict[str, float] = Field(description="Records behind, per stage (consumer lag).")
+
+
+class StatsResponse(BaseModel):
+    """The latest sample and those before it (oldest first)."""
+
+    interval_seconds: float
+    current: StatsSample | None
+    history: list[StatsSample]
+
+
+class ClientSummary(BaseModel):
+    """A session, as the latest ``client.sessions`` record says."""
+
+    client_id: str
+    connected: bool
+    node_id: str = Field(description="The ingest node holding (or that last held) it.")
+    protocol_version: ProtocolVersion
+    kind: Literal["DEVICE", "APPLICATION"]
+    persistent: bool
+    clean_start: bool
+    session_expiry_interval: int = Field(description="Seconds (MQTT 5.0 3.1.2.11.2).")
+    connected_at: datetime | None = Field(description="When its connection connected.")
+    updated_at: datetime | None = Field(description="When the record was written.")
+    client_address: str | None = Field(description="The network peer its node saw.")
+    subscriptions: int
+
+
+class ClientPage(BaseModel):
+    """One page of clients, and how many match in all."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[ClientSummary]
+
+
+class SubscriptionView(BaseModel):
+    """One client's subscription to one Topic Filter (MQTT 3.8.3.1)."""
+
+    client_id: str
+    topic_filter: str
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+    subscription_identifier: int | None
+
+
+class SessionDetail(ClientSummary):
+    """A session with its subscriptions and what waits for it."""
+
+    connection_id: str = Field(description="Hex: the network connection.")
+    session_id: str = Field(description="Hex: the session (its first connection's id).")
+    receive_maximum: int
+    subscription_list: list[SubscriptionView]
+    stored_messages: int | None = Field(
+        description="Messages the DEVICE store holds for a persistent DEVICE session."
+    )
+    app_lag: int | None = Field(
+        description="Records of a connected APPLICATION client's topic not yet acknowledged."
+    )
+
+
+class SubscriptionPage(BaseModel):
+    """One page of subscriptions."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[SubscriptionView]
+
+
+class RetainedView(BaseModel):
+    """A retained message (MQTT 3.3.1.3)."""
+
+    topic: str
+    qos: int
+    payload_size: int = Field(description="Bytes.")
+    payload: str = Field(description="The payload's first 1,024 bytes, as text or base64.")
+    payload_encoding: Literal["utf-8", "base64"]
+    received_at: datetime
+
+
+class RetainedPage(BaseModel):
+    """One page of retained messages matching a Topic Filter."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[RetainedView]
+
+
+class Accepted(BaseModel):
+    """A change handed to Kafka (stored with acks=all); the cluster carries it out."""
+
+    action: str
+    target: str
+    detail: dict[str, Any]
+
+
+class AuditView(BaseModel):
+    """One audited call."""
+
+    id: int
+    at: datetime
+    username: str
+    action: str
+    target: str
+    detail: dict[str, Any]
+    status: int
+
+
+class AuditPage(BaseModel):
+    """One page of the audit trail, newest first."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[AuditView]
