@@ -66,6 +66,12 @@ class CommandWriter:
 
     def __init__(self, settings: Settings) -> None:
         self.names = TopicNames.from_settings(settings)
+        self.settings = settings
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect to Kafka. Raises ``KafkaError``."""
+        settings = self.settings
         self._producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap,
             acks="all",
@@ -73,18 +79,17 @@ class CommandWriter:
             request_timeout_ms=int(settings.kafka_request_timeout_seconds * 1000),
             **client_security(settings),
         )
-
-    async def start(self) -> None:
-        """Connect to Kafka. Raises ``KafkaError``."""
         await self._producer.start()
 
     async def stop(self) -> None:
         """Flush and close."""
-        await self._producer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
 
     async def write(self, records: list[KafkaRecord]) -> None:
         """Write ``records`` in order and return once Kafka stored each. Raises
         ``KafkaError``."""
+        assert self._producer is not None, "start() first"
         for record in records:
             await self._producer.send_and_wait(
                 record.topic, record.value, key=record.key, headers=list(record.headers)

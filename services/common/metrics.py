@@ -35,8 +35,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from services.common.mqtt.reason_codes import ReasonCode
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-"""The Prometheus text exposition format's content type (what ``/metrics`` answers)."""
+CONTENT_TYPE = "text/plain; version=0.0.4"
+"""The Prometheus text exposition format's content type (what ``/metrics`` answers; UTF-8)."""
 
 #: Bucket bounds (seconds) of Kafka produce latency: acks=all round trips, 1 ms to 10 s.
 PRODUCE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
