@@ -156,6 +156,26 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
 }
 
 
+_BEARER = HTTPBearer(auto_error=False)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
+
+async def current_user(request: Request, credentials: Credentials) -> str:
+    """The admin user whose valid bearer token the request carries; 401 otherwise."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(401, "log in first", {"WWW-Authenticate": "Bearer"})
+    users: AdminUsers = request.app.state.context.users
+    username = await users.user_of(credentials.credentials)
+    if username is None:
+        raise HTTPException(401, "the token is not valid", {"WWW-Authenticate": "Bearer"})
+    return username
+
+
+User = Annotated[str, Depends(current_user)]
+Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")]
+Limit = Annotated[int, Query(ge=1, le=500, description="Items to return.")]
+
+
 def create_app(context: AdminContext) -> FastAPI:
     """The admin service's FastAPI application over ``context``."""
     app = FastAPI(
@@ -169,7 +189,7 @@ def create_app(context: AdminContext) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    bearer = HTTPBearer(auto_error=False)
+    app.state.context = context
     users = context.users
     state = context.state
 
@@ -180,20 +200,6 @@ def create_app(context: AdminContext) -> FastAPI:
     @app.exception_handler(KafkaError)
     async def kafka_down(request: Request, exc: KafkaError) -> JSONResponse:
         return JSONResponse({"detail": f"Kafka did not answer: {exc!r}"}, 503)
-
-    async def current_user(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> str:
-        if credentials is None or credentials.scheme.lower() != "bearer":
-            raise HTTPException(401, "log in first", {"WWW-Authenticate": "Bearer"})
-        username = await users.user_of(credentials.credentials)
-        if username is None:
-            raise HTTPException(401, "the token is not valid", {"WWW-Authenticate": "Bearer"})
-        return username
-
-    User = Annotated[str, Depends(current_user)]
-    Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")]
-    Limit = Annotated[int, Query(ge=1, le=500, description="Items to return.")]
 
     async def audited(
         user: str,
@@ -275,10 +281,7 @@ def create_app(context: AdminContext) -> FastAPI:
         )
 
     @app.post("/api/logout", status_code=204, responses=_ERRORS, tags=["login"])
-    async def logout(
-        user: User,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> None:
+    async def logout(user: User, credentials: Credentials) -> None:
         """Revoke the token of this request."""
         assert credentials is not None  # current_user checked it
         await users.logout(credentials.credentials)

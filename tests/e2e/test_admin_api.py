@@ -1,0 +1,220 @@
+"""The admin API end to end on the test cluster: log in, see a client's session, disconnect
+it and see the client disconnected; delete sessions and retained messages; every change
+audited; no call without a valid token."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from services.local.settings import LocalSettings
+from tests.e2e.admin import AdminApi, admin_api
+from tests.e2e.clients import PahoClient, aio_client, unique
+from tests.servers import LocalCluster
+from tests.waiting import wait_for, wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def api(settings: LocalSettings) -> AdminApi:
+    """A logged-in admin user (the cluster is brought up by the first test's ``cluster``)."""
+    from services.local import cluster as local_cluster
+
+    if not all(row.healthy for row in local_cluster.status(settings)):
+        local_cluster.up(settings)
+    return admin_api(settings)
+
+
+def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:
+    page = api.get("/api/sessions", search=client_id)
+    return next((item for item in page["items"] if item["client_id"] == client_id), None)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer not-a-token"}, {"Authorization": "Basic YWRtaW46YWRtaW4="}],
+    ids=["no token", "wrong token", "not bearer"],
+)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/sessions"),
+        ("GET", "/api/cluster"),
+        ("GET", "/api/stats"),
+        ("GET", "/api/retained"),
+        ("GET", "/api/audit"),
+        ("POST", "/api/sessions/someone/disconnect"),
+        ("DELETE", "/api/sessions/someone"),
+        ("DELETE", "/api/retained?topic=a/b"),
+    ],
+)
+def test_calls_without_a_valid_token_are_refused(
+    api: AdminApi, method: str, path: str, headers: dict[str, str]
+) -> None:
+    response = requests.request(method, api.url + path, headers=headers, timeout=30)
+    assert response.status_code == 401, response.text
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_a_wrong_password_gets_no_token_and_is_audited(api: AdminApi) -> None:
+    response = requests.post(
+        api.url + "/api/login", json={"username": api.username, "password": "wrong"}, timeout=30
+    )
+    assert response.status_code == 401
+    assert "token" not in response.json()
+    [entry] = [
+        e
+        for e in api.get("/api/audit", limit=20)["items"]
+        if e["action"] == "login" and e["username"] == api.username and e["status"] == 401
+    ]
+    assert entry["target"] == api.username
+
+
+def test_a_revoked_token_is_refused(settings: LocalSettings, api: AdminApi) -> None:
+    other = admin_api(settings)
+    assert other.call("POST", "/api/logout").status_code == 204
+    assert other.call("GET", "/api/sessions").status_code == 401
+
+
+async def test_a_client_is_listed_then_disconnected_through_the_api(
+    cluster: LocalCluster, api: AdminApi
+) -> None:
+    client_id = unique("admin-client")
+    topic = unique("admin/topic")
+    client = PahoClient(cluster.mqtt_port, client_id, version=5, session_expiry=600)
+    assert client.connect() == 0
+    try:
+        client.subscribe(topic, 1)
+        await wait_for(lambda: session_of(api, client_id), "the session in the API")
+        summary = session_of(api, client_id)
+        assert summary is not None
+        assert summary["connected"] is True and summary["persistent"] is True
+        assert summary["protocol_version"] == "5.0" and summary["kind"] == "DEVICE"
+        assert summary["node_id"] in ("node1", "node2")
+        assert str(summary["client_address"]).startswith("127.0.0.1:")
+        detail = api.get(f"/api/sessions/{client_id}")
+        assert [s["topic_filter"] for s in detail["subscription_list"]] == [topic]
+        assert detail["stored_messages"] == 0
+        assert detail["session_expiry_interval"] == 600
+
+        response = api.call("POST", f"/api/sessions/{client_id}/disconnect")
+        assert response.status_code == 202, response.text
+        assert response.json()["detail"]["node_id"] == summary["node_id"]
+        wait_until(lambda: client.snapshot()[1], "the client disconnected")
+        [reason] = client.snapshot()[1]
+        assert reason.value == 0x98  # Administrative action
+    finally:
+        client.close()
+    # Persistent: the session stays, disconnected, with its subscription.
+    await wait_for(
+        lambda: (s := session_of(api, client_id)) is not None and s["connected"] is False,
+        "the session shown disconnected",
+    )
+    assert api.call("POST", f"/api/sessions/{client_id}/disconnect").status_code == 409
+    entries = [e for e in api.get("/api/audit", limit=50)["items"] if e["target"] == client_id]
+    assert [(e["action"], e["username"], e["status"]) for e in entries] == [
+        ("disconnect", api.username, 409),  # newest first
+        ("disconnect", api.username, 202),
+    ]
+
+
+async def test_deleting_a_connected_session_ends_it(cluster: LocalCluster, api: AdminApi) -> None:
+    client_id = unique("admin-delete")
+    client = PahoClient(cluster.mqtt_port, client_id, version=5, session_expiry=600)
+    assert client.connect() == 0
+    try:
+        client.subscribe(unique("admin/gone"), 1)
+        await wait_for(lambda: session_of(api, client_id), "the session in the API")
+        assert api.call("DELETE", f"/api/sessions/{client_id}").status_code == 202
+        wait_until(lambda: client.snapshot()[1], "the client disconnected")
+    finally:
+        client.close()
+    await wait_for(lambda: session_of(api, client_id) is None, "the session gone")
+    assert api.call("GET", f"/api/sessions/{client_id}").status_code == 404
+    assert api.get("/api/subscriptions", client_id=client_id)["total"] == 0
+
+
+async def test_deleting_a_disconnected_session(cluster: LocalCluster, api: AdminApi) -> None:
+    client_id = unique("admin-offline")
+    async with aio_client(cluster.mqtt_port, client_id, 4) as client:
+        await client.subscribe(unique("admin/offline"), qos=1)
+    # aiomqtt's v3.1.1 default is Clean Session 1: make a persistent one instead.
+    paho = PahoClient(cluster.mqtt_port, client_id, version=4, clean_start=False)
+    assert paho.connect() == 0
+    paho.close()
+    await wait_for(
+        lambda: (s := session_of(api, client_id)) is not None and s["connected"] is False,
+        "the persistent session, disconnected",
+    )
+    assert api.call("DELETE", f"/api/sessions/{client_id}").status_code == 202
+    await wait_for(lambda: session_of(api, client_id) is None, "the session gone")
+    assert api.call("DELETE", f"/api/sessions/{client_id}").status_code == 404
+
+
+async def test_retained_messages_are_browsed_and_deleted(
+    cluster: LocalCluster, api: AdminApi
+) -> None:
+    base = unique("admin-retained")
+    async with aio_client(cluster.mqtt_port, unique("pub")) as pub:
+        await pub.publish(f"{base}/a", b"21.5", qos=1, retain=True)
+        await pub.publish(f"{base}/b", bytes([0xFF, 0x00]), qos=1, retain=True)
+
+    def listed() -> list[dict[str, object]]:
+        items: list[dict[str, object]] = api.get("/api/retained", filter=f"{base}/+")["items"]
+        return items
+
+    await wait_for(lambda: len(listed()) == 2, "both retained messages listed")
+    first, second = listed()
+    assert (first["topic"], first["payload"], first["payload_encoding"]) == (
+        f"{base}/a",
+        "21.5",
+        "utf-8",
+    )
+    assert (second["payload"], second["payload_encoding"]) == ("/wA=", "base64")
+    assert api.call("GET", "/api/retained", params={"filter": "a/#/b"}).status_code == 422
+    response = api.call("DELETE", "/api/retained", params={"topic": f"{base}/a"})
+    assert response.status_code == 202
+    await wait_for(lambda: [m["topic"] for m in listed()] == [f"{base}/b"], "a/ deleted")
+
+
+def test_cluster_lists_every_service_ready(cluster: LocalCluster, api: AdminApi) -> None:
+    services = {s["name"]: s for s in api.get("/api/cluster")["services"]}
+    assert set(services) == {
+        "ingest-node1",
+        "ingest-node2",
+        "router",
+        "device-persist",
+        "app-delivery",
+    }
+    for name, service in services.items():
+        assert service["alive"] and service["ready"], (name, service)
+        assert service["version"]
+    assert services["ingest-node1"]["node_id"] == "node1"
+    assert isinstance(services["router"]["lag"], int)
+
+
+async def test_stats_count_the_connections(cluster: LocalCluster, api: AdminApi) -> None:
+    def connections() -> int:
+        current = api.get("/api/stats")["current"]
+        return int(current["connections"])
+
+    await wait_for(lambda: connections() == 0, "no connection left by earlier tests", 20)
+    async with (
+        aio_client(cluster.mqtt_port, unique("stats-a")),
+        aio_client(cluster.mqtt_port, unique("stats-b")),
+    ):
+        await wait_for(lambda: connections() == 2, "two connections in the stats", 20)
+    stats = api.get("/api/stats")
+    assert stats["interval_seconds"] > 0 and len(stats["history"]) >= 2
+
+
+def test_docs_page_loads_its_assets_from_the_admin_service(api: AdminApi) -> None:
+    page = requests.get(api.url + "/docs", timeout=30)
+    assert page.status_code == 200
+    assert "/docs/assets/swagger-ui-bundle.js" in page.text
+    assert "cdn" not in page.text.lower() and "https://" not in page.text
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert requests.get(f"{api.url}/docs/assets/{asset}", timeout=30).status_code == 200
+    schema = requests.get(api.url + "/openapi.json", timeout=30).json()
+    assert "/api/sessions/{client_id}/disconnect" in schema["paths"]
