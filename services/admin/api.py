@@ -50,6 +50,18 @@ CONSOLE = Path(__file__).resolve().parent / "console"
 #: Payload bytes of a retained message shown by the API.
 PAYLOAD_PREVIEW = 1024
 
+TOPIC_NAME = r"^[^+#\x00]+$"
+"""A Topic Name, as the OpenAPI document says it (MQTT 4.7.1, 4.7.3: no wildcard, no
+U+0000); :func:`validate_topic_name` is the rule itself."""
+
+TOPIC_FILTER = r"^(#|(\+|[^+#/\x00]*)(/(\+|[^+#/\x00]*))*(/#)?)$"
+"""A Topic Filter, as the OpenAPI document says it (MQTT 4.7.1: ``+`` a whole level, ``#``
+the last whole level); :func:`validate_topic_filter` is the rule itself."""
+
+TOPIC_CHARS = 16383
+"""The longest Topic Name or Filter the API takes, in characters: any 16,383 characters
+fit in MQTT's 65,535 bytes of UTF-8 (MQTT 1.5.4)."""
+
 #: Seconds a read waits for the state topics to be applied up to date.
 SYNC_SECONDS = 2.0
 
@@ -498,7 +510,11 @@ def create_app(context: AdminContext) -> FastAPI:
         topic_filter: Annotated[
             str,
             Query(
-                alias="filter", min_length=1, max_length=65535, description="An MQTT Topic Filter."
+                alias="filter",
+                min_length=1,
+                max_length=TOPIC_CHARS,
+                pattern=TOPIC_FILTER,
+                description="An MQTT Topic Filter (MQTT 4.7.1).",
             ),
         ] = "#",
     ) -> models.RetainedPage:
@@ -525,7 +541,15 @@ def create_app(context: AdminContext) -> FastAPI:
     )
     async def delete_retained(
         user: User,
-        topic: Annotated[str, Query(min_length=1, max_length=65535, description="A Topic Name.")],
+        topic: Annotated[
+            str,
+            Query(
+                min_length=1,
+                max_length=TOPIC_CHARS,
+                pattern=TOPIC_NAME,
+                description="An MQTT Topic Name (no wildcards).",
+            ),
+        ],
     ) -> models.Accepted:
         """Delete the retained message of a topic (as an empty retained PUBLISH does)."""
         try:

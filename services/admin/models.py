@@ -19,7 +19,7 @@ class Problem(BaseModel):
 class LoginRequest(BaseModel):
     """An admin user's name and password."""
 
-    username: str = Field(min_length=1, max_length=64)
+    username: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,64}$")
     password: str = Field(min_length=1, max_length=1024)
 
 
