@@ -1,0 +1,152 @@
+"""The web console as a person uses it, in a real headless Chromium (Debian's ``chromium``
+driven by Playwright) against the test cluster: log in, read the connection count after
+clients connect, find a client's session and disconnect it, browse retained messages."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from services.admin.cluster import parse_metrics
+from services.local import cluster as local_cluster
+from services.local.settings import LocalSettings
+from tests.e2e.admin import PASSWORD, AdminApi, admin_api
+from tests.e2e.clients import PahoClient, unique
+from tests.servers import LocalCluster
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.cluster
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+#: Milliseconds the page may take to show a figure (the console polls every 2 s).
+SHOW_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def api(settings: LocalSettings) -> AdminApi:
+    """A logged-in admin user of the running test cluster."""
+    if not all(row.healthy for row in local_cluster.status(settings)):
+        local_cluster.up(settings)
+    return admin_api(settings)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless."""
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, api: AdminApi) -> Iterator[Page]:
+    """The console, logged in through its form; no request may leave the admin service."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    page.on(
+        "request",
+        lambda request: None if request.url.startswith(api.url) else outside.append(request.url),
+    )
+    page.goto(api.url + "/")
+    page.fill("#login-username", api.username)
+    page.fill("#login-password", PASSWORD)
+    page.click("#login-form button[type=submit]")
+    expect(page.locator("#nav")).to_be_visible()
+    yield page
+    context.close()
+    assert outside == [], "the console loaded something from elsewhere"
+
+
+def connections_now(cluster: LocalCluster) -> int:
+    """Connected clients as the ingest nodes' own /metrics count them."""
+    total = 0.0
+    for name in ("ingest-node1", "ingest-node2"):
+        port = local_cluster.http_ports(cluster.settings)[name]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            samples = parse_metrics(response.read().decode())
+        total += sum(value for _, value in samples.get("cormorant_mqtt_connections", ()))
+    return int(total)
+
+
+def test_a_wrong_password_is_told(browser: Browser, api: AdminApi) -> None:
+    page = browser.new_page()
+    page.goto(api.url + "/")
+    page.fill("#login-username", api.username)
+    page.fill("#login-password", "not the password")
+    page.click("#login-form button[type=submit]")
+    expect(page.locator("#login-error")).to_have_text("Wrong user name or password.")
+    expect(page.locator("#nav")).to_be_hidden()
+    page.close()
+
+
+def test_overview_shows_the_connection_count(cluster: LocalCluster, page: Page) -> None:
+    before = connections_now(cluster)
+    clients = [PahoClient(cluster.mqtt_port, unique("console")) for _ in range(3)]
+    try:
+        for client in clients:
+            assert client.connect() == 0
+        wait_until(lambda: connections_now(cluster) == before + 3, "three more connections")
+        expect(page.locator("#connections")).to_have_text(str(before + 3), timeout=SHOW_MS)
+        expect(page.locator("#tile-ready")).to_have_text("5 / 5")
+        expect(page.locator("#services tbody tr")).to_have_count(5)
+        expect(page.locator("#chart-connections path.line")).to_have_count(1)
+    finally:
+        for client in clients:
+            client.close()
+    wait_until(lambda: connections_now(cluster) == before, "the clients gone")
+    expect(page.locator("#connections")).to_have_text(str(before), timeout=SHOW_MS)
+
+
+def test_a_session_is_found_and_disconnected(cluster: LocalCluster, page: Page) -> None:
+    client_id = unique("console-find")
+    client = PahoClient(cluster.mqtt_port, client_id, version=5, session_expiry=300)
+    assert client.connect() == 0
+    try:
+        client.subscribe("console/sensors/#", 1)
+        page.click("#nav a[data-view=sessions]")
+        page.fill("#sessions-search", client_id)
+        page.click("#sessions-form button[type=submit]")
+        row = page.locator("#sessions tbody tr", has_text=client_id)
+        expect(row).to_contain_text("connected", timeout=SHOW_MS)
+        expect(row).to_contain_text("5.0")
+        row.get_by_role("link", name=client_id).click()
+        expect(page.locator("#session-title")).to_have_text(client_id)
+        expect(page.locator("#session-subscriptions")).to_contain_text("console/sensors/#")
+        expect(page.locator("#session-facts")).to_contain_text(re.compile(r"127\.0\.0\.1:\d+"))
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#session-disconnect")
+        expect(page.locator("#session-message")).to_have_text("Disconnect sent.")
+        wait_until(lambda: client.snapshot()[1], "the client disconnected")
+        assert client.snapshot()[1][0].value == 0x98
+        expect(page.locator("#session-facts")).to_contain_text("disconnected", timeout=SHOW_MS)
+    finally:
+        client.close()
+
+
+def test_retained_messages_are_browsed(cluster: LocalCluster, page: Page) -> None:
+    topic = unique("console-retained") + "/temp"
+    publisher = PahoClient(cluster.mqtt_port, unique("console-pub"))
+    assert publisher.connect() == 0
+    try:
+        mid = publisher.client.publish(topic, b"21.5", 1, retain=True).mid
+        wait_until(lambda: mid in publisher.snapshot()[0], "PUBACK")
+    finally:
+        publisher.close()
+    page.click("#nav a[data-view=retained]")
+    page.fill("#retained-filter", topic.split("/")[0] + "/+")
+    page.click("#retained-form button[type=submit]")
+    expect(page.locator("#retained tbody tr", has_text=topic)).to_contain_text(
+        "21.5", timeout=SHOW_MS
+    )
