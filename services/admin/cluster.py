@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from services.common.metrics import Samples, parse_exposition
 from services.common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Probe:
     node_id: str | None = None
     checks: dict[str, str] = field(default_factory=dict)
     error: str | None = None
-    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    samples: Samples = field(default_factory=dict)
 
     def total(self, name: str, where: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
         """The sum of the samples of metric ``name`` whose labels pass ``where``."""
@@ -94,16 +94,6 @@ def _resolve(host: str) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Prometheus text → sample name (``cormorant_mqtt_publish_received_total``...) →
-    (labels, value) pairs. Raises ``ValueError`` on text that is not the format."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return samples
-
-
 async def probe(session: aiohttp.ClientSession, endpoint: Endpoint) -> Probe:
     """Ask one process for its health, readiness and metrics (never raises)."""
     result = Probe(endpoint)
@@ -120,7 +110,7 @@ async def probe(session: aiohttp.ClientSession, endpoint: Endpoint) -> Probe:
                 result.ready = response.status == 200
                 result.checks = {str(k): str(v) for k, v in ready.get("checks", {}).items()}
             async with session.get(f"{endpoint.url}/metrics") as response:
-                result.samples = parse_metrics(await response.text())
+                result.samples = parse_exposition(await response.text())
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return result

@@ -30,6 +30,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -174,6 +175,30 @@ def reason_name(reason_code: int) -> str:
         return ReasonCode(reason_code).name.lower()
     except ValueError:
         return f"reason_{reason_code:#04x}"
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+"""Scraped metrics: sample name (``cormorant_mqtt_publish_received_total``...) → its
+(labels, value) pairs."""
+
+
+def parse_exposition(text: str) -> Samples:
+    """Prometheus' text format → :data:`Samples` (what the admin service and ``cormorant
+    status`` read from ``/metrics``). Raises ``ValueError`` on text that is not the format."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(
+        value
+        for have, value in samples.get(name, ())
+        if all(have.get(key) == wanted for key, wanted in labels.items())
+    )
 
 
 # ------------------------------------------------------------------------ serving them

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +24,7 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, postgres, processes, redis
+from services.local import haproxy, kafka, postgres, processes, progress, redis
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -142,9 +143,7 @@ def ready_file(settings: LocalSettings, name: str) -> Path:
 def http_ports(settings: LocalSettings) -> dict[str, int]:
     """Each service process's HTTP port (``/health``, ``/ready``, ``/metrics``; the admin
     API's ``admin_port``), by process name."""
-    ports = {
-        f"ingest-node{i}": port for i, port in enumerate(haproxy.node_http_ports(settings), 1)
-    }
+    ports = {f"ingest-node{i}": port for i, port in enumerate(haproxy.node_http_ports(settings), 1)}
     ports |= {name: settings.http_base_port + o for name, o in STAGE_HTTP_OFFSETS.items()}
     ports[ADMIN] = settings.admin_port
     return ports
@@ -239,8 +238,19 @@ def components(settings: LocalSettings) -> list[Component]:
     return infrastructure(settings) + services_of(settings)
 
 
-def _start_all(parts: list[Component]) -> dict[str, int]:
-    return {part.name: part.start() for part in parts}
+def _start_all(settings: LocalSettings, parts: list[Component]) -> dict[str, int]:
+    """Start each of ``parts`` in order (running ones are left alone), telling progress."""
+    state_dir = local_settings(settings).state_dir
+    pids = {}
+    for part in parts:
+        if processes.find(state_dir, part.name) is not None:
+            pids[part.name] = part.start()  # running: only its readiness is checked
+            continue
+        progress.report(f"starting {part.name}, waiting until it is ready...")
+        started = time.monotonic()
+        pids[part.name] = part.start()
+        progress.report(f"{part.name} ready in {time.monotonic() - started:.1f} s")
+    return pids
 
 
 def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
@@ -249,7 +259,7 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     Running processes are left alone, dead ones started. Raises
     :class:`~services.local.processes.StartError` naming the failing part's log file.
     """
-    return _start_all(infrastructure(settings))
+    return _start_all(settings, infrastructure(settings))
 
 
 def up_services(settings: LocalSettings) -> dict[str, int]:
@@ -258,7 +268,7 @@ def up_services(settings: LocalSettings) -> dict[str, int]:
     Needs the infrastructure up. Raises :class:`~services.local.processes.StartError`
     naming the failing part's log file.
     """
-    return _start_all(services_of(settings))
+    return _start_all(settings, services_of(settings))
 
 
 def up(settings: LocalSettings) -> dict[str, int]:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
 from services.common.kafka.security import client_security
-from services.local import maven, processes
+from services.local import maven, processes, progress
 from services.local.maven import FetchError
 from services.local.settings import LocalSettings
 
@@ -252,6 +252,10 @@ def prepare(settings: LocalSettings) -> tuple[str, str, Path, Path]:
     :class:`FetchError` when jars or Java are missing and
     :class:`~services.local.processes.StartError` when formatting fails.
     """
+    if not libs_dir(settings).exists():
+        progress.report(
+            f"fetching Kafka {settings.kafka_version}'s jars with Maven (first run only)..."
+        )
     libs = fetch_jars(settings)
     java = _java()
     server, log4j = _write_config(settings)
@@ -288,9 +292,8 @@ def start(settings: LocalSettings) -> int:
     pid = processes.ensure_started(
         settings.state_dir, NAME, argv, answers, START_TIMEOUT, port=settings.kafka_port
     )
-    _run(
-        ensure_topics(
-            address, core_topic_specs(settings), settings.replication_factor, security=security
-        )
-    )
+    specs = core_topic_specs(settings)
+    created = _run(ensure_topics(address, specs, settings.replication_factor, security=security))
+    if created:
+        progress.report(f"created {len(created)} of {len(specs)} Kafka topics")
     return pid

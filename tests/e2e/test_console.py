@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from services.admin.cluster import parse_metrics
+from services.common.metrics import parse_exposition
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.e2e.admin import PASSWORD, AdminApi, admin_api
@@ -75,7 +75,7 @@ def connections_now(cluster: LocalCluster) -> int:
     for name in ("ingest-node1", "ingest-node2"):
         port = local_cluster.http_ports(cluster.settings)[name]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            samples = parse_metrics(response.read().decode())
+            samples = parse_exposition(response.read().decode())
         total += sum(value for _, value in samples.get("cormorant_mqtt_connections", ()))
     return int(total)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.admin.cluster import parse_metrics
+from services.common.metrics import parse_exposition
 from services.local import cluster as local_cluster
 from tests.e2e.clients import RawSocket, aio_client, collect, unique
 from tests.servers import LocalCluster
@@ -44,7 +44,7 @@ def metrics_of(cluster: LocalCluster, name: str) -> dict[str, list[tuple[dict[st
     status, content_type, body = get(url(cluster, name, "/metrics"))
     assert status == 200
     assert content_type.startswith("text/plain; version=0.0.4")
-    return parse_metrics(body)
+    return parse_exposition(body)
 
 
 def value(samples: dict[str, Any], name: str, **labels: str) -> float:
