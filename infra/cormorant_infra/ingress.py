@@ -65,9 +65,13 @@ class Ingress(pulumi.ComponentResource):
                 proxy_protocol_v2=config.proxy_protocol_v2,
                 deregistration_delay=config.deregistration_delay_seconds,
                 connection_termination=True,
+                # A task takes new clients while its /ready says so (Kafka answers, state
+                # replayed); when every task fails it, the NLB sends to all (fail open).
                 health_check=aws.lb.TargetGroupHealthCheckArgs(
-                    protocol="TCP",
-                    port="traffic-port",
+                    protocol="HTTP",
+                    port=str(shared.HTTP_PORT),
+                    path="/ready",
+                    matcher="200",
                     interval=10,
                     healthy_threshold=3,
                     unhealthy_threshold=3,

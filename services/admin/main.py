@@ -1,9 +1,9 @@
 """The admin service: the operators' REST API and web console (``cormorant admin``).
 
 One process, served by uvicorn on ``admin_host:admin_port`` (loopback by default). At start
-it migrates its PostgreSQL tables, replays the state topics, takes a first sample of the
-cluster and opens its Kafka producer; then it serves, and writes its ready file. It is
-ready while Kafka and PostgreSQL answer.
+it migrates its PostgreSQL tables, creates ``admin_bootstrap_user`` if asked, replays the
+state topics, takes a first sample of the cluster and opens its Kafka producer; then it
+serves, and writes its ready file. It is ready while Kafka and PostgreSQL answer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from services.admin.api import AdminContext, create_app
 from services.admin.cluster import StatsSampler
 from services.admin.commands import CommandWriter
 from services.admin.state import ClientState
-from services.admin.users import AdminUsers
+from services.admin.users import AdminUsers, UserError
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
 from services.common.stores.postgres_store import connection_pool
@@ -43,6 +43,22 @@ def users_of(settings: Settings) -> AdminUsers:
         sslrootcert=settings.postgres_sslrootcert,
     )
     return AdminUsers(pool, settings.admin_token_ttl_seconds)
+
+
+async def bootstrap_user(settings: Settings, users: AdminUsers) -> None:
+    """Create ``admin_bootstrap_user`` with ``admin_bootstrap_password`` if that user does
+    not exist yet (a fresh deployment's first login; the password comes from Secrets
+    Manager). Raises :class:`UserError` when only one of the two is set, or for a bad name
+    or a short password: the service does not start half-configured."""
+    username, password = settings.admin_bootstrap_user, settings.admin_bootstrap_password
+    if username is None and password is None:
+        return
+    if username is None or password is None:
+        raise UserError(
+            "admin_bootstrap_user and admin_bootstrap_password go together: set both or neither"
+        )
+    if await users.ensure(username, password.get_secret_value()):
+        log.info("admin user %s created (admin_bootstrap_user)", username)
 
 
 def build(settings: Settings) -> FastAPI:
@@ -70,6 +86,7 @@ def build(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await users.pool.open(wait=True, timeout=settings.store_timeout_seconds * 6)
         await users.migrate()
+        await bootstrap_user(settings, users)
         await context.state.start()
         await context.writer.start()
         await context.sampler.start()

@@ -71,6 +71,14 @@ def check_password(password: str) -> None:
         raise UserError(f"a password has at least {MIN_PASSWORD_LENGTH} characters")
 
 
+def check_new_user(username: str, password: str) -> None:
+    """Raise :class:`UserError` unless ``username`` is a valid name and ``password`` long
+    enough."""
+    if not USERNAME.match(username):
+        raise UserError(f"a user name is 1 to 64 of A-Z a-z 0-9 . _ @ -, not {username!r}")
+    check_password(password)
+
+
 class AdminUsers:
     """The admin users of one PostgreSQL database, reached through ``pool`` (opened by the
     caller). ``token_ttl`` is how long a token lives (seconds). Every method raises
@@ -88,9 +96,7 @@ class AdminUsers:
     async def add(self, username: str, password: str) -> None:
         """Create user ``username`` with ``password``. Raises :class:`UserError` for a bad
         name, a short password or a name already taken."""
-        if not USERNAME.match(username):
-            raise UserError(f"a user name is 1 to 64 of A-Z a-z 0-9 . _ @ -, not {username!r}")
-        check_password(password)
+        check_new_user(username, password)
         try:
             async with self.pool.connection() as conn:
                 await conn.execute(
@@ -99,6 +105,19 @@ class AdminUsers:
                 )
         except psycopg.errors.UniqueViolation as exc:
             raise UserError(f"user {username!r} exists already") from exc
+
+    async def ensure(self, username: str, password: str) -> bool:
+        """Create ``username`` with ``password`` unless it exists (then leave it as it is:
+        its password may have been changed since). True if it was created. Raises
+        :class:`UserError` for a bad name or a short password."""
+        check_new_user(username, password)
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(
+                "INSERT INTO admin_users (username, password_hash) VALUES (%s, %s) "
+                "ON CONFLICT (username) DO NOTHING",
+                (username, _HASHER.hash(password)),
+            )
+            return bool(cursor.rowcount > 0)
 
     async def set_password(self, username: str, password: str) -> None:
         """Change ``username``'s password and revoke its tokens. Raises :class:`UserError`

@@ -242,6 +242,18 @@ class Settings(BaseSettings):
     admin_token_ttl_seconds: int = Field(
         12 * 3600, ge=60, description="How long an admin user's bearer token is valid (seconds)."
     )
+    admin_bootstrap_user: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._@-]{1,64}$",
+        description="An admin user the admin service creates at start if it does not exist "
+        "(with admin_bootstrap_password): the first login of a fresh deployment. An "
+        "existing user is left as it is.",
+    )
+    admin_bootstrap_password: SecretStr | None = Field(
+        None,
+        description="admin_bootstrap_user's password (ECS fills it from the Secrets Manager "
+        "secret the deployment generates).",
+    )
     cluster_endpoints: dict[str, str] = Field(
         default_factory=dict,
         description="The admin service's view of the cluster: process name -> base URL of "

@@ -1,8 +1,9 @@
 """The stacks under test, each declared once per session under Pulumi's mocks.
 
 ``dev`` and ``prod`` are the repository's own stack files; ``serverless`` is prod with MSK
-Serverless (IAM), TLS passed through to the tasks, PROXY protocol and the PostgreSQL
-message store: the other branch of every configuration choice.
+Serverless (IAM), TLS passed through to the tasks, PROXY protocol, the PostgreSQL message
+store, operators and a Prometheus let in from given ranges: the other branch of every
+configuration choice.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from typing import Any
 import pytest
 
 from tests.infra.mocks import Deployment, deploy, stack_file_values
+
+ADMIN_CIDRS = ["172.16.8.0/22", "10.200.0.0/24"]
+"""The serverless stack's operators (a client VPN's ranges)."""
+
+METRICS_CIDRS = ["192.168.50.0/24"]
+"""The serverless stack's Prometheus (a peered monitoring VPC)."""
 
 
 def serverless_values() -> dict[str, Any]:
@@ -27,6 +34,8 @@ def serverless_values() -> dict[str, Any]:
         "cormorant:nlbIdleTimeoutSeconds": 600,
         "cormorant:maxKeepAlive": 390,
         "cormorant:topicPrefix": "mqtt.",
+        "cormorant:adminAllowedCidrs": ADMIN_CIDRS,
+        "cormorant:metricsAllowedCidrs": METRICS_CIDRS,
     }
     return values
 
