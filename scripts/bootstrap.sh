@@ -11,7 +11,9 @@ cd "$CORMORANT_ROOT"
 
 # Kafka and Spark (pyspark's JVM) need a JRE 17 and Maven (their jars come from Maven
 # Central); setpriv (util-linux) runs PostgreSQL as its own user when we are root; the
-# analytics report's page is checked in a real headless Chromium (driven by Playwright).
+# analytics report's page is checked in a real headless Chromium (driven by Playwright);
+# Prometheus (and its promtool) checks monitoring/'s scrape configurations and dashboard
+# queries against the test cluster (it is installed, never started as a system service).
 PACKAGES=(
     ca-certificates python3 python3-venv python3-pip
     openjdk-17-jre-headless maven
@@ -19,6 +21,7 @@ PACKAGES=(
     mosquitto mosquitto-clients
     util-linux
     chromium
+    prometheus
 )
 
 SUDO=()
@@ -42,6 +45,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     "${SUDO[@]}" apt-get update -q
     "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # Debian's package starts a system-wide Prometheus on :9090 (every address) where
+    # systemd runs; the tests start their own on loopback: stop and disable the one we
+    # just installed (a Prometheus that was there before is left alone).
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        "${SUDO[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

@@ -1,5 +1,6 @@
 """The admin REST API (FastAPI): cluster, stats, clients and sessions, subscriptions,
-retained messages, the audit trail; the console and the API's docs page beside it.
+retained messages, the audit trail, admin users; the console and the API's docs page
+beside it; the service's own ``/health``, ``/ready`` and ``/metrics``, as every service's.
 
 Every ``/api`` call but ``POST /api/login`` needs ``Authorization: Bearer <token>`` (401
 without a valid one); every mutating call is audited (:mod:`services.admin.users`). Reads
@@ -19,18 +20,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from aiokafka.errors import KafkaError
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
-from services.admin import models
+from services.admin import admin_users_api, models
+from services.admin.auth import ERRORS, Credentials, User
 from services.admin.cluster import Probe, StatsSampler
 from services.admin.commands import CommandWriter, disconnect_records, retained_delete_record
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers, AuditEntry
+from services.common import metrics
 from services.common.metrics import PROTOCOL_VERSIONS
 from services.common.mqtt.errors import MQTTError
 from services.common.records import SessionRecord
@@ -156,10 +158,6 @@ def _retained_view(topic: str, message: Any) -> models.RetainedView:
     )
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": models.Problem, "description": "No valid bearer token."},
-    422: {"model": models.Problem, "description": "A parameter is not valid."},
-}
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": models.Problem, "description": "No such session."}
 }
@@ -167,23 +165,6 @@ _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
     503: {"model": models.Problem, "description": "Kafka or PostgreSQL did not answer."}
 }
 
-
-_BEARER = HTTPBearer(auto_error=False)
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
-
-
-async def current_user(request: Request, credentials: Credentials) -> str:
-    """The admin user whose valid bearer token the request carries; 401 otherwise."""
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise HTTPException(401, "log in first", {"WWW-Authenticate": "Bearer"})
-    users: AdminUsers = request.app.state.context.users
-    username = await users.user_of(credentials.credentials)
-    if username is None:
-        raise HTTPException(401, "the token is not valid", {"WWW-Authenticate": "Bearer"})
-    return username
-
-
-User = Annotated[str, Depends(current_user)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")]
 Limit = Annotated[int, Query(ge=1, le=500, description="Items to return.")]
 
@@ -253,6 +234,10 @@ def create_app(context: AdminContext) -> FastAPI:
         ok, checks = await context.readiness.report()
         return JSONResponse({"ready": ok, "checks": checks}, 200 if ok else 503)
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_page() -> Response:
+        return Response(await metrics.exposition(), media_type=metrics.CONTENT_TYPE)
+
     @app.get("/", include_in_schema=False)
     async def console() -> FileResponse:
         return FileResponse(CONSOLE / "index.html")
@@ -292,7 +277,7 @@ def create_app(context: AdminContext) -> FastAPI:
             token=token.value, username=token.username, expires_at=token.expires_at
         )
 
-    @app.post("/api/logout", status_code=204, responses=_ERRORS, tags=["login"])
+    @app.post("/api/logout", status_code=204, responses=ERRORS, tags=["login"])
     async def logout(user: User, credentials: Credentials) -> None:
         """Revoke the token of this request."""
         assert credentials is not None  # current_user checked it
@@ -302,7 +287,7 @@ def create_app(context: AdminContext) -> FastAPI:
     # ---------------------------------------------------------------- cluster and stats
 
     @app.get(
-        "/api/cluster", response_model=models.ClusterResponse, responses=_ERRORS, tags=["cluster"]
+        "/api/cluster", response_model=models.ClusterResponse, responses=ERRORS, tags=["cluster"]
     )
     async def cluster(user: User) -> models.ClusterResponse:
         """Every service process: alive, ready (each check), version, connections, lag."""
@@ -313,7 +298,7 @@ def create_app(context: AdminContext) -> FastAPI:
             admin_version=cormorant_version(),
         )
 
-    @app.get("/api/stats", response_model=models.StatsResponse, responses=_ERRORS, tags=["cluster"])
+    @app.get("/api/stats", response_model=models.StatsResponse, responses=ERRORS, tags=["cluster"])
     async def stats(user: User) -> models.StatsResponse:
         """Connections, PUBLISH rates in and out, lag per stage: the latest sample and the
         last five minutes."""
@@ -339,9 +324,7 @@ def create_app(context: AdminContext) -> FastAPI:
 
     # ---------------------------------------------------------------- clients and sessions
 
-    @app.get(
-        "/api/sessions", response_model=models.ClientPage, responses=_ERRORS, tags=["sessions"]
-    )
+    @app.get("/api/sessions", response_model=models.ClientPage, responses=ERRORS, tags=["sessions"])
     async def sessions(
         user: User,
         offset: Offset = 0,
@@ -383,7 +366,7 @@ def create_app(context: AdminContext) -> FastAPI:
     @app.get(
         "/api/sessions/{client_id:path}",
         response_model=models.SessionDetail,
-        responses={**_ERRORS, **_NOT_FOUND},
+        responses={**ERRORS, **_NOT_FOUND},
         tags=["sessions"],
     )
     async def session_detail(client_id: str, user: User) -> models.SessionDetail:
@@ -411,7 +394,7 @@ def create_app(context: AdminContext) -> FastAPI:
         response_model=models.Accepted,
         status_code=202,
         responses={
-            **_ERRORS,
+            **ERRORS,
             **_NOT_FOUND,
             **_UNAVAILABLE,
             409: {"model": models.Problem, "description": "The client is not connected."},
@@ -440,7 +423,7 @@ def create_app(context: AdminContext) -> FastAPI:
         "/api/sessions/{client_id:path}",
         response_model=models.Accepted,
         status_code=202,
-        responses={**_ERRORS, **_NOT_FOUND, **_UNAVAILABLE},
+        responses={**ERRORS, **_NOT_FOUND, **_UNAVAILABLE},
         tags=["sessions"],
     )
     async def delete_session(client_id: str, user: User) -> models.Accepted:
@@ -466,7 +449,7 @@ def create_app(context: AdminContext) -> FastAPI:
     @app.get(
         "/api/subscriptions",
         response_model=models.SubscriptionPage,
-        responses=_ERRORS,
+        responses=ERRORS,
         tags=["subscriptions"],
     )
     async def subscriptions(
@@ -500,7 +483,7 @@ def create_app(context: AdminContext) -> FastAPI:
     @app.get(
         "/api/retained",
         response_model=models.RetainedPage,
-        responses=_ERRORS,
+        responses=ERRORS,
         tags=["retained"],
     )
     async def retained(
@@ -536,7 +519,7 @@ def create_app(context: AdminContext) -> FastAPI:
         "/api/retained",
         response_model=models.Accepted,
         status_code=202,
-        responses={**_ERRORS, **_UNAVAILABLE},
+        responses={**ERRORS, **_UNAVAILABLE},
         tags=["retained"],
     )
     async def delete_retained(
@@ -565,7 +548,7 @@ def create_app(context: AdminContext) -> FastAPI:
 
     # ---------------------------------------------------------------- audit
 
-    @app.get("/api/audit", response_model=models.AuditPage, responses=_ERRORS, tags=["audit"])
+    @app.get("/api/audit", response_model=models.AuditPage, responses=ERRORS, tags=["audit"])
     async def audit(user: User, offset: Offset = 0, limit: Limit = 50) -> models.AuditPage:
         """Who changed what, and when: the newest first."""
         total, entries = await users.audit_trail(offset, limit)
@@ -576,6 +559,7 @@ def create_app(context: AdminContext) -> FastAPI:
             items=[_audit(entry) for entry in entries],
         )
 
+    app.include_router(admin_users_api.router)
     return app
 
 

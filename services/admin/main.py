@@ -21,9 +21,11 @@ from services.admin.cluster import StatsSampler
 from services.admin.commands import CommandWriter
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers, UserError
+from services.common import metrics
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
 from services.common.stores.postgres_store import connection_pool
+from services.common.versions import cormorant_version
 from services.common.web import Readiness
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,7 @@ def build(settings: Settings) -> FastAPI:
     """The admin application; its lifespan starts and stops what it reads and writes."""
     users = users_of(settings)
     readiness = Readiness(settings.ready_file)
+    metrics.info("admin", cormorant_version())
     context = AdminContext(
         settings=settings,
         state=ClientState(settings),

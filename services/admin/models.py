@@ -7,7 +7,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from services.admin.users import MIN_PASSWORD_LENGTH, USERNAME
+
 ProtocolVersion = Literal["3.1", "3.1.1", "5.0", "unknown"]
+
+
+USERNAME_PATTERN = USERNAME.pattern
+"""An admin user name, as the OpenAPI document says it."""
 
 
 class Problem(BaseModel):
@@ -19,8 +25,27 @@ class Problem(BaseModel):
 class LoginRequest(BaseModel):
     """An admin user's name and password."""
 
-    username: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,64}$")
+    username: str = Field(pattern=USERNAME_PATTERN)
     password: str = Field(min_length=1, max_length=1024)
+
+
+class NewAdminUser(BaseModel):
+    """An admin user to create: name and password (12 characters or more)."""
+
+    username: str = Field(pattern=USERNAME_PATTERN)
+    password: str = Field(min_length=MIN_PASSWORD_LENGTH, max_length=1024)
+
+
+class NewPassword(BaseModel):
+    """An admin user's new password (12 characters or more)."""
+
+    password: str = Field(min_length=MIN_PASSWORD_LENGTH, max_length=1024)
+
+
+class AdminUserList(BaseModel):
+    """Every admin user's name, sorted."""
+
+    usernames: list[str]
 
 
 class TokenResponse(BaseModel):

@@ -307,13 +307,17 @@ def mqtt_families(
     counters: MqttCounters, connections: Callable[[], dict[tuple[str, int], int]], pending: int
 ) -> Iterable[Metric]:
     """An ingest node's families: ``connections()`` gives the connected clients by
-    (listener, protocol level); ``pending`` the records waiting for Kafka."""
+    (listener, protocol level); ``pending`` the records waiting for Kafka. Every listener
+    of ``counters`` has a connections sample for each protocol version, 0 included, so a
+    node without clients says 0 rather than nothing (a sum over no series is no data)."""
     gauge = GaugeMetricFamily(
         "cormorant_mqtt_connections",
         "Connected MQTT clients (CONNACK sent, socket open), by listener and protocol version.",
         labels=["listener", "protocol_version"],
     )
-    for (listener, level), count in sorted(connections().items()):
+    counts = {(name, level): 0 for name in counters.listeners for level in PROTOCOL_VERSIONS}
+    counts |= connections()
+    for (listener, level), count in sorted(counts.items()):
         gauge.add_metric([listener, PROTOCOL_VERSIONS.get(level, str(level))], count)
     yield gauge
     connects = CounterMetricFamily(

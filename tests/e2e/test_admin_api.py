@@ -8,12 +8,16 @@ import pytest
 import requests
 
 from services.local.settings import LocalSettings
-from tests.e2e.admin import AdminApi, admin_api
+from tests.e2e.admin import AdminApi, admin_api, login
 from tests.e2e.clients import PahoClient, aio_client, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.cluster
+
+#: Seconds a change may take to reach the admin API through Kafka's state topics (a busy,
+#: shared machine can take several).
+STATE_SECONDS = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +51,10 @@ def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:
         ("POST", "/api/sessions/someone/disconnect"),
         ("DELETE", "/api/sessions/someone"),
         ("DELETE", "/api/retained?topic=a/b"),
+        ("GET", "/api/admin-users"),
+        ("POST", "/api/admin-users"),
+        ("PUT", "/api/admin-users/someone/password"),
+        ("DELETE", "/api/admin-users/someone"),
     ],
 )
 def test_calls_without_a_valid_token_are_refused(
@@ -86,7 +94,7 @@ async def test_a_client_is_listed_then_disconnected_through_the_api(
     assert client.connect() == 0
     try:
         client.subscribe(topic, 1)
-        await wait_for(lambda: session_of(api, client_id), "the session in the API")
+        await wait_for(lambda: session_of(api, client_id), "the session in the API", STATE_SECONDS)
         summary = session_of(api, client_id)
         assert summary is not None
         assert summary["connected"] is True and summary["persistent"] is True
@@ -110,6 +118,7 @@ async def test_a_client_is_listed_then_disconnected_through_the_api(
     await wait_for(
         lambda: (s := session_of(api, client_id)) is not None and s["connected"] is False,
         "the session shown disconnected",
+        STATE_SECONDS,
     )
     assert api.call("POST", f"/api/sessions/{client_id}/disconnect").status_code == 409
     entries = [e for e in api.get("/api/audit", limit=50)["items"] if e["target"] == client_id]
@@ -125,12 +134,12 @@ async def test_deleting_a_connected_session_ends_it(cluster: LocalCluster, api: 
     assert client.connect() == 0
     try:
         client.subscribe(unique("admin/gone"), 1)
-        await wait_for(lambda: session_of(api, client_id), "the session in the API")
+        await wait_for(lambda: session_of(api, client_id), "the session in the API", STATE_SECONDS)
         assert api.call("DELETE", f"/api/sessions/{client_id}").status_code == 202
         wait_until(lambda: client.snapshot()[1], "the client disconnected")
     finally:
         client.close()
-    await wait_for(lambda: session_of(api, client_id) is None, "the session gone")
+    await wait_for(lambda: session_of(api, client_id) is None, "the session gone", STATE_SECONDS)
     assert api.call("GET", f"/api/sessions/{client_id}").status_code == 404
     assert api.get("/api/subscriptions", client_id=client_id)["total"] == 0
 
@@ -146,9 +155,10 @@ async def test_deleting_a_disconnected_session(cluster: LocalCluster, api: Admin
     await wait_for(
         lambda: (s := session_of(api, client_id)) is not None and s["connected"] is False,
         "the persistent session, disconnected",
+        STATE_SECONDS,
     )
     assert api.call("DELETE", f"/api/sessions/{client_id}").status_code == 202
-    await wait_for(lambda: session_of(api, client_id) is None, "the session gone")
+    await wait_for(lambda: session_of(api, client_id) is None, "the session gone", STATE_SECONDS)
     assert api.call("DELETE", f"/api/sessions/{client_id}").status_code == 404
 
 
@@ -164,7 +174,7 @@ async def test_retained_messages_are_browsed_and_deleted(
         items: list[dict[str, object]] = api.get("/api/retained", filter=f"{base}/+")["items"]
         return items
 
-    await wait_for(lambda: len(listed()) == 2, "both retained messages listed")
+    await wait_for(lambda: len(listed()) == 2, "both retained messages listed", STATE_SECONDS)
     first, second = listed()
     assert (first["topic"], first["payload"], first["payload_encoding"]) == (
         f"{base}/a",
@@ -175,7 +185,9 @@ async def test_retained_messages_are_browsed_and_deleted(
     assert api.call("GET", "/api/retained", params={"filter": "a/#/b"}).status_code == 422
     response = api.call("DELETE", "/api/retained", params={"topic": f"{base}/a"})
     assert response.status_code == 202
-    await wait_for(lambda: [m["topic"] for m in listed()] == [f"{base}/b"], "a/ deleted")
+    await wait_for(
+        lambda: [m["topic"] for m in listed()] == [f"{base}/b"], "a/ deleted", STATE_SECONDS
+    )
 
 
 def test_cluster_lists_every_service_ready(cluster: LocalCluster, api: AdminApi) -> None:
@@ -218,3 +230,47 @@ def test_docs_page_loads_its_assets_from_the_admin_service(api: AdminApi) -> Non
         assert requests.get(f"{api.url}/docs/assets/{asset}", timeout=30).status_code == 200
     schema = requests.get(api.url + "/openapi.json", timeout=30).json()
     assert "/api/sessions/{client_id}/disconnect" in schema["paths"]
+
+
+def test_admin_users_are_managed_through_the_api(api: AdminApi) -> None:
+    name = unique("ops")
+    first, second = "first password of ops", "second password of ops"
+    created = api.call("POST", "/api/admin-users", json={"username": name, "password": first})
+    assert created.status_code == 201, created.text
+    assert name in created.json()["usernames"] and api.username in created.json()["usernames"]
+    # Refused with a reason: a taken name, a short password, a name that is no name.
+    taken = api.call("POST", "/api/admin-users", json={"username": name, "password": first})
+    assert (taken.status_code, taken.json()["detail"]) == (409, f"user {name!r} exists already")
+    short = api.call("POST", "/api/admin-users", json={"username": name + "x", "password": "short"})
+    assert short.status_code == 422
+    bad = api.call("POST", "/api/admin-users", json={"username": "a b", "password": first})
+    assert bad.status_code == 422
+    # The new user logs in; a password change revokes its token.
+    theirs = AdminApi(api.url, name, login(api.url, name, first))
+    assert theirs.call("GET", "/api/admin-users").status_code == 200
+    changed = api.call("PUT", f"/api/admin-users/{name}/password", json={"password": second})
+    assert changed.status_code == 204, changed.text
+    assert theirs.call("GET", "/api/sessions").status_code == 401
+    theirs = AdminApi(api.url, name, login(api.url, name, second))
+    # Nobody removes itself (someone must be left to log in); another user can.
+    itself = theirs.call("DELETE", f"/api/admin-users/{name}")
+    assert itself.status_code == 409
+    assert api.call("DELETE", f"/api/admin-users/{name}").status_code == 204
+    assert theirs.call("GET", "/api/sessions").status_code == 401
+    assert name not in api.get("/api/admin-users")["usernames"]
+    gone = api.call("PUT", f"/api/admin-users/{name}/password", json={"password": second})
+    assert (gone.status_code, gone.json()["detail"]) == (404, f"no user {name!r}")
+    assert api.call("DELETE", f"/api/admin-users/{name}").status_code == 404
+    # Every change audited, and no password anywhere in the trail.
+    trail = [e for e in api.get("/api/audit", limit=50)["items"] if e["target"] == name]
+    actions = [(e["username"], e["action"], e["status"]) for e in reversed(trail)]
+    assert [a for a in actions if a[1] != "login"] == [
+        (api.username, "add-admin-user", 201),
+        (api.username, "add-admin-user", 409),
+        (api.username, "set-admin-password", 204),
+        (name, "remove-admin-user", 409),
+        (api.username, "remove-admin-user", 204),
+        (api.username, "set-admin-password", 404),
+        (api.username, "remove-admin-user", 404),
+    ]
+    assert first not in str(trail) and second not in str(trail)

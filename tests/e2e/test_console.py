@@ -150,3 +150,32 @@ def test_retained_messages_are_browsed(cluster: LocalCluster, page: Page) -> Non
     expect(page.locator("#retained tbody tr", has_text=topic)).to_contain_text(
         "21.5", timeout=SHOW_MS
     )
+
+
+def test_an_admin_user_added_in_the_console_logs_in(api: AdminApi, page: Page) -> None:
+    name, password = unique("console-admin"), "a password for the console"
+    page.click("#nav a[data-view=users]")
+    expect(page.locator("#users tbody")).to_contain_text(f"{api.username} (you)")
+    page.fill("#users-add-username", name)
+    page.fill("#users-add-password", password)
+    page.click("#users-add-form button[type=submit]")
+    expect(page.locator("#users-message")).to_have_text(f"{name} added.")
+    expect(page.locator("#users tbody tr", has_text=name)).to_have_count(1)
+    # Another user, made through the API, that the new one will remove.
+    victim = unique("console-victim")
+    created = api.call("POST", "/api/admin-users", json={"username": victim, "password": password})
+    assert created.status_code == 201, created.text
+    page.click("#logout")
+    page.fill("#login-username", name)
+    page.fill("#login-password", password)
+    page.click("#login-form button[type=submit]")
+    expect(page.locator("#username")).to_have_text(name)
+    # As that user: another user is removed; itself, it cannot remove.
+    page.click("#nav a[data-view=users]")
+    mine = page.locator("#users tbody tr", has_text=f"{name} (you)")
+    expect(mine.get_by_role("button", name="Remove")).to_be_disabled()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#users tbody tr", has_text=victim).get_by_role("button", name="Remove").click()
+    expect(page.locator("#users-message")).to_have_text(f"{victim} removed.")
+    expect(page.locator("#users tbody tr", has_text=victim)).to_have_count(0)
+    assert victim not in api.get("/api/admin-users")["usernames"]

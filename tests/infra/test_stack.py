@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cormorant_infra import compute, kafka, shared
 from cormorant_infra.config import NLB_TLS_IDLE_TIMEOUT_SECONDS
@@ -658,6 +659,20 @@ def test_every_service_registers_its_tasks_in_dns(deployment: Deployment) -> Non
         assert registry["dnsConfig"]["namespaceId"] == namespace.outputs["__id"]
         assert registry["dnsConfig"]["dnsRecords"] == [{"ttl": 10, "type": "A"}]
     assert sorted(r["name"] for r in registries.values()) == sorted(SERVICE_COMMANDS)
+
+
+def test_the_ecs_scrape_configuration_names_the_stacks_tasks(prod: Deployment) -> None:
+    # monitoring/prometheus/ecs.yml is written for the stack `prod`.
+    config = yaml.safe_load((ROOT / "monitoring/prometheus/ecs.yml").read_text(encoding="utf-8"))
+    namespace = prod.outputs["serviceDnsNamespace"]
+    for job in config["scrape_configs"]:
+        [discovery] = job["dns_sd_configs"]
+        service = job["job_name"]
+        assert discovery["names"] == [f"{service}.{namespace}"]
+        assert discovery["type"] == "A"
+        expected = shared.ADMIN_PORT if service == shared.ADMIN else shared.HTTP_PORT
+        assert discovery["port"] == expected
+    assert sorted(j["job_name"] for j in config["scrape_configs"]) == sorted(SERVICE_COMMANDS)
 
 
 # --- analytics and observability ---------------------------------------------------------

@@ -352,6 +352,59 @@ async function showAudit() {
   await load();
 }
 
+async function showUsers() {
+  const message = $("#users-message");
+  const me = sessionStorage.getItem(USER);
+  const load = async () => {
+    const { usernames } = await api("/api/admin-users");
+    fill("#users", usernames.map((name) => {
+      const remove = document.createElement("button");
+      remove.className = "link";
+      remove.textContent = "Remove";
+      remove.disabled = name === me;
+      remove.title = name === me ? "You cannot remove yourself." : "";
+      remove.onclick = async () => {
+        if (!confirm(`Remove admin user ${name}? Its tokens stop working.`)) return;
+        try {
+          await api(`/api/admin-users/${encodeURIComponent(name)}`, { method: "DELETE" });
+          message.textContent = `${name} removed.`;
+          await load();
+        } catch (error) { report(error); }
+      };
+      return row([cell(name === me ? `${name} (you)` : name), cell(remove)]);
+    }), "No admin user.");
+    const select = $("#users-password-username");
+    select.replaceChildren(...usernames.map((name) => new Option(name, name, false, name === me)));
+  };
+  $("#users-add-form").onsubmit = async (event) => {
+    event.preventDefault();
+    const body = formValues(event.target);
+    try {
+      await api("/api/admin-users", { method: "POST", body });
+      event.target.reset();
+      message.textContent = `${body.username} added.`;
+      await load();
+    } catch (error) { report(error); }
+  };
+  $("#users-password-form").onsubmit = async (event) => {
+    event.preventDefault();
+    const body = formValues(event.target);
+    try {
+      await api(`/api/admin-users/${encodeURIComponent(body.username)}/password`, {
+        method: "PUT", body: { password: body.password },
+      });
+      $("#users-password-password").value = "";
+      if (body.username === me) {
+        sessionStorage.removeItem(TOKEN);
+        route();
+        return;
+      }
+      message.textContent = `Password of ${body.username} changed.`;
+    } catch (error) { report(error); }
+  };
+  await load();
+}
+
 // ---------------------------------------------------------------- routing and login
 
 function report(error) {
@@ -372,6 +425,7 @@ const VIEWS = {
   subscriptions: showSubscriptions,
   retained: showRetained,
   audit: showAudit,
+  users: showUsers,
 };
 
 async function route() {
