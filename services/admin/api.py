@@ -36,7 +36,7 @@ from services.common import metrics
 from services.common.metrics import PROTOCOL_VERSIONS
 from services.common.mqtt.errors import MQTTError
 from services.common.records import SessionRecord
-from services.common.sessions import DeliveryPath, delivery_path
+from services.common.sessions import DeliveryPath, delivery_path, kept_seconds
 from services.common.settings import Settings
 from services.common.stores.base import MessageStore, StoreError
 from services.common.subscription import Subscription
@@ -384,6 +384,11 @@ def create_app(context: AdminContext) -> FastAPI:
             connection_id=session.connection_id.hex(),
             session_id=session.session_id.hex(),
             receive_maximum=session.receive_maximum,
+            kept_seconds=(
+                kept_seconds(session, context.settings.session_expiry_max_seconds)
+                if session.persistent
+                else None
+            ),
             subscription_list=[_subscription(s) for s in state.subscriptions.get(client_id, ())],
             stored_messages=stored,
             app_lag=_app_lag(context.sampler.probes, client_id),

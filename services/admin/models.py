@@ -147,6 +147,10 @@ class SessionDetail(ClientSummary):
     connection_id: str = Field(description="Hex: the network connection.")
     session_id: str = Field(description="Hex: the session (its first connection's id).")
     receive_maximum: int
+    kept_seconds: int | None = Field(
+        description="How long the session is kept once disconnected (seconds; null: for "
+        "ever, or not at all when it is not persistent), the server's maximum applied."
+    )
     subscription_list: list[SubscriptionView]
     stored_messages: int | None = Field(
         description="Messages the DEVICE store holds for a persistent DEVICE session."

@@ -105,6 +105,7 @@ async def test_a_client_is_listed_then_disconnected_through_the_api(
         assert [s["topic_filter"] for s in detail["subscription_list"]] == [topic]
         assert detail["stored_messages"] == 0
         assert detail["session_expiry_interval"] == 600
+        assert detail["kept_seconds"] == 600  # no server maximum in the test cluster
 
         response = api.call("POST", f"/api/sessions/{client_id}/disconnect")
         assert response.status_code == 202, response.text

@@ -258,6 +258,8 @@ async function showSession(clientId) {
       ["Kind", s.kind],
       ["Persistent session", s.persistent ? "yes" : "no"],
       ["Session Expiry Interval", `${number.format(s.session_expiry_interval)} s`],
+      ["Kept when disconnected", !s.persistent ? "no: it ends with its connection"
+        : s.kept_seconds === null ? "for ever" : `${number.format(s.kept_seconds)} s`],
       ["Receive Maximum", number.format(s.receive_maximum)],
       ["Stored messages", s.stored_messages === null ? "–" : number.format(s.stored_messages)],
       ["Topic backlog (APPLICATION)", s.app_lag === null ? "–" : number.format(s.app_lag)],
