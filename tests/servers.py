@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import signal
 import socket
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.metrics import parse_exposition
 from services.common.readiness import clear_ready
 from services.local import cluster, haproxy, kafka, processes
 from services.local.settings import LocalSettings
@@ -138,3 +140,15 @@ class LocalCluster:
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""
         return processes.log_file(self.settings.state_dir, name)
+
+    def connections(self) -> int:
+        """Connected MQTT clients, as the ingest nodes' own ``/metrics`` count them."""
+        total = 0.0
+        for name, port in cluster.http_ports(self.settings).items():
+            if not name.startswith("ingest-node"):
+                continue
+            address = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(address, timeout=10) as response:
+                samples = parse_exposition(response.read().decode())
+            total += sum(value for _, value in samples.get("cormorant_mqtt_connections", ()))
+        return int(total)

@@ -40,6 +40,14 @@ class AdminApi:
         return requests.request(method, self.url + path, headers=self.headers, timeout=30, **kwargs)
 
 
+def running(settings: LocalSettings) -> LocalSettings:
+    """``settings``, once its whole test cluster runs (only what is down is started: a
+    module-scoped fixture's way to the shared cluster)."""
+    if not all(row.healthy for row in local_cluster.status(settings)):
+        local_cluster.up(settings)
+    return settings
+
+
 def add_user(settings: LocalSettings, username: str, password: str = PASSWORD) -> None:
     """``cormorant admin-users add <username> --password-stdin`` against the test cluster."""
     env = local_cluster.child_environment(local_cluster.local_settings(settings))

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from services.local.settings import LocalSettings
-from tests.e2e.admin import AdminApi, admin_api, login
+from tests.e2e.admin import AdminApi, admin_api, login, running
 from tests.e2e.clients import PahoClient, aio_client, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_for, wait_until
@@ -22,12 +22,8 @@ STATE_SECONDS = 30.0
 
 @pytest.fixture(scope="module")
 def api(settings: LocalSettings) -> AdminApi:
-    """A logged-in admin user (the cluster is brought up by the first test's ``cluster``)."""
-    from services.local import cluster as local_cluster
-
-    if not all(row.healthy for row in local_cluster.status(settings)):
-        local_cluster.up(settings)
-    return admin_api(settings)
+    """A logged-in admin user of the running test cluster."""
+    return admin_api(running(settings))
 
 
 def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:

@@ -10,9 +10,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
-from tests.e2e.admin import AdminApi, admin_api
+from tests.e2e.admin import AdminApi, admin_api, running
 
 pytestmark = pytest.mark.cluster
 
@@ -23,9 +22,7 @@ EXAMPLES = 12
 @pytest.fixture(scope="module")
 def api(settings: LocalSettings) -> AdminApi:
     """A logged-in admin user of the running test cluster."""
-    if not all(row.healthy for row in local_cluster.status(settings)):
-        local_cluster.up(settings)
-    return admin_api(settings)
+    return admin_api(running(settings))
 
 
 @pytest.fixture(scope="module")

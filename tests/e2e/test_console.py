@@ -5,26 +5,19 @@ clients connect, find a client's session and disconnect it, browse retained mess
 from __future__ import annotations
 
 import re
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from services.common.metrics import parse_exposition
-from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
-from tests.e2e.admin import PASSWORD, AdminApi, admin_api
+from tests.browser import chromium
+from tests.e2e.admin import PASSWORD, AdminApi, admin_api, running
 from tests.e2e.clients import PahoClient, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
-
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
 
 #: Milliseconds the page may take to show a figure (the console polls every 2 s).
 SHOW_MS = 15_000
@@ -33,20 +26,14 @@ SHOW_MS = 15_000
 @pytest.fixture(scope="module")
 def api(settings: LocalSettings) -> AdminApi:
     """A logged-in admin user of the running test cluster."""
-    if not all(row.healthy for row in local_cluster.status(settings)):
-        local_cluster.up(settings)
-    return admin_api(settings)
+    return admin_api(running(settings))
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Debian's Chromium, headless."""
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS
-        )
-        yield chromium
-        chromium.close()
+    with chromium() as found:
+        yield found
 
 
 @pytest.fixture
@@ -69,17 +56,6 @@ def page(browser: Browser, api: AdminApi) -> Iterator[Page]:
     assert outside == [], "the console loaded something from elsewhere"
 
 
-def connections_now(cluster: LocalCluster) -> int:
-    """Connected clients as the ingest nodes' own /metrics count them."""
-    total = 0.0
-    for name in ("ingest-node1", "ingest-node2"):
-        port = local_cluster.http_ports(cluster.settings)[name]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            samples = parse_exposition(response.read().decode())
-        total += sum(value for _, value in samples.get("cormorant_mqtt_connections", ()))
-    return int(total)
-
-
 def test_a_wrong_password_is_told(browser: Browser, api: AdminApi) -> None:
     page = browser.new_page()
     page.goto(api.url + "/")
@@ -92,12 +68,12 @@ def test_a_wrong_password_is_told(browser: Browser, api: AdminApi) -> None:
 
 
 def test_overview_shows_the_connection_count(cluster: LocalCluster, page: Page) -> None:
-    before = connections_now(cluster)
+    before = cluster.connections()
     clients = [PahoClient(cluster.mqtt_port, unique("console")) for _ in range(3)]
     try:
         for client in clients:
             assert client.connect() == 0
-        wait_until(lambda: connections_now(cluster) == before + 3, "three more connections")
+        wait_until(lambda: cluster.connections() == before + 3, "three more connections")
         expect(page.locator("#connections")).to_have_text(str(before + 3), timeout=SHOW_MS)
         expect(page.locator("#tile-ready")).to_have_text("5 / 5")
         expect(page.locator("#services tbody tr")).to_have_count(5)
@@ -105,7 +81,7 @@ def test_overview_shows_the_connection_count(cluster: LocalCluster, page: Page) 
     finally:
         for client in clients:
             client.close()
-    wait_until(lambda: connections_now(cluster) == before, "the clients gone")
+    wait_until(lambda: cluster.connections() == before, "the clients gone")
     expect(page.locator("#connections")).to_have_text(str(before), timeout=SHOW_MS)
 
 

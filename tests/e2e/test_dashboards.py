@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from services.common.metrics import parse_exposition
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
+from tests.e2e.admin import running
 from tests.e2e.clients import PahoClient, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
@@ -69,8 +69,7 @@ def value(url: str, expr: str) -> float:
 def prometheus(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Prometheus scraping the test cluster every second with ``local.yml``'s jobs (the
     targets moved to the test cluster's ports); its base URL."""
-    if not all(row.healthy for row in local_cluster.status(settings)):
-        local_cluster.up(settings)
+    running(settings)
     config = yaml.safe_load(LOCAL_CONFIG.read_text(encoding="utf-8"))
     config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
     for job in config["scrape_configs"]:
@@ -114,16 +113,6 @@ def prometheus(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory
         log.close()
 
 
-def connections_now(settings: LocalSettings) -> int:
-    """Connected clients as the ingest nodes' own /metrics count them."""
-    total = 0.0
-    for port in processes_of("ingest", settings).values():
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            samples = parse_exposition(response.read().decode())
-        total += sum(v for _, v in samples.get("cormorant_mqtt_connections", ()))
-    return int(total)
-
-
 def test_every_process_is_scraped(prometheus: str, settings: LocalSettings) -> None:
     expected = {
         job["job_name"]: len(processes_of(job["job_name"], settings))
@@ -149,7 +138,7 @@ def test_every_process_is_scraped(prometheus: str, settings: LocalSettings) -> N
 
 
 def test_every_dashboard_query_answers_with_the_clusters_numbers(
-    cluster: LocalCluster, prometheus: str, settings: LocalSettings
+    cluster: LocalCluster, prometheus: str
 ) -> None:
     topic = unique("dashboard") + "/temp"
     # A persistent DEVICE session that is away, so the DEVICE store holds its messages.
@@ -166,7 +155,7 @@ def test_every_dashboard_query_answers_with_the_clusters_numbers(
         mids = [clients[1].publish(topic, b"21.5", 1) for _ in range(20)]
         wait_until(lambda: set(mids) <= set(clients[1].snapshot()[0]), "PUBACKs")
         wait_until(lambda: clients[0].messages.qsize() == 20, "the 20 messages delivered")
-        connected = connections_now(settings)
+        connected = cluster.connections()
         wait_until(
             lambda: value(prometheus, "sum(cormorant_mqtt_connections)") == connected,
             f"Prometheus counting {connected} connections",
