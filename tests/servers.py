@@ -19,7 +19,10 @@ from services.common.readiness import clear_ready
 from services.local import cluster, haproxy, kafka, processes
 from services.local.settings import LocalSettings
 
-#: Default test ports; the whole block moves by PORT_STEP while any of them is taken.
+#: Default test ports; the whole block moves by PORT_STEP while any of them is taken. The
+#: secured cluster's (tests/integration/test_secured_cluster.py) are these plus 50, so the
+#: ports one block uses (ingest node i on ingest_base + i; its HTTP port http_base + i, the
+#: stages' http_base + 17..19) and those plus 50 never meet, nor the next block's.
 TEST_PORTS = {
     "kafka_port": 19092,
     "kafka_controller_port": 19093,
@@ -27,8 +30,8 @@ TEST_PORTS = {
     "postgres_port": 15432,
     "listen_port": 21883,
     "ingest_base_port": 21900,
-    "http_base_port": 21950,
-    "admin_port": 21970,
+    "http_base_port": 21905,
+    "admin_port": 21910,
 }
 PORT_STEP = 100
 PORT_TRIES = 20
