@@ -54,21 +54,23 @@ def _bindable(port: int) -> bool:
         return True
 
 
-def free_test_ports(ingest_nodes: int) -> dict[str, int]:
-    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free.
+def free_test_ports(ingest_nodes: int, start: dict[str, int] | None = None) -> dict[str, int]:
+    """The first block of ``start`` (TEST_PORTS unless given), shifted by multiples of
+    PORT_STEP, that is all free for a cluster of ``ingest_nodes`` ingest nodes.
 
     Another test session on the same machine then gets its own block. Raises
     ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
     """
+    start = TEST_PORTS if start is None else start
     for attempt in range(PORT_TRIES):
-        ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
+        ports = {name: port + attempt * PORT_STEP for name, port in start.items()}
         base, http = ports["ingest_base_port"], ports["http_base_port"]
         wanted = [p for n, p in ports.items() if n not in ("ingest_base_port", "http_base_port")]
         wanted += [base + i for i in range(1, ingest_nodes + 1)]
         wanted += [http + i for i in (*range(1, ingest_nodes + 1), 17, 18, 19)]
         if all(_bindable(port) for port in wanted):
             return ports
-    raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
+    raise RuntimeError(f"no free block of test ports near {start}")
 
 
 def make_test_settings(state_dir: Path) -> LocalSettings:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,23 +30,14 @@ from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
-from tests.servers import TEST_PORTS, LocalCluster
+from tests.servers import TEST_PORTS, LocalCluster, free_test_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
 #: The secured cluster's ports: the session's test ports moved by this much, between the
-#: session's block and the next session's (blocks are 100 apart).
+#: session's block and the next session's (blocks are 100 apart); further blocks up when
+#: another session on the machine holds those.
 PORT_OFFSET = 50
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +47,7 @@ def secured(
     """The secured cluster, up; its settings (what the services were given)."""
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
-    ports = {name: getattr(settings, name) + PORT_OFFSET for name in TEST_PORTS}
-    wanted = [*ports.values(), ports["ingest_base_port"] + 1]  # and its one ingest node
-    taken = [port for port in wanted if not _bindable(port)]
-    assert not taken, f"ports of the secured test cluster are taken: {taken}"
+    ports = free_test_ports(1, {n: getattr(settings, n) + PORT_OFFSET for n in TEST_PORTS})
     value = LocalSettings(
         **{
             **settings.model_dump(exclude={"kafka_bootstrap", "redis_url", "postgres_dsn"}),
