@@ -185,8 +185,8 @@ def _service(
 
 
 def services_of(settings: LocalSettings) -> list[Component]:
-    """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
-    order."""
+    """The ingest nodes, the routers, the device_persist and app_delivery instances
+    (``router_instances``... of each) and HAProxy, in start order."""
     settings = local_settings(settings)
     nodes = [
         _service(
@@ -195,12 +195,24 @@ def services_of(settings: LocalSettings) -> list[Component]:
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]
     stages = [
-        _service(settings, ROUTER, "router"),
-        _service(settings, DEVICE_PERSIST, "device-persist"),
-        _service(settings, APP_DELIVERY, "app-delivery"),
+        _service(settings, name, command, group_instance_id=name)
+        for command, count in (
+            (ROUTER, settings.router_instances),
+            (DEVICE_PERSIST, settings.device_persist_instances),
+            (APP_DELIVERY, settings.app_delivery_instances),
+        )
+        for name in instance_names(command, count)
     ]
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
     return [*nodes, *stages, proxy]
+
+
+def instance_names(stage: str, count: int) -> list[str]:
+    """The process names of ``count`` instances of ``stage`` (``router``,
+    ``device-persist``, ``app-delivery``): the stage's name, then ``<stage>-2``,
+    ``<stage>-3``... Each is also the instance's static consumer group member id
+    (``group_instance_id``)."""
+    return [stage if i == 1 else f"{stage}-{i}" for i in range(1, count + 1)]
 
 
 def components(settings: LocalSettings) -> list[Component]:
@@ -243,7 +255,9 @@ def start_app_delivery(settings: LocalSettings, name: str) -> int:
     APPLICATION clients through their consumer group) and wait until it is ready; return
     its pid. ``down`` stops it with the rest. Raises
     :class:`~services.local.processes.StartError`."""
-    return _start_service(local_settings(settings), name, "app-delivery", None)
+    return _start_service(
+        local_settings(settings), name, "app-delivery", None, group_instance_id=name
+    )
 
 
 def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
