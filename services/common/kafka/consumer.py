@@ -506,23 +506,30 @@ class PartitionTransactions:
                 log.warning("transactional producer of %s not started: %r", tp, result)
 
     async def run_in(
-        self, tp: TopicPartition, produce: Callable[[], Awaitable[Sequence[Awaitable[object]]]]
+        self,
+        tp: TopicPartition,
+        produce: Callable[[], Awaitable[Sequence[Awaitable[object]]]],
+        timeout: float,
     ) -> None:
         """Run ``produce`` (which sends through :func:`current_transaction` and returns the
-        acknowledgements) in a transaction of ``tp`` alone, and commit it (no offsets).
-        Raises what failed; the transaction is then aborted."""
-        producer = await self.begin(tp)
-        token = _transaction.set(producer)
+        acknowledgements) in a transaction of ``tp`` alone, and commit it (no offsets),
+        within ``timeout`` seconds. Raises what failed (``TimeoutError`` past the timeout);
+        the transaction is then aborted."""
         try:
-            error = await _first_error(await produce())
-        except Exception as exc:
-            error = exc
-        finally:
-            _transaction.reset(token)
-        if error is not None:
-            await self.abort([tp])
-            raise error
-        failed = await self.commit({tp: None})
+            async with asyncio.timeout(timeout):
+                producer = await self.begin(tp)
+                token = _transaction.set(producer)
+                try:
+                    error = await _first_error(await produce())
+                finally:
+                    _transaction.reset(token)
+                if error is not None:
+                    raise error
+                failed = await self.commit({tp: None})
+        except BaseException:
+            if self.is_open(tp):
+                await self.abort([tp])
+            raise
         if tp in failed:
             raise failed[tp]
 
@@ -530,6 +537,21 @@ class PartitionTransactions:
         """Close every producer (open transactions are left to Kafka's timeout, or to the
         next owner's fence)."""
         await asyncio.gather(*(self._close(tp) for tp in list(self._producers)))
+
+
+async def fence(
+    transactions: PartitionTransactions, partitions: Collection[TopicPartition]
+) -> None:
+    """:meth:`PartitionTransactions.assign` ``partitions``, tried again until Kafka answers:
+    a partition may only be read once its previous owner is fenced (else that owner's last
+    commit could land after the new owner read where to start)."""
+    while True:
+        try:
+            await transactions.assign(partitions)
+            return
+        except KafkaError as exc:
+            log.warning("previous owners of %s not fenced yet: %r", sorted(partitions), exc)
+            await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
 
 
 @dataclass
@@ -677,10 +699,7 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         they are fenced, then tell the stage."""
         partitions = set(assigned)
         new = partitions - self.transactions.partitions
-        try:
-            await self.transactions.assign(partitions)
-        except KafkaError as exc:  # the partitions without a producer start one when read
-            log.warning("transactional producers not all started: %r", exc)
+        await fence(self.transactions, partitions)
         if new:
             await self._rewind(new)
         if self.on_assigned is not None:
