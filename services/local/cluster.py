@@ -250,19 +250,20 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
-def start_app_delivery(settings: LocalSettings, name: str) -> int:
-    """Start one more app_delivery instance as process ``name`` (its instances share the
-    APPLICATION clients through their consumer group) and wait until it is ready; return
-    its pid. ``down`` stops it with the rest. Raises
-    :class:`~services.local.processes.StartError`."""
-    return _start_service(
-        local_settings(settings), name, "app-delivery", None, group_instance_id=name
-    )
+def start_instance(settings: LocalSettings, stage: str, name: str) -> int:
+    """Start one more instance of ``stage`` (``router``, ``device-persist`` or
+    ``app-delivery``) as process ``name``, beside those the settings ask for (its instances
+    share the stage's partitions through their consumer group), and wait until it is ready;
+    return its pid. ``down`` stops it with the rest. Raises ``ValueError`` for another
+    stage and :class:`~services.local.processes.StartError`."""
+    if stage not in (ROUTER, DEVICE_PERSIST, APP_DELIVERY):
+        raise ValueError(f"{stage!r} is not a stage with instances")
+    return _start_service(local_settings(settings), name, stage, None, group_instance_id=name)
 
 
-def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
-    """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
-    True if it was running."""
+def stop_instance(settings: LocalSettings, name: str) -> bool:
+    """Stop the instance ``name`` that :func:`start_instance` started; True if it was
+    running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
     clear_ready(ready_file(settings, name))
@@ -300,6 +301,15 @@ def stop_component(settings: LocalSettings, name: str) -> bool:
     """
     settings = local_settings(settings)
     return _stop(settings, _find_component(settings, name))
+
+
+def kill_component(settings: LocalSettings, name: str) -> bool:
+    """``kill -9`` process ``name`` (no clean shutdown: a crash); True if it was running.
+    Its ready file is removed (it cannot remove it itself)."""
+    settings = local_settings(settings)
+    killed = processes.stop(settings.state_dir, name, signal.SIGKILL, timeout=10.0)
+    clear_ready(ready_file(settings, name))
+    return killed
 
 
 def down(settings: LocalSettings) -> list[str]:
