@@ -414,6 +414,7 @@ class PartitionTransactions:
         self._prefix = id_prefix
         self.group_id = group_id
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self._owned: set[TopicPartition] = set()
         self._open: set[TopicPartition] = set()
 
     def transactional_id(self, tp: TopicPartition) -> str:
@@ -422,13 +423,14 @@ class PartitionTransactions:
 
     @property
     def partitions(self) -> set[TopicPartition]:
-        """The partitions that have a started producer."""
-        return set(self._producers)
+        """The partitions assigned (:meth:`assign`)."""
+        return set(self._owned)
 
     async def assign(self, partitions: Collection[TopicPartition]) -> None:
         """Own exactly ``partitions``: close the producers of the others, start those of
         the new ones (each start fences the partition's previous owner). Raises
         ``KafkaError`` if Kafka cannot be reached; the partitions started so far stay."""
+        self._owned = set(partitions)
         gone = [tp for tp in self._producers if tp not in partitions]
         await asyncio.gather(*(self._close(tp) for tp in gone))
         await asyncio.gather(*(self._start(tp) for tp in partitions if tp not in self._producers))
@@ -451,7 +453,10 @@ class PartitionTransactions:
 
     async def begin(self, tp: TopicPartition) -> AIOKafkaProducer:
         """``tp``'s producer, in a transaction (begun now unless one is open); its producer
-        is started first if it has none (after a reset that failed)."""
+        is started first if a reset could not start it (:meth:`abort`). Raises ``KeyError``
+        for a partition not assigned (starting its producer would fence its owner)."""
+        if tp not in self._owned:
+            raise KeyError(f"{tp} is not assigned to these transactions")
         producer = self._producers.get(tp) or await self._start(tp)
         if tp not in self._open:
             await producer.begin_transaction()
@@ -498,10 +503,9 @@ class PartitionTransactions:
         new producer cannot start gets one at its next :meth:`begin`."""
         for tp in partitions:
             await self._close(tp)
-        starts = await asyncio.gather(
-            *(self._start(tp) for tp in partitions), return_exceptions=True
-        )
-        for tp, result in zip(partitions, starts, strict=True):
+        owned = [tp for tp in partitions if tp in self._owned]  # the others have new owners
+        starts = await asyncio.gather(*(self._start(tp) for tp in owned), return_exceptions=True)
+        for tp, result in zip(owned, starts, strict=True):
             if isinstance(result, BaseException):
                 log.warning("transactional producer of %s not started: %r", tp, result)
 
@@ -586,8 +590,13 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.prepare = prepare
         self.pending: dict[TopicPartition, _Pending] = {}
         self.opened_at = 0.0
-        # Held while records are handled or committed, so a rebalance never cuts into it.
+        # Held while records are handled or committed, and by the rebalance listener, so a
+        # rebalance never cuts into a batch.
         self.lock = asyncio.Lock()
+        # Rebalances so far: a batch fetched before the latest one is not handled.
+        self.rebalances = 0
+        # Partitions the latest assignment read again from their committed offsets.
+        self.rewound: set[TopicPartition] = set()
 
     async def run(
         self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
@@ -595,10 +604,13 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer.subscribe(list(topics), listener=self)
         try:
             while True:
+                rebalances = self.rebalances
                 batches = await _next_batch(
                     self.consumer, first, max_records, wait=not self.pending
                 )
                 async with self.lock:
+                    if rebalances != self.rebalances:
+                        batches = self._drop_stale(batches)
                     failed = await self._handle(batches) if batches else set()
                     if self.after_fetch is not None:
                         await self.after_fetch()
@@ -614,6 +626,18 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 async with self.lock:
                     await self._commit(set(self.pending))
             await self.transactions.close()
+
+    def _drop_stale(
+        self, batches: dict[TopicPartition, list[Record]]
+    ) -> dict[TopicPartition, list[Record]]:
+        """A batch fetched before a rebalance: its partitions may have moved, or been read
+        again from their committed offsets. Nothing of it is handled; the partitions kept
+        through the rebalance are read again from the batch's first records."""
+        assigned = self.consumer.assignment()
+        for tp, records in batches.items():
+            if tp in assigned and tp not in self.rewound:
+                self.consumer.seek(tp, records[0].offset)
+        return {}
 
     async def _handle(self, batches: dict[TopicPartition, list[Record]]) -> set[TopicPartition]:
         """Hand each partition's records to the stage inside its transaction; returns the
@@ -689,18 +713,21 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Before a rebalance: commit the open transactions, then tell the stage."""
         async with self.lock:
+            self.rebalances += 1
             await self._commit(set(self.pending))
         if self.on_revoked is not None:
             await self.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         """After a rebalance: start the producers of the new partitions (fencing their
-        previous owners), read every partition from its committed offset as it is once
-        they are fenced, then tell the stage."""
+        previous owners), read each new partition from its committed offset as it is once
+        they are fenced, then tell the stage. Reading may have started meanwhile, from
+        offsets read before the fence: what it fetched is dropped (:meth:`_drop_stale`)."""
         partitions = set(assigned)
-        new = partitions - self.transactions.partitions
-        await fence(self.transactions, partitions)
-        if new:
-            await self._rewind(new)
+        async with self.lock:
+            self.rebalances += 1
+            self.rewound = partitions - self.transactions.partitions
+            await fence(self.transactions, partitions)
+            await self._rewind(self.rewound)
         if self.on_assigned is not None:
             await self.on_assigned(partitions)
