@@ -595,8 +595,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.lock = asyncio.Lock()
         # Rebalances so far: a batch fetched before the latest one is not handled.
         self.rebalances = 0
-        # Partitions the latest assignment read again from their committed offsets.
-        self.rewound: set[TopicPartition] = set()
+        # Where partitions were last read again from (their committed offsets).
+        self.rewound: dict[TopicPartition, int] = {}
 
     async def run(
         self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
@@ -630,13 +630,14 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     def _drop_stale(
         self, batches: dict[TopicPartition, list[Record]]
     ) -> dict[TopicPartition, list[Record]]:
-        """A batch fetched before a rebalance: its partitions may have moved, or been read
-        again from their committed offsets. Nothing of it is handled; the partitions kept
-        through the rebalance are read again from the batch's first records."""
+        """A batch fetched while a rebalance went on: its partitions may have moved, or been
+        read again from their committed offsets before or after it was fetched. Nothing of
+        it is handled; each partition still assigned is read again from where the
+        rebalance put it, or (kept through it) from the batch's first record."""
         assigned = self.consumer.assignment()
         for tp, records in batches.items():
-            if tp in assigned and tp not in self.rewound:
-                self.consumer.seek(tp, records[0].offset)
+            if tp in assigned:
+                self.consumer.seek(tp, self.rewound.get(tp, records[0].offset))
         return {}
 
     async def _handle(self, batches: dict[TopicPartition, list[Record]]) -> set[TopicPartition]:
@@ -690,10 +691,11 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             self.pending.pop(tp, None)
         await self.transactions.abort([tp for tp in partitions if self.transactions.is_open(tp)])
 
-    async def _rewind(self, partitions: set[TopicPartition]) -> None:
+    async def _rewind(self, partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
         """Read ``partitions`` again from their committed offsets, asked of Kafka (a failed
         commit may have happened after all) until it answers: reading on from anywhere else
-        would skip records or read them twice."""
+        would skip records or read them twice. Returns the offsets read from."""
+        positions: dict[TopicPartition, int] = {}
         assigned = self.consumer.assignment()
         for tp in partitions:
             if tp not in assigned:
@@ -707,13 +709,17 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                     await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
             if start is None:
                 await self.consumer.seek_to_beginning(tp)  # as auto_offset_reset=earliest
+                start = await self.consumer.position(tp)
             else:
                 self.consumer.seek(tp, start)
+            positions[tp] = start
+        return positions
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Before a rebalance: commit the open transactions, then tell the stage."""
         async with self.lock:
             self.rebalances += 1
+            self.rewound = {}
             await self._commit(set(self.pending))
         if self.on_revoked is not None:
             await self.on_revoked(set(revoked))
@@ -726,8 +732,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         partitions = set(assigned)
         async with self.lock:
             self.rebalances += 1
-            self.rewound = partitions - self.transactions.partitions
+            new = partitions - self.transactions.partitions
             await fence(self.transactions, partitions)
-            await self._rewind(self.rewound)
+            self.rewound = await self._rewind(new)
         if self.on_assigned is not None:
             await self.on_assigned(partitions)
