@@ -13,7 +13,8 @@ deliveries that came after a newer message of the same publisher.
 Three kinds of subscribers take three paths: ``live`` (non-persistent: router → downlink),
 ``persistent`` (persistent DEVICE sessions: router → msg.persisted → device_persist) and
 ``application`` (persistent APPLICATION clients, ``app-*`` ids: router → msg.app →
-app_delivery; the cluster must treat ``app-*`` as APPLICATION).
+app_delivery; the cluster must treat ``app-*`` as APPLICATION). The probe's clients must
+stay connected: it measures the stages and Kafka, not an ingest node that holds them.
 
 ``python -m bench.recovery <process> [--restart] [--path ...]`` measures one process of the
 local cluster (``cormorant up``'s, or the one ``CORMORANT_*`` settings point to). The chaos
@@ -130,6 +131,7 @@ async def measure_recovery(
     kill: Callable[[], object],
     restart: Callable[[], object] | None = None,
     path: ProbePath = "live",
+    qos: int = 1,
     msg_all_partitions: int = 12,
     client_partitions: int = 12,
     interval: float = 0.05,
@@ -140,12 +142,14 @@ async def measure_recovery(
 
     ``host``/``port``: the broker's MQTT address; ``process`` names what ``kill`` kills
     (for the report). ``kill()`` and ``restart()`` are called in a thread; ``restart``
-    returns once the process is ready. ``msg_all_partitions`` and ``client_partitions``
-    are the cluster's partition counts (``msg_all_partitions``,
-    ``state_topic_partitions``): one probe pair per partition. ``interval``: seconds
-    between two messages of a publisher; ``timeout``: seconds to wait for delivery to
-    resume, and again for the last acknowledged messages. Raises ``aiomqtt.MqttError`` if
-    the probe cannot connect before the kill.
+    returns once the process is ready. ``qos``: of the probe's PUBLISHes and subscriptions
+    (with 2, a redelivery with DUP=1 is not a duplicate: the subscriber's client drops it).
+    ``msg_all_partitions`` and ``client_partitions`` are the cluster's partition counts
+    (``msg_all_partitions``, ``state_topic_partitions``): one probe pair per partition.
+    ``interval``: seconds between two messages of a publisher; ``timeout``: seconds to wait
+    for delivery to resume (well over the consumer session timeout, which a killed
+    member's partitions wait out), and again for the last acknowledged messages. Raises
+    ``aiomqtt.MqttError`` if the probe cannot connect before the kill.
     """
     run = uuid.uuid4().hex[:6]
     count = max(msg_all_partitions, client_partitions)
@@ -161,14 +165,14 @@ async def measure_recovery(
             for p in pairs
         ]
         for pair, sub in zip(pairs, subs, strict=True):
-            await sub.subscribe(pair.topic, qos=1)
+            await sub.subscribe(pair.topic, qos=qos)
         pubs = [await stack.enter_async_context(_client(host, port, p.publisher_id)) for p in pairs]
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(_receive(pair, sub)) for pair, sub in zip(pairs, subs, strict=True)
         ]
         tasks += [
-            asyncio.create_task(_publish(pair, pub, interval, stop))
+            asyncio.create_task(_publish(pair, pub, interval, qos, stop))
             for pair, pub in zip(pairs, pubs, strict=True)
         ]
         try:
@@ -226,14 +230,14 @@ async def _wait(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 
 async def _publish(
-    pair: _Pair, client: aiomqtt.Client, interval: float, stop: asyncio.Event
+    pair: _Pair, client: aiomqtt.Client, interval: float, qos: int, stop: asyncio.Event
 ) -> None:
     seq = 0
     while not stop.is_set():
         seq += 1
         pair.sent_at[seq] = time.time()
         with contextlib.suppress(aiomqtt.MqttError):  # refused (Kafka down): counted as sent
-            await client.publish(pair.topic, str(seq).encode(), qos=1)
+            await client.publish(pair.topic, str(seq).encode(), qos=qos)
             pair.acked.add(seq)
         await asyncio.sleep(interval)
 
@@ -279,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("process", help="a process of the local cluster: router, router-2 ...")
     parser.add_argument("--restart", action="store_true", help="start it again at once")
     parser.add_argument("--path", choices=("live", "persistent", "application"), default="live")
+    parser.add_argument("--qos", type=int, choices=(1, 2), default=1)
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between messages")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--port", type=int, help="MQTT port (default: the cluster's HAProxy)")
@@ -298,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.restart
             else None,
             path=args.path,
+            qos=args.qos,
             msg_all_partitions=settings.msg_all_partitions,
             client_partitions=settings.state_topic_partitions,
             interval=args.interval,
