@@ -1,8 +1,11 @@
-"""Command line: ``python -m bench run|compare|summary|list`` (and ``python -m bench.loadgen``).
+"""Command line: ``python -m bench run|compare|transactions|summary|list`` (and
+``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report;
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
-``bench/results/<label>.{jsonl,md,png}``; ``summary`` gathers the latest comparison of
+``bench/results/<label>.{jsonl,md,png}``; ``transactions <scenario>`` runs it against the
+cluster with its routers in Kafka transactions and without, alternately
+(:mod:`bench.transactions`); ``summary`` gathers the latest comparison of
 every label into ``bench/results/summary.{md,png}``. See bench/README.md for the scenarios.
 """
 
@@ -21,6 +24,7 @@ from bench import brokers, results, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
+from bench.transactions import compare_transactions
 
 VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
 
@@ -106,6 +110,15 @@ def compare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
 
 
+def transactions_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``transactions``."""
+    _common(parser)
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
+    parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
+    parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
+    parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
+
+
 @contextlib.contextmanager
 def _target(args: argparse.Namespace) -> Iterator[brokers.Target]:
     if args.broker == "mosquitto":
@@ -158,12 +171,36 @@ def do_compare(args: argparse.Namespace) -> None:
     _log(f"wrote {jsonl}, {md} and {png}")
 
 
+def do_transactions(args: argparse.Namespace) -> None:
+    """``transactions``: the routers transactional vs at-least-once, A B A B …"""
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    options, timing = _options(args, "127.0.0.1", args.port)
+    jsonl, md, png = compare_transactions(
+        args.scenario,
+        options,
+        timing,
+        rounds=args.rounds,
+        workers=args.workers,
+        pause=args.pause,
+        results_dir=args.results_dir,
+        log=_log,
+    )
+    print(md.read_text(encoding="utf-8"))
+    _log(f"wrote {jsonl}, {md} and {png}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench``."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub.add_parser("run", help="one scenario against one broker"))
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
+    transactions_parser(
+        sub.add_parser(
+            "transactions", help="the router with and without Kafka transactions, alternating"
+        )
+    )
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
     summary_parser.add_argument("labels", nargs="*", help="result labels (default: all)")
@@ -178,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             _log(f"wrote {md} and {png}")
         elif args.command == "run":
             do_run(args)
+        elif args.command == "transactions":
+            do_transactions(args)
         else:
             do_compare(args)
     except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
