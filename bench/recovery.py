@@ -325,6 +325,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between messages")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=1, help="kills, one after another")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=10.0,
+        help="seconds between rounds: the consumer groups settle after the process is back",
+    )
     parser.add_argument("--port", type=int, help="MQTT port (default: the cluster's HAProxy)")
     parser.add_argument("--output", help="append each round as a JSON line to this file")
     args = parser.parse_args(argv)
@@ -334,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no process {args.process!r}: {', '.join(names)}")
     rounds: list[RecoveryTimes] = []
     for round_ in range(1, args.rounds + 1):
+        if round_ > 1:
+            time.sleep(args.pause)
         times = asyncio.run(
             measure_recovery(
                 "127.0.0.1",
