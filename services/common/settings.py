@@ -92,7 +92,7 @@ class Settings(BaseSettings):
         "routes nothing twice). False: at-least-once routing, offsets committed after the "
         "outputs are stored, so a crash may route a message again (a duplicate delivery, "
         "or a QoS 2 message stored twice for a persistent subscriber); only to measure "
-        'what the transactions cost (bench/README.md, "Transactional router").',
+        'what the transactions cost (bench/README.md, "The transactional router\'s cost").',
     )
     consumer_session_timeout_seconds: float = Field(
         6.0,
