@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from bench import brokers, results, summary
@@ -100,21 +100,13 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, help="append the result record to this .jsonl")
 
 
-def compare_parser(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``compare``."""
+def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -> None:
+    """Arguments of ``compare`` (and, without ``mosquitto``, of ``transactions``)."""
     _common(parser)
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
     parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
-    parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
-    parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
-    parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
-
-
-def transactions_parser(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``transactions``."""
-    _common(parser)
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
-    parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
+    if mosquitto:
+        parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
     parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
     parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
 
@@ -151,43 +143,39 @@ def do_run(args: argparse.Namespace) -> None:
     print(json.dumps(rec, indent=2, sort_keys=True, default=str))
 
 
-def do_compare(args: argparse.Namespace) -> None:
-    """``compare``: Cormorant vs Mosquitto, A B A B …"""
+def _alternate(
+    args: argparse.Namespace,
+    comparison: Callable[..., tuple[Path, Path, Path]],
+    **extra: object,
+) -> None:
+    """Run ``comparison`` (:func:`~bench.compare.compare` or
+    :func:`~bench.transactions.compare_transactions`) as the arguments say, print its table."""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     options, timing = _options(args, "127.0.0.1", args.port)
-    jsonl, md, png = compare(
+    jsonl, md, png = comparison(
         args.scenario,
         options,
         timing,
         rounds=args.rounds,
         workers=args.workers,
-        mosquitto_port=args.mosquitto_port,
         pause=args.pause,
         results_dir=args.results_dir,
         log=_log,
+        **extra,
     )
     print(md.read_text(encoding="utf-8"))
     _log(f"wrote {jsonl}, {md} and {png}")
+
+
+def do_compare(args: argparse.Namespace) -> None:
+    """``compare``: Cormorant vs Mosquitto, A B A B …"""
+    _alternate(args, compare, mosquitto_port=args.mosquitto_port)
 
 
 def do_transactions(args: argparse.Namespace) -> None:
     """``transactions``: the routers transactional vs at-least-once, A B A B …"""
-    if args.rounds < 1:
-        raise SystemExit("--rounds must be at least 1")
-    options, timing = _options(args, "127.0.0.1", args.port)
-    jsonl, md, png = compare_transactions(
-        args.scenario,
-        options,
-        timing,
-        rounds=args.rounds,
-        workers=args.workers,
-        pause=args.pause,
-        results_dir=args.results_dir,
-        log=_log,
-    )
-    print(md.read_text(encoding="utf-8"))
-    _log(f"wrote {jsonl}, {md} and {png}")
+    _alternate(args, compare_transactions)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -196,10 +184,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub.add_parser("run", help="one scenario against one broker"))
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
-    transactions_parser(
+    compare_parser(
         sub.add_parser(
             "transactions", help="the router with and without Kafka transactions, alternating"
-        )
+        ),
+        mosquitto=False,
     )
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")

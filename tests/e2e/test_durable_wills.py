@@ -67,6 +67,19 @@ async def _waiting_wills_is(cluster: LocalCluster, client_id: str, count: int) -
     return await _waiting_wills(cluster, client_id) == count
 
 
+def _will_connect(client_id: str, topic: str, delay: int) -> bytes:
+    """A v5 CONNECT of a persistent session with a Will Message (payload ``gone``) on
+    ``topic`` and a Will Delay Interval of ``delay`` seconds."""
+    return session_connect_packet(
+        client_id,
+        level=5,
+        clean_start=False,
+        session_expiry=600,
+        will=(topic, b"gone"),
+        will_delay=delay,
+    )
+
+
 async def _lose_and_kill(
     cluster: LocalCluster, client_id: str, connect: bytes, delay: float
 ) -> float:
@@ -93,14 +106,7 @@ async def test_a_waiting_will_is_published_by_the_other_node_after_its_node_was_
     topic = unique("e2e/durable-will")
     # Room for the checks before the kill (each reads topics from their beginning).
     delay = 10
-    connect = session_connect_packet(
-        client_id,
-        level=5,
-        clean_start=False,
-        session_expiry=600,
-        will=(topic, b"gone"),
-        will_delay=delay,
-    )
+    connect = _will_connect(client_id, topic, delay)
     try:
         async with aio_client(node2, unique("watcher")) as watcher:
             await watcher.subscribe(topic, qos=1)
@@ -122,14 +128,7 @@ async def test_a_resumed_session_cancels_the_will_of_a_killed_node(
     client_id = unique("resumed")
     topic = unique("e2e/resumed-will")
     delay = 30
-    connect = session_connect_packet(
-        client_id,
-        level=5,
-        clean_start=False,
-        session_expiry=600,
-        will=(topic, b"gone"),
-        will_delay=delay,
-    )
+    connect = _will_connect(client_id, topic, delay)
     try:
         async with aio_client(node2, unique("watcher")) as watcher:
             await watcher.subscribe(topic, qos=1)
