@@ -27,6 +27,11 @@ TEST_PORTS = {
 PORT_STEP = 100
 PORT_TRIES = 20
 
+#: A module may start a second cluster on the session's ports moved by this much (the
+#: secured cluster, tests/integration/test_secured_cluster.py): a block is taken only
+#: when those are free too, so that another session's servers cannot hold them.
+SECOND_CLUSTER_OFFSET = 50
+
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
 
@@ -46,7 +51,8 @@ def _bindable(port: int) -> bool:
 
 
 def free_test_ports(ingest_nodes: int) -> dict[str, int]:
-    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free.
+    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free,
+    and free again SECOND_CLUSTER_OFFSET higher.
 
     Another test session on the same machine then gets its own block. Raises
     ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
@@ -56,6 +62,7 @@ def free_test_ports(ingest_nodes: int) -> dict[str, int]:
         base = ports["ingest_base_port"]
         wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
         wanted += [base + i for i in range(1, ingest_nodes + 1)]
+        wanted += [port + SECOND_CLUSTER_OFFSET for port in wanted]
         if all(_bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
