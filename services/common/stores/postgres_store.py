@@ -124,14 +124,14 @@ def client_key(client_id: str) -> bytes:
     return hashlib.sha256(client_id.encode("utf-8")).digest()
 
 
-def _public_address(dsn: str) -> str:
+def public_address(dsn: str) -> str:
     """``host:port/dbname`` of ``dsn``, without user or password, for error messages."""
     params = conninfo_to_dict(dsn)
     host = params.get("host") or params.get("hostaddr") or "localhost"
     return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
 
 
-def _connection_options(
+def connection_options(
     timeout: float, password: SecretStr | None, sslmode: str | None, sslrootcert: Path | None
 ) -> dict[str, Any]:
     """libpq connection parameters added to the DSN: timeout, password and TLS."""
@@ -171,14 +171,14 @@ class PostgresMessageStore(MessageStore):
     ) -> None:
         self._max_messages = check_max_messages(max_messages)
         self._timeout = timeout
-        self._address = _public_address(dsn)
+        self._address = public_address(dsn)
         self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             dsn,
             min_size=1,
             max_size=pool_size,
             open=False,
             timeout=timeout,
-            kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
+            kwargs=connection_options(timeout, password, sslmode, sslrootcert),
             name="message-store",
         )
         self._ready = False
