@@ -13,8 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.common.auth.authorize import parse_rules
 
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_SSL"]
 """Kafka's ``security.protocol`` values Cormorant's clients speak (services' aiokafka
@@ -154,12 +156,48 @@ class Settings(BaseSettings):
         "otherwise).",
     )
 
+    # --- authentication and authorization (services/common/auth) ----------------------
+    allow_anonymous: bool = Field(
+        False,
+        description="Let clients that present no User Name, Password or client certificate "
+        "(and whose client id has no credential) connect, with anonymous_rules. Off by "
+        "default; the local cluster turns it on for its loopback listener.",
+    )
+    anonymous_rules: list[str] = Field(
+        default_factory=list,
+        description="Authorization rules of anonymous clients, in order, as a JSON list of "
+        "'<allow|deny> <publish|subscribe|all> <topic filter>': "
+        'CORMORANT_ANONYMOUS_RULES=\'["deny subscribe admin/#", "allow all #"]\'. Empty: '
+        "everything allowed.",
+    )
+    auth_hash_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Threads of an ingest node that verify passwords (argon2id, about 20 ms "
+        "of a core each), beside the event loop.",
+    )
+    auth_max_pending: int = Field(
+        1000,
+        ge=1,
+        description="Password checks that may wait for those threads; past it a CONNECT is "
+        "refused with Server busy (v5 0x89, v3.1.1 return code 3), so a storm of wrong "
+        "passwords queues in bounded memory.",
+    )
+
+    @field_validator("anonymous_rules")
+    @classmethod
+    def _valid_rules(cls, rules: list[str]) -> list[str]:
+        parse_rules(rules)  # RuleError is a ValueError: pydantic reports it with the field
+        return rules
+
     # --- APPLICATION clients (app_delivery) -------------------------------------------
     application_client_ids: list[str] = Field(
         default_factory=list,
         description="Client Identifier patterns of APPLICATION clients, shell-style globs "
-        "(fnmatch: * ? [seq]); every other client is a DEVICE. In the environment a JSON "
-        'list: CORMORANT_APPLICATION_CLIENT_IDS=\'["app-*", "analytics"]\'.',
+        "(fnmatch: * ? [seq]): the kind of anonymous clients (an authenticated client's "
+        "comes from its credential); every other anonymous client is a DEVICE. In the "
+        'environment a JSON list: CORMORANT_APPLICATION_CLIENT_IDS=\'["app-*", "analytics"]\'.',
     )
     app_topic_partitions: int = Field(
         1,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.auth.principal import AuthRequest, ScramState
 from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.subscription import Subscription
 
@@ -143,6 +144,18 @@ class SyncState:
 
 
 @dataclass(slots=True)
+class Authenticate:
+    """Check the client's credentials (a CONNECT, or an AUTH of MQTT 5 enhanced
+    authentication) off the event loop's hot path, and report the outcome with
+    ``ServerConnection.authenticated(outcome)``
+    (:meth:`services.common.auth.authenticate.Authenticator.authenticate`). ``state`` is the
+    SCRAM exchange the request answers, if any."""
+
+    request: AuthRequest
+    state: ScramState | None = None
+
+
+@dataclass(slots=True)
 class RecordEvent:
     """Append ``event`` to ``client.events`` for the analysts (key: ``client_id``): written
     off the hot path, nobody waits for it, a failure is only logged."""
@@ -170,5 +183,6 @@ Effect = (
     | Connected
     | WatchSession
     | SyncState
+    | Authenticate
     | RecordEvent
 )

@@ -4,6 +4,12 @@ A QoS 1/2 PUBLISH is acknowledged (PUBACK / PUBREC) only after Kafka stored it w
 ``acks=all``, and acknowledgements leave in the order the PUBLISHes arrived (MQTT 4.6), even
 when Kafka answers out of order.
 
+A PUBLISH the client's rules do not allow (:mod:`services.common.auth.authorize`) is not
+stored: a v5 client gets PUBACK/PUBREC 0x87 Not authorized, in its place among the
+acknowledgements; a v3.1.1 client, which has no negative acknowledgement, gets the normal
+positive one (MQTT-3.3.5-2 allows it or a close; Mosquitto's and EMQX's default); QoS 0 is
+dropped. Either way the refusal is logged.
+
 QoS 2 is exactly once across reconnects (MQTT 4.3.3): the Packet Identifier of a stored
 PUBLISH stays "unreleased" until PUBREL, and a resend of it is acknowledged without being
 published again. For a persistent session the unreleased ids live in the session record, so
@@ -17,6 +23,7 @@ with its connection.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import PacketType, PubAck, PubComp, Publish, PubRec, PubRel
@@ -36,6 +43,8 @@ from services.ingest.handle_connect import session_record
 from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
 from services.ingest.topic_alias import resolve_inbound
 
+log = logging.getLogger(__name__)
+
 
 def forwarded_properties(props: Properties) -> bytes:
     """The PUBLISH properties passed on to subscribers (MQTT 5.0 3.3.2.3), wire-encoded.
@@ -54,6 +63,7 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     A PUBLISH with RETAIN is also written to ``msg.retained`` (an empty payload deletes the
     topic's retained message, MQTT 3.3.1.3), and its PUBACK/PUBREC waits for both records:
     a retained message acknowledged is seen by every later SUBSCRIBE.
+    A PUBLISH the client may not make is refused (see the module).
     Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
     a client (3.3.4-6).
@@ -79,10 +89,14 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
                 # A resent QoS 2 PUBLISH: stored once already, so only acknowledge (4.3.3).
                 state.pending_acks.append(PendingAck(packet.packet_id, 2, outstanding=0))
                 return _release_acks(state)
-        if state.protocol_version == 5 and (
-            len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum
-        ):
-            raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    if not state.authorizer.may_publish(topic):
+        return _refuse(state, packet, topic)
+    if (
+        packet.qos
+        and state.protocol_version == 5
+        and (len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum)
+    ):
+        raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
     meta = PublishMeta(
         topic=topic,
         qos=packet.qos,
@@ -106,6 +120,16 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             pending.outstanding += 1
             state.unsaved.acks.append(pending)
     return effects
+
+
+def _refuse(state: ConnectionState, packet: Publish, topic: str) -> list[Effect]:
+    """A PUBLISH to ``topic`` the client's rules do not allow: answered in order, not stored."""
+    log.info("client %r may not publish to %r: refused", state.client_id, topic)
+    if not packet.qos:
+        return []
+    assert packet.packet_id is not None
+    state.pending_acks.append(PendingAck(packet.packet_id, packet.qos, 0, refused=True))
+    return _release_acks(state)
 
 
 def publish_outcome(state: ConnectionState, pending: PendingAck, ok: bool) -> list[Effect]:
@@ -142,10 +166,15 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
         props = Properties()
         if pending.failed and state.request_problem_information:
             props.reason_string = "the message could not be stored"
+        if pending.refused and state.protocol_version == 5:
+            reason = ReasonCode.NOT_AUTHORIZED
+            if state.request_problem_information:
+                props.reason_string = "not authorized to publish to this topic"
         if pending.qos == 1:
             out.append(state.encode(PubAck(pending.packet_id, reason, props)))
         else:
-            if not pending.failed:
+            if reason == ReasonCode.SUCCESS:
+                # (a v3.1.1 refusal too: its PUBREL then gets PUBCOMP as usual)
                 state.unreleased_qos2.add(pending.packet_id)
             out.append(state.encode(PubRec(pending.packet_id, reason, props)))
     del acks[:released]

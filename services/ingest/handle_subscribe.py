@@ -7,9 +7,16 @@ acknowledged is seen by every router.
 Retained messages (MQTT 3.3.1.3, 5.0 3.8.3.1 Retain Handling) are kept and sent by the
 router; a SUBSCRIBE asks for them with one ``msg.all`` record listing the new subscriptions
 that want them, and its SUBACK also waits for that record.
+
+A Topic Filter the client's rules do not grant (:mod:`services.common.auth.authorize`) fails
+its own entry: 0x87 Not authorized (v5), 0x80 Failure (v3.1.1); it asks for no retained
+messages. A filter is granted only when every topic it can match may be read, so every
+retained message sent for a granted filter is one the client may read.
 """
 
 from __future__ import annotations
+
+import logging
 
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
@@ -20,6 +27,8 @@ from services.common.topics.validation import parse_shared, validate_topic_filte
 from services.ingest import events
 from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
 from services.ingest.state import ConnectionState, PendingSubAck
+
+log = logging.getLogger(__name__)
 
 MAX_GRANTED_QOS = 2
 """The highest QoS granted to a subscription (MQTT 3.8.4): every QoS is delivered."""
@@ -46,7 +55,8 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
     """Add or replace subscriptions; SUBACK carries one return/Reason Code per filter.
 
     Raises :class:`ProtocolError` for No Local on a Shared Subscription (MQTT 5.0 3.8.3-4).
-    An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1).
+    An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1), and so
+    does one the client may not subscribe to (0x87 in v5, 0x80 in v3.1.1).
     """
     ids = packet.properties.subscription_identifiers
     identifier = ids[0] if ids else None
@@ -62,6 +72,11 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             continue
         if shared is not None and request.no_local:
             raise ProtocolError("No Local is not allowed on a Shared Subscription")
+        if not state.authorizer.may_subscribe(request.topic_filter):
+            log.info("client %r may not subscribe to %r: refused", state.client_id,
+                     request.topic_filter)  # fmt: skip
+            codes.append(ReasonCode.NOT_AUTHORIZED if state.protocol_version == 5 else 0x80)
+            continue
         granted = min(request.qos, MAX_GRANTED_QOS)
         subscription = Subscription(
             client_id=state.client_id,

@@ -6,6 +6,8 @@ the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, 
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
 in full for session takeover, session resumption and Will Messages waiting out their delay.
+Credentials come from PostgreSQL through a cache that the store's change notifications
+keep right (:mod:`services.common.auth.cache`); a task follows them.
 
 At start, once the state is read and before the listener opens, the sessions still shown
 connected to this node are ended (their connections died with the previous process); at
@@ -21,6 +23,10 @@ from collections.abc import Awaitable
 
 import faust
 
+from services.common.auth.authenticate import Authenticator
+from services.common.auth.authorize import parse_rules
+from services.common.auth.cache import CredentialCache
+from services.common.auth.store import Change, CredentialStore
 from services.common.faust_app import make_app, on_shutdown, run_service, run_task, sender
 from services.common.kafka.admin import (
     app_topic_spec,
@@ -64,7 +70,31 @@ def build_app(settings: Settings) -> faust.App:
             security=client_security(settings),
         )
 
-    node = IngestNode(settings, send, sync_state, ensure_app_topic)
+    cache = CredentialCache(CredentialStore.from_settings(settings))
+    authenticator = Authenticator(
+        cache,
+        allow_anonymous=settings.allow_anonymous,
+        anonymous_rules=parse_rules(settings.anonymous_rules),
+        hash_workers=settings.auth_hash_workers,
+        max_pending_hashes=settings.auth_max_pending,
+    )
+    node = IngestNode(
+        settings,
+        send,
+        sync_state,
+        ensure_app_topic,
+        authenticator=authenticator,
+        fetch_credential=cache.get,
+    )
+
+    def credential_changed(change: Change) -> None:
+        cache.changed(change)
+        node.credential_changed(change)
+
+    def credentials_resynced() -> None:
+        cache.clear()
+        node.credentials_resynced()
+
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
         [names.client_sessions, names.client_subscriptions],
@@ -72,6 +102,7 @@ def build_app(settings: Settings) -> faust.App:
         security=client_security(settings),
     )
     servers: list[asyncio.Server] = []
+    tasks: list[asyncio.Task[None]] = []
     downlink = names.downlink(settings.node_id)
 
     async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
@@ -89,6 +120,11 @@ def build_app(settings: Settings) -> faust.App:
 
     async def serve() -> None:
         await reader.start()
+        tasks.append(
+            asyncio.create_task(cache.store.listen(credential_changed, credentials_resynced))
+        )
+        if settings.allow_anonymous:
+            log.warning("node %s: anonymous clients may connect", settings.node_id)
         # Sessions the state shows connected here died with the previous process.
         await node.reconcile()
         # The downlink topic is read from its end, outside any consumer group: its records
@@ -110,6 +146,10 @@ def build_app(settings: Settings) -> faust.App:
         for server in servers:
             server.close()
         await node.shut_down()  # wills and end records, while the producer still runs
+        for task in tasks:
+            task.cancel()
+        authenticator.close()
+        await cache.store.close()
         await reader.stop()
 
     run_task(app, serve)

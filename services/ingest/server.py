@@ -11,9 +11,11 @@ import asyncio
 import logging
 from typing import cast
 
+from services.common.auth.principal import Refused
+from services.common.mqtt.reason_codes import ReasonCode
 from services.common.sessions import new_connection_id
 from services.ingest.connection import ServerConnection
-from services.ingest.effects import CreateAppTopic, Effect, StoreEffect
+from services.ingest.effects import Authenticate, CreateAppTopic, Effect, StoreEffect
 from services.ingest.node import IngestNode
 
 
@@ -99,13 +101,17 @@ class MQTTServerProtocol(asyncio.Protocol):
 
         Without the state topics nothing may be stored, and the sans-IO connection already
         knows the answer to a refused store of its session record: CONNACK Server unavailable
-        (and a malformed CONNECT still gets its own reaction).
+        (and a malformed CONNECT still gets its own reaction). The credentials are not
+        checked: the answer is Server unavailable whatever they are.
         """
         pending: list[Effect] = self.connection.receive_data(data)
         while pending:
             effect = pending.pop(0)
             if isinstance(effect, StoreEffect | CreateAppTopic):
                 pending[:0] = self.connection.store_failed(effect.token)
+            elif isinstance(effect, Authenticate):
+                unavailable = Refused(ReasonCode.SERVER_UNAVAILABLE, "state topics not readable")
+                pending[:0] = self.connection.authenticated(unavailable)
             else:
                 self.node.run(self, [effect])
 

@@ -9,8 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.certificates import CertificateIdentity
+from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
+from services.common.mqtt.properties import Properties
 from services.common.records import AckKind, ClientKind, DisconnectCause, SessionRecord, Target
 from services.common.subscription import Subscription
 from services.ingest.fan_out import FanOut
@@ -45,6 +49,7 @@ class Phase(enum.Enum):
     """Where a connection is in its life (MQTT 3.1.4 / 4.1)."""
 
     AWAIT_CONNECT = "await-connect"
+    AUTHENTICATING = "authenticating"  # CONNECT valid, its credentials being checked
     CONNECTING = "connecting"  # CONNECT accepted, session record being stored
     CONNECTED = "connected"
     CLOSED = "closed"
@@ -56,12 +61,14 @@ class PendingAck:
 
     ``outstanding`` counts the stores it still waits for: its ``msg.all`` record and, for a
     QoS 2 PUBLISH of a persistent session, a session record listing its Packet Identifier.
+    ``refused``: the client may not publish to its topic (nothing was stored).
     """
 
     packet_id: int
     qos: int
     outstanding: int = 1
     failed: bool = False
+    refused: bool = False
 
     @property
     def done(self) -> bool:
@@ -181,6 +188,18 @@ class ConnectionState:
     connected_at_ms: int = 0
     request_problem_information: bool = True
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    # authentication (services/common/auth): the verified TLS client certificate (set by the
+    # transport), who the client is once authenticated and its compiled rules; the
+    # Authentication Method of enhanced authentication (MQTT 5.0 4.12), the SCRAM exchange
+    # waiting for the client's answer, and whether a re-authentication is under way
+    certificate: CertificateIdentity | None = None
+    principal: Principal | None = None
+    authorizer: Authorizer = ALLOW_ALL
+    auth_method: str | None = None
+    auth_state: ScramState | None = None
+    reauthenticating: bool = False
+    # CONNACK's properties, worked out at CONNECT and sent once authentication accepts it
+    connack_properties: Properties | None = None
     # the connection whose session record was the latest at CONNECT: its late records are
     # not a takeover (MQTT 3.1.4-3 is about newer connections only)
     previous_connection_id: bytes | None = None

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.auth.authorize import Rule
@@ -46,6 +44,16 @@ from services.common.auth.jwt_auth import (
     verify_token,
 )
 from services.common.auth.passwords import verify_against_dummy, verify_password
+from services.common.auth.principal import (
+    Accepted,
+    AuthRequest,
+    Challenge,
+    Outcome,
+    Principal,
+    Refused,
+    ScramState,
+    principal_of,
+)
 from services.common.auth.scram import (
     MECHANISMS,
     ScramError,
@@ -54,79 +62,8 @@ from services.common.auth.scram import (
 )
 from services.common.auth.store import StoreUnavailable
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import ClientKind
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class AuthRequest:
-    """What a CONNECT (or AUTH) presents: ``client_id`` (the assigned one for a v5 client
-    that sent none), ``username`` and ``password`` as sent (None if absent), the verified
-    TLS ``certificate`` of the connection (None on plain TCP), and for enhanced
-    authentication the Authentication ``method`` and ``data`` of the packet."""
-
-    client_id: str
-    username: str | None = None
-    password: bytes | None = None
-    certificate: CertificateIdentity | None = None
-    method: str | None = None
-    data: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who a connection is, once authenticated: its credential (``credential_id``,
-    ``credential_name``, ``revision``; None for an anonymous client), its ``kind`` (None:
-    anonymous, the ``application_client_ids`` setting decides), its ``rules``, and the
-    user name ``${username}`` stands for."""
-
-    credential_id: uuid.UUID | None
-    credential_name: str | None
-    kind: ClientKind | None
-    rules: tuple[Rule, ...]
-    username: str | None
-    revision: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    """Authenticated as ``principal``; ``data`` is the Authentication Data CONNACK (or the
-    closing AUTH of a re-authentication) carries: SCRAM's server-final-message."""
-
-    principal: Principal
-    data: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """Refused with ``reason_code`` (an MQTT 5.0 CONNACK Reason Code); ``reason`` is for the
-    log, the client.events record and the v5 Reason String: never a password or token."""
-
-    reason_code: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Challenge:
-    """Enhanced authentication goes on: send AUTH 0x18 Continue authentication with
-    ``data``, and hand ``exchange`` back with the client's answer."""
-
-    data: bytes
-    exchange: ScramState
-
-
-Outcome = Accepted | Refused | Challenge
-"""What :meth:`Authenticator.authenticate` answers."""
-
-
-@dataclass(slots=True)
-class ScramState:
-    """A SCRAM exchange between its two client messages: the sans-IO exchange and the
-    credential it is for (None: the user name has none; the proof will fail)."""
-
-    exchange: ScramExchange
-    credential: Credential | None
 
 
 class CredentialSource(Protocol):
@@ -144,18 +81,6 @@ class CredentialSource(Protocol):
 
     async def unkeyed(self) -> Sequence[Credential]:
         """The X509 credentials matched by pattern and the JWT issuers."""
-
-
-def principal_of(credential: Credential, username: str | None) -> Principal:
-    """The principal of a client authenticated with ``credential`` as ``username``."""
-    return Principal(
-        credential.id,
-        credential.name,
-        credential.kind,
-        credential.rules,
-        username,
-        credential.revision,
-    )
 
 
 class Authenticator:
@@ -206,9 +131,11 @@ class Authenticator:
         username, password = request.username, request.password
         basic = await self._basic_credential(request)
         if basic is not None:
-            if basic.password_hash is not None:
-                if password is None or not await self._hashed(verify_password, basic, password):
-                    return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "wrong password")
+            checked = basic.password_hash is None or (
+                password is not None and await self._hashed(verify_password, basic, password)
+            )
+            if not checked:
+                return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "wrong password")
             return self._admitted(basic, username)
         if password is not None and looks_like_token(password):
             issuers = [c for c in await self.source.unkeyed() if c.type is CredentialType.JWT]
@@ -237,8 +164,7 @@ class Authenticator:
             found = [
                 c
                 for c in await self.source.by_username(request.username)
-                if c.type is CredentialType.MQTT_BASIC
-                and c.client_id in (None, request.client_id)
+                if c.type is CredentialType.MQTT_BASIC and c.client_id in (None, request.client_id)
             ]
             if found:
                 return max(found, key=lambda c: c.client_id is not None)
@@ -266,9 +192,7 @@ class Authenticator:
         finally:
             self.pending_hashes -= 1
 
-    def _token(
-        self, request: AuthRequest, token: bytes, issuers: Sequence[Credential]
-    ) -> Outcome:
+    def _token(self, request: AuthRequest, token: bytes, issuers: Sequence[Credential]) -> Outcome:
         for issuer in issuers:
             assert issuer.jwt is not None
             try:

@@ -79,7 +79,7 @@ class CredentialCache:
         if self._unkeyed is not None:
             return self._unkeyed
         generation = self._generation
-        loaded = tuple(await self.store.patterns_and_issuers())
+        loaded: tuple[Credential, ...] = tuple(await self.store.patterns_and_issuers())
         if generation == self._generation:
             self._unkeyed = loaded
         return loaded

@@ -105,7 +105,8 @@ class CredentialAdmin:
 
     async def add(self, spec: CredentialSpec) -> Credential:
         """Create a credential from ``spec``; returns it as stored."""
-        password_hash, scram = None, ()
+        password_hash: str | None = None
+        scram: tuple[ScramSecret, ...] = ()
         if spec.password is not None:
             password_hash, scram = await _secrets(spec.type, spec.password)
         elif spec.type is CredentialType.SCRAM:
@@ -129,7 +130,7 @@ class CredentialAdmin:
 
     async def list(self, credential_type: CredentialType | None = None) -> list[Credential]:
         """Every credential (of one type, if given), by name."""
-        return await self.store.list(credential_type)
+        return await self.store.list_all(credential_type)
 
     async def get(self, ref: str) -> Credential:
         """The credential named ``ref`` (a name, or an id). Raises :class:`CredentialNotFound`."""
@@ -195,4 +196,3 @@ class CredentialAdmin:
     async def close(self) -> None:
         """Close the store's connections."""
         await self.store.close()
-

@@ -181,6 +181,7 @@ def _credential(row: dict[str, Any]) -> Credential:
 
 
 def _values(credential: Credential) -> dict[str, Any]:
+    certificate = credential.certificate
     return {
         "id": credential.id,
         "name": credential.name,
@@ -189,7 +190,7 @@ def _values(credential: Credential) -> dict[str, Any]:
         "kind": credential.kind.name,
         "client_id": credential.client_id,
         "username": credential.username,
-        "fingerprint": None if credential.certificate is None else credential.certificate.fingerprint,
+        "fingerprint": None if certificate is None else certificate.fingerprint,
         "rules": json.dumps([rule.to_json() for rule in credential.rules]),
         "details": json.dumps(_details(credential)),
     }
@@ -251,7 +252,7 @@ class CredentialStore:
                 return
             await self._pool.open(wait=False)
             async with self._pool.connection() as conn:
-                await migrate(conn)  # type: ignore[arg-type]
+                await migrate(conn)
             self._ready = True
 
     async def _run(self, what: str, body: Callable[[Connection], Awaitable[T]]) -> T:
@@ -271,7 +272,7 @@ class CredentialStore:
         async def body(conn: Connection) -> list[Credential]:
             cursor = await conn.execute(
                 f"SELECT {_COLUMNS} FROM mqtt_credentials WHERE {where} ORDER BY name",
-                params,  # type: ignore[arg-type]
+                params,
             )
             return [_credential(row) for row in await cursor.fetchall()]
 
@@ -333,7 +334,7 @@ class CredentialStore:
         found = await self._select("get", "name = %s", (name,))
         return found[0] if found else None
 
-    async def list(self, credential_type: CredentialType | None = None) -> list[Credential]:
+    async def list_all(self, credential_type: CredentialType | None = None) -> list[Credential]:
         """Every credential (of one type, if given), by name."""
         if credential_type is None:
             return await self._select("list", "true", ())
