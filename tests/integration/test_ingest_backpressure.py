@@ -11,6 +11,7 @@ from collections.abc import Awaitable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from services.common.auth.authenticate import Authenticator, NoCredentials
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Connect, Publish
@@ -89,7 +90,14 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
         raise AssertionError(f"{client_id} is not an APPLICATION client")
 
     try:
-        node = IngestNode(own, send, synced, no_app_topics)
+        node = IngestNode(
+            own,
+            send,
+            synced,
+            no_app_topics,
+            authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+            fetch_credential=NoCredentials().get,
+        )
         shell = SocketShell(node)
         node.run(shell, shell.connection.receive_data(encode(Connect(4, "flooder", True, 60), 4)))
         await wait_for(lambda: shell.written, "CONNACK", TIMEOUT)

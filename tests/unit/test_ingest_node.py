@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from test_ingest_support import make_settings
 
+from services.common.auth.authenticate import Authenticator, NoCredentials
 from services.common.mqtt.codec import StreamDecoder, encode
 from services.common.mqtt.packets import (
     ConnAck,
@@ -152,7 +153,13 @@ def _node(producer: Producer, synced: asyncio.Event | None = None, **settings: A
     values = {"node_id": "n1", "topic_prefix": "t.", "kafka_request_timeout_seconds": 5.0}
     values.update(settings)
     return IngestNode(
-        make_settings(**values), producer.send, sync_state, no_app_topics, clock=lambda: NOW_MS
+        make_settings(**values),
+        producer.send,
+        sync_state,
+        no_app_topics,
+        authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+        fetch_credential=NoCredentials().get,
+        clock=lambda: NOW_MS,
     )
 
 
@@ -252,7 +259,7 @@ async def test_a_session_its_holder_ended_before_the_new_connect_record_is_not_r
     node.apply_state("t.client.sessions", b"c1", encode_session(held), 50)
     shell = Shell(node)
     shell.send(Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60)))
-    assert node.registry.watching("c1") is shell
+    await wait_for(lambda: node.registry.watching("c1") is shell, "the connection watching")
     await wait_for(lambda: producer.on("t.client.sessions"), "the connect record")
     if ended_at is not None:  # the holder's DISCONNECT (Session Expiry Interval 0) landed
         node.apply_state("t.client.sessions", b"c1", None, ended_at)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -264,3 +265,29 @@ class Authenticator:
 
 class _Busy(Exception):
     """Too many password checks wait for the pool (answered 0x89 Server busy)."""
+
+
+class NoCredentials:
+    """A :class:`CredentialSource` without any credential: an authenticator over it lets in
+    anonymous clients only (when allowed). For nodes without PostgreSQL: the sans-IO tests
+    and benchmarks of the ingest shell."""
+
+    async def by_username(self, username: str) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def by_client_id(self, client_id: str) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def by_fingerprint(self, fingerprint: str) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def unkeyed(self) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def get(self, credential_id: uuid.UUID) -> Credential | None:
+        """None (the node's ``fetch_credential``)."""
+        return None
