@@ -49,6 +49,11 @@ def up(infra_only: bool) -> None:
     if not infra_only:
         ports = ", ".join(str(p) for p in haproxy.node_ports(settings))
         click.echo(f"MQTT: mqtt://127.0.0.1:{settings.listen_port} (ingest nodes on {ports})")
+        if cluster.anonymous_allowed(settings):
+            click.echo(
+                "Anonymous MQTT clients are allowed (loopback only; "
+                "CORMORANT_LOCAL_ANONYMOUS=false requires credentials)"
+            )
     click.echo(f"Logs: {settings.state_dir / 'logs'}")
 
 

@@ -9,6 +9,7 @@ running process.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -184,13 +185,34 @@ def _service(
     )
 
 
+def anonymous_allowed(settings: LocalSettings) -> bool:
+    """Whether the local cluster lets anonymous clients in: ``local_anonymous`` on, and
+    the ingest nodes listening on a loopback address only (HAProxy always does)."""
+    if not settings.local_anonymous:
+        return False
+    host = settings.mqtt_host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def services_of(settings: LocalSettings) -> list[Component]:
     """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
-    order."""
+    order. The ingest nodes let anonymous clients in when :func:`anonymous_allowed`."""
     settings = local_settings(settings)
+    anonymous = anonymous_allowed(settings) or settings.allow_anonymous
     nodes = [
         _service(
-            settings, f"ingest-node{i}", "ingest", port, node_id=f"node{i}", mqtt_port=str(port)
+            settings,
+            f"ingest-node{i}",
+            "ingest",
+            port,
+            node_id=f"node{i}",
+            mqtt_port=str(port),
+            allow_anonymous=str(anonymous).lower(),
         )
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]

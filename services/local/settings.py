@@ -47,6 +47,12 @@ class LocalSettings(Settings):
     ingest_base_port: int = Field(
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
     )
+    local_anonymous: bool = Field(
+        True,
+        description="The local cluster lets anonymous MQTT clients in (allow_anonymous on its "
+        "ingest nodes) while they listen on loopback only (mqtt_host 127.0.0.1, HAProxy on "
+        "127.0.0.1); cormorant up says so. false: credentials are required locally too.",
+    )
     local_tls_cert_file: Path | None = Field(
         None,
         description="Certificate (PEM) of the local cluster's Kafka, Redis and PostgreSQL: when "
