@@ -369,6 +369,7 @@ _V3_REFUSALS = frozenset(
         ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
         ReasonCode.BAD_USER_NAME_OR_PASSWORD,
         ReasonCode.NOT_AUTHORIZED,
+        ReasonCode.BANNED,
         ReasonCode.SERVER_UNAVAILABLE,
         ReasonCode.SERVER_BUSY,
     )

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Accepted, Outcome, Principal
 from services.common.mqtt.codec import StreamDecoder, encode
 from services.common.mqtt.packets import ConnAck, Connect, Packet, PacketType
@@ -84,6 +85,7 @@ class Client:
         settings: Settings | None = None,
         previous: tuple[SessionRecord | None, list[Subscription]] = (None, []),
         authenticate: Callable[[Authenticate], Outcome] | None = accept_anonymous,
+        certificate: CertificateIdentity | None = None,
     ) -> None:
         self.version = version
         self.authenticate = authenticate
@@ -99,7 +101,7 @@ class Client:
             lambda: self.now,
             lambda: f"assigned-{next(_ASSIGNED)}",
         )
-        self.conn = ServerConnection(server, CONNECTION_ID)
+        self.conn = ServerConnection(server, CONNECTION_ID, certificate)
         self.decoder = StreamDecoder(protocol_version=version)
         self.log: list[Effect] = []
         self.events: list[RecordEvent] = []
