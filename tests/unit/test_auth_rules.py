@@ -34,13 +34,11 @@ from services.common.auth.authorize import (
 
 LEVELS = ("a", "b", "", "$s")
 UNIVERSE = tuple(
-    topic
-    for depth in range(1, 5)
-    for levels in itertools.product(LEVELS, repeat=depth)
-    if (topic := "/".join(levels))
+    "/".join(levels) for depth in range(1, 5) for levels in itertools.product(LEVELS, repeat=depth)
 )
-"""Every (non-empty) topic of 1 to 4 levels over LEVELS: deep enough to tell any two
-filters of up to 3 levels apart."""
+"""Every topic of 1 to 4 levels over LEVELS: deep enough to tell any two filters of up to 3
+levels apart. It holds "" (one empty level: not a valid Topic Name, but ``/#`` matches it as
+the parent of ``/``, and the algebra counts it)."""
 
 
 @cache
