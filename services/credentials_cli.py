@@ -66,7 +66,7 @@ def _run(action: Callable[[CredentialAdmin], Awaitable[T]]) -> T:
         CredentialConflict,
         StoreUnavailable,
     ) as exc:
-        raise click.ClickException(str(exc).strip("'\"")) from None
+        raise click.ClickException(str(exc)) from None
 
 
 def _password(value: str | None, file: Path | None) -> bytes | None:

@@ -39,7 +39,7 @@ from services.common.stores.postgres_store import connection_options, public_add
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Connection = psycopg.AsyncConnection[dict[str, Any]]
+Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 CHANNEL = "cormorant_credentials"
 """The PostgreSQL NOTIFY channel of credential changes."""
@@ -226,7 +226,7 @@ class CredentialStore:
             max_size=pool_size,
             open=False,
             timeout=timeout,
-            kwargs={**self._options, "row_factory": dict_row},
+            kwargs=self._options,
             name="credentials",
         )
         self._ready = False
@@ -270,7 +270,8 @@ class CredentialStore:
 
     async def _select(self, what: str, where: str, params: tuple[Any, ...]) -> list[Credential]:
         async def body(conn: Connection) -> list[Credential]:
-            cursor = await conn.execute(
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(
                 f"SELECT {_COLUMNS} FROM mqtt_credentials WHERE {where} ORDER BY name",
                 params,
             )
@@ -283,7 +284,8 @@ class CredentialStore:
         values = _values(credential)
 
         async def body(conn: Connection) -> Credential:
-            cursor = await conn.execute(
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(
                 f"INSERT INTO mqtt_credentials ({', '.join(values)})"
                 f" VALUES ({', '.join('%(' + k + ')s' for k in values)}) RETURNING {_COLUMNS}",
                 values,
@@ -303,7 +305,8 @@ class CredentialStore:
         columns = [k for k in values if k not in ("id", "revision")]
 
         async def body(conn: Connection) -> Credential | None:
-            cursor = await conn.execute(
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(
                 f"UPDATE mqtt_credentials SET {', '.join(f'{k} = %({k})s' for k in columns)}"
                 f" WHERE id = %(id)s AND revision = %(revision)s RETURNING {_COLUMNS}",
                 values,
