@@ -47,9 +47,16 @@ def unique(prefix: str) -> str:
 
 
 def aio_client(
-    port: int, identifier: str, version: int = 5, max_inflight_messages: int | None = None
+    port: int,
+    identifier: str,
+    version: int = 5,
+    max_inflight_messages: int | None = None,
+    *,
+    username: str | None = None,
+    password: str | None = None,
 ) -> aiomqtt.Client:
-    """An aiomqtt client of MQTT ``version`` (4 = 3.1.1, 5) for ``127.0.0.1:port``."""
+    """An aiomqtt client of MQTT ``version`` (4 = 3.1.1, 5) for ``127.0.0.1:port``, with a
+    User Name and Password when given."""
     protocol = aiomqtt.ProtocolVersion.V5 if version == 5 else aiomqtt.ProtocolVersion.V311
     return aiomqtt.Client(
         HOST,
@@ -58,6 +65,8 @@ def aio_client(
         protocol=protocol,
         timeout=TIMEOUT,
         max_inflight_messages=max_inflight_messages,
+        username=username,
+        password=password,
     )
 
 
@@ -110,7 +119,8 @@ class PahoClient:
     codes of the connection's ends (a v5 DISCONNECT's, or "Unspecified error" for a lost
     socket); ``messages`` queues received messages. It never reconnects by itself.
     ``clean_start`` and ``session_expiry`` (seconds, v5) go into CONNECT, as do
-    ``receive_maximum`` and ``topic_alias_maximum`` (v5); with ``manual_ack`` received QoS
+    ``receive_maximum`` and ``topic_alias_maximum`` (v5), and ``username`` / ``password``
+    (bytes: any) when set; with ``manual_ack`` received QoS
     1/2 messages are acknowledged only by :meth:`ack`. (paho does not resolve the Topic
     Aliases it receives: a message sent with an alias alone has the topic "".)
     """
@@ -123,6 +133,8 @@ class PahoClient:
     receive_maximum: int | None = None
     topic_alias_maximum: int | None = None
     manual_ack: bool = False
+    username: str | None = None
+    password: bytes | None = None
     connack: queue.Queue[ReasonCode] = field(default_factory=queue.Queue)
     pubacks: dict[int, ReasonCode] = field(default_factory=dict)
     disconnects: list[ReasonCode] = field(default_factory=list)
@@ -145,6 +157,8 @@ class PahoClient:
         self.client.on_message = lambda _c, _u, message: self.messages.put(message)
         self.client.on_subscribe = lambda _c, _u, _mid, codes, _p: self.subacks.put(codes)
         self.client.manual_ack_set(self.manual_ack)
+        if self.username is not None or self.password is not None:
+            self.client.username_pw_set(self.username, self.password)  # type: ignore[arg-type]
 
     def _on_publish(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
         with self._lock:
@@ -280,13 +294,21 @@ class MosquittoSub:
 
 
 def mosquitto_pub(
-    port: int, topic: str, message: str, *, qos: int, version: int = 4
+    port: int,
+    topic: str,
+    message: str,
+    *,
+    qos: int,
+    version: int = 4,
+    client_id: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process."""
+    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process.
+    ``extra`` are more options (``-u``, ``-P``, ``--will-topic``...)."""
     argv = [
         _mosquitto("mosquitto_pub"), "-h", HOST, "-p", str(port), "-t", topic, "-m", message,
-        "-q", str(qos), "-d", "-i", unique("mosq-pub"),
-        "-V", "mqttv5" if version == 5 else "mqttv311",
+        "-q", str(qos), "-d", "-i", client_id or unique("mosq-pub"),
+        "-V", "mqttv5" if version == 5 else "mqttv311", *extra,
     ]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT * 2, check=False)
 
@@ -314,12 +336,22 @@ def packet(first_byte: int, body: bytes) -> bytes:
 
 
 def connect_packet(
-    client_id: str, *, level: int = 4, flags: int = 0x02, name: bytes = b"MQTT"
+    client_id: str,
+    *,
+    level: int = 4,
+    flags: int = 0x02,
+    name: bytes = b"MQTT",
+    username: bytes | None = None,
+    password: bytes | None = None,
 ) -> bytes:
-    """A CONNECT (keep alive 60): protocol ``name`` and ``level`` (4 = 3.1.1, 5), ``flags``."""
+    """A CONNECT (keep alive 60): protocol ``name`` and ``level`` (4 = 3.1.1, 5), ``flags``,
+    and the raw User Name and Password bytes when given (their flags are set)."""
+    flags |= (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
     props = b"\x00" if level == 5 else b""
     body = _utf8(name) + bytes([level, flags]) + struct.pack(">H", 60) + props
-    return packet(0x10, body + _utf8(client_id.encode()))
+    body += _utf8(client_id.encode())
+    body += b"".join(_utf8(field) for field in (username, password) if field is not None)
+    return packet(0x10, body)
 
 
 def session_connect_packet(
@@ -381,6 +413,42 @@ def disconnect_packet(session_expiry: int | None = None) -> bytes:
         return b"\xe0\x00"
     props = b"\x11" + struct.pack(">I", session_expiry)
     return packet(0xE0, b"\x00" + _vbi(len(props)) + props)
+
+
+def enhanced_connect_packet(client_id: str, method: str, data: bytes) -> bytes:
+    """A v5 CONNECT (Clean Start, keep alive 60) starting enhanced authentication (MQTT 5.0
+    4.12) with Authentication ``method`` and ``data`` (properties encoded by paho)."""
+    props = Properties(PacketTypes.CONNECT)
+    props.AuthenticationMethod = method
+    props.AuthenticationData = data
+    body = _utf8(b"MQTT") + bytes([5, 0x02]) + struct.pack(">H", 60) + props.pack()
+    return packet(0x10, body + _utf8(client_id.encode()))
+
+
+def auth_packet(reason_code: int, method: str, data: bytes | None = None) -> bytes:
+    """A v5 AUTH (MQTT 5.0 3.15) with ``reason_code``, Authentication ``method`` and ``data``."""
+    props = Properties(PacketTypes.AUTH)
+    props.AuthenticationMethod = method
+    if data is not None:
+        props.AuthenticationData = data
+    return packet(0xF0, bytes([reason_code]) + props.pack())
+
+
+def reason_and_properties(first: int, body: bytes) -> tuple[int, Properties]:
+    """The Reason Code and properties (decoded by paho) of a v5 CONNACK, AUTH or DISCONNECT
+    whose first byte and body :meth:`RawSocket.read_packet` returned."""
+    kind = first >> 4
+    if kind == 2:
+        code, rest, packet_type = body[1], body[2:], PacketTypes.CONNACK
+    elif kind == 15:
+        code, rest, packet_type = body[0], body[1:], PacketTypes.AUTH
+    else:
+        assert kind == 14, f"not a CONNACK, AUTH or DISCONNECT: {first:#x}"
+        code, rest, packet_type = (body[0] if body else 0), body[1:], PacketTypes.DISCONNECT
+    props = Properties(packet_type)
+    if rest:
+        props.unpack(rest)
+    return code, props
 
 
 def publish_topic(body: bytes) -> str:
