@@ -238,8 +238,35 @@ def _substitute(rule: Rule, client_id: str, username: str | None) -> tuple[str, 
     return tuple(out)
 
 
-_Compiled = tuple[bool, tuple[str, ...]]
-"""A rule ready for one connection: (allow?, filter levels)."""
+_EXACT, _PREFIX, _LEVELS = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """A rule ready for one connection: its decision, its filter's levels, and how a Topic
+    Name is tested against it: equal to ``text`` (no wildcard), under ``text`` (``a/b/#``:
+    ``text`` = ``a/b/``), or level by level (any ``+``, or ``#`` alone)."""
+
+    allow: bool
+    levels: tuple[str, ...]
+    kind: int
+    text: str
+
+    @classmethod
+    def of(cls, allow: bool, levels: tuple[str, ...]) -> _Compiled:
+        if "+" not in levels and "#" not in levels:
+            return cls(allow, levels, _EXACT, "/".join(levels))
+        if "+" not in levels and len(levels) > 1:  # ends with "#" (a valid filter)
+            return cls(allow, levels, _PREFIX, "/".join(levels[:-1]) + "/")
+        return cls(allow, levels, _LEVELS, "")
+
+    def matches(self, topic: str) -> bool:
+        """Whether the filter matches Topic Name ``topic`` (MQTT 4.7)."""
+        if self.kind == _EXACT:
+            return topic == self.text
+        if self.kind == _PREFIX:
+            return topic.startswith(self.text) or topic == self.text[:-1]
+        return matches(self.levels, topic.split("/"))
 
 
 class Authorizer:
@@ -250,7 +277,7 @@ class Authorizer:
     Each check costs a dict lookup once a Topic Name was seen; a miss walks the rules.
     """
 
-    __slots__ = ("_decisions", "_publish", "_subscribe", "rules")
+    __slots__ = ("_by_first_level", "_decisions", "_publish", "_subscribe", "rules")
 
     def __init__(self, rules: Sequence[Rule], client_id: str = "", username: str | None = None):
         self.rules = tuple(rules)
@@ -260,12 +287,14 @@ class Authorizer:
             levels = _substitute(rule, client_id, username)
             if levels is None:
                 continue
-            compiled = (rule.permission is Permission.ALLOW, levels)
+            compiled = _Compiled.of(rule.permission is Permission.ALLOW, levels)
             if rule.action is not Action.SUBSCRIBE:
                 self._publish.append(compiled)
             if rule.action is not Action.PUBLISH:
                 self._subscribe.append(compiled)
         self._decisions: dict[str, bool] = {}
+        # the publish rules that can match a topic, by the topic's first level, in order
+        self._by_first_level: dict[str, list[_Compiled]] = {}
 
     @property
     def allows_all(self) -> bool:
@@ -280,7 +309,7 @@ class Authorizer:
         if decision is None:
             if len(self._decisions) >= DECISION_CACHE_SIZE:
                 self._decisions.clear()
-            decision = self._decisions[topic] = self._first_match(topic.split("/"))
+            decision = self._decisions[topic] = self._first_match(topic)
         return decision
 
     def may_subscribe(self, topic_filter: str) -> bool:
@@ -290,18 +319,26 @@ class Authorizer:
             return True
         shared = parse_shared(topic_filter)
         levels = (shared.topic_filter if shared is not None else topic_filter).split("/")
-        for allow, rule in self._subscribe:
-            if allow:
-                if covers(rule, levels):
+        for rule in self._subscribe:
+            if rule.allow:
+                if covers(rule.levels, levels):
                     return True
-            elif overlaps(rule, levels):
+            elif overlaps(rule.levels, levels):
                 return False
         return False
 
-    def _first_match(self, levels: list[str]) -> bool:
-        for allow, rule in self._publish:
-            if matches(rule, levels):
-                return allow
+    def _first_match(self, topic: str) -> bool:
+        first = topic.split("/", 1)[0]
+        candidates = self._by_first_level.get(first)
+        if candidates is None:
+            if len(self._by_first_level) >= DECISION_CACHE_SIZE:
+                self._by_first_level.clear()
+            candidates = self._by_first_level[first] = [
+                rule for rule in self._publish if rule.levels[0] in (first, "+", "#")
+            ]
+        for rule in candidates:
+            if rule.matches(topic):
+                return rule.allow
         return False
 
 
