@@ -10,3 +10,20 @@ def test_local_settings_point_the_store_at_the_local_redis_and_postgres() -> Non
     local = cluster.local_settings(LocalSettings(redis_port=16379, postgres_port=15432))
     assert local.redis_url == "redis://127.0.0.1:16379/0"
     assert local.postgres_dsn == "postgresql://cormorant@127.0.0.1:15432/cormorant"
+
+
+def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster() -> None:
+    from services.common.settings import Settings
+
+    assert Settings.model_fields["allow_anonymous"].default is False
+    assert cluster.anonymous_allowed(LocalSettings(mqtt_host="127.0.0.1"))
+    assert cluster.anonymous_allowed(LocalSettings(mqtt_host="::1"))
+    assert not cluster.anonymous_allowed(LocalSettings(mqtt_host="0.0.0.0"))
+    assert not cluster.anonymous_allowed(LocalSettings(mqtt_host="10.0.0.5"))
+    assert not cluster.anonymous_allowed(LocalSettings(local_anonymous=False))
+    for settings, said in (
+        (LocalSettings(), "true"),
+        (LocalSettings(local_anonymous=False), "false"),
+    ):
+        nodes = [c for c in cluster.services_of(settings) if c.name.startswith("ingest")]
+        assert nodes and all(n.start.keywords["allow_anonymous"] == said for n in nodes)  # type: ignore[attr-defined]
