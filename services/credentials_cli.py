@@ -36,8 +36,9 @@ from services.common.auth.manage import (
     CredentialNotFound,
     CredentialSpec,
 )
-from services.common.auth.store import CredentialConflict, CredentialStore, StoreUnavailable
+from services.common.auth.store import CredentialConflict, CredentialStore
 from services.common.records import ClientKind
+from services.common.stores.base import StoreUnavailable
 
 T = TypeVar("T")
 

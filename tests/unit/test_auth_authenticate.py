@@ -24,9 +24,9 @@ from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.passwords import hash_password
 from services.common.auth.principal import Accepted, AuthRequest, Challenge, Outcome, Refused
 from services.common.auth.scram import MECHANISMS, derive_secret
-from services.common.auth.store import StoreUnavailable
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import ClientKind
+from services.common.stores.base import StoreUnavailable
 
 SECRET = "the issuer's HMAC secret, long enough for HS256"
 

@@ -61,15 +61,15 @@ from services.common.auth.scram import (
     ScramExchange,
     unknown_user_secret,
 )
-from services.common.auth.store import StoreUnavailable
 from services.common.mqtt.reason_codes import ReasonCode
+from services.common.stores.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 
 class CredentialSource(Protocol):
     """Where credentials are found: the node's :class:`~.cache.CredentialCache` (or a test's
-    own). Every method may raise :class:`~.store.StoreUnavailable`."""
+    own). Every method may raise :class:`~services.common.stores.base.StoreUnavailable`."""
 
     async def by_username(self, username: str) -> Sequence[Credential]:
         """The MQTT_BASIC and SCRAM credentials naming ``username``."""

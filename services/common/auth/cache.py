@@ -10,7 +10,7 @@ forgotten: notifications sent meanwhile are lost.
 
 A lookup that raced with a change (started before the change was seen, answered after) is
 used once but not remembered. While PostgreSQL is unreachable, cached entries keep serving
-and other lookups raise :class:`~.store.StoreUnavailable`.
+and other lookups raise :class:`~services.common.stores.base.StoreUnavailable`.
 """
 
 from __future__ import annotations

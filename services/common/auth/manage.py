@@ -9,7 +9,7 @@ every call (``ref``).
 Errors: :class:`~.credentials.CredentialError` (invalid input, message names the field),
 :class:`~.authorize.RuleError` (a bad rule), :class:`CredentialNotFound`,
 :class:`~.store.CredentialConflict` (name or identity taken),
-:class:`~.store.StoreUnavailable` (PostgreSQL).
+:class:`~services.common.stores.base.StoreUnavailable` (PostgreSQL).
 """
 
 from __future__ import annotations

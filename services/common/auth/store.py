@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 from pydantic import SecretStr
 
 from services.common.auth.authorize import parse_rules
@@ -33,13 +32,11 @@ from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.scram import ScramSecret
 from services.common.records import ClientKind
 from services.common.settings import Settings
-from services.common.stores.migrate import migrate
-from services.common.stores.postgres_store import connection_options, public_address
+from services.common.stores.postgres_pool import Connection, MigratedPool
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 CHANNEL = "cormorant_credentials"
 """The PostgreSQL NOTIFY channel of credential changes."""
@@ -51,10 +48,6 @@ _COLUMNS = (
     "id, name, type, enabled, kind, client_id, username, fingerprint, rules, details, "
     "revision, created_at, updated_at"
 )
-
-
-class StoreUnavailable(RuntimeError):
-    """PostgreSQL cannot be reached or did not answer in time; the message says where."""
 
 
 class CredentialConflict(ValueError):
@@ -202,8 +195,9 @@ class CredentialStore:
     ``dsn`` and the connection options are the message store's
     (:class:`~services.common.stores.postgres_store.PostgresMessageStore`): ``password``,
     ``sslmode``, ``sslrootcert``; ``timeout`` (seconds) bounds each operation, waiting for a
-    connection included. The pool opens and the schema is migrated on first use. Every
-    method raises :class:`StoreUnavailable` when PostgreSQL cannot answer in time.
+    connection included (:class:`~services.common.stores.postgres_pool.MigratedPool`).
+    Every method raises :class:`~services.common.stores.base.StoreUnavailable` when
+    PostgreSQL cannot answer in time.
     """
 
     def __init__(
@@ -216,21 +210,15 @@ class CredentialStore:
         sslmode: str | None = None,
         sslrootcert: Path | None = None,
     ) -> None:
-        self._dsn = dsn
-        self._timeout = timeout
-        self._address = public_address(dsn)
-        self._options = connection_options(timeout, password, sslmode, sslrootcert)
-        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+        self._pool = MigratedPool(
             dsn,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
+            name="credential store",
             timeout=timeout,
-            kwargs=self._options,
-            name="credentials",
+            pool_size=pool_size,
+            password=password,
+            sslmode=sslmode,
+            sslrootcert=sslrootcert,
         )
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CredentialStore:
@@ -244,29 +232,11 @@ class CredentialStore:
             sslrootcert=settings.postgres_sslrootcert,
         )
 
-    async def _ensure_ready(self) -> None:
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if self._ready:
-                return
-            await self._pool.open(wait=False)
-            async with self._pool.connection() as conn:
-                await migrate(conn)
-            self._ready = True
-
     async def _run(self, what: str, body: Callable[[Connection], Awaitable[T]]) -> T:
         try:
-            async with asyncio.timeout(self._timeout):
-                await self._ensure_ready()
-                async with self._pool.connection() as conn, conn.transaction():
-                    return await body(conn)
+            return await self._pool.run(what, body)
         except psycopg.errors.UniqueViolation as exc:
             raise CredentialConflict(_conflict_message(exc)) from None
-        except (TimeoutError, psycopg.OperationalError) as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL at {self._address} is unavailable ({what}): {exc or 'timeout'}"
-            ) from exc
 
     async def _select(self, what: str, where: str, params: tuple[Any, ...]) -> list[Credential]:
         async def body(conn: Connection) -> list[Credential]:
@@ -369,10 +339,8 @@ class CredentialStore:
         Reconnects after :data:`RECONNECT_SECONDS` when PostgreSQL is lost (logged)."""
         while True:
             try:
-                await self._ensure_ready()
-                conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, **self._options
-                )
+                await self._pool.ensure_ready()
+                conn = await self._pool.connect_unpooled()
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     on_connected()
@@ -386,7 +354,7 @@ class CredentialStore:
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning(
                     "credential changes from PostgreSQL at %s not followed: %r; again in %s s",
-                    self._address,
+                    self._pool.address,
                     exc,
                     RECONNECT_SECONDS,
                 )
