@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.subscription import Subscription
+from services.ingest.limits import Refusal
 
 
 @dataclass(slots=True)
@@ -151,6 +152,16 @@ class RecordEvent:
     event: EventRecord
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A limit refused this client something (``detail`` says what, for the log): the
+    shell counts it and logs it once per client per minute (:mod:`services.ingest.refusals`).
+    What the client is told travels in the effects beside it (SUBACK, PUBREC, CONNACK)."""
+
+    refusal: Refusal
+    detail: str
+
+
 StoreEffect = (
     StorePublish
     | StoreRetained
@@ -171,4 +182,5 @@ Effect = (
     | WatchSession
     | SyncState
     | RecordEvent
+    | Refused
 )

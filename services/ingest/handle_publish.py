@@ -27,12 +27,14 @@ from services.common.topics.validation import validate_topic_name
 from services.ingest.effects import (
     Close,
     Effect,
+    Refused,
     Send,
     StorePublish,
     StoreRetained,
     StoreSession,
 )
 from services.ingest.handle_connect import session_record
+from services.ingest.limits import Refusal
 from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
 from services.ingest.topic_alias import resolve_inbound
 
@@ -56,7 +58,8 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     a retained message acknowledged is seen by every later SUBSCRIBE.
     Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
-    a client (3.3.4-6).
+    a client (3.3.4-6), 0x97 for a v3.1.1 QoS 2 PUBLISH over ``max_inflight_qos2`` (a v5
+    one gets PUBREC 0x97 instead).
     """
     topic = resolve_inbound(
         state.topic_aliases,
@@ -83,6 +86,8 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum
         ):
             raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+        if packet.qos == 2 and _inflight_qos2(state) >= state.limits.max_inflight_qos2:
+            return _refuse_qos2(state, packet.packet_id)
     meta = PublishMeta(
         topic=topic,
         qos=packet.qos,
@@ -106,6 +111,27 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             pending.outstanding += 1
             state.unsaved.acks.append(pending)
     return effects
+
+
+def _inflight_qos2(state: ConnectionState) -> int:
+    """Inbound QoS 2 messages of the session not yet released: stored ones and those being
+    stored."""
+    storing = sum(1 for p in state.pending_acks if p.qos == 2 and not p.failed)
+    return len(state.unreleased_qos2) + storing
+
+
+def _refuse_qos2(state: ConnectionState, packet_id: int) -> list[Effect]:
+    """A QoS 2 PUBLISH over ``max_inflight_qos2``: v5 PUBREC 0x97 Quota exceeded in its
+    turn (nothing stored, the Packet Identifier free again); v3.1.1 has no negative
+    acknowledgement, so :class:`MQTTError` closes the connection."""
+    limit = state.limits.max_inflight_qos2
+    refused = Refused(Refusal.INFLIGHT_QOS2, f"more than {limit} QoS 2 messages unreleased")
+    if state.protocol_version < 5:
+        raise MQTTError(refused.detail, ReasonCode.QUOTA_EXCEEDED)
+    state.pending_acks.append(
+        PendingAck(packet_id, 2, outstanding=0, failed=True, refused=ReasonCode.QUOTA_EXCEEDED)
+    )
+    return [refused, *_release_acks(state)]
 
 
 def publish_outcome(state: ConnectionState, pending: PendingAck, ok: bool) -> list[Effect]:
@@ -138,10 +164,16 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
             state.phase = Phase.CLOSED
             effects: list[Effect] = [Send(b"".join(out))] if out else []
             return [*effects, Close("a PUBLISH could not be stored in Kafka")]
-        reason = ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        reason = pending.refused or (
+            ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        )
         props = Properties()
         if pending.failed and state.request_problem_information:
-            props.reason_string = "the message could not be stored"
+            props.reason_string = (
+                "too many QoS 2 messages in flight"
+                if pending.refused
+                else "the message could not be stored"
+            )
         if pending.qos == 1:
             out.append(state.encode(PubAck(pending.packet_id, reason, props)))
         else:

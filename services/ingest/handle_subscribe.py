@@ -18,7 +18,14 @@ from services.common.records import EventKind
 from services.common.subscription import Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
 from services.ingest import events
-from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
+from services.ingest.effects import (
+    Effect,
+    Refused,
+    Send,
+    StoreRetainedRequest,
+    StoreSubscriptions,
+)
+from services.ingest.limits import Refusal
 from services.ingest.state import ConnectionState, PendingSubAck
 
 MAX_GRANTED_QOS = 2
@@ -46,13 +53,18 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
     """Add or replace subscriptions; SUBACK carries one return/Reason Code per filter.
 
     Raises :class:`ProtocolError` for No Local on a Shared Subscription (MQTT 5.0 3.8.3-4).
-    An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1).
+    An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1), and so
+    does one over the server's limits (``max_topic_levels`` levels, a new filter beyond
+    ``max_subscriptions``): 0x97 Quota exceeded in v5, 0x80 in v3.1.1, with a
+    :class:`Refused` effect per limit for the node's counters.
     """
     ids = packet.properties.subscription_identifiers
     identifier = ids[0] if ids else None
     updated = dict(state.subscriptions)
     retained: dict[str, Subscription] = {}
     codes: list[int] = []
+    refused: dict[Refusal, Refused] = {}
+    limits = state.limits
     for request in packet.subscriptions:
         try:
             validate_topic_filter(request.topic_filter)
@@ -62,6 +74,16 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             continue
         if shared is not None and request.no_local:
             raise ProtocolError("No Local is not allowed on a Shared Subscription")
+        inner = request.topic_filter if shared is None else shared.topic_filter
+        over = None
+        if inner.count("/") >= limits.max_topic_levels:
+            over = Refused(Refusal.TOPIC_LEVELS, f"more than {limits.max_topic_levels} levels")
+        elif request.topic_filter not in updated and len(updated) >= limits.max_subscriptions:
+            over = Refused(Refusal.SUBSCRIPTIONS, f"more than {limits.max_subscriptions}")
+        if over is not None:
+            refused.setdefault(over.refusal, over)
+            codes.append(_failure(state, MQTTError(over.detail, ReasonCode.QUOTA_EXCEEDED)))
+            continue
         granted = min(request.qos, MAX_GRANTED_QOS)
         subscription = Subscription(
             client_id=state.client_id,
@@ -81,9 +103,11 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
         codes.append(granted)
     accepted = [(r.topic_filter, c) for r, c in zip(packet.subscriptions, codes, strict=True)
                 if c < 0x80]  # fmt: skip
-    return _store(
-        state, updated, SubAck(packet.packet_id, codes), list(retained.values())
-    ) + events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted)
+    return [
+        *refused.values(),
+        *_store(state, updated, SubAck(packet.packet_id, codes), list(retained.values())),
+        *events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted),
+    ]
 
 
 def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effect]:
