@@ -24,6 +24,9 @@ TEST_PORTS = {
     "redis_port": 16379,
     "postgres_port": 15432,
     "listen_port": 21883,
+    "tls_listen_port": 21884,
+    "ws_listen_port": 21885,
+    "wss_listen_port": 21886,
     "ingest_base_port": 21900,
 }
 PORT_STEP = 100
@@ -55,9 +58,9 @@ def free_test_ports(ingest_nodes: int) -> dict[str, int]:
     """
     for attempt in range(PORT_TRIES):
         ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        base = ports["ingest_base_port"]
+        layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
         wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
-        wanted += [base + i for i in range(1, ingest_nodes + 1)]
+        wanted += haproxy.all_node_ports(layout)
         if all(_bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")

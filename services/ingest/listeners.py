@@ -106,7 +106,9 @@ class _Acceptor:
                     if client is not None:
                         peer = format_address(client)
                 stage = Refusal.TLS_HANDSHAKE
-                context = self.contexts.current if self.contexts is not None else None
+                context = None
+                if listener.tls and self.contexts is not None:
+                    context = self.contexts.current
                 await loop.connect_accepted_socket(
                     lambda: MQTTServerProtocol(node, websocket=listener.websocket, client=client),
                     sock,

@@ -23,7 +23,7 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, postgres, processes, redis
+from services.local import certificates, haproxy, kafka, postgres, processes, redis
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -184,13 +184,49 @@ def _service(
     )
 
 
+def tls_dir(settings: LocalSettings) -> Path:
+    """Where ``cormorant up`` keeps the local CA and certificates: ``<state_dir>/tls``."""
+    return settings.state_dir / "tls"
+
+
+def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
+    """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
+    its direct port, its listeners behind HAProxy (:func:`haproxy.node_listeners`) and,
+    unless ``tls_cert_file`` is set, the local CA's server certificate
+    (:mod:`services.local.certificates`, made on first use) with client certificates
+    verified when sent (``tls_client_auth`` optional, unless set)."""
+    port = haproxy.node_ports(settings)[node - 1]
+    listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
+    overrides = {
+        "node_id": f"node{node}",
+        "mqtt_port": str(port),
+        "listeners": json.dumps(listeners),
+    }
+    if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+        pki = certificates.ensure_local_pki(tls_dir(settings))
+        overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
+        if "tls_client_auth" not in settings.model_fields_set:
+            overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+    return overrides
+
+
+def _start_ingest(settings: LocalSettings, node: int) -> int:
+    port = haproxy.node_ports(settings)[node - 1]
+    overrides = ingest_overrides(settings, node)
+    return _start_service(settings, f"ingest-node{node}", "ingest", port, **overrides)
+
+
 def services_of(settings: LocalSettings) -> list[Component]:
     """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
     order."""
     settings = local_settings(settings)
     nodes = [
-        _service(
-            settings, f"ingest-node{i}", "ingest", port, node_id=f"node{i}", mqtt_port=str(port)
+        Component(
+            f"ingest-node{i}",
+            port,
+            partial(_start_ingest, settings, i),
+            ready_file=ready_file(settings, f"ingest-node{i}"),
+            stop_timeout=SERVICE_STOP_TIMEOUT,
         )
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]

@@ -240,7 +240,14 @@ class MosquittoSub:
     """
 
     def __init__(
-        self, port: int, topic_filter: str, *, qos: int, count: int, version: int = 4
+        self,
+        port: int,
+        topic_filter: str,
+        *,
+        qos: int,
+        count: int,
+        version: int = 4,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.output: list[str] = []
         self._subscribed = threading.Event()
@@ -249,7 +256,7 @@ class MosquittoSub:
             _mosquitto("stdbuf"), "-oL",
             _mosquitto("mosquitto_sub"), "-h", HOST, "-p", str(port), "-t", topic_filter,
             "-q", str(qos), "-C", str(count), "-W", str(int(TIMEOUT * 2)), "-d", "-v",
-            "-i", unique("mosq-sub"), "-V", "mqttv5" if version == 5 else "mqttv311",
+            "-i", unique("mosq-sub"), "-V", "mqttv5" if version == 5 else "mqttv311", *extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -280,13 +287,20 @@ class MosquittoSub:
 
 
 def mosquitto_pub(
-    port: int, topic: str, message: str, *, qos: int, version: int = 4
+    port: int,
+    topic: str,
+    message: str,
+    *,
+    qos: int,
+    version: int = 4,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process."""
+    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process.
+    ``extra``: more options (``--cafile``, ``--cert``...)."""
     argv = [
         _mosquitto("mosquitto_pub"), "-h", HOST, "-p", str(port), "-t", topic, "-m", message,
         "-q", str(qos), "-d", "-i", unique("mosq-pub"),
-        "-V", "mqttv5" if version == 5 else "mqttv311",
+        "-V", "mqttv5" if version == 5 else "mqttv311", *extra,
     ]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT * 2, check=False)
 
