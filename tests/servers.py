@@ -126,14 +126,17 @@ class LocalCluster:
         """Start process ``name`` and wait until it is ready; return its pid."""
         return cluster.start_component(self.settings, name)
 
-    def start_app_delivery(self, name: str) -> int:
-        """Start one more app_delivery instance as process ``name`` (stop it with
-        :meth:`stop_app_delivery` or :meth:`kill`; ``down`` stops it too); return its pid."""
-        return cluster.start_app_delivery(self.settings, name)
+    def start_extra(
+        self, name: str, command: str, port: int | None = None, **overrides: str
+    ) -> int:
+        """Start one more process ``name`` (``cormorant <command>``, the cluster's settings
+        and ``overrides``) and wait until it is ready; return its pid. Stop it with
+        :meth:`stop_extra` or :meth:`kill`; ``down`` stops it too."""
+        return cluster.start_extra(self.settings, name, command, port, **overrides)
 
-    def stop_app_delivery(self, name: str) -> bool:
-        """Stop the extra app_delivery instance ``name`` cleanly; True if it was running."""
-        return cluster.stop_app_delivery(self.settings, name)
+    def stop_extra(self, name: str) -> bool:
+        """Stop the extra process ``name`` cleanly; True if it was running."""
+        return cluster.stop_extra(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

@@ -274,17 +274,19 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
-def start_app_delivery(settings: LocalSettings, name: str) -> int:
-    """Start one more app_delivery instance as process ``name`` (its instances share the
-    APPLICATION clients through their consumer group) and wait until it is ready; return
-    its pid. ``down`` stops it with the rest. Raises
-    :class:`~services.local.processes.StartError`."""
-    return _start_service(local_settings(settings), name, "app-delivery", None)
+def start_extra(
+    settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
+) -> int:
+    """Start one more process ``name`` running ``cormorant <command>`` with the cluster's
+    settings and ``overrides`` (setting name → value as its environment variable holds
+    it; another app_delivery instance, an ingest node with settings of its own), and wait
+    until it is ready (and listens on ``port``, if given); return its pid. ``down`` stops
+    it with the rest. Raises :class:`~services.local.processes.StartError`."""
+    return _start_service(local_settings(settings), name, command, port, **overrides)
 
 
-def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
-    """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
-    True if it was running."""
+def stop_extra(settings: LocalSettings, name: str) -> bool:
+    """Stop the process ``name`` that :func:`start_extra` started; True if it was running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
     clear_ready(ready_file(settings, name))
