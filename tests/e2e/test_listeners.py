@@ -123,10 +123,11 @@ def test_paho_over_websocket(cluster: LocalCluster, secure: bool) -> None:
     try:
         assert sub.connect() == 0 and pub.connect() == 0
         assert sub.subscribe(topic, 1) == [1]
-        pub.publish(topic, b"x" * 70_000, 1)  # bigger than one TCP segment, several reads
+        pub.publish(topic, b"x" * 4000, 1)
         pub.publish(topic, b"over websocket", 1)
-        got = [sub.messages.get(timeout=TIMEOUT).payload for _ in range(2)]
-        assert got == [b"x" * 70_000, b"over websocket"]
+        msgs = [sub.messages.get(timeout=TIMEOUT) for _ in range(2)]
+        seen = [(m.mid, m.dup, len(m.payload)) for m in msgs]
+        assert [m.payload for m in msgs] == [b"x" * 4000, b"over websocket"], seen
     finally:
         sub.close()
         pub.close()
@@ -151,6 +152,15 @@ def test_mqtt_split_across_frames_and_several_packets_in_one_frame(
         ws.send_frames(publish[4:] + b"\xc0\x00")  # the rest, and a PINGREQ
         seen = {ws.read_packet()[0] for _ in range(3)}
         assert seen == {0x40, 0x30 | 1 << 1, 0xD0}  # PUBACK, the PUBLISH back, PINGRESP
+        # A 200 KB PUBLISH in 50 frames, back in frames of the server's choosing.
+        big = publish_packet(topic.encode(), os.urandom(200_000), qos=1, packet_id=3, v5=True)
+        ws.send_frames(*(big[i : i + 4096] for i in range(0, len(big), 4096)))
+        back = {}
+        for _ in range(2):
+            first, body = ws.read_packet()
+            back[first] = body
+        assert back[0x40][:2] == b"\x00\x03"  # PUBACK of packet 3
+        assert back[0x30 | 1 << 1].endswith(big[-1000:])  # the payload came back whole
     finally:
         ws.close()
 
