@@ -29,7 +29,7 @@ from services.common.settings import Listener
 from services.ingest import proxy_protocol
 from services.ingest.limits import Refusal
 from services.ingest.node import IngestNode
-from services.ingest.server import MQTTServerProtocol, format_address
+from services.ingest.server import MQTTServerProtocol
 from services.ingest.tls import TlsContexts
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class _Acceptor:
         node, listener = self.node, self.listener
         loop = asyncio.get_running_loop()
         try:
-            peer = format_address(sock.getpeername())
+            host = str(sock.getpeername()[0])  # refusals are logged per address
         except OSError:
             sock.close()
             return
@@ -104,7 +104,7 @@ class _Acceptor:
                     header = await read_proxy_header(sock)
                     client = header.source
                     if client is not None:
-                        peer = format_address(client)
+                        host = client[0]
                 stage = Refusal.TLS_HANDSHAKE
                 context = None
                 if listener.tls and self.contexts is not None:
@@ -117,10 +117,10 @@ class _Acceptor:
         except _ClosedEarly:
             sock.close()
         except (ssl.SSLEOFError, ConnectionResetError) as exc:
-            log.debug("%s closed before its TLS handshake: %r", peer, exc)
+            log.debug("%s closed before its TLS handshake: %r", host, exc)
             sock.close()
         except (proxy_protocol.ProxyProtocolError, ssl.SSLError, OSError, TimeoutError) as exc:
-            node.refusals.note(stage, peer, str(exc) or type(exc).__name__)
+            node.refusals.note(stage, host, str(exc) or type(exc).__name__)
             with contextlib.suppress(OSError):
                 sock.close()
 

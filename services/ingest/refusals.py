@@ -2,7 +2,7 @@
 
 Every refusal (:class:`~services.ingest.limits.Refusal`: a limit or a failed handshake)
 adds one to the node's counter of its kind, whatever the client; the log gets at most one
-line per kind and client (its client id, or its address before CONNECT) per
+line per kind and client (its client id, or its IP address before CONNECT) per
 :data:`LOG_INTERVAL` seconds, saying how many more there were since, so a client hammering
 a limit cannot flood the log. The counters are what metrics (issue 13) will expose.
 """
@@ -38,7 +38,7 @@ class Refusals:
         self._logged: dict[tuple[Refusal, str], tuple[float, int]] = {}
 
     def note(self, refusal: Refusal, who: str, detail: str) -> None:
-        """Count one ``refusal`` of client ``who`` (client id or address); log it unless
+        """Count one ``refusal`` of client ``who`` (client id, or IP address); log it unless
         this client's refusals of this kind were logged less than a minute ago."""
         self.counts[refusal] += 1
         now = self._clock()

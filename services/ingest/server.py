@@ -120,8 +120,9 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     @property
     def who(self) -> str:
-        """The client for the log: its client id once known, else its address."""
-        return self.connection.client_id or self.connection.state.client_address
+        """The client for the log: its client id once known, else its IP address."""
+        address = self.connection.state.client_address
+        return self.connection.client_id or address.rsplit(":", 1)[0].strip("[]")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Note the client's address and certificate, apply the connection limits, and
@@ -131,11 +132,12 @@ class MQTTServerProtocol(asyncio.Protocol):
         peer = self._client or transport.get_extra_info("peername")
         state.client_address = format_address(peer)
         state.client_certificate = tls.client_certificate(transport.get_extra_info("ssl_object"))
-        refusal = self.node.admit(str(peer[0]) if isinstance(peer, tuple) else "")
+        host = str(peer[0]) if isinstance(peer, tuple) else ""
+        refusal = self.node.admit(host)
         if refusal is not None:
             code, reason = _REFUSED_CONNECT[refusal]
             state.refusal = MQTTError(reason, code)
-            self.node.refusals.note(refusal, state.client_address, reason)
+            self.node.refusals.note(refusal, host, reason)  # once a minute per address
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:

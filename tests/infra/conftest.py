@@ -13,7 +13,6 @@ import pytest
 
 from tests.infra.mocks import Deployment, deploy, stack_file_values
 
-
 TLS_SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:cormorant-mqtt-tls-AbCdEf"
 """The Secrets Manager secret of the ingest tasks' certificate in the passthrough stack."""
 
