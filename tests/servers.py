@@ -24,6 +24,9 @@ TEST_PORTS = {
     "redis_port": 16379,
     "postgres_port": 15432,
     "listen_port": 21883,
+    "tls_listen_port": 21884,
+    "ws_listen_port": 21885,
+    "wss_listen_port": 21886,
     "ingest_base_port": 21900,
 }
 PORT_STEP = 100
@@ -55,9 +58,9 @@ def free_test_ports(ingest_nodes: int) -> dict[str, int]:
     """
     for attempt in range(PORT_TRIES):
         ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        base = ports["ingest_base_port"]
+        layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
         wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
-        wanted += [base + i for i in range(1, ingest_nodes + 1)]
+        wanted += haproxy.all_node_ports(layout)
         if all(_bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
@@ -123,14 +126,17 @@ class LocalCluster:
         """Start process ``name`` and wait until it is ready; return its pid."""
         return cluster.start_component(self.settings, name)
 
-    def start_app_delivery(self, name: str) -> int:
-        """Start one more app_delivery instance as process ``name`` (stop it with
-        :meth:`stop_app_delivery` or :meth:`kill`; ``down`` stops it too); return its pid."""
-        return cluster.start_app_delivery(self.settings, name)
+    def start_extra(
+        self, name: str, command: str, port: int | None = None, **overrides: str
+    ) -> int:
+        """Start one more process ``name`` (``cormorant <command>``, the cluster's settings
+        and ``overrides``) and wait until it is ready; return its pid. Stop it with
+        :meth:`stop_extra` or :meth:`kill`; ``down`` stops it too."""
+        return cluster.start_extra(self.settings, name, command, port, **overrides)
 
-    def stop_app_delivery(self, name: str) -> bool:
-        """Stop the extra app_delivery instance ``name`` cleanly; True if it was running."""
-        return cluster.stop_app_delivery(self.settings, name)
+    def stop_extra(self, name: str) -> bool:
+        """Stop the extra process ``name`` cleanly; True if it was running."""
+        return cluster.stop_extra(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

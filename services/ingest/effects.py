@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from services.common.auth.principal import AuthRequest, ScramState
 from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.subscription import Subscription
+from services.ingest.limits import Refusal
 
 
 @dataclass(slots=True)
@@ -164,6 +165,16 @@ class RecordEvent:
     event: EventRecord
 
 
+@dataclass(frozen=True, slots=True)
+class LimitRefused:
+    """A limit refused this client something (``detail`` says what, for the log): the
+    shell counts it and logs it once per client per minute (:mod:`services.ingest.refusals`).
+    What the client is told travels in the effects beside it (SUBACK, PUBREC, CONNACK)."""
+
+    refusal: Refusal
+    detail: str
+
+
 StoreEffect = (
     StorePublish
     | StoreRetained
@@ -185,4 +196,5 @@ Effect = (
     | SyncState
     | Authenticate
     | RecordEvent
+    | LimitRefused
 )

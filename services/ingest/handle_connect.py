@@ -65,11 +65,14 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
 
     A v5 client that sent no Client Identifier gets one from the server's generator
     (``ServerContext.new_client_id``; MQTT 5.0 3.1.3.1, Assigned Client Identifier).
-    Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: 0x85
-    Client Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8),
-    0x90 for an invalid Will Topic.
+    Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: the
+    shell's refusal (``state.refusal``: a connection limit, 0x97 or 0x9F), 0x85 Client
+    Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8), 0x90 for
+    an invalid Will Topic.
     """
     state.protocol_version = connect.protocol_version
+    if state.refusal is not None:
+        raise state.refusal
     props = connect.properties
     client_id = connect.client_id
     assigned = False
@@ -315,7 +318,7 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
 
 def _recorded_unreleased(state: ConnectionState) -> tuple[int, ...]:
     ids = set(state.unreleased_qos2)
-    ids.update(p.packet_id for p in state.pending_acks if p.qos == 2 and not p.failed)
+    ids.update(p.packet_id for p in state.pending_acks if p.unreleased_qos2)
     ids.difference_update(_releasing(state))
     return tuple(sorted(ids))
 
@@ -372,9 +375,12 @@ _V3_REFUSALS = frozenset(
         ReasonCode.BANNED,
         ReasonCode.SERVER_UNAVAILABLE,
         ReasonCode.SERVER_BUSY,
+        ReasonCode.QUOTA_EXCEEDED,
+        ReasonCode.CONNECTION_RATE_EXCEEDED,
     )
 )
-"""Refusals an MQTT 3.1.1 CONNACK return code can express (3.2.2.3)."""
+"""Refusals an MQTT 3.1.1 CONNACK return code can express (3.2.2.3); the connection limits
+become 0x03 Server unavailable, the nearest (the client retries later)."""
 
 
 class ConnAckBytes:

@@ -34,12 +34,14 @@ from services.common.topics.validation import validate_topic_name
 from services.ingest.effects import (
     Close,
     Effect,
+    LimitRefused,
     Send,
     StorePublish,
     StoreRetained,
     StoreSession,
 )
 from services.ingest.handle_connect import session_record
+from services.ingest.limits import Refusal
 from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
 from services.ingest.topic_alias import resolve_inbound
 
@@ -66,7 +68,8 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     A PUBLISH the client may not make is refused (see the module).
     Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
-    a client (3.3.4-6).
+    a client (3.3.4-6), 0x97 for a v3.1.1 QoS 2 PUBLISH over ``max_inflight_qos2`` (a v5
+    one gets PUBREC 0x97 instead).
     """
     topic = resolve_inbound(
         state.topic_aliases,
@@ -89,14 +92,14 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
                 # A resent QoS 2 PUBLISH: stored once already, so only acknowledge (4.3.3).
                 state.pending_acks.append(PendingAck(packet.packet_id, 2, outstanding=0))
                 return _release_acks(state)
+        if state.protocol_version == 5 and (
+            len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum
+        ):
+            raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
     if not state.authorizer.may_publish(topic):
         return _refuse(state, packet, topic)
-    if (
-        packet.qos
-        and state.protocol_version == 5
-        and (len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum)
-    ):
-        raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    if packet.qos == 2 and _inflight_qos2(state) >= state.limits.max_inflight_qos2:
+        return _refuse_qos2(state, packet)
     meta = PublishMeta(
         topic=topic,
         qos=packet.qos,
@@ -123,13 +126,36 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
 
 
 def _refuse(state: ConnectionState, packet: Publish, topic: str) -> list[Effect]:
-    """A PUBLISH to ``topic`` the client's rules do not allow: answered in order, not stored."""
+    """A PUBLISH to ``topic`` the client's rules do not allow: answered in order (v5 0x87,
+    v3.1.1 positively), not stored."""
     log.info("client %r may not publish to %r: refused", state.client_id, topic)
     if not packet.qos:
         return []
     assert packet.packet_id is not None
-    state.pending_acks.append(PendingAck(packet.packet_id, packet.qos, 0, refused=True))
+    refused = ReasonCode.NOT_AUTHORIZED if state.protocol_version == 5 else 0
+    state.pending_acks.append(PendingAck(packet.packet_id, packet.qos, 0, refused=refused))
     return _release_acks(state)
+
+
+def _inflight_qos2(state: ConnectionState) -> int:
+    """Inbound QoS 2 messages of the session not yet released: stored ones and those being
+    stored."""
+    return len(state.unreleased_qos2) + sum(1 for p in state.pending_acks if p.unreleased_qos2)
+
+
+def _refuse_qos2(state: ConnectionState, packet: Publish) -> list[Effect]:
+    """A QoS 2 PUBLISH over ``max_inflight_qos2``: v5 PUBREC 0x97 Quota exceeded in its
+    turn (nothing stored, the Packet Identifier free again); v3.1.1 has no negative
+    acknowledgement, so :class:`MQTTError` closes the connection."""
+    assert packet.packet_id is not None
+    limit = state.limits.max_inflight_qos2
+    refused = LimitRefused(Refusal.INFLIGHT_QOS2, f"more than {limit} QoS 2 messages unreleased")
+    if state.protocol_version < 5:
+        raise MQTTError(refused.detail, ReasonCode.QUOTA_EXCEEDED)
+    state.pending_acks.append(
+        PendingAck(packet.packet_id, 2, outstanding=0, refused=ReasonCode.QUOTA_EXCEEDED)
+    )
+    return [refused, *_release_acks(state)]
 
 
 def publish_outcome(state: ConnectionState, pending: PendingAck, ok: bool) -> list[Effect]:
@@ -148,6 +174,13 @@ def _answered(state: ConnectionState, pending: PendingAck, ok: bool) -> None:
             state.session_dirty = True
 
 
+_REASON_STRINGS: dict[int, str] = {
+    ReasonCode.NOT_AUTHORIZED: "not authorized to publish to this topic",
+    ReasonCode.QUOTA_EXCEEDED: "too many QoS 2 messages in flight",
+}
+"""The Reason String of a refused PUBLISH's acknowledgement, by its Reason Code."""
+
+
 def _release_acks(state: ConnectionState) -> list[Effect]:
     out: list[bytes] = []
     acks = state.pending_acks
@@ -162,14 +195,12 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
             state.phase = Phase.CLOSED
             effects: list[Effect] = [Send(b"".join(out))] if out else []
             return [*effects, Close("a PUBLISH could not be stored in Kafka")]
-        reason = ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        reason = pending.refused or (
+            ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        )
         props = Properties()
-        if pending.failed and state.request_problem_information:
-            props.reason_string = "the message could not be stored"
-        if pending.refused and state.protocol_version == 5:
-            reason = ReasonCode.NOT_AUTHORIZED
-            if state.request_problem_information:
-                props.reason_string = "not authorized to publish to this topic"
+        if reason != ReasonCode.SUCCESS and state.request_problem_information:
+            props.reason_string = _REASON_STRINGS.get(reason, "the message could not be stored")
         if pending.qos == 1:
             out.append(state.encode(PubAck(pending.packet_id, reason, props)))
         else:

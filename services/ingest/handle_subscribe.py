@@ -25,7 +25,14 @@ from services.common.records import EventKind
 from services.common.subscription import Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
 from services.ingest import events
-from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
+from services.ingest.effects import (
+    Effect,
+    LimitRefused,
+    Send,
+    StoreRetainedRequest,
+    StoreSubscriptions,
+)
+from services.ingest.limits import Refusal
 from services.ingest.state import ConnectionState, PendingSubAck
 
 log = logging.getLogger(__name__)
@@ -56,13 +63,18 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
 
     Raises :class:`ProtocolError` for No Local on a Shared Subscription (MQTT 5.0 3.8.3-4).
     An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1), and so
-    does one the client may not subscribe to (0x87 in v5, 0x80 in v3.1.1).
+    does one the client may not subscribe to (0x87 in v5, 0x80 in v3.1.1), and one over the
+    server's limits (``max_topic_levels`` levels, a new filter beyond ``max_subscriptions``):
+    0x97 Quota exceeded in v5, 0x80 in v3.1.1, with a :class:`LimitRefused` effect per limit for
+    the node's counters.
     """
     ids = packet.properties.subscription_identifiers
     identifier = ids[0] if ids else None
     updated = dict(state.subscriptions)
     retained: dict[str, Subscription] = {}
     codes: list[int] = []
+    refused: dict[Refusal, LimitRefused] = {}
+    limits = state.limits
     for request in packet.subscriptions:
         try:
             validate_topic_filter(request.topic_filter)
@@ -75,7 +87,17 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
         if not state.authorizer.may_subscribe(request.topic_filter):
             log.info("client %r may not subscribe to %r: refused", state.client_id,
                      request.topic_filter)  # fmt: skip
-            codes.append(ReasonCode.NOT_AUTHORIZED if state.protocol_version == 5 else 0x80)
+            codes.append(_failure(state, MQTTError("not authorized", ReasonCode.NOT_AUTHORIZED)))
+            continue
+        inner = request.topic_filter if shared is None else shared.topic_filter
+        over = None
+        if inner.count("/") >= limits.max_topic_levels:
+            over = LimitRefused(Refusal.TOPIC_LEVELS, f"more than {limits.max_topic_levels} levels")
+        elif request.topic_filter not in updated and len(updated) >= limits.max_subscriptions:
+            over = LimitRefused(Refusal.SUBSCRIPTIONS, f"more than {limits.max_subscriptions}")
+        if over is not None:
+            refused.setdefault(over.refusal, over)
+            codes.append(_failure(state, MQTTError(over.detail, ReasonCode.QUOTA_EXCEEDED)))
             continue
         granted = min(request.qos, MAX_GRANTED_QOS)
         subscription = Subscription(
@@ -96,9 +118,11 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
         codes.append(granted)
     accepted = [(r.topic_filter, c) for r, c in zip(packet.subscriptions, codes, strict=True)
                 if c < 0x80]  # fmt: skip
-    return _store(
-        state, updated, SubAck(packet.packet_id, codes), list(retained.values())
-    ) + events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted)
+    return [
+        *refused.values(),
+        *_store(state, updated, SubAck(packet.packet_id, codes), list(retained.values())),
+        *events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted),
+    ]
 
 
 def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effect]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable
 
 import faust
@@ -46,8 +47,8 @@ from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
 from services.common.records import Downlink, RecordError, parse_downlink
 from services.common.settings import Settings
+from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
-from services.ingest.server import start_server
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def build_app(settings: Settings) -> faust.App:
         node.apply_state,
         security=client_security(settings),
     )
-    servers: list[asyncio.Server] = []
+    listeners: list[Listeners] = []
     tasks: list[asyncio.Task[None]] = []
     downlink = names.downlink(settings.node_id)
 
@@ -135,7 +136,10 @@ def build_app(settings: Settings) -> faust.App:
         try:
             async with asyncio.timeout(60):
                 await assign_whole_topics(consumer, [downlink], from_end=True)
-            servers.append(await start_server(node))
+            opened = await start_listeners(node)
+            listeners.append(opened)
+            # SIGHUP: new TLS connections get the certificate files' current content.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, opened.reload_tls)
             mark_ready(settings.ready_file, f"ingest {settings.node_id} {settings.mqtt_port}")
             await consume_batches(consumer, deliver_batch)
         finally:
@@ -143,8 +147,8 @@ def build_app(settings: Settings) -> faust.App:
 
     async def stop() -> None:
         clear_ready(settings.ready_file)
-        for server in servers:
-            server.close()
+        for opened in listeners:
+            opened.close()
         await node.shut_down()  # wills and end records, while the producer still runs
         for task in tasks:
             task.cancel()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -48,6 +49,7 @@ from services.ingest.effects import (
     Connected,
     CreateAppTopic,
     Effect,
+    LimitRefused,
     PublishWill,
     RecordEvent,
     Send,
@@ -60,7 +62,9 @@ from services.ingest.effects import (
 )
 from services.ingest.events import AUTH_FAILURES
 from services.ingest.fan_out import FanOut
-from services.ingest.limits import Limits
+from services.ingest.limits import Limits, Refusal
+from services.ingest.rate_limits import Admission
+from services.ingest.refusals import Refusals
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.state import ServerContext
 from services.ingest.store_pipeline import StorePipeline, record_of
@@ -137,6 +141,20 @@ class IngestNode:
         self._epoch = 0
         self._changed_at: dict[uuid.UUID, int] = {}
         self.auth_failures = 0
+        self.refusals = Refusals()
+        self.admission = Admission(
+            settings.max_connections,
+            settings.max_connection_rate,
+            settings.max_connection_rate_per_address,
+        )
+
+    def admit(self, host: str) -> Refusal | None:
+        """A new connection from IP address ``host`` opens: None if the connection limits
+        let it proceed, else the one that refuses it (its CONNECT gets the CONNACK that
+        says so). Counted as open until ``admission.closed()``."""
+        refusal = self.admission.admit(host, time.monotonic())
+        self.admission.opened()
+        return refusal
 
     @property
     def pending_records(self) -> int:
@@ -203,6 +221,10 @@ class IngestNode:
             elif isinstance(effect, SyncState):
                 synced = self.sync_state()
                 self.pipeline.background(self._report(client, effect.token, synced, "state"))
+            elif isinstance(effect, LimitRefused):
+                connection = client.connection
+                who = connection.client_id or connection.state.client_address
+                self.refusals.note(effect.refusal, who, effect.detail)
             elif isinstance(effect, RecordEvent):
                 # Nothing waits for it: off the hot path (a failure is only logged).
                 record = client_event_record(self.names, effect.client_id, effect.event)

@@ -13,6 +13,7 @@ from services.common.auth.authorize import ALLOW_ALL, Authorizer
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
+from services.common.mqtt.errors import MQTTError
 from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
 from services.common.mqtt.properties import Properties
 from services.common.records import AckKind, ClientKind, DisconnectCause, SessionRecord, Target
@@ -55,25 +56,49 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
+@dataclass(frozen=True, slots=True)
+class ClientCertificate:
+    """The client certificate a TLS listener verified (mutual TLS), for authentication.
+
+    ``subject`` is the certificate's subject as ``CN=...,O=...`` (RFC 4514 order: most
+    specific first); ``common_name`` its CN (None without one); ``subject_alt_names`` its
+    subjectAltName entries as ``(type, value)`` pairs in Python's ssl names (``"DNS"``,
+    ``"IP Address"``, ``"email"``, ``"URI"``); ``sha256_fingerprint`` the SHA-256 of the
+    DER certificate, lowercase hex (64 characters).
+    """
+
+    subject: str
+    common_name: str | None
+    subject_alt_names: tuple[tuple[str, str], ...]
+    sha256_fingerprint: str
+
+
 @dataclass(slots=True)
 class PendingAck:
     """An inbound QoS 1/2 PUBLISH waiting for Kafka; answered in arrival order (MQTT 4.6).
 
     ``outstanding`` counts the stores it still waits for: its ``msg.all`` record and, for a
     QoS 2 PUBLISH of a persistent session, a session record listing its Packet Identifier.
-    ``refused``: the client may not publish to its topic (nothing was stored).
+    ``refused``: the Reason Code of a refused PUBLISH (nothing stored; 0: none): 0x87 Not
+    authorized by the client's rules, 0x97 Quota exceeded by ``max_inflight_qos2`` (v5).
     """
 
     packet_id: int
     qos: int
     outstanding: int = 1
     failed: bool = False
-    refused: bool = False
+    refused: int = 0
 
     @property
     def done(self) -> bool:
         """True once every store it waited for has answered."""
         return self.outstanding == 0
+
+    @property
+    def unreleased_qos2(self) -> bool:
+        """A QoS 2 PUBLISH neither failed nor refused: its Packet Identifier is unreleased
+        once acknowledged (MQTT 4.3.3)."""
+        return self.qos == 2 and not self.failed and not self.refused
 
 
 @dataclass(slots=True)
@@ -245,6 +270,10 @@ class ConnectionState:
     outbound_aliases: OutboundAliases | None = None
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
+    # the verified TLS client certificate (mutual TLS), None without one
+    client_certificate: ClientCertificate | None = None
+    # set by the shell before CONNECT: the CONNACK Reason Code that refuses it (a limit)
+    refusal: MQTTError | None = None
     end_cause: DisconnectCause = DisconnectCause.NONE
     end_reason_code: int = 0
     disconnect_recorded: bool = False

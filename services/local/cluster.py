@@ -24,7 +24,7 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, postgres, processes, redis
+from services.local import certificates, haproxy, kafka, postgres, processes, redis
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -199,20 +199,51 @@ def anonymous_allowed(settings: LocalSettings) -> bool:
         return False
 
 
+def tls_dir(settings: LocalSettings) -> Path:
+    """Where ``cormorant up`` keeps the local CA and certificates: ``<state_dir>/tls``."""
+    return settings.state_dir / "tls"
+
+
+def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
+    """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
+    its direct port, its listeners behind HAProxy (:func:`haproxy.node_listeners`) and,
+    unless ``tls_cert_file`` is set, the local CA's server certificate
+    (:mod:`services.local.certificates`, made on first use) with client certificates
+    verified when sent (``tls_client_auth`` optional, unless set); anonymous clients
+    allowed when :func:`anonymous_allowed` (or ``allow_anonymous``) says so."""
+    port = haproxy.node_ports(settings)[node - 1]
+    listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
+    overrides = {
+        "node_id": f"node{node}",
+        "mqtt_port": str(port),
+        "listeners": json.dumps(listeners),
+        "allow_anonymous": str(anonymous_allowed(settings) or settings.allow_anonymous).lower(),
+    }
+    if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+        pki = certificates.ensure_local_pki(tls_dir(settings))
+        overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
+        if "tls_client_auth" not in settings.model_fields_set:
+            overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+    return overrides
+
+
+def _start_ingest(settings: LocalSettings, node: int) -> int:
+    port = haproxy.node_ports(settings)[node - 1]
+    overrides = ingest_overrides(settings, node)
+    return _start_service(settings, f"ingest-node{node}", "ingest", port, **overrides)
+
+
 def services_of(settings: LocalSettings) -> list[Component]:
     """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
     order. The ingest nodes let anonymous clients in when :func:`anonymous_allowed`."""
     settings = local_settings(settings)
-    anonymous = anonymous_allowed(settings) or settings.allow_anonymous
     nodes = [
-        _service(
-            settings,
+        Component(
             f"ingest-node{i}",
-            "ingest",
             port,
-            node_id=f"node{i}",
-            mqtt_port=str(port),
-            allow_anonymous=str(anonymous).lower(),
+            partial(_start_ingest, settings, i),
+            ready_file=ready_file(settings, f"ingest-node{i}"),
+            stop_timeout=SERVICE_STOP_TIMEOUT,
         )
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]
@@ -260,17 +291,19 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
-def start_app_delivery(settings: LocalSettings, name: str) -> int:
-    """Start one more app_delivery instance as process ``name`` (its instances share the
-    APPLICATION clients through their consumer group) and wait until it is ready; return
-    its pid. ``down`` stops it with the rest. Raises
-    :class:`~services.local.processes.StartError`."""
-    return _start_service(local_settings(settings), name, "app-delivery", None)
+def start_extra(
+    settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
+) -> int:
+    """Start one more process ``name`` running ``cormorant <command>`` with the cluster's
+    settings and ``overrides`` (setting name → value as its environment variable holds
+    it; another app_delivery instance, an ingest node with settings of its own), and wait
+    until it is ready (and listens on ``port``, if given); return its pid. ``down`` stops
+    it with the rest. Raises :class:`~services.local.processes.StartError`."""
+    return _start_service(local_settings(settings), name, command, port, **overrides)
 
 
-def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
-    """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
-    True if it was running."""
+def stop_extra(settings: LocalSettings, name: str) -> bool:
+    """Stop the process ``name`` that :func:`start_extra` started; True if it was running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
     clear_ready(ready_file(settings, name))

@@ -28,6 +28,7 @@ from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.security import client_security
 from services.common.stores import StoreError, StoreUnavailable, open_store
 from services.local import cluster as local_cluster
+from services.local import haproxy
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
@@ -58,7 +59,9 @@ def secured(
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
     ports = {name: getattr(settings, name) + PORT_OFFSET for name in TEST_PORTS}
-    wanted = [*ports.values(), ports["ingest_base_port"] + 1]  # and its one ingest node
+    layout = LocalSettings(ingest_nodes=1, **ports)
+    wanted = [*(p for n, p in ports.items() if n != "ingest_base_port")]
+    wanted += haproxy.all_node_ports(layout)  # and its one ingest node
     taken = [port for port in wanted if not _bindable(port)]
     assert not taken, f"ports of the secured test cluster are taken: {taken}"
     value = LocalSettings(

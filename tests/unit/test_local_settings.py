@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from services.local import cluster
 from services.local.settings import LocalSettings
 
@@ -12,7 +14,9 @@ def test_local_settings_point_the_store_at_the_local_redis_and_postgres() -> Non
     assert local.postgres_dsn == "postgresql://cormorant@127.0.0.1:15432/cormorant"
 
 
-def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster() -> None:
+def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster(
+    tmp_path: Path,
+) -> None:
     from services.common.settings import Settings
 
     assert Settings.model_fields["allow_anonymous"].default is False
@@ -22,8 +26,10 @@ def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster(
     assert not cluster.anonymous_allowed(LocalSettings(mqtt_host="10.0.0.5"))
     assert not cluster.anonymous_allowed(LocalSettings(local_anonymous=False))
     for settings, said in (
-        (LocalSettings(), "true"),
-        (LocalSettings(local_anonymous=False), "false"),
+        (LocalSettings(state_dir=tmp_path), "true"),
+        (LocalSettings(state_dir=tmp_path, local_anonymous=False), "false"),
     ):
-        nodes = [c for c in cluster.services_of(settings) if c.name.startswith("ingest")]
-        assert nodes and all(n.start.keywords["allow_anonymous"] == said for n in nodes)  # type: ignore[attr-defined]
+        nodes = range(1, settings.ingest_nodes + 1)
+        assert [cluster.ingest_overrides(settings, n)["allow_anonymous"] for n in nodes] == [
+            said
+        ] * settings.ingest_nodes
