@@ -39,11 +39,18 @@ def make_pki(directory: Path, ca_name: str = "Cormorant test CA") -> Pki:
     return Pki(ca.cert, server.cert, server.key)
 
 
-def issue_client(directory: Path, common_name: str) -> certificates.Issued:
-    """A client certificate for ``common_name`` signed by the CA in ``directory``
-    (:func:`make_pki`'s, or the local cluster's ``<state_dir>/tls``)."""
+def issue_client(
+    directory: Path, common_name: str, alt_names: tuple[str, ...] = ()
+) -> certificates.Issued:
+    """A client certificate for ``common_name`` (and ``alt_names`` as its Subject
+    Alternative Names) signed by the CA in ``directory`` (:func:`make_pki`'s, or the local
+    cluster's ``<state_dir>/tls``)."""
     ca = certificates.Issued(directory / "ca.pem", directory / "ca.key")
     return certificates.issue(
-        ca, directory / f"{common_name}.pem", directory / f"{common_name}.key", common_name,
+        ca,
+        directory / f"{common_name}.pem",
+        directory / f"{common_name}.key",
+        common_name,
+        client_names=alt_names,
         days=DAYS,
     )

@@ -132,7 +132,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         state = self.connection.state
         peer = self._client or transport.get_extra_info("peername")
         state.client_address = format_address(peer)
-        state.client_certificate = tls.client_certificate(transport.get_extra_info("ssl_object"))
+        state.certificate = tls.client_certificate(transport.get_extra_info("ssl_object"))
         host = str(peer[0]) if isinstance(peer, tuple) else ""
         refusal = self.node.admit(host)
         if refusal is not None:

@@ -56,23 +56,6 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(frozen=True, slots=True)
-class ClientCertificate:
-    """The client certificate a TLS listener verified (mutual TLS), for authentication.
-
-    ``subject`` is the certificate's subject as ``CN=...,O=...`` (RFC 4514 order: most
-    specific first); ``common_name`` its CN (None without one); ``subject_alt_names`` its
-    subjectAltName entries as ``(type, value)`` pairs in Python's ssl names (``"DNS"``,
-    ``"IP Address"``, ``"email"``, ``"URI"``); ``sha256_fingerprint`` the SHA-256 of the
-    DER certificate, lowercase hex (64 characters).
-    """
-
-    subject: str
-    common_name: str | None
-    subject_alt_names: tuple[tuple[str, str], ...]
-    sha256_fingerprint: str
-
-
 @dataclass(slots=True)
 class PendingAck:
     """An inbound QoS 1/2 PUBLISH waiting for Kafka; answered in arrival order (MQTT 4.6).
@@ -213,10 +196,11 @@ class ConnectionState:
     connected_at_ms: int = 0
     request_problem_information: bool = True
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
-    # authentication (services/common/auth): the verified TLS client certificate (set by the
-    # transport), who the client is once authenticated and its compiled rules; the
-    # Authentication Method of enhanced authentication (MQTT 5.0 4.12), the SCRAM exchange
-    # waiting for the client's answer, and whether a re-authentication is under way
+    # authentication (services/common/auth): the verified TLS client certificate (mutual
+    # TLS; set by the transport when the socket opens, None without one), who the client
+    # is once authenticated and its compiled rules; the Authentication Method of enhanced
+    # authentication (MQTT 5.0 4.12), the SCRAM exchange waiting for the client's answer,
+    # and whether a re-authentication is under way
     certificate: CertificateIdentity | None = None
     principal: Principal | None = None
     authorizer: Authorizer = ALLOW_ALL
@@ -270,8 +254,6 @@ class ConnectionState:
     outbound_aliases: OutboundAliases | None = None
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
-    # the verified TLS client certificate (mutual TLS), None without one
-    client_certificate: ClientCertificate | None = None
     # set by the shell before CONNECT: the CONNACK Reason Code that refuses it (a limit)
     refusal: MQTTError | None = None
     end_cause: DisconnectCause = DisconnectCause.NONE

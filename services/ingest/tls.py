@@ -10,20 +10,20 @@ and nothing is dropped. A reload that fails (a missing file, a key that does not
 keeps the old context and says why.
 
 :func:`client_certificate` turns the certificate the handshake verified into the
-connection's :class:`~services.ingest.state.ClientCertificate` (for X.509 authentication).
+connection's :class:`~services.common.auth.certificates.CertificateIdentity`, which X509
+credentials match.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import ssl
 import tempfile
 from pathlib import Path
 
+from services.common.auth.certificates import CertificateIdentity
 from services.common.settings import Settings
-from services.ingest.state import ClientCertificate
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class TlsContexts:
 
 def client_certificate(
     ssl_object: ssl.SSLObject | ssl.SSLSocket | None,
-) -> ClientCertificate | None:
+) -> CertificateIdentity | None:
     """The verified client certificate of a TLS connection, or None when the client sent
     none (or the listener does not ask for one: an unverified certificate is not reported)."""
     if ssl_object is None:
@@ -105,30 +105,4 @@ def client_certificate(
     der = ssl_object.getpeercert(binary_form=True)
     if not parsed or der is None:
         return None
-    # getpeercert() lists the subject root first, each RDN a tuple of (attribute, value).
-    rdns = [list(rdn) for rdn in parsed.get("subject", ())]
-    subject = ",".join(
-        "+".join(f"{_SHORT.get(k, k)}={v}" for k, v in rdn) for rdn in reversed(rdns)
-    )
-    common_names = [v for rdn in rdns for k, v in rdn if k == "commonName"]
-    entries: tuple[tuple[str, str], ...] = parsed.get("subjectAltName", ())  # type: ignore[assignment]
-    sans = tuple((str(kind), str(value)) for kind, value in entries)
-    return ClientCertificate(
-        subject=subject,
-        common_name=common_names[-1] if common_names else None,
-        subject_alt_names=sans,
-        sha256_fingerprint=hashlib.sha256(der).hexdigest(),
-    )
-
-
-_SHORT = {
-    "commonName": "CN",
-    "organizationName": "O",
-    "organizationalUnitName": "OU",
-    "countryName": "C",
-    "stateOrProvinceName": "ST",
-    "localityName": "L",
-    "domainComponent": "DC",
-    "emailAddress": "emailAddress",
-}
-"""RFC 4514 short names of the attributes Python's ssl spells out."""
+    return CertificateIdentity.from_peer_certificate(parsed, der)

@@ -76,6 +76,8 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 
 def _san(name: str) -> x509.GeneralName:
+    if "@" in name:
+        return x509.RFC822Name(name)
     try:
         return x509.IPAddress(ipaddress.ip_address(name))
     except ValueError:
@@ -127,11 +129,14 @@ def issue(
     common_name: str,
     *,
     server_names: tuple[str, ...] = (),
+    client_names: tuple[str, ...] = (),
     days: int = LEAF_DAYS,
 ) -> Issued:
-    """Write a certificate for ``common_name`` signed by ``ca``: a server certificate for
-    ``server_names`` (DNS names or IP addresses) when given, else a client certificate.
-    Raises ``ValueError`` if ``ca``'s files are not a certificate and its key."""
+    """Write a certificate for ``common_name`` signed by ``ca``, valid ``days`` days: a
+    server certificate for ``server_names`` when given, else a client certificate naming
+    ``client_names`` (its Subject Alternative Names, which X509 credentials may match).
+    Names are DNS names, IP addresses or e-mail addresses (with ``@``). Raises
+    ``ValueError`` if ``ca``'s files are not a certificate and its key."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -154,9 +159,10 @@ def issue(
             critical=False,
         )
     )
-    if server_names:
+    names = server_names or client_names
+    if names:
         builder = builder.add_extension(
-            x509.SubjectAlternativeName([_san(name) for name in server_names]), critical=False
+            x509.SubjectAlternativeName([_san(name) for name in names]), critical=False
         )
     cert = builder.sign(ca_key, hashes.SHA256())
     _write_cert(cert_path, cert)

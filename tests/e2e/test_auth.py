@@ -10,22 +10,28 @@ is refused rather than taken for anonymous.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import jwt
 import pytest
 import pytest_asyncio
 from scramp import ScramClient
 
+from services.common.auth.certificates import CertificateMatch
 from services.common.auth.credentials import Credential, CredentialType
 from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.manage import CredentialAdmin, CredentialChanges, CredentialSpec
 from services.common.auth.store import CredentialStore
 from services.common.records import ClientKind
+from services.local import cluster as local_cluster
 from services.local import postgres
+from services.local.certificates import Issued
 from tests.e2e.clients import (
     TIMEOUT,
     PahoClient,
@@ -40,6 +46,7 @@ from tests.e2e.clients import (
     unique,
     until_marker,
 )
+from tests.pki import issue_client
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
 
@@ -363,6 +370,86 @@ async def test_scram_enhanced_authentication_and_re_authentication(
     with RawSocket(cluster.mqtt_port) as other:
         other.send(enhanced_connect_packet(unique("krb"), "GS2-KRB5", b""))
         assert reason_and_properties(*other.read_packet())[0] == 0x8C
+
+
+# ---------------------------------------------------------------------- X509 over mutual TLS
+
+
+def _fingerprint(pem: Path) -> str:
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem.read_text())).hexdigest()
+
+
+def _tls_client(cluster: LocalCluster, cert: Issued | None, version: int = 5) -> PahoClient:
+    """A paho client for the TLS listener (through HAProxy, TLS passed through to a node),
+    trusting the cluster's CA and presenting ``cert`` (mutual TLS) when given."""
+    tls = local_cluster.tls_dir(local_cluster.local_settings(cluster.settings))
+    return PahoClient(
+        cluster.settings.tls_listen_port,
+        unique("x509-dev"),
+        version,
+        ca_file=tls / "ca.pem",
+        cert=None if cert is None else (cert.cert, cert.key),
+    )
+
+
+async def test_x509_credentials_authenticate_client_certificates_over_mutual_tls(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    """Certificates the cluster's CA signed, matched by CN pattern, SAN pattern and
+    fingerprint; one no credential matches is refused although anonymous access is on."""
+    tls = local_cluster.tls_dir(local_cluster.local_settings(cluster.settings))
+    tag = unique("x509")
+    by_cn = issue_client(tls, f"{tag}-line-7")
+    by_san = issue_client(tls, f"{tag}-gw", alt_names=(f"gw-1.{tag}.example",))
+    pinned = issue_client(tls, f"{tag}-pinned")
+    stranger = issue_client(tls, f"{tag}-stranger")
+    rules = ["allow publish x509/${client_id}/#", "allow subscribe x509/${client_id}/#"]
+    specs = [
+        CredentialSpec(f"{tag}-by-cn", CredentialType.X509, rules=rules,
+                       certificate=CertificateMatch(common_name=f"{tag}-line-*")),
+        CredentialSpec(f"{tag}-by-san", CredentialType.X509, rules=["allow all #"],
+                       certificate=CertificateMatch(san=f"*.{tag}.example")),
+        CredentialSpec(f"{tag}-pinned", CredentialType.X509, rules=["allow all #"],
+                       certificate=CertificateMatch(fingerprint=_fingerprint(pinned.cert))),
+    ]  # fmt: skip
+    for spec in specs:
+        await admin.add(spec)
+    try:
+        client = _tls_client(cluster, by_cn)
+        assert client.connect().value == 0
+        own, other = f"x509/{client.client_id}/t", "x509/someone-else/t"
+        mids = [client.publish(own, b"mine", 1), client.publish(other, b"theirs", 1)]
+        wait_until(lambda: all(m in client.snapshot()[0] for m in mids), "the acknowledgements")
+        acks = client.snapshot()[0]
+        assert [acks[m].value for m in mids] == [0, NOT_AUTHORIZED]
+        assert [c.value for c in client.subscribe(f"x509/{client.client_id}/#", 1)] == [1]
+        assert [c.value for c in client.subscribe("x509/#", 1)] == [NOT_AUTHORIZED]
+        client.publish(own, b"to myself", 1)
+        assert client.messages.get(timeout=TIMEOUT).payload == b"to myself"
+        client.close()
+        for cert, version in ((by_san, 4), (pinned, 5)):
+            accepted = _tls_client(cluster, cert, version)
+            assert accepted.connect().value == 0, cert.cert.name
+            accepted.close()
+
+        refused = _tls_client(cluster, stranger)
+        assert refused.connect().value == NOT_AUTHORIZED
+        refused.close()
+        v3 = mosquitto_pub(
+            cluster.settings.tls_listen_port, f"x509/{tag}/t", "x", qos=1,
+            extra=("--cafile", str(tls / "ca.pem"), "--cert", str(stranger.cert),
+                   "--key", str(stranger.key)),
+        )  # fmt: skip
+        assert v3.returncode != 0 and "not authorised" in (v3.stdout + v3.stderr).lower(), (
+            v3.stdout + v3.stderr
+        )
+        # the same TLS listener without a client certificate: anonymous, as on plain TCP
+        anonymous = _tls_client(cluster, None)
+        assert anonymous.connect().value == 0
+        anonymous.close()
+    finally:
+        for spec in specs:
+            await admin.delete(spec.name)
 
 
 # ---------------------------------------------------------------------- a storm

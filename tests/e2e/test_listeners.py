@@ -26,8 +26,9 @@ from playwright.sync_api import sync_playwright
 
 from services.common.kafka.names import TopicNames
 from services.common.records import EventKind, decode_event
-from services.local import certificates
+from services.local import certificates, postgres
 from services.local import cluster as local_cluster
+from tests.commands import run_cormorant
 from tests.e2e.clients import (
     HOST,
     TIMEOUT,
@@ -92,11 +93,22 @@ def test_mutual_tls_accepts_a_good_client_certificate_and_refuses_a_wrong_one(
 ) -> None:
     port, topic = cluster.settings.tls_listen_port, unique("e2e/mtls")
     tls = _tls(cluster)
-    sub = MosquittoSub(port, topic, qos=1, count=1, extra=_ca_args(cluster))
-    good = _ca_args(cluster, "--cert", str(tls / "client.pem"), "--key", str(tls / "client.key"))
-    result = mosquitto_pub(port, topic, "with a certificate", qos=1, extra=good)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert sub.messages() == [f"{topic} with a certificate"]
+    # A client certificate is an identity: it needs an X509 credential, as README shows.
+    env = {**os.environ, "CORMORANT_POSTGRES_DSN": postgres.dsn(cluster.settings)}
+    name = unique("local-client")
+    added = run_cormorant("credentials", "add", name, "--type", "x509",
+                          "--cert-file", str(tls / "client.pem"), env=env)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    try:
+        sub = MosquittoSub(port, topic, qos=1, count=1, extra=_ca_args(cluster))
+        good = _ca_args(
+            cluster, "--cert", str(tls / "client.pem"), "--key", str(tls / "client.key")
+        )
+        result = mosquitto_pub(port, topic, "with a certificate", qos=1, extra=good)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert sub.messages() == [f"{topic} with a certificate"]
+    finally:
+        assert run_cormorant("credentials", "delete", name, env=env).returncode == 0
 
     other = cluster.settings.state_dir / "stranger-ca"
     make_pki(other, ca_name="Stranger CA")
@@ -280,9 +292,7 @@ def test_mqttjs_in_chromium_publishes_and_receives_over_websocket(
         .replace("@CLIENT@", unique("browser")),
         encoding="utf-8",
     )
-    handler = functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)
-    )
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer((HOST, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     listener = PahoClient(cluster.mqtt_port, unique("browser-peer"))
@@ -368,9 +378,7 @@ def test_sighup_reloads_the_certificate_and_keeps_open_tls_connections(
     ]
     renewed_ca = certificates.make_ca(tmp_path, "Renewed CA")
     cert, key = original_certificate
-    certificates.issue(
-        renewed_ca, cert, key, "localhost", server_names=certificates.SERVER_NAMES
-    )
+    certificates.issue(renewed_ca, cert, key, "localhost", server_names=certificates.SERVER_NAMES)
     wanted = ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert(cert.read_text()))
     try:
         for client in clients:

@@ -176,15 +176,36 @@ async def test_a_jwt_authenticates_and_its_claims_must_match_the_client() -> Non
 
 
 async def test_a_verified_certificate_is_enough() -> None:
-    identity = CertificateIdentity("dev-3.fleet", ("dev-3.fleet",), "a" * 64)
+    identity = CertificateIdentity("dev-3.fleet", ("dev-3.fleet",), "a" * 64, "CN=dev-3.fleet")
     by_cn = credential(
         "fleet", CredentialType.X509, certificate=CertificateMatch(common_name="*.fleet")
     )
     auth = Authenticator(Memory(by_cn))
     outcome = await auth.authenticate(AuthRequest("dev-3", certificate=identity))
     assert isinstance(outcome, Accepted) and outcome.principal.credential_name == "fleet"
-    stranger = CertificateIdentity("x.other", (), "b" * 64)
+    stranger = CertificateIdentity("x.other", (), "b" * 64, "CN=x.other")
     assert code(await auth.authenticate(AuthRequest("dev-3", certificate=stranger))) == 0x87
+
+
+async def test_an_unknown_certificate_is_refused_even_with_anonymous_access() -> None:
+    by_fingerprint = credential(
+        "line-3", CredentialType.X509, certificate=CertificateMatch(fingerprint="c" * 64)
+    )
+    auth = Authenticator(Memory(by_fingerprint, BASIC), allow_anonymous=True)
+    known = CertificateIdentity("line-3", (), "c" * 64, "CN=line-3")
+    outcome = await auth.authenticate(AuthRequest("line-3", certificate=known))
+    assert isinstance(outcome, Accepted) and outcome.principal.credential_name == "line-3"
+    stranger = CertificateIdentity("line-3", (), "d" * 64, "CN=line-3")
+    refused = await auth.authenticate(AuthRequest("line-3", certificate=stranger))
+    assert isinstance(refused, Refused) and refused.reason_code == 0x87
+    assert "CN=line-3" in refused.reason and "d" * 64 in refused.reason
+    # with a User Name and Password as well, those decide
+    basic = await auth.authenticate(AuthRequest("any", "dev-1", b"pw", certificate=stranger))
+    assert isinstance(basic, Accepted) and basic.principal.credential_name == "dev-1"
+    wrong = AuthRequest("any", "dev-1", b"nope", certificate=stranger)
+    assert code(await auth.authenticate(wrong)) == 0x86
+    anonymous = await auth.authenticate(AuthRequest("any"))
+    assert isinstance(anonymous, Accepted) and anonymous.principal.credential_id is None
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))

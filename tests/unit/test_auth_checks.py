@@ -14,6 +14,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from scramp import ScramClient
 
 from services.common.auth.certificates import (
@@ -189,11 +190,17 @@ def test_a_public_key_verifies_and_is_never_an_hmac_secret() -> None:
 # ---------------------------------------------------------------------- X509
 
 
+#: Python ssl's names of the subject attributes the test certificates hold.
+_SSL_NAMES = {NameOID.COMMON_NAME: "commonName", NameOID.ORGANIZATION_NAME: "organizationName"}
+
+
 def _identity(pem: Path) -> CertificateIdentity:
     """The identity as the TLS listener makes it, from what ``ssl`` gives of a peer."""
     cert = x509.load_pem_x509_certificate(pem.read_bytes())
     decoded = {
-        "subject": ((("commonName", cert.subject.rfc4514_string().removeprefix("CN=")),),),
+        "subject": tuple(
+            tuple((_SSL_NAMES[a.oid], a.value) for a in rdn) for rdn in cert.subject.rdns
+        ),
         "subjectAltName": tuple(
             ("DNS", name) for name in cert.extensions.get_extension_for_class(
                 x509.SubjectAlternativeName
@@ -209,6 +216,8 @@ def test_a_certificate_is_matched_by_fingerprint_before_patterns(tmp_path: Path)
     pki = make_pki(tmp_path)
     identity = _identity(pki.cert)
     assert len(identity.fingerprint) == 64 and "localhost" in identity.subject_alt_names
+    assert identity.subject == "CN=localhost,O=Cormorant local cluster"
+    assert identity.common_name == "localhost"
     candidates = [
         ("any-host", CertificateMatch(san="*")),
         ("by-cn", CertificateMatch(common_name=f"{identity.common_name}")),
@@ -223,12 +232,12 @@ def test_a_certificate_is_matched_by_fingerprint_before_patterns(tmp_path: Path)
 
 
 def test_equally_specific_patterns_are_chosen_the_same_way_everywhere() -> None:
-    identity = CertificateIdentity("dev-7.fleet", ("dev-7.fleet",), "f" * 64)
+    identity = CertificateIdentity("dev-7.fleet", ("dev-7.fleet",), "f" * 64, "CN=dev-7.fleet")
     candidates = [("b", CertificateMatch(common_name="dev-?.fleet")),
                   ("a", CertificateMatch(san="dev-?.fleet"))]  # fmt: skip
     assert match_certificate(identity, candidates) == "a"
     assert match_certificate(identity, list(reversed(candidates))) == "a"
-    nameless = CertificateIdentity(None, (), "f" * 64)
+    nameless = CertificateIdentity(None, (), "f" * 64, "O=nameless")
     assert match_certificate(nameless, candidates) is None
 
 

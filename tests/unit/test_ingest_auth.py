@@ -80,7 +80,7 @@ def _scram_state() -> ScramState:
 
 
 def test_connect_asks_the_shell_with_what_the_client_presents() -> None:
-    identity = CertificateIdentity("dev-1", (), "c" * 64)
+    identity = CertificateIdentity("dev-1", (), "c" * 64, "CN=dev-1")
     client = Client(5, authenticate=None, certificate=identity)
     effects = client.send(Connect(5, "dev-1", True, 30, "alice", b"\x00pw\xff"))
     request = only(effects, Authenticate).request

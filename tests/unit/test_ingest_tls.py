@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from services.common.auth.certificates import CertificateIdentity
 from services.common.settings import Settings
-from services.ingest.state import ClientCertificate
 from services.ingest.tls import TlsContexts, client_certificate, server_context
 from services.local import certificates
 from tests.pki import Pki, make_pki
@@ -58,24 +58,23 @@ def _handshake(
 
 def test_a_verified_client_certificate_is_reported(pki: Pki, tmp_path: Path) -> None:
     ca = certificates.Issued(pki.ca, pki.ca.with_name("ca.key"))
-    device = certificates.issue(ca, tmp_path / "d.pem", tmp_path / "d.key", "device-17")
-    context = server_context(
-        _settings(pki, tls_client_auth="required", tls_client_ca_file=pki.ca)
-    )
+    device = certificates.issue(
+        ca, tmp_path / "d.pem", tmp_path / "d.key", "device-17",
+        client_names=("device-17.fleet.example", "ops@example.com", "10.0.0.7"),
+    )  # fmt: skip
+    context = server_context(_settings(pki, tls_client_auth="required", tls_client_ca_file=pki.ca))
     identity = client_certificate(_handshake(context, pki.ca, device))
     der = ssl.PEM_cert_to_DER_cert(device.cert.read_text())
-    assert identity == ClientCertificate(
-        subject="CN=device-17,O=Cormorant local cluster",
+    assert identity == CertificateIdentity(
         common_name="device-17",
-        subject_alt_names=(),
-        sha256_fingerprint=hashlib.sha256(der).hexdigest(),
+        subject_alt_names=("device-17.fleet.example", "ops@example.com", "10.0.0.7"),
+        fingerprint=hashlib.sha256(der).hexdigest(),
+        subject="CN=device-17,O=Cormorant local cluster",
     )
 
 
 def test_no_certificate_no_identity(pki: Pki) -> None:
-    optional = server_context(
-        _settings(pki, tls_client_auth="optional", tls_client_ca_file=pki.ca)
-    )
+    optional = server_context(_settings(pki, tls_client_auth="optional", tls_client_ca_file=pki.ca))
     assert client_certificate(_handshake(optional, pki.ca)) is None
     assert client_certificate(_handshake(server_context(_settings(pki)), pki.ca)) is None
     assert client_certificate(None) is None
@@ -84,17 +83,13 @@ def test_no_certificate_no_identity(pki: Pki) -> None:
 def test_a_certificate_of_another_ca_fails_the_handshake(pki: Pki, tmp_path: Path) -> None:
     other = certificates.make_ca(tmp_path / "other", "Other CA")
     stranger = certificates.issue(other, tmp_path / "s.pem", tmp_path / "s.key", "stranger")
-    context = server_context(
-        _settings(pki, tls_client_auth="optional", tls_client_ca_file=pki.ca)
-    )
+    context = server_context(_settings(pki, tls_client_auth="optional", tls_client_ca_file=pki.ca))
     with pytest.raises(ssl.SSLError):
         _handshake(context, pki.ca, stranger)
 
 
 def test_a_required_certificate_must_be_sent(pki: Pki) -> None:
-    context = server_context(
-        _settings(pki, tls_client_auth="required", tls_client_ca_file=pki.ca)
-    )
+    context = server_context(_settings(pki, tls_client_auth="required", tls_client_ca_file=pki.ca))
     with pytest.raises(ssl.SSLError):
         _handshake(context, pki.ca)
 

@@ -10,20 +10,25 @@ Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
 1. an Authentication Method (v5 enhanced authentication): ``SCRAM-SHA-256`` or
    ``SCRAM-SHA-512`` with a SCRAM credential of the user name the client-first-message
    names; any other method is refused with 0x8C Bad authentication method;
-2. a verified TLS client certificate (``AuthRequest.certificate``) that an X509 credential
-   matches (:func:`~.certificates.match_certificate`);
+2. a verified TLS client certificate (``AuthRequest.certificate``, mutual TLS on the TLS
+   and WSS listeners) that an X509 credential matches
+   (:func:`~.certificates.match_certificate`);
 3. an MQTT_BASIC credential of the User Name (with this client id or none), else of the
    Client Identifier alone; its password, if it has one, must match (argon2id, in a
    bounded thread pool; an unknown user name is checked against a dummy hash, so the time
    of the answer does not tell whether it exists);
 4. a Password that is a JWT one of the JWT credentials verifies;
-5. no User Name, Password or certificate at all: anonymous, when allowed.
+5. a certificate no X509 credential matches, and no User Name or Password: refused, as an
+   unknown user name is, even where anonymous access is on (a certificate is an identity
+   this server does not know);
+6. no User Name, Password or certificate at all: anonymous, when allowed.
 
 Refusals: 0x86 Bad User Name or Password (unknown user, wrong password, a token or SCRAM
-proof that does not verify), 0x87 Not authorized (anonymous access off, a token claim that
-does not match the client), 0x8A Banned (a disabled credential, said only to a client that
-proved it holds it), 0x8C Bad authentication method, 0x88 Server unavailable (PostgreSQL
-unreachable), 0x89 Server busy (too many password checks waiting).
+proof that does not verify), 0x87 Not authorized (anonymous access off, a certificate no
+credential matches, a token claim that does not match the client), 0x8A Banned (a
+disabled credential, said only to a client that proved it holds it), 0x8C Bad
+authentication method, 0x88 Server unavailable (PostgreSQL unreachable), 0x89 Server busy
+(too many password checks waiting).
 """
 
 from __future__ import annotations
@@ -145,6 +150,13 @@ class Authenticator:
         if username is not None or password is not None:
             await self._hashed(lambda _hash, given: verify_against_dummy(given), None, password)
             return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "unknown user name")
+        if request.certificate is not None:
+            identity = request.certificate
+            return Refused(
+                ReasonCode.NOT_AUTHORIZED,
+                f"no X509 credential matches the client certificate {identity.subject!r} "
+                f"(SHA-256 {identity.fingerprint})",
+            )
         if self.allow_anonymous:
             return Accepted(self.anonymous)
         return Refused(ReasonCode.NOT_AUTHORIZED, "anonymous access is off")

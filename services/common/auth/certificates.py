@@ -1,9 +1,10 @@
 """The X509 lookup: which credential a verified TLS client certificate stands for.
 
-The TLS listener (issue 12) verifies the client's certificate chain; what it knows of the
-certificate then reaches authentication as a :class:`CertificateIdentity` (the connection's
-``certificate``). :func:`match_certificate` is pure: given that identity and the X509
-credentials, it picks one.
+The ingest node's TLS and WSS listeners verify the client's certificate chain against
+``tls_client_ca_file`` (mutual TLS, :mod:`services.ingest.tls`); what the handshake verified
+reaches the connection (``ConnectionState.certificate``) and authentication as a
+:class:`CertificateIdentity`. :func:`match_certificate` is pure: given that identity and the
+X509 credentials, it picks one.
 """
 
 from __future__ import annotations
@@ -17,27 +18,52 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class CertificateIdentity:
-    """A verified client certificate: its subject's ``common_name`` (None if it has none),
-    its ``subject_alt_names`` (DNS names, e-mail addresses, URIs and IP addresses, as
-    text) and ``fingerprint``, the SHA-256 of its DER encoding in lowercase hex (64
-    characters)."""
+    """A client certificate a TLS listener verified (mutual TLS): its subject's
+    ``common_name`` (the most specific CN; None if it has none), its ``subject_alt_names``
+    (the values of its DNS, e-mail, URI and IP address entries, as text, in certificate
+    order), ``fingerprint``, the SHA-256 of its DER encoding in lowercase hex (64
+    characters), and ``subject``, the whole subject as RFC 4514 text (most specific RDN
+    first: ``CN=dev-7,O=Example``), for logs."""
 
     common_name: str | None
     subject_alt_names: tuple[str, ...]
     fingerprint: str
+    subject: str
 
     @classmethod
     def from_peer_certificate(cls, decoded: Mapping[str, Any], der: bytes) -> CertificateIdentity:
         """The identity of a peer certificate as Python's :mod:`ssl` gives it:
-        ``decoded`` = ``SSLObject.getpeercert()`` (a verified certificate's fields) and
-        ``der`` = ``SSLObject.getpeercert(binary_form=True)``."""
-        common_name = None
-        for rdn in decoded.get("subject", ()):
-            for key, value in rdn:
-                if key == "commonName":
-                    common_name = str(value)
+        ``decoded`` = ``SSLObject.getpeercert()`` (a verified certificate's fields: its
+        ``subject`` a sequence of RDNs, root first, each a sequence of ``(attribute,
+        value)``; its ``subjectAltName`` ``(type, value)`` pairs) and ``der`` =
+        ``SSLObject.getpeercert(binary_form=True)``."""
+        rdns = [tuple(rdn) for rdn in decoded.get("subject", ())]
+        common_names = [str(value) for rdn in rdns for key, value in rdn if key == "commonName"]
+        subject = ",".join(
+            "+".join(f"{_RFC4514_NAMES.get(key, key)}={value}" for key, value in rdn)
+            for rdn in reversed(rdns)
+        )
         sans = tuple(str(value) for _kind, value in decoded.get("subjectAltName", ()))
-        return cls(common_name, sans, hashlib.sha256(der).hexdigest())
+        return cls(
+            common_names[-1] if common_names else None,
+            sans,
+            hashlib.sha256(der).hexdigest(),
+            subject,
+        )
+
+
+_RFC4514_NAMES = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+"""RFC 4514 short names of the attributes Python's ssl spells out (others keep its name)."""
 
 
 @dataclass(frozen=True, slots=True)
