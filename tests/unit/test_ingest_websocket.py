@@ -91,8 +91,10 @@ def test_other_paths_and_subprotocols_are_refused(request_bytes: bytes, status: 
 
 
 def test_a_query_string_on_the_path_is_accepted() -> None:
-    assert WebSocketFraming(1024).receive(upgrade(path="/mqtt?token=1")).reply.startswith(
-        b"HTTP/1.1 101 "
+    assert (
+        WebSocketFraming(1024)
+        .receive(upgrade(path="/mqtt?token=1"))
+        .reply.startswith(b"HTTP/1.1 101 ")
     )
 
 
