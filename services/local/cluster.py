@@ -82,9 +82,11 @@ class ComponentStatus:
 
 def local_settings(settings: LocalSettings) -> LocalSettings:
     """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
-    absolute directories."""
+    absolute directories, anonymous clients allowed when :func:`anonymous_allowed` (or
+    ``allow_anonymous``) says so (every ingest node, extra ones included)."""
     return settings.model_copy(
         update={
+            "allow_anonymous": anonymous_allowed(settings) or settings.allow_anonymous,
             "kafka_bootstrap": kafka.bootstrap(settings),
             "redis_url": redis.url(settings),
             "postgres_dsn": postgres.dsn(settings),
@@ -209,15 +211,13 @@ def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
     its direct port, its listeners behind HAProxy (:func:`haproxy.node_listeners`) and,
     unless ``tls_cert_file`` is set, the local CA's server certificate
     (:mod:`services.local.certificates`, made on first use) with client certificates
-    verified when sent (``tls_client_auth`` optional, unless set); anonymous clients
-    allowed when :func:`anonymous_allowed` (or ``allow_anonymous``) says so."""
+    verified when sent (``tls_client_auth`` optional, unless set)."""
     port = haproxy.node_ports(settings)[node - 1]
     listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
     overrides = {
         "node_id": f"node{node}",
         "mqtt_port": str(port),
         "listeners": json.dumps(listeners),
-        "allow_anonymous": str(anonymous_allowed(settings) or settings.allow_anonymous).lower(),
     }
     if settings.tls_cert_file is None and settings.tls_cert_pem is None:
         pki = certificates.ensure_local_pki(tls_dir(settings))
@@ -235,7 +235,7 @@ def _start_ingest(settings: LocalSettings, node: int) -> int:
 
 def services_of(settings: LocalSettings) -> list[Component]:
     """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
-    order. The ingest nodes let anonymous clients in when :func:`anonymous_allowed`."""
+    order."""
     settings = local_settings(settings)
     nodes = [
         Component(

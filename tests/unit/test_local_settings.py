@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from services.local import cluster
 from services.local.settings import LocalSettings
 
@@ -14,9 +12,7 @@ def test_local_settings_point_the_store_at_the_local_redis_and_postgres() -> Non
     assert local.postgres_dsn == "postgresql://cormorant@127.0.0.1:15432/cormorant"
 
 
-def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster(
-    tmp_path: Path,
-) -> None:
+def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster() -> None:
     from services.common.settings import Settings
 
     assert Settings.model_fields["allow_anonymous"].default is False
@@ -25,11 +21,11 @@ def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster(
     assert not cluster.anonymous_allowed(LocalSettings(mqtt_host="0.0.0.0"))
     assert not cluster.anonymous_allowed(LocalSettings(mqtt_host="10.0.0.5"))
     assert not cluster.anonymous_allowed(LocalSettings(local_anonymous=False))
+    # what every service process of the cluster is given (extra ingest nodes too)
     for settings, said in (
-        (LocalSettings(state_dir=tmp_path), "true"),
-        (LocalSettings(state_dir=tmp_path, local_anonymous=False), "false"),
+        (LocalSettings(), "true"),
+        (LocalSettings(local_anonymous=False), "false"),
+        (LocalSettings(mqtt_host="0.0.0.0", allow_anonymous=True), "true"),
     ):
-        nodes = range(1, settings.ingest_nodes + 1)
-        assert [cluster.ingest_overrides(settings, n)["allow_anonymous"] for n in nodes] == [
-            said
-        ] * settings.ingest_nodes
+        service = cluster.runtime_settings(cluster.local_settings(settings))
+        assert cluster.child_environment(service)["CORMORANT_ALLOW_ANONYMOUS"] == said.title()
