@@ -356,9 +356,22 @@ class ServerConnection:
         return delivery.release(self.state, packet_id)
 
     def keep_alive_expired(self) -> list[Effect]:
-        """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D)."""
-        if self.state.phase is Phase.AWAIT_CONNECT:
+        """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D).
+
+        Before CONNACK the connect timeout: no CONNECT (or no answer to an AUTH challenge)
+        closes the connection; a CONNECT whose credentials the node did not check in time
+        (password checks queued behind a storm) gets CONNACK 0x89 Server busy (v3.1.1:
+        0x03 Server unavailable), so the client learns to come back later.
+        """
+        state = self.state
+        if state.phase is Phase.AWAIT_CONNECT:
             return self.close("no CONNECT within the connect timeout")
+        if state.phase is Phase.AUTHENTICATING:
+            if state.auth_state is not None:
+                return self.close("no answer to the AUTH challenge within the connect timeout")
+            busy = MQTTError("credentials not checked within the connect timeout",
+                             ReasonCode.SERVER_BUSY)  # fmt: skip
+            return self.protocol_violation(busy)
         events.ending(self.state, DisconnectCause.KEEP_ALIVE_TIMEOUT, ReasonCode.KEEP_ALIVE_TIMEOUT)
         return self.protocol_violation(
             MQTTError("keep alive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT)

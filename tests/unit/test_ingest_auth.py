@@ -206,6 +206,19 @@ def test_subscribe_filters_are_granted_one_by_one(version: int, refused: int) ->
     assert suback.reason_codes == [refused, refused, 1, 1]
 
 
+@pytest.mark.parametrize(("version", "code"), [(5, ReasonCode.SERVER_BUSY), (4, 0x03)])
+def test_a_check_not_done_within_the_connect_timeout_is_answered_server_busy(
+    version: int, code: int
+) -> None:
+    client = Client(version, authenticate=None)
+    only(client.send(Connect(version, "dev-1", True, 30, "alice", b"pw")), Authenticate)
+    assert client.conn.keep_alive_timeout == client.conn.state.limits.connect_timeout_seconds
+    effects = client.conn.keep_alive_expired()
+    assert only(client.packets(effects), ConnAck).reason_code == code
+    assert closes(effects) and client.conn.closed
+    assert client.authenticated(Accepted(device())) == []  # the late outcome changes nothing
+
+
 # ---------------------------------------------------------------------- enhanced authentication
 
 
@@ -235,6 +248,12 @@ def _challenged() -> Client:
     client.send(Connect(5, "dev-1", True, 30, properties=props))
     client.authenticated(Challenge(b"r=bc", _scram_state()))
     return client
+
+
+def test_a_client_silent_after_the_challenge_is_closed_at_the_connect_timeout() -> None:
+    client = _challenged()
+    effects = client.conn.keep_alive_expired()
+    assert client.packets(effects) == [] and closes(effects)
 
 
 @pytest.mark.parametrize(
