@@ -175,6 +175,10 @@ class PahoClient:
         self.client.on_message = lambda _c, _u, message: self.messages.put(message)
         self.client.on_subscribe = lambda _c, _u, _mid, codes, _p: self.subacks.put(codes)
         self.client.manual_ack_set(self.manual_ack)
+        # Every write on the network thread: without an "external event loop" registered,
+        # paho writes from the caller's thread too, concurrently with the network thread's
+        # loop(), and its writes are not thread-safe (over WebSocket a frame went out twice).
+        self.client.on_socket_register_write = lambda _client, _userdata, _sock: None
         if self.username is not None or self.password is not None:
             self.client.username_pw_set(self.username, self.password)  # type: ignore[arg-type]
 
