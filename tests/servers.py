@@ -39,7 +39,29 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-def _bindable(port: int) -> bool:
+#: The secured cluster's ports (tests/integration/test_secured_cluster.py): the session's
+#: block moved by this much, into the gaps between the session cluster's own ports (its
+#: ingest nodes' listeners are ``haproxy.PORT_BLOCK`` apart from ``ingest_base_port + 1``).
+SECURED_PORT_OFFSET = 8
+
+#: Ingest nodes of the secured cluster.
+SECURED_INGEST_NODES = 1
+
+
+def cluster_ports(ports: dict[str, int], ingest_nodes: int) -> list[int]:
+    """Every port a test cluster of ``ports`` (TEST_PORTS' names) and ``ingest_nodes``
+    listens on: its servers', HAProxy's, and each ingest node's direct and listener ports."""
+    layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
+    return [p for n, p in ports.items() if n != "ingest_base_port"] + haproxy.all_node_ports(layout)
+
+
+def secured_ports(ports: dict[str, int]) -> dict[str, int]:
+    """The secured cluster's TEST_PORTS beside the session cluster of ``ports``."""
+    return {name: port + SECURED_PORT_OFFSET for name, port in ports.items()}
+
+
+def bindable(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now."""
     with socket.socket() as sock:
         # As the servers do: a port whose old connections linger in TIME_WAIT is free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,17 +73,17 @@ def _bindable(port: int) -> bool:
 
 
 def free_test_ports(ingest_nodes: int) -> dict[str, int]:
-    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free.
+    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free,
+    with the ports of the secured cluster beside it (:func:`secured_ports`).
 
     Another test session on the same machine then gets its own block. Raises
     ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
     """
     for attempt in range(PORT_TRIES):
         ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
-        wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
-        wanted += haproxy.all_node_ports(layout)
-        if all(_bindable(port) for port in wanted):
+        wanted = cluster_ports(ports, ingest_nodes)
+        wanted += cluster_ports(secured_ports(ports), SECURED_INGEST_NODES)
+        if all(bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
 

@@ -29,3 +29,16 @@ def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster(
     ):
         service = cluster.runtime_settings(cluster.local_settings(settings))
         assert cluster.child_environment(service)["CORMORANT_ALLOW_ANONYMOUS"] == said.title()
+
+
+def test_the_secured_test_cluster_and_the_next_session_stay_clear_of_a_sessions_ports() -> None:
+    from tests.servers import PORT_STEP, TEST_PORTS, cluster_ports, secured_ports
+
+    def block(shift: int) -> tuple[set[int], set[int]]:
+        ports = {name: port + shift for name, port in TEST_PORTS.items()}
+        return set(cluster_ports(ports, 2)), set(cluster_ports(secured_ports(ports), 1))
+
+    session, secured = block(0)
+    next_session, next_secured = block(PORT_STEP)
+    assert not session & secured
+    assert not (session | secured) & (next_session | next_secured)
