@@ -47,6 +47,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--inflight", type=int, default=64, help="QoS 1 PUBLISHes awaiting PUBACK per publisher"
     )
+    g.add_argument("--username", help="User Name of every client's CONNECT (label: -auth)")
+    g.add_argument("--password", help="Password of every client's CONNECT")
     t = parser.add_argument_group("timing and generator")
     t.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured traffic")
     t.add_argument("--duration", type=float, default=10.0, help="measure window, seconds")
@@ -74,6 +76,8 @@ def _options(args: argparse.Namespace, host: str, port: int) -> tuple[Options, T
         inflight=args.inflight,
         host=host,
         port=port,
+        username=args.username,
+        password=args.password,
     )
     timing = Timing(
         warmup=args.warmup,

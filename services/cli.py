@@ -11,6 +11,7 @@ import os
 import click
 
 from services.cloud.cli import cloud
+from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
 from spark_emr.cli import analytics
 
@@ -161,6 +162,7 @@ main.add_command(status)
 main.add_command(fetch_kafka)
 main.add_command(cloud)
 main.add_command(analytics)
+main.add_command(credentials)
 
 if __name__ == "__main__":
     main()

@@ -22,15 +22,13 @@ TEST_PORTS = {
     "redis_port": 16379,
     "postgres_port": 15432,
     "listen_port": 21883,
+    "tls_listen_port": 21884,
+    "ws_listen_port": 21885,
+    "wss_listen_port": 21886,
     "ingest_base_port": 21900,
 }
 PORT_STEP = 100
 PORT_TRIES = 20
-
-#: A module may start a second cluster on the session's ports moved by this much (the
-#: secured cluster, tests/integration/test_secured_cluster.py): a block is taken only
-#: when those are free too, so that another session's servers cannot hold them.
-SECOND_CLUSTER_OFFSET = 50
 
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
@@ -39,7 +37,29 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-def _bindable(port: int) -> bool:
+#: The secured cluster's ports (tests/integration/test_secured_cluster.py): the session's
+#: block moved by this much, into the gaps between the session cluster's own ports (its
+#: ingest nodes' listeners are ``haproxy.PORT_BLOCK`` apart from ``ingest_base_port + 1``).
+SECURED_PORT_OFFSET = 8
+
+#: Ingest nodes of the secured cluster.
+SECURED_INGEST_NODES = 1
+
+
+def cluster_ports(ports: dict[str, int], ingest_nodes: int) -> list[int]:
+    """Every port a test cluster of ``ports`` (TEST_PORTS' names) and ``ingest_nodes``
+    listens on: its servers', HAProxy's, and each ingest node's direct and listener ports."""
+    layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
+    return [p for n, p in ports.items() if n != "ingest_base_port"] + haproxy.all_node_ports(layout)
+
+
+def secured_ports(ports: dict[str, int]) -> dict[str, int]:
+    """The secured cluster's TEST_PORTS beside the session cluster of ``ports``."""
+    return {name: port + SECURED_PORT_OFFSET for name, port in ports.items()}
+
+
+def bindable(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now."""
     with socket.socket() as sock:
         # As the servers do: a port whose old connections linger in TIME_WAIT is free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -52,18 +72,16 @@ def _bindable(port: int) -> bool:
 
 def free_test_ports(ingest_nodes: int) -> dict[str, int]:
     """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free,
-    and free again SECOND_CLUSTER_OFFSET higher.
+    with the ports of the secured cluster beside it (:func:`secured_ports`).
 
     Another test session on the same machine then gets its own block. Raises
     ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
     """
     for attempt in range(PORT_TRIES):
         ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        base = ports["ingest_base_port"]
-        wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
-        wanted += [base + i for i in range(1, ingest_nodes + 1)]
-        wanted += [port + SECOND_CLUSTER_OFFSET for port in wanted]
-        if all(_bindable(port) for port in wanted):
+        wanted = cluster_ports(ports, ingest_nodes)
+        wanted += cluster_ports(secured_ports(ports), SECURED_INGEST_NODES)
+        if all(bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
 
@@ -128,13 +146,21 @@ class LocalCluster:
 
     def start_instance(self, stage: str, name: str) -> int:
         """Start one more instance of ``stage`` (``router``, ``device-persist``,
-        ``app-delivery``) as process ``name`` (stop it with :meth:`stop_instance` or
+        ``app-delivery``) as process ``name`` (stop it with :meth:`stop_extra` or
         :meth:`kill`; ``down`` stops it too); return its pid."""
         return cluster.start_instance(self.settings, stage, name)
 
-    def stop_instance(self, name: str) -> bool:
-        """Stop the extra instance ``name`` cleanly; True if it was running."""
-        return cluster.stop_instance(self.settings, name)
+    def start_extra(
+        self, name: str, command: str, port: int | None = None, **overrides: str
+    ) -> int:
+        """Start one more process ``name`` (``cormorant <command>``, the cluster's settings
+        and ``overrides``) and wait until it is ready; return its pid. Stop it with
+        :meth:`stop_extra` or :meth:`kill`; ``down`` stops it too."""
+        return cluster.start_extra(self.settings, name, command, port, **overrides)
+
+    def stop_extra(self, name: str) -> bool:
+        """Stop the extra process ``name`` cleanly; True if it was running."""
+        return cluster.stop_extra(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

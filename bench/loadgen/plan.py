@@ -76,6 +76,8 @@ class Plan:
     subscribers: tuple[SubscriberSpec, ...] = ()
     publishers: tuple[PublisherSpec, ...] = ()
     connections: int = 0  # connections scenario: idle clients to open
+    username: str | None = None  # every client's CONNECT User Name and Password, if set
+    password: str | None = None
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
 
     def share(self, worker: int, workers: int) -> Plan:
@@ -104,6 +106,8 @@ class Options:
     inflight: int = 64
     host: str = "127.0.0.1"
     port: int = 1883
+    username: str | None = None
+    password: str | None = None
 
 
 def build(scenario: str, options: Options, timing: Timing) -> Plan:
@@ -127,6 +131,8 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         label += f"-rate{options.rate:g}"
     if options.version == 5:
         label += "-v5"
+    if options.username is not None:
+        label += "-auth"
     run_id = secrets.token_hex(3)
     base = Plan(
         scenario=scenario,
@@ -137,6 +143,8 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         inflight=options.inflight,
         keep_alive=60,
         timing=timing,
+        username=options.username,
+        password=options.password,
         run_id=run_id,
     )
     prefix = f"bench/{run_id}"

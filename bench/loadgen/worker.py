@@ -154,7 +154,13 @@ class Worker:
         if plan.version == 5 and not clean:
             expiry = PERSISTENT_SESSION_EXPIRY
         packet = wire.connect(
-            client_id, plan.version, clean=clean, keep_alive=plan.keep_alive, session_expiry=expiry
+            client_id,
+            plan.version,
+            clean=clean,
+            keep_alive=plan.keep_alive,
+            session_expiry=expiry,
+            username=plan.username,
+            password=plan.password,
         )
         conn = await open_client(
             plan.host, plan.port, packet, plan.version, self.recorder, plan.timing.setup

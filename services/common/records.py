@@ -625,6 +625,10 @@ class DisconnectCause(IntEnum):
     """The server closed the connection for a malformed packet or a protocol violation."""
     SERVER_SHUTDOWN = 6
     """The ingest node stopped (Reason Code 0x8B)."""
+    ADMINISTRATIVE_ACTION = 7
+    """The client's credential was disabled or deleted (Reason Code 0x98)."""
+    NOT_AUTHORIZED = 8
+    """A re-authentication (MQTT 5.0 4.12.1) failed (Reason Code 0x87)."""
 
 
 _EVENT = struct.Struct(">BBBBBBQI16s")

@@ -9,6 +9,7 @@ running process.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, postgres, processes, redis
+from services.local import certificates, haproxy, kafka, postgres, processes, redis
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -81,9 +82,11 @@ class ComponentStatus:
 
 def local_settings(settings: LocalSettings) -> LocalSettings:
     """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
-    absolute directories."""
+    absolute directories, anonymous clients allowed when :func:`anonymous_allowed` (or
+    ``allow_anonymous``) says so (every ingest node, extra ones included)."""
     return settings.model_copy(
         update={
+            "allow_anonymous": anonymous_allowed(settings) or settings.allow_anonymous,
             "kafka_bootstrap": kafka.bootstrap(settings),
             "redis_url": redis.url(settings),
             "postgres_dsn": postgres.dsn(settings),
@@ -184,13 +187,63 @@ def _service(
     )
 
 
+def anonymous_allowed(settings: LocalSettings) -> bool:
+    """Whether the local cluster lets anonymous clients in: ``local_anonymous`` on, and
+    the ingest nodes listening on a loopback address only (HAProxy always does)."""
+    if not settings.local_anonymous:
+        return False
+    host = settings.mqtt_host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_dir(settings: LocalSettings) -> Path:
+    """Where ``cormorant up`` keeps the local CA and certificates: ``<state_dir>/tls``."""
+    return settings.state_dir / "tls"
+
+
+def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
+    """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
+    its direct port, its listeners behind HAProxy (:func:`haproxy.node_listeners`) and,
+    unless ``tls_cert_file`` is set, the local CA's server certificate
+    (:mod:`services.local.certificates`, made on first use) with client certificates
+    verified when sent (``tls_client_auth`` optional, unless set)."""
+    port = haproxy.node_ports(settings)[node - 1]
+    listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
+    overrides = {
+        "node_id": f"node{node}",
+        "mqtt_port": str(port),
+        "listeners": json.dumps(listeners),
+    }
+    if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+        pki = certificates.ensure_local_pki(tls_dir(settings))
+        overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
+        if "tls_client_auth" not in settings.model_fields_set:
+            overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+    return overrides
+
+
+def _start_ingest(settings: LocalSettings, node: int) -> int:
+    port = haproxy.node_ports(settings)[node - 1]
+    overrides = ingest_overrides(settings, node)
+    return _start_service(settings, f"ingest-node{node}", "ingest", port, **overrides)
+
+
 def services_of(settings: LocalSettings) -> list[Component]:
     """The ingest nodes, the routers, the device_persist and app_delivery instances
     (``router_instances``... of each) and HAProxy, in start order."""
     settings = local_settings(settings)
     nodes = [
-        _service(
-            settings, f"ingest-node{i}", "ingest", port, node_id=f"node{i}", mqtt_port=str(port)
+        Component(
+            f"ingest-node{i}",
+            port,
+            partial(_start_ingest, settings, i),
+            ready_file=ready_file(settings, f"ingest-node{i}"),
+            stop_timeout=SERVICE_STOP_TIMEOUT,
         )
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]
@@ -250,20 +303,31 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
+def start_extra(
+    settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
+) -> int:
+    """Start one more process ``name`` running ``cormorant <command>`` with the cluster's
+    settings and ``overrides`` (setting name → value as its environment variable holds
+    it; another app_delivery instance, an ingest node with settings of its own), and wait
+    until it is ready (and listens on ``port``, if given); return its pid. ``down`` stops
+    it with the rest. Raises :class:`~services.local.processes.StartError`."""
+    return _start_service(local_settings(settings), name, command, port, **overrides)
+
+
 def start_instance(settings: LocalSettings, stage: str, name: str) -> int:
     """Start one more instance of ``stage`` (``router``, ``device-persist`` or
-    ``app-delivery``) as process ``name``, beside those the settings ask for (its instances
-    share the stage's partitions through their consumer group), and wait until it is ready;
-    return its pid. ``down`` stops it with the rest. Raises ``ValueError`` for another
-    stage and :class:`~services.local.processes.StartError`."""
+    ``app-delivery``) as process ``name``, a static member of the stage's consumer group
+    beside those the settings ask for (they share the stage's partitions), with
+    :func:`start_extra`; return its pid. Stop it with :func:`stop_extra`. Raises
+    ``ValueError`` for another stage and :class:`~services.local.processes.StartError`."""
     if stage not in (ROUTER, DEVICE_PERSIST, APP_DELIVERY):
         raise ValueError(f"{stage!r} is not a stage with instances")
-    return _start_service(local_settings(settings), name, stage, None, group_instance_id=name)
+    return start_extra(settings, name, stage, group_instance_id=name)
 
 
-def stop_instance(settings: LocalSettings, name: str) -> bool:
-    """Stop the instance ``name`` that :func:`start_instance` started; True if it was
-    running."""
+def stop_extra(settings: LocalSettings, name: str) -> bool:
+    """Stop the process ``name`` that :func:`start_extra` or :func:`start_instance` started;
+    True if it was running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
     clear_ready(ready_file(settings, name))

@@ -13,6 +13,9 @@ import pytest
 
 from tests.infra.mocks import Deployment, deploy, stack_file_values
 
+TLS_SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:cormorant-mqtt-tls-AbCdEf"
+"""The Secrets Manager secret of the ingest tasks' certificate in the passthrough stack."""
+
 
 def serverless_values() -> dict[str, Any]:
     """The prod stack file with every alternative switched on."""
@@ -21,6 +24,8 @@ def serverless_values() -> dict[str, Any]:
     values |= {
         "cormorant:kafkaMode": "serverless",
         "cormorant:tlsMode": "passthrough",
+        "cormorant:tlsCertificateSecretArn": TLS_SECRET_ARN,
+        "cormorant:tlsClientAuth": "optional",
         "cormorant:proxyProtocolV2": True,
         "cormorant:storeBackend": "postgres",
         "cormorant:plainMqtt": False,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,19 +30,16 @@ from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
-from tests.servers import SECOND_CLUSTER_OFFSET, TEST_PORTS, LocalCluster
+from tests.servers import (
+    SECURED_INGEST_NODES,
+    TEST_PORTS,
+    LocalCluster,
+    bindable,
+    cluster_ports,
+    secured_ports,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +49,16 @@ def secured(
     """The secured cluster, up; its settings (what the services were given)."""
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
-    ports = {name: getattr(settings, name) + SECOND_CLUSTER_OFFSET for name in TEST_PORTS}
-    wanted = [*ports.values(), ports["ingest_base_port"] + 1]  # and its one ingest node
-    taken = [port for port in wanted if not _bindable(port)]
+    # free_test_ports chose the session's block with these free too, at the session's start
+    ports = secured_ports({name: getattr(settings, name) for name in TEST_PORTS})
+    taken = [p for p in cluster_ports(ports, SECURED_INGEST_NODES) if not bindable(p)]
     assert not taken, f"ports of the secured test cluster are taken: {taken}"
     value = LocalSettings(
         **{
             **settings.model_dump(exclude={"kafka_bootstrap", "redis_url", "postgres_dsn"}),
             **ports,
             "state_dir": base / "state",
-            "ingest_nodes": 1,
+            "ingest_nodes": SECURED_INGEST_NODES,
             "kafka_security_protocol": "SASL_SSL",
             "kafka_sasl_mechanism": "SCRAM-SHA-512",
             "kafka_sasl_username": "cormorant",
