@@ -109,8 +109,9 @@ LIBRARIES: dict[str, Callable[[], tuple[Receive, Send]]] = {
 }
 
 
-def measure(make: Callable[[], tuple[Receive, Send]], size: int, batch: int, messages: int,
-            repeats: int) -> dict[str, float]:
+def measure(
+    make: Callable[[], tuple[Receive, Send]], size: int, batch: int, messages: int, repeats: int
+) -> dict[str, float]:
     """Median µs per message received and sent over ``repeats`` passes (after a warm-up)."""
     payload = bytes(size)
     reads = client_frames(payload, batch)

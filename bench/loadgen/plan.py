@@ -9,6 +9,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 
+from bench.loadgen.transports import TRANSPORTS, Endpoint
+
 SCENARIOS: tuple[str, ...] = (
     "p2p",
     "fan-in",
@@ -77,6 +79,13 @@ class Plan:
     publishers: tuple[PublisherSpec, ...] = ()
     connections: int = 0  # connections scenario: idle clients to open
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+    transport: str = "tcp"  # one of transports.TRANSPORTS
+    ca_file: str = ""  # tls / wss: the CA certificate (PEM) that signed the broker's
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """Where and how every client of the plan connects."""
+        return Endpoint(self.host, self.port, self.transport, self.ca_file)
 
     def share(self, worker: int, workers: int) -> Plan:
         """The clients of worker ``worker`` of ``workers`` (round robin over each list)."""
@@ -104,6 +113,8 @@ class Options:
     inflight: int = 64
     host: str = "127.0.0.1"
     port: int = 1883
+    transport: str = "tcp"  # one of transports.TRANSPORTS
+    ca_file: str = ""  # tls / wss: the CA certificate (PEM) that signed the broker's
 
 
 def build(scenario: str, options: Options, timing: Timing) -> Plan:
@@ -127,6 +138,12 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         label += f"-rate{options.rate:g}"
     if options.version == 5:
         label += "-v5"
+    if options.transport not in TRANSPORTS:
+        raise ValueError(
+            f"unknown transport {options.transport!r}; choose one of {', '.join(TRANSPORTS)}"
+        )
+    if options.transport != "tcp":
+        label += f"-{options.transport}"
     run_id = secrets.token_hex(3)
     base = Plan(
         scenario=scenario,
@@ -138,6 +155,8 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         keep_alive=60,
         timing=timing,
         run_id=run_id,
+        transport=options.transport,
+        ca_file=options.ca_file,
     )
     prefix = f"bench/{run_id}"
     cid = f"cb-{run_id}"

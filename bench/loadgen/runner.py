@@ -213,6 +213,8 @@ def summarize(
     ack_latency = stats.latency_summary_ms(ack)
     stack_cpu = sum(broker_cpu.values())
     report: dict[str, Any] = {
+        "transport": plan.transport,
+        "tls": next((r.tls for r in results if r.tls), ""),
         "published_per_s": published / duration,
         "delivered_per_s": delivered / duration,
         "latency_ms": latency,
@@ -264,6 +266,7 @@ def _connections(
     held = sum(growth.get(n, 0) for n in target.memory)
     broker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
     return {
+        "transport": plan.transport,
         "connections": opened,
         "failed": sum(p.failed for p in parts),
         "errors": [e for p in parts for e in p.errors][:5],
