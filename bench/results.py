@@ -170,6 +170,17 @@ def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None or value != value else fmt.format(value)
 
 
+def _cpu_line(name: str, med: Mapping[str, float | None]) -> str:
+    """``- <name>: <process> <CPU-s>, …`` from the ``broker_cpu_s.*`` medians."""
+    parts = sorted(
+        (k.removeprefix("broker_cpu_s."), v)
+        for k, v in med.items()
+        if k.startswith("broker_cpu_s.") and v is not None
+    )
+    text = ", ".join(f"{proc} {value:.2f}" for proc, value in parts) or "not measured"
+    return f"- {name}: {text}"
+
+
 def markdown(
     records: Sequence[Mapping[str, Any]], a: str = "cormorant", b: str = "mosquitto"
 ) -> str:
@@ -204,14 +215,7 @@ def markdown(
         "CPU seconds per process during the measure window (medians; children excluded):",
         "",
     ]
-    for broker, med in ((a, med_a), (b, med_b)):
-        parts = sorted(
-            (k.removeprefix("broker_cpu_s."), v)
-            for k, v in med.items()
-            if k.startswith("broker_cpu_s.") and v is not None
-        )
-        text = ", ".join(f"{name} {value:.2f}" for name, value in parts) or "not measured"
-        lines.append(f"- {broker}: {text}")
+    lines += [_cpu_line(broker, med) for broker, med in ((a, med_a), (b, med_b))]
     if first["scenario"] == "connections":
         lines += ["", "RSS growth per connection, KiB, per process (medians):", ""]
         for broker, med in ((a, med_a), (b, med_b)):
@@ -288,12 +292,5 @@ def transports_markdown(records: Sequence[Mapping[str, Any]]) -> str:
         "CPU seconds per process during the measure window (medians; children excluded):",
         "",
     ]
-    for name in names:
-        parts = sorted(
-            (k.removeprefix("broker_cpu_s."), v)
-            for k, v in med[name].items()
-            if k.startswith("broker_cpu_s.") and v is not None
-        )
-        text = ", ".join(f"{proc} {value:.2f}" for proc, value in parts) or "not measured"
-        lines.append(f"- {name}: {text}")
+    lines += [_cpu_line(name, med[name]) for name in names]
     return "\n".join(lines) + "\n"
