@@ -128,7 +128,9 @@ def compare_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``compare``."""
     _common(parser)
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
-    parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
+    parser.add_argument(
+        "--port", type=int, help="Cormorant's plain MQTT port (default: its listen_port)"
+    )
     parser.add_argument(
         "--transports",
         type=_transports,
@@ -182,7 +184,7 @@ def do_compare(args: argparse.Namespace) -> None:
     """``compare``: Cormorant vs Mosquitto, A B A B …"""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
-    options, timing = _options(args, "127.0.0.1", args.port)
+    options, timing = _options(args, "127.0.0.1", args.port or 1883)
     jsonl, md, png = compare(
         args.scenario,
         options,
@@ -195,6 +197,7 @@ def do_compare(args: argparse.Namespace) -> None:
         log=_log,
         transports=args.transports,
         mosquitto_tls_port=args.mosquitto_tls_port,
+        cormorant_port=args.port,
     )
     print(md.read_text(encoding="utf-8"))
     _log(f"wrote {jsonl}, {md} and {png}")

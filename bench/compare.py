@@ -34,9 +34,12 @@ def compare(
     log: Callable[[str], None],
     transports: tuple[str, ...] = ("tcp",),
     mosquitto_tls_port: int = brokers.MOSQUITTO_TLS_PORT,
+    cormorant_port: int | None = None,
 ) -> tuple[Path, Path, Path]:
     """Run ``rounds`` rounds of Cormorant then Mosquitto over each of ``transports``;
-    ``pause`` seconds between runs.
+    ``pause`` seconds between runs. Cormorant's plain MQTT port is ``cormorant_port``
+    (default: the cluster's ``listen_port``), its other ports come from its settings;
+    ``options.host``/``port`` are replaced by each target's.
 
     Returns the paths of the JSON lines file, the Markdown table and the PNG chart.
 
@@ -47,7 +50,7 @@ def compare(
     """
     if not transports:
         raise ValueError("give at least one transport")
-    cormorant = brokers.cormorant(options.host, options.port)
+    cormorant = brokers.cormorant(options.host, cormorant_port)
     brokers.mosquitto_binary()
     records: list[dict[str, Any]] = []
     label = build(scenario, options, timing).label
