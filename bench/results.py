@@ -43,6 +43,12 @@ TRAFFIC_ROWS: tuple[tuple[str, str, str], ...] = (
     ("generator_cpu_s", "generator CPU s", "{:.2f}"),
 )
 
+#: Rows added to TRAFFIC_ROWS in a transports comparison: where a transport's cost shows.
+TRANSPORT_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("socket_holders_cpu_s", "CPU s of the socket holders (ingest nodes / Mosquitto)", "{:.2f}"),
+    ("socket_holders_us_per_delivered", "socket holders' CPU µs per delivered msg", "{:.1f}"),
+)
+
 #: Row-name prefix of a row that shows the maximum over rounds instead of the median: a
 #: long-lived process reuses the heap a previous run freed, so only the run that grew it
 #: shows the real cost per connection (the first after ``cormorant up``).
@@ -235,6 +241,7 @@ RATIO_ROWS: tuple[tuple[str, str], ...] = (
     ("latency_ms.p99", "end-to-end p99"),
     ("puback_ms.p50", "PUBACK p50"),
     ("delivered_per_cpu_s", "delivered msg per broker CPU-s"),
+    ("socket_holders_us_per_delivered", "socket holders' CPU µs per delivered msg"),
 )
 
 #: The references of a transports comparison: (broker, transport).
@@ -277,7 +284,7 @@ def transports_markdown(records: Sequence[Mapping[str, Any]]) -> str:
         "| metric | " + " | ".join(names) + " |",
         "|---|" + "---:|" * len(names),
     ]
-    for key, name, fmt in TRAFFIC_ROWS:
+    for key, name, fmt in TRAFFIC_ROWS + TRANSPORT_ROWS:
         cells = [_fmt(med[n].get(key), fmt) for n in names]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     refs = [f"{b} {t}" for b, t in REFERENCES if f"{b} {t}" in med]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from bench import brokers, results, summary
 from bench.loadgen import runner, transports, wire
 from bench.loadgen.plan import Options, Timing, build
 from bench.loadgen.transports import Endpoint, WebSocketFraming
+from bench.loadgen.worker import WorkerResult
 from services.ingest import websocket as server_websocket
 
 ENDPOINT = Endpoint("127.0.0.1", 8083, "ws")
@@ -172,3 +174,21 @@ def test_a_run_over_tls_against_mosquitto_delivers_every_message() -> None:
     assert report["received"] == report["expected_deliveries"] == report["sent"]
     assert (report["lost"], report["duplicates"], report["unacked"]) == (0, 0, 0)
     assert report["disconnects"] == 0
+    assert report["socket_holders_cpu_s"] is not None  # Mosquitto's own CPU
+
+
+def test_the_socket_holders_cpu_is_reported_per_delivered_message() -> None:
+    plan = build("p2p", Options(pairs=1), Timing(duration=2.0))
+    part = WorkerResult(2000, 2000, array("q"), array("q"), {0: 2000}, 0, 0)
+    cpu = {"ingest-node1": 0.03, "ingest-node2": 0.01, "kafka": 1.0}
+    report = runner.summarize(
+        plan, [part], {0: 2000}, broker_cpu=cpu, generator_cpu=0.1, generator_cpu_total=0.2,
+        route_seconds=0.0, socket_holders=("ingest-node1", "ingest-node2"),
+    )  # fmt: skip
+    assert report["socket_holders_cpu_s"] == pytest.approx(0.04)
+    assert report["socket_holders_us_per_delivered"] == pytest.approx(20.0)
+    bare = runner.summarize(
+        plan, [part], {0: 2000}, broker_cpu={}, generator_cpu=0.1, generator_cpu_total=0.2,
+        route_seconds=0.0,
+    )  # fmt: skip
+    assert bare["socket_holders_us_per_delivered"] is None
