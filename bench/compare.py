@@ -3,8 +3,9 @@ starts, alternately (A B A B …), then the results file, Markdown table and cha
 
 With several transports (``--transports tcp,tls,ws,wss``) every round runs the scenario over
 each of them, Cormorant then Mosquitto per transport (Mosquitto only over the ones it
-serves, ``brokers.MOSQUITTO_TRANSPORTS``), and the table gives every transport's medians
-with their ratios to Cormorant over plain TCP and to Mosquitto over TLS.
+serves, ``brokers.MOSQUITTO_TRANSPORTS``), each round starting one transport further, and
+the table gives every transport's medians with their ratios to Cormorant over plain TCP and
+to Mosquitto over TLS.
 """
 
 from __future__ import annotations
@@ -57,13 +58,16 @@ def compare(
     if transports != ("tcp",):
         label += "-" + "-".join(transports)
     jsonl = results_dir / f"{label}.jsonl"
-    runs = [
-        (transport, name)
-        for transport in transports
-        for name in ("cormorant", "mosquitto")
-        if name == "cormorant" or transport in brokers.MOSQUITTO_TRANSPORTS
-    ]
     for round_ in range(1, rounds + 1):
+        # Each round starts one transport later, so no transport always follows the same
+        # run (an unpaced run's leftovers) or always meets the same moment of the round.
+        shift = (round_ - 1) % len(transports)
+        runs = [
+            (transport, name)
+            for transport in transports[shift:] + transports[:shift]
+            for name in ("cormorant", "mosquitto")
+            if name == "cormorant" or transport in brokers.MOSQUITTO_TRANSPORTS
+        ]
         for transport, name in runs:
             # A fresh Mosquitto per run: no heap left over from the previous run (which
             # would hide the connections scenario's memory growth).
