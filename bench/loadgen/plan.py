@@ -9,6 +9,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 
+from bench.loadgen.transports import TRANSPORTS, Endpoint
+
 SCENARIOS: tuple[str, ...] = (
     "p2p",
     "fan-in",
@@ -79,6 +81,13 @@ class Plan:
     username: str | None = None  # every client's CONNECT User Name and Password, if set
     password: str | None = None
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+    transport: str = "tcp"  # one of transports.TRANSPORTS
+    ca_file: str = ""  # tls / wss: the CA certificate (PEM) that signed the broker's
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """Where and how every client of the plan connects."""
+        return Endpoint(self.host, self.port, self.transport, self.ca_file)
 
     def share(self, worker: int, workers: int) -> Plan:
         """The clients of worker ``worker`` of ``workers`` (round robin over each list)."""
@@ -108,6 +117,8 @@ class Options:
     port: int = 1883
     username: str | None = None
     password: str | None = None
+    transport: str = "tcp"  # one of transports.TRANSPORTS
+    ca_file: str = ""  # tls / wss: the CA certificate (PEM) that signed the broker's
 
 
 def build(scenario: str, options: Options, timing: Timing) -> Plan:
@@ -133,6 +144,12 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         label += "-v5"
     if options.username is not None:
         label += "-auth"
+    if options.transport not in TRANSPORTS:
+        raise ValueError(
+            f"unknown transport {options.transport!r}; choose one of {', '.join(TRANSPORTS)}"
+        )
+    if options.transport != "tcp":
+        label += f"-{options.transport}"
     run_id = secrets.token_hex(3)
     base = Plan(
         scenario=scenario,
@@ -146,6 +163,8 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         username=options.username,
         password=options.password,
         run_id=run_id,
+        transport=options.transport,
+        ca_file=options.ca_file,
     )
     prefix = f"bench/{run_id}"
     cid = f"cb-{run_id}"

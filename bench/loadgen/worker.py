@@ -73,6 +73,7 @@ class WorkerResult:
     unacked: int
     disconnects: int
     subscribers: list[SubscriberResult] = field(default_factory=list)
+    tls: str = ""  # TLS version and cipher suite negotiated ("" without TLS)
 
 
 @dataclass(slots=True)
@@ -163,7 +164,7 @@ class Worker:
             password=plan.password,
         )
         conn = await open_client(
-            plan.host, plan.port, packet, plan.version, self.recorder, plan.timing.setup
+            plan.endpoint, packet, plan.version, self.recorder, plan.timing.setup
         )
         self.connections.append(conn)
         return conn
@@ -224,6 +225,7 @@ class Worker:
                 sent={p.spec.publisher_id: p.seq for p in pubs},
                 unacked=sum(len(p.pending) for p in pubs),
                 disconnects=rec.disconnects,
+                tls=rec.tls,
                 subscribers=[
                     SubscriberResult(
                         expected=s.spec.expected,
