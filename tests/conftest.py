@@ -19,8 +19,8 @@ from tests.servers import LocalCluster, make_test_settings
 
 DISRUPTIVE = "disruptive"
 
-# Hypothesis checks properties, not speed: a per-example deadline only measures how busy the
-# machine is (the suite shares 2 cores with its own servers).
+# Property tests check behaviour, never speed (bench/ measures that): no per-example
+# deadline, which a shared, loaded machine exceeds now and then (an example at 280 ms).
 hypothesis_settings.register_profile("cormorant", deadline=None)
 hypothesis_settings.load_profile("cormorant")
 

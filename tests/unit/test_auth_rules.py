@@ -101,13 +101,13 @@ def _of(rules: list[Rule], action: Action) -> list[tuple[bool, str]]:
 # ---------------------------------------------------------------------- properties
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(filters(), topics)
 def test_matching_agrees_with_the_reference(topic_filter: str, topic: str) -> None:
     assert matches(topic_filter.split("/"), topic.split("/")) == naive_matches(topic_filter, topic)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(filters(), filters())
 def test_covers_and_overlaps_agree_with_the_universe(outer: str, inner: str) -> None:
     inner_topics = [t for t in UNIVERSE if naive_matches(inner, t)]
@@ -116,7 +116,7 @@ def test_covers_and_overlaps_agree_with_the_universe(outer: str, inner: str) -> 
     assert overlaps(outer.split("/"), inner.split("/")) == bool(both)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(rule_lists, topics)
 def test_a_publish_is_decided_by_the_first_matching_rule(
     drawn: list[tuple[bool, Action, str]], topic: str
@@ -128,7 +128,7 @@ def test_a_publish_is_decided_by_the_first_matching_rule(
     assert authorizer.may_publish(topic) == expected  # the cached decision
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(rule_lists, filters())
 def test_a_granted_subscription_only_reaches_readable_topics(
     drawn: list[tuple[bool, Action, str]], topic_filter: str
