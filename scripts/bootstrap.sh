@@ -32,6 +32,9 @@ fi
 # A JDK or Maven installed outside apt (SDKMAN, Temurin tarballs) serves as well.
 command -v java >/dev/null && PACKAGES=("${PACKAGES[@]/openjdk-17-jre-headless}")
 command -v mvn >/dev/null && PACKAGES=("${PACKAGES[@]/maven}")
+# npm fetches MQTT.js for the browser test of MQTT over WebSocket; a Node.js installed
+# otherwise (NodeSource ships npm with it) serves as well.
+command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -61,6 +64,15 @@ fi
 PY="$(cormorant_python)"
 echo "bootstrap: installing Cormorant into $PY"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test]'
+
+# MQTT.js's browser bundle, served by the WebSocket test to a headless Chromium (no CDN).
+MQTTJS_VERSION=5.16.0
+MQTTJS_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/cormorant/npm"
+if ! grep -qs "\"version\": \"$MQTTJS_VERSION\"" "$MQTTJS_DIR/node_modules/mqtt/package.json"; then
+    echo "bootstrap: fetching MQTT.js $MQTTJS_VERSION into $MQTTJS_DIR"
+    mkdir -p "$MQTTJS_DIR"
+    npm install --silent --no-audit --no-fund --prefix "$MQTTJS_DIR" "mqtt@$MQTTJS_VERSION"
+fi
 
 "$PY" -m services.cli fetch-kafka
 "$PY" -m services.cli analytics fetch-jars >/dev/null

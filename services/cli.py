@@ -11,6 +11,7 @@ import os
 import click
 
 from services.cloud.cli import cloud
+from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
 from spark_emr.cli import analytics
 
@@ -109,27 +110,22 @@ def admin_users() -> None:
 def _users_call(call: str, *args: str) -> object:
     import asyncio
 
-    import psycopg
-
     from services.admin.main import users_of
     from services.admin.users import UserError
     from services.common.settings import get_settings
+    from services.common.stores.base import StoreUnavailable
 
     async def go() -> object:
         users = users_of(get_settings())
-        await users.pool.open(wait=True, timeout=30)
         try:
-            await users.migrate()
             return await getattr(users, call)(*args)
         finally:
             await users.pool.close()
 
     try:
         return asyncio.run(go())
-    except UserError as exc:
+    except (UserError, StoreUnavailable) as exc:
         raise click.ClickException(str(exc)) from exc
-    except (psycopg.Error, TimeoutError) as exc:
-        raise click.ClickException(f"PostgreSQL: {exc}") from exc
 
 
 def _new_password(password_stdin: bool) -> str:
@@ -256,6 +252,7 @@ main.add_command(status)
 main.add_command(fetch_kafka)
 main.add_command(cloud)
 main.add_command(analytics)
+main.add_command(credentials)
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,6 @@ that they are downloaded once per machine, not once per session.
 
 from __future__ import annotations
 
-import signal
 import socket
 import urllib.request
 import uuid
@@ -15,23 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.metrics import parse_exposition
-from services.common.readiness import clear_ready
 from services.local import cluster, haproxy, kafka, processes
 from services.local.settings import LocalSettings
 
 #: Default test ports; the whole block moves by PORT_STEP while any of them is taken. The
-#: secured cluster's (tests/integration/test_secured_cluster.py) are these plus 50, so the
-#: ports one block uses (ingest node i on ingest_base + i; its HTTP port http_base + i, the
-#: stages' http_base + 17..19) and those plus 50 never meet, nor the next block's.
+#: services' HTTP ports have a range of their own (ingest node i on http_base + i, the
+#: stages' instances from http_base + 17, 33, 49; :func:`services.local.cluster.http_ports`),
+#: above every other port of the PORT_TRIES blocks, with the admin service after them.
 TEST_PORTS = {
     "kafka_port": 19092,
     "kafka_controller_port": 19093,
     "redis_port": 16379,
     "postgres_port": 15432,
     "listen_port": 21883,
+    "tls_listen_port": 21884,
+    "ws_listen_port": 21885,
+    "wss_listen_port": 21886,
     "ingest_base_port": 21900,
-    "http_base_port": 21905,
-    "admin_port": 21910,
+    "http_base_port": 24000,
+    "admin_port": 24080,
 }
 PORT_STEP = 100
 PORT_TRIES = 20
@@ -43,7 +44,35 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-def _bindable(port: int) -> bool:
+#: The secured cluster's ports (tests/integration/test_secured_cluster.py): the session's
+#: block moved by this much, into the gaps between the session cluster's own ports (its
+#: ingest nodes' listeners are ``haproxy.PORT_BLOCK`` apart from ``ingest_base_port + 1``).
+SECURED_PORT_OFFSET = 8
+
+#: Ingest nodes of the secured cluster.
+SECURED_INGEST_NODES = 1
+
+
+def cluster_ports(ports: dict[str, int], ingest_nodes: int) -> list[int]:
+    """Every port a test cluster of ``ports`` (TEST_PORTS' names) and ``ingest_nodes``
+    listens on: its servers', HAProxy's, each ingest node's direct and listener ports, and
+    every service's HTTP port (the admin service's included)."""
+    layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
+    bases = ("ingest_base_port", "http_base_port", "admin_port")
+    return (
+        [p for n, p in ports.items() if n not in bases]
+        + haproxy.all_node_ports(layout)
+        + list(cluster.http_ports(layout).values())
+    )
+
+
+def secured_ports(ports: dict[str, int]) -> dict[str, int]:
+    """The secured cluster's TEST_PORTS beside the session cluster of ``ports``."""
+    return {name: port + SECURED_PORT_OFFSET for name, port in ports.items()}
+
+
+def bindable(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now."""
     with socket.socket() as sock:
         # As the servers do: a port whose old connections linger in TIME_WAIT is free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -54,23 +83,20 @@ def _bindable(port: int) -> bool:
         return True
 
 
-def free_test_ports(ingest_nodes: int, start: dict[str, int] | None = None) -> dict[str, int]:
-    """The first block of ``start`` (TEST_PORTS unless given), shifted by multiples of
-    PORT_STEP, that is all free for a cluster of ``ingest_nodes`` ingest nodes.
+def free_test_ports(ingest_nodes: int) -> dict[str, int]:
+    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free,
+    with the ports of the secured cluster beside it (:func:`secured_ports`).
 
     Another test session on the same machine then gets its own block. Raises
     ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
     """
-    start = TEST_PORTS if start is None else start
     for attempt in range(PORT_TRIES):
-        ports = {name: port + attempt * PORT_STEP for name, port in start.items()}
-        base, http = ports["ingest_base_port"], ports["http_base_port"]
-        wanted = [p for n, p in ports.items() if n not in ("ingest_base_port", "http_base_port")]
-        wanted += [base + i for i in range(1, ingest_nodes + 1)]
-        wanted += [http + i for i in (*range(1, ingest_nodes + 1), 17, 18, 19)]
-        if all(_bindable(port) for port in wanted):
+        ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
+        wanted = cluster_ports(ports, ingest_nodes)
+        wanted += cluster_ports(secured_ports(ports), SECURED_INGEST_NODES)
+        if all(bindable(port) for port in wanted):
             return ports
-    raise RuntimeError(f"no free block of test ports near {start}")
+    raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
 
 
 def make_test_settings(state_dir: Path) -> LocalSettings:
@@ -125,22 +151,29 @@ class LocalCluster:
 
     def kill(self, name: str) -> bool:
         """``kill -9`` process ``name`` (no clean shutdown); True if it was running."""
-        killed = processes.stop(self.settings.state_dir, name, signal.SIGKILL, timeout=10.0)
-        clear_ready(cluster.ready_file(self.settings, name))
-        return killed
+        return cluster.kill_component(self.settings, name)
 
     def start(self, name: str) -> int:
         """Start process ``name`` and wait until it is ready; return its pid."""
         return cluster.start_component(self.settings, name)
 
-    def start_app_delivery(self, name: str) -> int:
-        """Start one more app_delivery instance as process ``name`` (stop it with
-        :meth:`stop_app_delivery` or :meth:`kill`; ``down`` stops it too); return its pid."""
-        return cluster.start_app_delivery(self.settings, name)
+    def start_instance(self, stage: str, name: str) -> int:
+        """Start one more instance of ``stage`` (``router``, ``device-persist``,
+        ``app-delivery``) as process ``name`` (stop it with :meth:`stop_extra` or
+        :meth:`kill`; ``down`` stops it too); return its pid."""
+        return cluster.start_instance(self.settings, stage, name)
 
-    def stop_app_delivery(self, name: str) -> bool:
-        """Stop the extra app_delivery instance ``name`` cleanly; True if it was running."""
-        return cluster.stop_app_delivery(self.settings, name)
+    def start_extra(
+        self, name: str, command: str, port: int | None = None, **overrides: str
+    ) -> int:
+        """Start one more process ``name`` (``cormorant <command>``, the cluster's settings
+        and ``overrides``) and wait until it is ready; return its pid. Stop it with
+        :meth:`stop_extra` or :meth:`kill`; ``down`` stops it too."""
+        return cluster.start_extra(self.settings, name, command, port, **overrides)
+
+    def stop_extra(self, name: str) -> bool:
+        """Stop the extra process ``name`` cleanly; True if it was running."""
+        return cluster.stop_extra(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

@@ -173,14 +173,7 @@ class Compute(pulumi.ComponentResource):
                 kms_key_arns=list(kafka.kms_key_arns),
             )
             if command == shared.INGEST:
-                spec.tier = "ingest"
-                spec.args = ["--node-id-from-ecs-task"]
-                spec.ports = ingest_target_ports(config)
-                spec.settings |= {
-                    "mqtt_host": "0.0.0.0",
-                    "mqtt_port": shared.MQTT_PORT,
-                    "max_keep_alive": config.max_keep_alive,
-                }
+                self._ingest(spec)
             if command in ("device-persist", shared.ADMIN):
                 # The admin service reads the DEVICE store (stored messages of a session)
                 # and keeps its users and audit trail in PostgreSQL.
@@ -217,6 +210,32 @@ class Compute(pulumi.ComponentResource):
                     spec.target_groups = {shared.ADMIN_PORT: access.target_group_arn}
             specs.append(spec)
         return specs
+
+    def _ingest(self, spec: TaskSpec) -> None:
+        """The ingest task: one listener per NLB target port, PROXY protocol v2 exactly
+        when the target groups send it; with TLS passed through, the certificate and key
+        (and client CA for mutual TLS) from the Secrets Manager secret as PEM text."""
+        config = self._config
+        spec.tier = "ingest"
+        spec.args = ["--node-id-from-ecs-task"]
+        spec.ports = ingest_target_ports(config)
+        kinds = {shared.MQTT_PORT: "mqtt", shared.MQTT_TLS_PORT: "mqtts"}
+        spec.settings |= {
+            "mqtt_host": "0.0.0.0",
+            "listeners": [
+                {"kind": kinds[port], "port": port, "proxy_protocol": config.proxy_protocol_v2}
+                for port in spec.ports
+            ],
+            "max_keep_alive": config.max_keep_alive,
+        }
+        arn = config.tls_certificate_secret_arn
+        if config.tls_mode == "passthrough" and arn is not None:
+            keys = {"tls_cert_pem": "certificate", "tls_key_pem": "privateKey"}
+            if config.tls_client_auth != "none":
+                spec.settings["tls_client_auth"] = config.tls_client_auth
+                keys["tls_client_ca_pem"] = "clientCa"
+            spec.secrets |= {name: iam.secret_key(arn, key) for name, key in keys.items()}
+            spec.secret_arns.append(arn)
 
     def _topics_spec(self) -> TaskSpec:
         kafka = self._kafka
@@ -291,7 +310,7 @@ class Compute(pulumi.ComponentResource):
         self.log_groups[spec.command] = log_group.name
         size = config.services.get(spec.command, TOPICS_TASK_SIZE)
         container = pulumi.Output.all(
-            environment=environment.environment(spec.settings),
+            environment=environment.environment(spec.settings, spec.secrets),
             secrets=environment.secrets(spec.secrets),
             log_group=log_group.name,
         ).apply(lambda parts: [self._container(spec, parts)])

@@ -176,6 +176,8 @@ class StackConfig(_Model):
     # --- ingress -----------------------------------------------------------------------
     tls_mode: Literal["terminate", "passthrough"] = "terminate"
     certificate_arn: str | None = None
+    tls_certificate_secret_arn: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:secretsmanager:")
+    tls_client_auth: Literal["none", "optional", "required"] = "none"
     plain_mqtt: bool = True
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
     nlb_idle_timeout_seconds: int = Field(350, ge=60, le=6000)
@@ -277,6 +279,16 @@ class StackConfig(_Model):
             raise ValueError(
                 "adminAllowedCidrs needs adminCertificateArn: without a certificate there is "
                 "no admin load balancer to let them in (bearer tokens never cross in clear)"
+            )
+        if self.tls_mode == "passthrough" and not self.tls_certificate_secret_arn:
+            raise ValueError(
+                "tlsMode passthrough needs tlsCertificateSecretArn (a Secrets Manager secret "
+                "with the ingest tasks' certificate and key)"
+            )
+        if self.tls_client_auth != "none" and self.tls_mode != "passthrough":
+            raise ValueError(
+                "tlsClientAuth needs tlsMode passthrough: the tasks verify client "
+                "certificates, so TLS must reach them"
             )
         if self.db_max_allocated_storage_gib < self.db_allocated_storage_gib:
             raise ValueError("dbMaxAllocatedStorageGib is below dbAllocatedStorageGib")

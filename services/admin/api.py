@@ -38,7 +38,7 @@ from services.common.mqtt.errors import MQTTError
 from services.common.records import SessionRecord
 from services.common.sessions import DeliveryPath, delivery_path, kept_seconds
 from services.common.settings import Settings
-from services.common.stores.base import MessageStore, StoreError
+from services.common.stores.base import MessageStore, StoreError, StoreUnavailable
 from services.common.subscription import Subscription
 from services.common.topics.validation import validate_topic_filter, validate_topic_name
 from services.common.versions import cormorant_version
@@ -193,6 +193,10 @@ def create_app(context: AdminContext) -> FastAPI:
     @app.exception_handler(KafkaError)
     async def kafka_down(request: Request, exc: KafkaError) -> JSONResponse:
         return JSONResponse({"detail": f"Kafka did not answer: {exc!r}"}, 503)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 503)
 
     async def audited(
         user: str,

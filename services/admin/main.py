@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import uvicorn
@@ -24,7 +25,8 @@ from services.admin.users import AdminUsers, UserError
 from services.common import metrics
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
-from services.common.stores.postgres_store import connection_pool
+from services.common.stores.base import StoreUnavailable
+from services.common.stores.postgres_pool import MigratedPool
 from services.common.versions import cormorant_version
 from services.common.web import Readiness
 
@@ -33,13 +35,20 @@ log = logging.getLogger(__name__)
 #: Seconds between two samples of the cluster's figures (the console's charts).
 SAMPLE_SECONDS = 2.0
 
+#: How many store timeouts the service waits for PostgreSQL when it starts.
+STARTUP_TIMEOUTS = 6
+
+#: Seconds between two attempts to reach PostgreSQL when the service starts.
+RETRY_SECONDS = 0.5
+
 
 def users_of(settings: Settings) -> AdminUsers:
-    """The admin users in ``settings``' PostgreSQL (pool not opened yet)."""
-    pool = connection_pool(
+    """The admin users in ``settings``' PostgreSQL (the pool opens on first use)."""
+    pool = MigratedPool(
         settings.postgres_dsn,
-        "admin",
+        name="admin",
         timeout=settings.store_timeout_seconds,
+        pool_size=4,
         password=settings.postgres_password,
         sslmode=settings.postgres_sslmode,
         sslrootcert=settings.postgres_sslrootcert,
@@ -63,6 +72,22 @@ async def bootstrap_user(settings: Settings, users: AdminUsers) -> None:
         log.info("admin user %s created (admin_bootstrap_user)", username)
 
 
+async def reach_postgres(users: AdminUsers, timeout: float) -> None:
+    """Reach ``users``' PostgreSQL (its pool opens and migrates the schema), trying again
+    until ``timeout`` seconds have passed: PostgreSQL may start after the admin service.
+    Raises :class:`~services.common.stores.base.StoreUnavailable` past the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await users.ping()
+            return
+        except StoreUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            log.info("PostgreSQL at %s not reachable yet, trying again", users.pool.address)
+            await asyncio.sleep(RETRY_SECONDS)
+
+
 def build(settings: Settings) -> FastAPI:
     """The admin application; its lifespan starts and stops what it reads and writes."""
     users = users_of(settings)
@@ -78,17 +103,12 @@ def build(settings: Settings) -> FastAPI:
         readiness=readiness,
     )
 
-    async def postgres() -> None:
-        async with users.pool.connection() as conn:
-            await conn.execute("SELECT 1")
-
     readiness.add("kafka", context.state.reader.end_offsets)
-    readiness.add("postgres", postgres)
+    readiness.add("postgres", users.ping)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await users.pool.open(wait=True, timeout=settings.store_timeout_seconds * 6)
-        await users.migrate()
+        await reach_postgres(users, settings.store_timeout_seconds * STARTUP_TIMEOUTS)
         await bootstrap_user(settings, users)
         await context.state.start()
         await context.writer.start()

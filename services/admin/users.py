@@ -5,7 +5,8 @@ recommended parameter set); a login returns a random bearer token (32 bytes, URL
 base64) that is kept only as its SHA-256 and expires after ``admin_token_ttl_seconds``.
 Every mutating call of the admin API is written to ``admin_audit`` (who, what, on what,
 when, its HTTP status). The tables are migrations of the shared schema
-(``services/common/stores/migrations/0002_admin.sql``).
+(``services/common/stores/migrations/0003_admin.sql``), applied by the shared pool
+(:class:`~services.common.stores.postgres_pool.MigratedPool`) on first use.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import psycopg
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
-from services.common.stores.migrate import migrate
+from services.common.stores.postgres_pool import Connection, MigratedPool
 
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 """What an admin user name may be (the table checks it too)."""
@@ -80,29 +80,29 @@ def check_new_user(username: str, password: str) -> None:
 
 
 class AdminUsers:
-    """The admin users of one PostgreSQL database, reached through ``pool`` (opened by the
-    caller). ``token_ttl`` is how long a token lives (seconds). Every method raises
-    ``psycopg.Error`` when PostgreSQL fails."""
+    """The admin users of one PostgreSQL database, reached through ``pool``. ``token_ttl``
+    is how long a token lives (seconds). Every method raises
+    :class:`~services.common.stores.base.StoreUnavailable` when PostgreSQL cannot answer
+    in time."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], token_ttl: float) -> None:
+    def __init__(self, pool: MigratedPool, token_ttl: float) -> None:
         self.pool = pool
         self.token_ttl = token_ttl
-
-    async def migrate(self) -> None:
-        """Create the tables if they are missing (the shared migrations)."""
-        async with self.pool.connection() as conn:
-            await migrate(conn)
 
     async def add(self, username: str, password: str) -> None:
         """Create user ``username`` with ``password``. Raises :class:`UserError` for a bad
         name, a short password or a name already taken."""
         check_new_user(username, password)
+        password_hash = _HASHER.hash(password)
+
+        async def body(conn: Connection) -> None:
+            await conn.execute(
+                "INSERT INTO admin_users (username, password_hash) VALUES (%s, %s)",
+                (username, password_hash),
+            )
+
         try:
-            async with self.pool.connection() as conn:
-                await conn.execute(
-                    "INSERT INTO admin_users (username, password_hash) VALUES (%s, %s)",
-                    (username, _HASHER.hash(password)),
-                )
+            await self.pool.run("add admin user", body)
         except psycopg.errors.UniqueViolation as exc:
             raise UserError(f"user {username!r} exists already") from exc
 
@@ -111,100 +111,131 @@ class AdminUsers:
         its password may have been changed since). True if it was created. Raises
         :class:`UserError` for a bad name or a short password."""
         check_new_user(username, password)
-        async with self.pool.connection() as conn:
+        password_hash = _HASHER.hash(password)
+
+        async def body(conn: Connection) -> bool:
             cursor = await conn.execute(
                 "INSERT INTO admin_users (username, password_hash) VALUES (%s, %s) "
                 "ON CONFLICT (username) DO NOTHING",
-                (username, _HASHER.hash(password)),
+                (username, password_hash),
             )
-            return bool(cursor.rowcount > 0)
+            return cursor.rowcount > 0
+
+        return await self.pool.run("ensure admin user", body)
 
     async def set_password(self, username: str, password: str) -> None:
         """Change ``username``'s password and revoke its tokens. Raises :class:`UserError`
         for an unknown user or a short password."""
         check_password(password)
-        async with self.pool.connection() as conn, conn.transaction():
+        password_hash = _HASHER.hash(password)
+
+        async def body(conn: Connection) -> None:
             cursor = await conn.execute(
                 "UPDATE admin_users SET password_hash = %s WHERE username = %s",
-                (_HASHER.hash(password), username),
+                (password_hash, username),
             )
             if cursor.rowcount == 0:
                 raise UserError(f"no user {username!r}")
             await conn.execute("DELETE FROM admin_tokens WHERE username = %s", (username,))
 
+        await self.pool.run("set admin password", body)
+
     async def remove(self, username: str) -> bool:
         """Delete ``username`` and its tokens; False if there was no such user."""
-        async with self.pool.connection() as conn:
+
+        async def body(conn: Connection) -> bool:
             cursor = await conn.execute("DELETE FROM admin_users WHERE username = %s", (username,))
-            return bool(cursor.rowcount > 0)
+            return cursor.rowcount > 0
+
+        return await self.pool.run("remove admin user", body)
 
     async def names(self) -> list[str]:
         """Every user name, sorted."""
-        async with self.pool.connection() as conn:
+
+        async def body(conn: Connection) -> list[str]:
             cursor = await conn.execute("SELECT username FROM admin_users ORDER BY username")
-            return [row[0] for row in await cursor.fetchall()]
+            return [str(row[0]) for row in await cursor.fetchall()]
+
+        return await self.pool.run("list admin users", body)
 
     async def login(self, username: str, password: str) -> Token | None:
         """A new token if ``password`` is ``username``'s, else None (an unknown user costs
         a hash too, so timing does not tell which names exist)."""
-        async with self.pool.connection() as conn:
+
+        async def stored_hash(conn: Connection) -> str | None:
             cursor = await conn.execute(
                 "SELECT password_hash FROM admin_users WHERE username = %s", (username,)
             )
             row = await cursor.fetchone()
-        stored = row[0] if row is not None else _DUMMY_HASH
+            return None if row is None else str(row[0])
+
+        stored = await self.pool.run("login", stored_hash)
         try:
-            _HASHER.verify(stored, password)
+            _HASHER.verify(stored or _DUMMY_HASH, password)
         except (VerificationError, InvalidHashError):
             return None
-        if row is None:
+        if stored is None:
             return None
         token = secrets.token_urlsafe(32)
         expires_at = datetime.now(UTC) + timedelta(seconds=self.token_ttl)
-        async with self.pool.connection() as conn:
+        rehashed = _HASHER.hash(password) if _HASHER.check_needs_rehash(stored) else None
+
+        async def issue(conn: Connection) -> None:
             await conn.execute("DELETE FROM admin_tokens WHERE expires_at < now()")
             await conn.execute(
                 "INSERT INTO admin_tokens (token_hash, username, expires_at) VALUES (%s, %s, %s)",
                 (_token_hash(token), username, expires_at),
             )
-            if _HASHER.check_needs_rehash(stored):
+            if rehashed is not None:
                 await conn.execute(
                     "UPDATE admin_users SET password_hash = %s WHERE username = %s",
-                    (_HASHER.hash(password), username),
+                    (rehashed, username),
                 )
+
+        await self.pool.run("login", issue)
         return Token(token, username, expires_at)
 
     async def user_of(self, token: str) -> str | None:
         """The user a valid, unexpired ``token`` belongs to, or None."""
-        async with self.pool.connection() as conn:
+
+        async def body(conn: Connection) -> str | None:
             cursor = await conn.execute(
                 "SELECT username FROM admin_tokens WHERE token_hash = %s AND expires_at > now()",
                 (_token_hash(token),),
             )
             row = await cursor.fetchone()
-        return None if row is None else str(row[0])
+            return None if row is None else str(row[0])
+
+        return await self.pool.run("check token", body)
 
     async def logout(self, token: str) -> None:
         """Revoke ``token``."""
-        async with self.pool.connection() as conn:
+
+        async def body(conn: Connection) -> None:
             await conn.execute(
                 "DELETE FROM admin_tokens WHERE token_hash = %s", (_token_hash(token),)
             )
+
+        await self.pool.run("logout", body)
 
     async def audit(
         self, username: str, action: str, target: str, detail: dict[str, Any], status: int
     ) -> None:
         """Record one mutating call."""
-        async with self.pool.connection() as conn:
+
+        async def body(conn: Connection) -> None:
             await conn.execute(
                 "INSERT INTO admin_audit (username, action, target, detail, status) "
                 "VALUES (%s, %s, %s, %s, %s)",
                 (username, action, target, Jsonb(detail), status),
             )
 
+        await self.pool.run("audit", body)
+
     async def audit_trail(self, offset: int, limit: int) -> tuple[int, list[AuditEntry]]:
         """``(total, entries)``: the newest first, ``limit`` of them after ``offset``."""
-        async with self.pool.connection() as conn:
+
+        async def body(conn: Connection) -> tuple[int, list[AuditEntry]]:
             cursor = await conn.execute("SELECT count(*) FROM admin_audit")
             total_row = await cursor.fetchone()
             cursor = await conn.execute(
@@ -213,8 +244,18 @@ class AdminUsers:
                 (offset, limit),
             )
             rows = await cursor.fetchall()
-        total = int(total_row[0]) if total_row is not None else 0
-        return total, [AuditEntry(*row) for row in rows]
+            total = int(total_row[0]) if total_row is not None else 0
+            return total, [AuditEntry(*row) for row in rows]
+
+        return await self.pool.run("audit trail", body)
+
+    async def ping(self) -> None:
+        """One ``SELECT 1`` (the schema migrated first): readiness."""
+
+        async def body(conn: Connection) -> None:
+            await conn.execute("SELECT 1")
+
+        await self.pool.run("ping", body)
 
 
 _DUMMY_HASH = _HASHER.hash(secrets.token_urlsafe(16))

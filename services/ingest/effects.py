@@ -3,18 +3,20 @@
 The asyncio shell (:mod:`services.ingest.server`, :mod:`services.ingest.node`) carries out
 each effect in order and reports the outcome of the ``Store*`` effects back with
 ``ServerConnection.stored(token)`` or ``ServerConnection.store_failed(token)``, and so the
-outcome of :class:`CreateAppTopic`. :class:`PublishWill` is the one effect with a timer: the
-shell publishes the Will Message after its delay unless a newer connection of the client
-settles it first (:mod:`services.ingest.will` decides, :mod:`services.ingest.wills` keeps
-the timers).
+outcome of :class:`CreateAppTopic`. A Will Message that must wait out a delay is stored in
+Kafka (:class:`StoreWill`); the ingest node that owns its ``client.wills`` partition
+publishes it when the delay has passed unless a newer connection of the client settles it
+first (:mod:`services.ingest.will` decides, :mod:`services.ingest.wills` keeps the timers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.auth.principal import AuthRequest, ScramState
 from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.subscription import Subscription
+from services.ingest.limits import Refusal
 
 
 @dataclass(slots=True)
@@ -88,9 +90,11 @@ class StoreRetainedRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class PublishWill:
-    """Publish this client's Will Message after ``delay_seconds`` (> 0), unless a newer
-    connection of the client settles it first (:func:`services.ingest.will.settled_by`).
+class StoreWill:
+    """Store this client's Will Message in ``client.wills``, to be published after
+    ``delay_seconds`` (> 0) unless a newer connection of the client settles it first
+    (:func:`services.ingest.will.settled_by`). The shell writes nothing after it for this
+    connection (its session's end) until Kafka has it: a waiting will outlives its node.
 
     ``connection_id`` and ``session_offset`` (the Kafka offset of its latest connected
     session record, if known) identify the connection the will belongs to, so that its own
@@ -99,6 +103,7 @@ class PublishWill:
     (:func:`services.ingest.will.published_after_delay`).
     """
 
+    token: int
     delay_seconds: int
     connection_id: bytes
     session_offset: int | None
@@ -143,12 +148,34 @@ class SyncState:
 
 
 @dataclass(slots=True)
+class Authenticate:
+    """Check the client's credentials (a CONNECT, or an AUTH of MQTT 5 enhanced
+    authentication) off the event loop's hot path, and report the outcome with
+    ``ServerConnection.authenticated(outcome)``
+    (:meth:`services.common.auth.authenticate.Authenticator.authenticate`). ``state`` is the
+    SCRAM exchange the request answers, if any."""
+
+    request: AuthRequest
+    state: ScramState | None = None
+
+
+@dataclass(slots=True)
 class RecordEvent:
     """Append ``event`` to ``client.events`` for the analysts (key: ``client_id``): written
     off the hot path, nobody waits for it, a failure is only logged."""
 
     client_id: str
     event: EventRecord
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRefused:
+    """A limit refused this client something (``detail`` says what, for the log): the
+    shell counts it and logs it once per client per minute (:mod:`services.ingest.refusals`).
+    What the client is told travels in the effects beside it (SUBACK, PUBREC, CONNACK)."""
+
+    refusal: Refusal
+    detail: str
 
 
 StoreEffect = (
@@ -158,6 +185,7 @@ StoreEffect = (
     | StoreSession
     | StoreAcks
     | StoreRetainedRequest
+    | StoreWill
 )
 """The effects that write one Kafka record and report back through their ``token``."""
 
@@ -166,9 +194,10 @@ Effect = (
     | Close
     | StoreEffect
     | CreateAppTopic
-    | PublishWill
     | Connected
     | WatchSession
     | SyncState
+    | Authenticate
     | RecordEvent
+    | LimitRefused
 )

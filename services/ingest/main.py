@@ -5,7 +5,10 @@ client creates a persistent APPLICATION client's ``msg.app`` topic at CONNECT); 
 the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
-in full for session takeover, session resumption and Will Messages waiting out their delay.
+in full for session takeover, session resumption and Will Messages waiting out their delay;
+another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
+Credentials come from PostgreSQL through a cache that the store's change notifications
+keep right (:mod:`services.common.auth.cache`); a task follows them.
 
 At start, once the state is read and before the listener opens, the sessions still shown
 connected to this node are ended (their connections died with the previous process); at
@@ -17,18 +20,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable
 
 import faust
+from aiokafka import TopicPartition
 
 from services.common import metrics
-from services.common.faust_app import make_app, on_shutdown, run_service, run_task, sender
+from services.common.auth.authenticate import Authenticator
+from services.common.auth.authorize import parse_rules
+from services.common.auth.cache import CredentialCache
+from services.common.auth.store import Change, CredentialStore
+from services.common.faust_app import (
+    make_app,
+    on_shutdown,
+    run_service,
+    run_task,
+    sender,
+    transactional_producer,
+)
 from services.common.kafka.admin import (
     app_topic_spec,
     downlink_topic_spec,
     ensure_topics,
 )
 from services.common.kafka.consumer import (
+    PartitionTransactions,
     Record,
     assign_whole_topics,
     consume_batches,
@@ -38,11 +55,18 @@ from services.common.kafka.consumer import (
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.records import AdminDisconnect, Downlink, RecordError, parse_downlink
+from services.common.records import (
+    AdminDisconnect,
+    Downlink,
+    KafkaRecord,
+    RecordError,
+    parse_downlink,
+)
 from services.common.settings import Settings
 from services.common.web import serve_http
+from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
-from services.ingest.server import start_server
+from services.ingest.wills import WillOwnership
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +90,53 @@ def build_app(settings: Settings) -> faust.App:
             security=client_security(settings),
         )
 
-    node = IngestNode(settings, send, sync_state, ensure_app_topic)
+    wills_transactions = PartitionTransactions(
+        lambda transactional_id: transactional_producer(settings, transactional_id),
+        f"{names.wills_group}.",
+        names.wills_group,
+    )
+
+    async def commit_will(partition: int, records: list[KafkaRecord]) -> None:
+        async def produce() -> list[Awaitable[object]]:
+            return [await send(*record) for record in records]
+
+        tp = TopicPartition(names.client_wills, partition)
+        await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
+
+    cache = CredentialCache(CredentialStore.from_settings(settings))
+    authenticator = Authenticator(
+        cache,
+        allow_anonymous=settings.allow_anonymous,
+        anonymous_rules=parse_rules(settings.anonymous_rules),
+        hash_workers=settings.auth_hash_workers,
+        max_pending_hashes=settings.auth_max_pending,
+    )
+    node = IngestNode(
+        settings,
+        send,
+        sync_state,
+        ensure_app_topic,
+        authenticator=authenticator,
+        fetch_credential=cache.get,
+        commit_will=commit_will,
+    )
+
+    def credential_changed(change: Change) -> None:
+        cache.changed(change)
+        node.credential_changed(change)
+
+    def credentials_resynced() -> None:
+        cache.clear()
+        node.credentials_resynced()
+
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
         [names.client_sessions, names.client_subscriptions],
         node.apply_state,
         security=client_security(settings),
     )
-    servers: list[asyncio.Server] = []
+    listeners: list[Listeners] = []
+    tasks: list[asyncio.Task[None]] = []
     downlink = names.downlink(settings.node_id)
     readiness.add("kafka", reader.end_offsets)
     metrics.register(
@@ -95,10 +158,28 @@ def build_app(settings: Settings) -> faust.App:
                 log_undecodable(log, record, exc)
         return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
+    async def own_wills() -> None:
+        # In the ingest nodes' client.wills group, a static member named by the node id: a
+        # restarted node takes its partitions back without a rebalance.
+        consumer = make_consumer(settings, group_id=names.wills_group, instance_id=settings.node_id)
+        await consumer.start()
+        try:
+            await WillOwnership(consumer, wills_transactions, node.wills, names).run()
+        finally:
+            await node.wills.stop()
+            await wills_transactions.close()
+            await consumer.stop()
+
     async def serve() -> None:
         await reader.start()
+        tasks.append(
+            asyncio.create_task(cache.store.listen(credential_changed, credentials_resynced))
+        )
+        if settings.allow_anonymous:
+            log.warning("node %s: anonymous clients may connect", settings.node_id)
         # Sessions the state shows connected here died with the previous process.
         await node.reconcile()
+        tasks.append(asyncio.create_task(own_wills(), name="ingest-wills"))
         # The downlink topic is read from its end, outside any consumer group: its records
         # are for the connections of this process's life only (a restarted node has none).
         # The position is fixed before the listener opens, so no client misses a record.
@@ -107,7 +188,10 @@ def build_app(settings: Settings) -> faust.App:
         try:
             async with asyncio.timeout(60):
                 await assign_whole_topics(consumer, [downlink], from_end=True)
-            servers.append(await start_server(node))
+            opened = await start_listeners(node)
+            listeners.append(opened)
+            # SIGHUP: new TLS connections get the certificate files' current content.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, opened.reload_tls)
             readiness.serving(f"ingest {settings.node_id} {settings.mqtt_port}")
             await consume_batches(consumer, deliver_batch, stage="ingest")
         finally:
@@ -115,9 +199,14 @@ def build_app(settings: Settings) -> faust.App:
 
     async def stop() -> None:
         readiness.stopping()
-        for server in servers:
-            server.close()
+        for opened in listeners:
+            opened.close()
         await node.shut_down()  # wills and end records, while the producer still runs
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        authenticator.close()
+        await cache.store.close()
         await reader.stop()
 
     run_task(app, serve)

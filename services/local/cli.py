@@ -136,6 +136,19 @@ def up(infra_only: bool) -> None:
     if not infra_only:
         ports = ", ".join(str(p) for p in haproxy.node_ports(settings))
         click.echo(f"MQTT: mqtt://127.0.0.1:{settings.listen_port} (ingest nodes on {ports})")
+        if cluster.anonymous_allowed(settings):
+            click.echo(
+                "Anonymous MQTT clients are allowed (loopback only; "
+                "CORMORANT_LOCAL_ANONYMOUS=false requires credentials)"
+            )
+        click.echo(f"MQTT over TLS: mqtts://localhost:{settings.tls_listen_port}")
+        click.echo(
+            f"MQTT over WebSocket: ws://localhost:{settings.ws_listen_port}/mqtt, "
+            f"wss://localhost:{settings.wss_listen_port}/mqtt"
+        )
+        if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+            tls = cluster.tls_dir(cluster.local_settings(settings))
+            click.echo(f"CA certificate: {tls / 'ca.pem'} (a client's: {tls / 'client.pem'})")
         click.echo(
             f"Console and admin API: http://127.0.0.1:{settings.admin_port}/ (API docs: /docs); "
             "first user: cormorant admin-users add <name>"

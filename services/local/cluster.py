@@ -9,9 +9,11 @@ running process.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, postgres, processes, progress, redis
+from services.local import certificates, haproxy, kafka, postgres, processes, progress, redis
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -41,8 +43,9 @@ DEVICE_PERSIST = "device-persist"
 APP_DELIVERY = "app-delivery"
 ADMIN = "admin"
 
-#: Offsets from ``http_base_port`` of the stages' HTTP ports (ingest node i: base + i).
-STAGE_HTTP_OFFSETS = {ROUTER: 17, DEVICE_PERSIST: 18, APP_DELIVERY: 19}
+#: The stages' blocks of HTTP ports after ``http_base_port``: instance j (from 1) of a stage
+#: on ``http_base_port + haproxy.PORT_BLOCK * block + j`` (ingest node i: base + i).
+STAGE_HTTP_BLOCKS = {ROUTER: 1, DEVICE_PERSIST: 2, APP_DELIVERY: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +91,11 @@ class ComponentStatus:
 
 def local_settings(settings: LocalSettings) -> LocalSettings:
     """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
-    absolute directories."""
+    absolute directories, anonymous clients allowed when :func:`anonymous_allowed` (or
+    ``allow_anonymous``) says so (every ingest node, extra ones included)."""
     return settings.model_copy(
         update={
+            "allow_anonymous": anonymous_allowed(settings) or settings.allow_anonymous,
             "kafka_bootstrap": kafka.bootstrap(settings),
             "redis_url": redis.url(settings),
             "postgres_dsn": postgres.dsn(settings),
@@ -140,11 +145,24 @@ def ready_file(settings: LocalSettings, name: str) -> Path:
     return processes.run_dir(settings.state_dir) / f"{name}.ready"
 
 
+def instance_counts(settings: LocalSettings) -> dict[str, int]:
+    """How many instances of each stage the cluster runs (``router_instances``...)."""
+    return {
+        ROUTER: settings.router_instances,
+        DEVICE_PERSIST: settings.device_persist_instances,
+        APP_DELIVERY: settings.app_delivery_instances,
+    }
+
+
 def http_ports(settings: LocalSettings) -> dict[str, int]:
     """Each service process's HTTP port (``/health``, ``/ready``, ``/metrics``; the admin
-    API's ``admin_port``), by process name."""
+    API's ``admin_port``), by process name: ingest node i on ``http_base_port + i``,
+    instance j of a stage in its block (:data:`STAGE_HTTP_BLOCKS`)."""
+    base = settings.http_base_port
     ports = {f"ingest-node{i}": port for i, port in enumerate(haproxy.node_http_ports(settings), 1)}
-    ports |= {name: settings.http_base_port + o for name, o in STAGE_HTTP_OFFSETS.items()}
+    for stage, count in instance_counts(settings).items():
+        block = base + haproxy.PORT_BLOCK * STAGE_HTTP_BLOCKS[stage]
+        ports |= {name: block + j for j, name in enumerate(instance_names(stage, count), 1)}
     ports[ADMIN] = settings.admin_port
     return ports
 
@@ -204,20 +222,70 @@ def _service(
     )
 
 
+def anonymous_allowed(settings: LocalSettings) -> bool:
+    """Whether the local cluster lets anonymous clients in: ``local_anonymous`` on, and
+    the ingest nodes listening on a loopback address only (HAProxy always does)."""
+    if not settings.local_anonymous:
+        return False
+    host = settings.mqtt_host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_dir(settings: LocalSettings) -> Path:
+    """Where ``cormorant up`` keeps the local CA and certificates: ``<state_dir>/tls``."""
+    return settings.state_dir / "tls"
+
+
+def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
+    """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
+    its direct port, its listeners behind HAProxy (:func:`haproxy.node_listeners`) and,
+    unless ``tls_cert_file`` is set, the local CA's server certificate
+    (:mod:`services.local.certificates`, made on first use) with client certificates
+    verified when sent (``tls_client_auth`` optional, unless set)."""
+    port = haproxy.node_ports(settings)[node - 1]
+    listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
+    overrides = {
+        "node_id": f"node{node}",
+        "mqtt_port": str(port),
+        "listeners": json.dumps(listeners),
+    }
+    if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+        pki = certificates.ensure_local_pki(tls_dir(settings))
+        overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
+        if "tls_client_auth" not in settings.model_fields_set:
+            overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+    return overrides
+
+
+def _start_ingest(settings: LocalSettings, node: int) -> int:
+    port = haproxy.node_ports(settings)[node - 1]
+    overrides = ingest_overrides(settings, node)
+    return _start_service(settings, f"ingest-node{node}", "ingest", port, **overrides)
+
+
 def services_of(settings: LocalSettings) -> list[Component]:
-    """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
-    order."""
+    """The ingest nodes, the routers, the device_persist and app_delivery instances
+    (``router_instances``... of each) and HAProxy, in start order."""
     settings = local_settings(settings)
     nodes = [
-        _service(
-            settings, f"ingest-node{i}", "ingest", port, node_id=f"node{i}", mqtt_port=str(port)
+        Component(
+            f"ingest-node{i}",
+            port,
+            partial(_start_ingest, settings, i),
+            ready_file=ready_file(settings, f"ingest-node{i}"),
+            stop_timeout=SERVICE_STOP_TIMEOUT,
         )
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]
     stages = [
-        _service(settings, ROUTER, "router"),
-        _service(settings, DEVICE_PERSIST, "device-persist"),
-        _service(settings, APP_DELIVERY, "app-delivery"),
+        _service(settings, name, command, group_instance_id=name)
+        for command, count in instance_counts(settings).items()
+        for name in instance_names(command, count)
     ]
     admin = _service(
         settings, ADMIN, "admin", settings.admin_port, cluster_endpoints=_endpoints(settings)
@@ -231,6 +299,14 @@ def _endpoints(settings: LocalSettings) -> str:
     ports = http_ports(settings)
     del ports[ADMIN]
     return json.dumps({name: f"http://127.0.0.1:{port}" for name, port in ports.items()})
+
+
+def instance_names(stage: str, count: int) -> list[str]:
+    """The process names of ``count`` instances of ``stage`` (``router``,
+    ``device-persist``, ``app-delivery``): the stage's name, then ``<stage>-2``,
+    ``<stage>-3``... Each is also the instance's static consumer group member id
+    (``group_instance_id``)."""
+    return [stage if i == 1 else f"{stage}-{i}" for i in range(1, count + 1)]
 
 
 def components(settings: LocalSettings) -> list[Component]:
@@ -279,28 +355,41 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
-def start_app_delivery(settings: LocalSettings, name: str) -> int:
-    """Start one more app_delivery instance as process ``name`` (its instances share the
-    APPLICATION clients through their consumer group) and wait until it is ready; return
-    its pid. ``down`` stops it with the rest. Raises
-    :class:`~services.local.processes.StartError`."""
-    return _start_service(
-        local_settings(settings), name, "app-delivery", None, http_port=str(free_port())
-    )
+def start_extra(
+    settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
+) -> int:
+    """Start one more process ``name`` running ``cormorant <command>`` with the cluster's
+    settings and ``overrides`` (setting name → value as its environment variable holds
+    it; another app_delivery instance, an ingest node with settings of its own), and wait
+    until it is ready (and listens on ``port``, if given); return its pid. ``down`` stops
+    it with the rest. Its HTTP port (``/metrics``) is ``overrides``' ``http_port``, else one
+    the kernel picks. Raises :class:`~services.local.processes.StartError`."""
+    overrides.setdefault("http_port", str(free_port()))
+    return _start_service(local_settings(settings), name, command, port, **overrides)
 
 
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 free now (the kernel's pick)."""
-    import socket
-
+    """A TCP port of 127.0.0.1 free now (the kernel's pick, from the ephemeral range: clear
+    of every port the cluster is configured with)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
-    """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
+def start_instance(settings: LocalSettings, stage: str, name: str) -> int:
+    """Start one more instance of ``stage`` (``router``, ``device-persist`` or
+    ``app-delivery``) as process ``name``, a static member of the stage's consumer group
+    beside those the settings ask for (they share the stage's partitions), with
+    :func:`start_extra`; return its pid. Stop it with :func:`stop_extra`. Raises
+    ``ValueError`` for another stage and :class:`~services.local.processes.StartError`."""
+    if stage not in (ROUTER, DEVICE_PERSIST, APP_DELIVERY):
+        raise ValueError(f"{stage!r} is not a stage with instances")
+    return start_extra(settings, name, stage, group_instance_id=name)
+
+
+def stop_extra(settings: LocalSettings, name: str) -> bool:
+    """Stop the process ``name`` that :func:`start_extra` or :func:`start_instance` started;
     True if it was running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
@@ -339,6 +428,15 @@ def stop_component(settings: LocalSettings, name: str) -> bool:
     """
     settings = local_settings(settings)
     return _stop(settings, _find_component(settings, name))
+
+
+def kill_component(settings: LocalSettings, name: str) -> bool:
+    """``kill -9`` process ``name`` (no clean shutdown: a crash); True if it was running.
+    Its ready file is removed (it cannot remove it itself)."""
+    settings = local_settings(settings)
+    killed = processes.stop(settings.state_dir, name, signal.SIGKILL, timeout=10.0)
+    clear_ready(ready_file(settings, name))
+    return killed
 
 
 def down(settings: LocalSettings) -> list[str]:

@@ -2,6 +2,7 @@
 rely on (session records, acknowledgements, retained message requests), with deadlines.
 
 - :func:`latest_state`: the state topics as they are now (latest record per client);
+- :func:`latest_values`: any compacted topic as it is now (latest value per key);
 - :class:`TopicTail`: the records written to a topic from now on;
 - :func:`downlink_writer`: a producer that plays a message store writing downlink records.
 """
@@ -45,8 +46,23 @@ async def latest_state(cluster: LocalCluster) -> tuple[dict[str, bytes | None], 
     return sessions, subscribed
 
 
+async def latest_values(cluster: LocalCluster, topic: str) -> dict[bytes, bytes | None]:
+    """The latest value of every key of ``topic`` (None: a tombstone), committed records
+    only, as the topic holds them now."""
+    values: dict[bytes, bytes | None] = {}
+
+    def apply(topic: str, key: bytes, value: bytes | None, offset: int, headers: object) -> None:
+        values[key] = value
+
+    reader = CompactedTopicReader(cluster.kafka_bootstrap, [topic], apply)
+    await reader.start(timeout=TIMEOUT)
+    await reader.stop()
+    return values
+
+
 class TopicTail:
-    """Records written to one topic after :meth:`open` (every partition, no group)."""
+    """Committed records written to one topic after :meth:`open` (every partition, no
+    group)."""
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self._consumer = consumer
@@ -55,7 +71,10 @@ class TopicTail:
     @asynccontextmanager
     async def open(cls, bootstrap: str, topic: str) -> AsyncIterator[TopicTail]:
         """Follow ``topic`` from its current end for the block."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+        # Committed records only, as the services read (wills are written in transactions).
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed"
+        )
         await consumer.start()
         try:
             async with asyncio.timeout(TIMEOUT):

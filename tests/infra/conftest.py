@@ -20,6 +20,9 @@ ADMIN_CIDRS = ["172.16.8.0/22", "10.200.0.0/24"]
 METRICS_CIDRS = ["192.168.50.0/24"]
 """The serverless stack's Prometheus (a peered monitoring VPC)."""
 
+TLS_SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:cormorant-mqtt-tls-AbCdEf"
+"""The Secrets Manager secret of the ingest tasks' certificate in the passthrough stack."""
+
 
 def serverless_values() -> dict[str, Any]:
     """The prod stack file with every alternative switched on."""
@@ -28,6 +31,8 @@ def serverless_values() -> dict[str, Any]:
     values |= {
         "cormorant:kafkaMode": "serverless",
         "cormorant:tlsMode": "passthrough",
+        "cormorant:tlsCertificateSecretArn": TLS_SECRET_ARN,
+        "cormorant:tlsClientAuth": "optional",
         "cormorant:proxyProtocolV2": True,
         "cormorant:storeBackend": "postgres",
         "cormorant:plainMqtt": False,

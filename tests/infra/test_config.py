@@ -58,6 +58,24 @@ def test_more_nat_gateways_than_zones() -> None:
     )
 
 
+TLS_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:mqtt-tls-AbCdEf"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tlsMode": "passthrough"}, "tlsMode passthrough needs tlsCertificateSecretArn"),
+        ({"tlsClientAuth": "required"}, "tlsClientAuth needs tlsMode passthrough"),
+        (
+            {"tlsMode": "passthrough", "tlsCertificateSecretArn": "mqtt-tls"},
+            "tlsCertificateSecretArn",
+        ),
+    ],
+)
+def test_tls_passthrough_needs_the_tasks_certificate(values: dict[str, str], message: str) -> None:
+    assert message in refused(**values)
+
+
 def test_keep_alive_above_the_nlb_idle_rule() -> None:
     message = refused(maxKeepAlive=300)
     assert "maxKeepAlive 300 s is too long for the load balancer's 350 s idle timeout" in message
@@ -68,6 +86,7 @@ def test_keep_alive_rule_follows_the_tcp_idle_timeout_without_a_tls_listener() -
     values = {
         **REQUIRED,
         "tlsMode": "passthrough",
+        "tlsCertificateSecretArn": TLS_SECRET,
         "nlbIdleTimeoutSeconds": 120,
         "maxKeepAlive": 100,
     }

@@ -22,7 +22,7 @@ from services.common.settings import Settings
 from services.common.versions import SPARK_VERSION, release_line
 from spark_emr import emr
 from spark_emr.settings import AnalyticsSettings
-from tests.infra.conftest import ADMIN_CIDRS, METRICS_CIDRS
+from tests.infra.conftest import ADMIN_CIDRS, METRICS_CIDRS, TLS_SECRET_ARN
 from tests.infra.mocks import (
     ZONES,
     Deployment,
@@ -309,6 +309,14 @@ def test_msk_iam_task_roles_scoped_to_the_deployments_topics(serverless: Deploym
     cluster_arn = serverless.outputs["mskClusterArn"]
     topics = [s for s in router if "kafka-cluster:WriteData" in s["Action"]]
     assert topics[0]["Resource"] == [cluster_arn.replace(":cluster/", ":topic/") + "/mqtt.*"]
+    # Idempotent producers, and the router's Kafka transactions under the deployment's ids.
+    [cluster] = [s for s in router if s["Resource"] == [cluster_arn]]
+    assert "kafka-cluster:WriteDataIdempotently" in cluster["Action"]
+    [transactions] = [s for s in router if "kafka-cluster:AlterTransactionalId" in s["Action"]]
+    assert "kafka-cluster:DescribeTransactionalId" in transactions["Action"]
+    assert transactions["Resource"] == [
+        cluster_arn.replace(":cluster/", ":transactional-id/") + "/mqtt.*"
+    ]
     # The Spark job only reads.
     spark = [
         action
@@ -421,8 +429,10 @@ def test_task_environment_is_cormorants_settings(
         assert env["CORMORANT_KAFKA_BOOTSTRAP"] == deployment.outputs["kafkaBootstrap"]
         assert env["CORMORANT_REPLICATION_FACTOR"] == "3"
         assert env["CORMORANT_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
-        # What the service will read, validated as the service validates it.
-        read = read_as_the_service(env, monkeypatch)
+        # What the service will read, validated as the service validates it (ECS adds
+        # the secrets' values at task start).
+        injected = {s["name"]: "<from Secrets Manager>" for s in container.get("secrets", [])}
+        read = read_as_the_service({**env, **injected}, monkeypatch)
         assert read.kafka_bootstrap == deployment.outputs["kafkaBootstrap"]
         assert read.application_client_ids == []
         assert container["image"].endswith(
@@ -434,7 +444,10 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     ingest = containers(dev)["ingest"]
     env = environment(ingest)
     assert env["CORMORANT_MQTT_HOST"] == "0.0.0.0"
-    assert env["CORMORANT_MQTT_PORT"] == str(shared.MQTT_PORT)
+    assert json.loads(env["CORMORANT_LISTENERS"]) == [
+        {"kind": "mqtt", "port": shared.MQTT_PORT, "proxy_protocol": False}
+    ]
+    assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
     assert ingest["command"] == ["--node-id-from-ecs-task"]
     assert ingest["portMappings"] == [{"containerPort": 1883, "protocol": "tcp"}]
@@ -539,9 +552,19 @@ def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:
     assert listeners[8883]["protocol"] == "TCP" and "certificateArn" not in listeners[8883]
     group = mqtt_target_group(serverless)
     assert group.inputs["port"] == 8883 and group.inputs["proxyProtocolV2"] is True
-    assert containers(serverless)["ingest"]["portMappings"] == [
-        {"containerPort": 8883, "protocol": "tcp"}
+    ingest = containers(serverless)["ingest"]
+    assert ingest["portMappings"] == [{"containerPort": 8883, "protocol": "tcp"}]
+    env = environment(ingest)
+    assert json.loads(env["CORMORANT_LISTENERS"]) == [
+        {"kind": "mqtts", "port": 8883, "proxy_protocol": True}  # as the target group sends
     ]
+    assert env["CORMORANT_TLS_CLIENT_AUTH"] == "optional"
+    secrets = {s["name"]: s["valueFrom"] for s in ingest["secrets"]}
+    assert {name: secrets[name] for name in secrets if "TLS" in name} == {
+        "CORMORANT_TLS_CERT_PEM": f"{TLS_SECRET_ARN}:certificate::",
+        "CORMORANT_TLS_KEY_PEM": f"{TLS_SECRET_ARN}:privateKey::",
+        "CORMORANT_TLS_CLIENT_CA_PEM": f"{TLS_SECRET_ARN}:clientCa::",
+    }
     assert serverless.outputs["mqttEndpoints"] == [
         f"mqtts://{serverless.outputs['nlbDnsName']}:8883"
     ]
@@ -848,6 +871,7 @@ def test_the_topics_task_creates_the_projects_own_topics(
         "mqtt.client.sessions",
         "mqtt.client.subscriptions",
         "mqtt.msg.retained",
+        "mqtt.client.wills",
     ]
     assert settings.replication_factor == kafka.REPLICATION_FACTOR
     assert serverless.outputs["topicsTaskDefinition"].endswith("create-topics:1")

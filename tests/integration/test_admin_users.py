@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import SecretStr
 
-from services.admin.main import bootstrap_user, users_of
+from services.admin.main import bootstrap_user, reach_postgres, users_of
 from services.admin.users import AdminUsers, UserError
 from services.common.settings import Settings
 
@@ -21,8 +21,7 @@ SECOND = "another password, long enough"
 async def users(postgres_server: str) -> AsyncIterator[AdminUsers]:
     """The admin users of the test PostgreSQL, tables migrated."""
     found = users_of(Settings(postgres_dsn=postgres_server))
-    await found.pool.open(wait=True, timeout=30)
-    await found.migrate()
+    await reach_postgres(found, 30)
     yield found
     await found.pool.close()
 

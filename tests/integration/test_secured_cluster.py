@@ -30,14 +30,16 @@ from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
-from tests.servers import TEST_PORTS, LocalCluster, free_test_ports
+from tests.servers import (
+    SECURED_INGEST_NODES,
+    TEST_PORTS,
+    LocalCluster,
+    bindable,
+    cluster_ports,
+    secured_ports,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
-
-#: The secured cluster's ports: the session's test ports moved by this much, between the
-#: session's block and the next session's (blocks are 100 apart); further blocks up when
-#: another session on the machine holds those.
-PORT_OFFSET = 50
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +49,16 @@ def secured(
     """The secured cluster, up; its settings (what the services were given)."""
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
-    ports = free_test_ports(1, {n: getattr(settings, n) + PORT_OFFSET for n in TEST_PORTS})
+    # free_test_ports chose the session's block with these free too, at the session's start
+    ports = secured_ports({name: getattr(settings, name) for name in TEST_PORTS})
+    taken = [p for p in cluster_ports(ports, SECURED_INGEST_NODES) if not bindable(p)]
+    assert not taken, f"ports of the secured test cluster are taken: {taken}"
     value = LocalSettings(
         **{
             **settings.model_dump(exclude={"kafka_bootstrap", "redis_url", "postgres_dsn"}),
             **ports,
             "state_dir": base / "state",
-            "ingest_nodes": 1,
+            "ingest_nodes": SECURED_INGEST_NODES,
             "kafka_security_protocol": "SASL_SSL",
             "kafka_sasl_mechanism": "SCRAM-SHA-512",
             "kafka_sasl_username": "cormorant",

@@ -16,16 +16,12 @@ the lock and takes it only to delete expired messages.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool
 from pydantic import SecretStr
 
 from services.common.stores.base import (
@@ -37,14 +33,12 @@ from services.common.stores.base import (
     StoredMessage,
     StoreError,
     StoreStats,
-    StoreUnavailable,
     check_append,
     check_max_messages,
 )
-from services.common.stores.migrate import migrate
+from services.common.stores.postgres_pool import Connection, MigratedPool
 
 T = TypeVar("T")
-Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 #: Packet Identifiers tested per query when looking for a free one: after a wrap-around a
 #: few may still be in use, rarely more than this.
@@ -124,53 +118,6 @@ def client_key(client_id: str) -> bytes:
     return hashlib.sha256(client_id.encode("utf-8")).digest()
 
 
-def _public_address(dsn: str) -> str:
-    """``host:port/dbname`` of ``dsn``, without user or password, for error messages."""
-    params = conninfo_to_dict(dsn)
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
-
-
-def _connection_options(
-    timeout: float, password: SecretStr | None, sslmode: str | None, sslrootcert: Path | None
-) -> dict[str, Any]:
-    """libpq connection parameters added to the DSN: timeout, password and TLS."""
-    # libpq takes whole seconds and treats values below 2 as 2.
-    options: dict[str, Any] = {"connect_timeout": max(2, math.ceil(timeout))}
-    if password is not None:
-        options["password"] = password.get_secret_value()
-    if sslmode is not None:
-        options["sslmode"] = sslmode
-    if sslrootcert is not None:
-        options["sslrootcert"] = str(sslrootcert)
-    return options
-
-
-def connection_pool(
-    dsn: str,
-    name: str,
-    *,
-    timeout: float = 5.0,
-    size: int = 4,
-    password: SecretStr | None = None,
-    sslmode: str | None = None,
-    sslrootcert: Path | None = None,
-) -> AsyncConnectionPool[Connection]:
-    """A pool of connections to ``dsn`` (not opened yet: ``await pool.open()``) with the
-    password and TLS the message store uses; ``timeout`` (seconds) bounds connecting and
-    waiting for a connection. For the other users of Cormorant's PostgreSQL (the admin
-    service)."""
-    return AsyncConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=size,
-        open=False,
-        timeout=timeout,
-        kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
-        name=name,
-    )
-
-
 class PostgresMessageStore(MessageStore):
     """:class:`MessageStore` on PostgreSQL 12+ (``psycopg`` 3, ``psycopg_pool``).
 
@@ -195,54 +142,24 @@ class PostgresMessageStore(MessageStore):
         sslrootcert: Path | None = None,
     ) -> None:
         self._max_messages = check_max_messages(max_messages)
-        self._timeout = timeout
-        self._address = _public_address(dsn)
-        self._pool = connection_pool(
+        self._pool = MigratedPool(
             dsn,
-            "message-store",
+            name="message store",
             timeout=timeout,
-            size=pool_size,
+            pool_size=pool_size,
             password=password,
             sslmode=sslmode,
             sslrootcert=sslrootcert,
         )
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
-
-    async def _ensure_ready(self) -> None:
-        """Open the pool and migrate the schema, once (again after a failed attempt)."""
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if self._ready:
-                return
-            await self._pool.open(wait=False)
-            async with self._pool.connection() as conn:
-                await migrate(conn)
-            self._ready = True
 
     async def _run(self, what: str, body: Callable[[Connection], Awaitable[T]]) -> T:
         """Run ``body`` in one transaction within the timeout, mapping psycopg's errors."""
         try:
-            async with asyncio.timeout(self._timeout):
-                await self._ensure_ready()
-                async with self._pool.connection() as conn, conn.transaction():
-                    return await body(conn)
-        except TimeoutError as exc:
-            # Also when the server refuses connections: the pool keeps retrying in the
-            # background (its log, psycopg.pool, has each attempt's error) until we give up.
-            raise StoreUnavailable(
-                f"PostgreSQL store at {self._address} is unavailable ({what}): no connection "
-                f"or no answer within {self._timeout} s"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            # Connection refused or lost, no pooled connection in time (PoolTimeout),
-            # server shutting down, statement cancelled.
-            raise StoreUnavailable(
-                f"PostgreSQL store at {self._address} is unavailable ({what}): {exc}"
-            ) from exc
+            return await self._pool.run(what, body)
         except psycopg.Error as exc:
-            raise StoreError(f"PostgreSQL store at {self._address}: {what} failed: {exc}") from exc
+            raise StoreError(
+                f"PostgreSQL message store at {self._pool.address}: {what} failed: {exc}"
+            ) from exc
 
     @staticmethod
     async def _lock(conn: Connection, key: bytes) -> tuple[Any, ...] | None:
