@@ -11,8 +11,9 @@ families when Prometheus scrapes (:class:`Collector`); gauges that are read rath
 counted (connections, lag, stored messages) are computed then too, by the ``collect`` and
 ``refresh`` functions a service registers (:func:`register`, :func:`on_scrape`).
 
-Issue 11 (authentication) and issue 12 (listener limits) plug in with one line each:
-``metrics.authentication(method, outcome)`` and ``metrics.refused(limit, listener)``.
+An ingest node's refusals by limit are its :class:`~services.ingest.refusals.Refusals`
+counters, read when Prometheus scrapes; CONNECT authentications are counted with
+:func:`authentication`.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Histogram:
 
 @dataclass
 class ListenerCounters:
-    """Bytes moved by one MQTT listener (``tcp`` today; TLS and WebSocket with issue 12)."""
+    """Bytes moved by one kind of MQTT listener (``mqtt``, ``mqtts``, ``ws``, ``wss``)."""
 
     received_bytes: int = 0
     sent_bytes: int = 0
@@ -98,16 +99,15 @@ class MqttCounters:
     ``publish_received[qos]``: PUBLISHes accepted from clients (handed to Kafka);
     ``publish_sent[qos]``: PUBLISHes written to clients; ``connects[(listener, reason)]``:
     CONNECT outcomes by the CONNACK's Reason Code (0 accepted; MQTT 5.0 3.2.2.2, a v3.1.1
-    refusal counted under the v5 code it maps from); ``refusals[(listener, limit)]``:
-    connections or packets refused by a limit (issue 12); ``authentications[(method,
-    outcome)]``: CONNECT authentications (issue 11); ``backpressure_pauses``: times the
-    node stopped reading from publishers because Kafka fell behind.
+    refusal counted under the v5 code it maps from); ``authentications[(method,
+    outcome)]``: CONNECT authentications (:func:`authentication`);
+    ``backpressure_pauses``: times the node stopped reading from publishers because Kafka
+    fell behind.
     """
 
     publish_received: list[int] = field(default_factory=lambda: [0, 0, 0])
     publish_sent: list[int] = field(default_factory=lambda: [0, 0, 0])
     connects: dict[tuple[str, int], int] = field(default_factory=dict)
-    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     authentications: dict[tuple[str, str], int] = field(default_factory=dict)
     listeners: dict[str, ListenerCounters] = field(default_factory=dict)
     backpressure_pauses: int = 0
@@ -153,17 +153,11 @@ KAFKA = KafkaCounters()
 """This process's Kafka produce counters (every service)."""
 
 
-def refused(limit: str, listener: str = "tcp") -> None:
-    """Count a connection or packet refused by ``limit`` (a setting's name, e.g.
-    ``max_connections``) on ``listener``: ``cormorant_mqtt_refusals_total`` (issue 12)."""
-    key = (listener, limit)
-    MQTT.refusals[key] = MQTT.refusals.get(key, 0) + 1
-
-
 def authentication(method: str, outcome: str) -> None:
-    """Count one CONNECT authentication by ``method`` (``password``, ``x509``, ``jwt``,
-    ``scram``...) with ``outcome`` (``success``, ``bad_credentials``, ``not_authorized``...):
-    ``cormorant_auth_attempts_total`` (issue 11)."""
+    """Count one CONNECT (or AUTH) authentication by what the client presented,
+    ``method`` (``anonymous``, ``password``, ``certificate``, ``scram-sha-256``...), with
+    ``outcome`` (``success``, ``challenge``, or the refusal's Reason Code name:
+    ``bad_user_name_or_password``, ``not_authorized``...): ``cormorant_auth_attempts_total``."""
     key = (method, outcome)
     MQTT.authentications[key] = MQTT.authentications.get(key, 0) + 1
 
@@ -304,12 +298,18 @@ def kafka_families(counters: KafkaCounters) -> Iterable[Metric]:
 
 
 def mqtt_families(
-    counters: MqttCounters, connections: Callable[[], dict[tuple[str, int], int]], pending: int
+    counters: MqttCounters,
+    connections: Callable[[], dict[tuple[str, int], int]],
+    pending: int,
+    refusals: Iterable[tuple[str, int]],
 ) -> Iterable[Metric]:
     """An ingest node's families: ``connections()`` gives the connected clients by
-    (listener, protocol level); ``pending`` the records waiting for Kafka. Every listener
-    of ``counters`` has a connections sample for each protocol version, 0 included, so a
-    node without clients says 0 rather than nothing (a sum over no series is no data)."""
+    (listener, protocol level); ``pending`` the records waiting for Kafka; ``refusals``
+    the node's refusals as (limit or failed check, count) pairs (``connections``,
+    ``message_rate``, ``tls_handshake``...: :class:`~services.ingest.limits.Refusal`).
+    Every listener of ``counters`` has a connections sample for each protocol version,
+    0 included, so a node without clients says 0 rather than nothing (a sum over no series
+    is no data)."""
     gauge = GaugeMetricFamily(
         "cormorant_mqtt_connections",
         "Connected MQTT clients (CONNACK sent, socket open), by listener and protocol version.",
@@ -349,14 +349,14 @@ def mqtt_families(
         sent.add_metric([listener], moved.sent_bytes)
     yield received
     yield sent
-    refusals = CounterMetricFamily(
+    refused = CounterMetricFamily(
         "cormorant_mqtt_refusals",
-        "Connections or packets refused by a limit, by listener and limit.",
-        labels=["listener", "limit"],
+        "Connections, packets or reads refused by a limit or a failed handshake, by limit.",
+        labels=["limit"],
     )
-    for (listener, limit), count in sorted(counters.refusals.items()):
-        refusals.add_metric([listener, limit], count)
-    yield refusals
+    for limit, count in sorted(refusals):
+        refused.add_metric([limit], count)
+    yield refused
     auth = CounterMetricFamily(
         "cormorant_auth_attempts",
         "CONNECT authentications, by method and outcome.",

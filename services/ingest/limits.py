@@ -18,9 +18,9 @@ class Refusal(enum.StrEnum):
     """What a node refused a client, by the limit or check that refused it.
 
     Each refusal is counted per node and logged once per client per minute
-    (:mod:`services.ingest.refusals`); the names are the counters' (and later metrics').
-    The sans-IO core reports its own with a :class:`~services.ingest.effects.LimitRefused`
-    effect; the shell counts the transport's.
+    (:mod:`services.ingest.refusals`); the names are the counters' and the metrics' (their
+    ``limit`` label). The sans-IO core reports its own with a
+    :class:`~services.ingest.effects.LimitRefused` effect; the shell counts the transport's.
     """
 
     CONNECTIONS = "connections"  # max_connections: CONNACK 0x97

@@ -25,6 +25,7 @@ import ssl
 from dataclasses import dataclass, field
 from functools import partial
 
+from services.common.metrics import MQTT
 from services.common.settings import Listener
 from services.ingest import proxy_protocol
 from services.ingest.limits import Refusal
@@ -193,6 +194,7 @@ async def start_listeners(node: IngestNode) -> Listeners:
                 result._servers.append(server)
                 port = server.sockets[0].getsockname()[1]
             result.ports.setdefault(listener.kind, []).append(port)
+            MQTT.listener(listener.kind)  # its connections count 0 until a client comes
             log.info(
                 "node %s: %s listener on %s:%d%s",
                 settings.node_id,

@@ -140,7 +140,9 @@ def build_app(settings: Settings) -> faust.App:
     downlink = names.downlink(settings.node_id)
     readiness.add("kafka", reader.end_offsets)
     metrics.register(
-        lambda: metrics.mqtt_families(metrics.MQTT, node.connections, node.pending_records)
+        lambda: metrics.mqtt_families(
+            metrics.MQTT, node.connections, node.pending_records, node.refusals.counts.items()
+        )
     )
 
     async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:

@@ -24,9 +24,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+from services.common import metrics
 from services.common.auth.authenticate import Authenticator
 from services.common.auth.credentials import Credential
-from services.common.auth.principal import Accepted, Refused, principal_of
+from services.common.auth.principal import (
+    Accepted,
+    Refused,
+    outcome_name,
+    presented,
+    principal_of,
+)
 from services.common.auth.store import Change
 from services.common.clock import now_ms
 from services.common.faust_app import SendRecord
@@ -251,6 +258,7 @@ class IngestNode:
             )
             if credential_id is None or self._changed_at.get(credential_id, -1) < epoch:
                 break
+        metrics.authentication(presented(effect.request), outcome_name(outcome))
         connection = client.connection
         if connection.closed:
             return

@@ -4,7 +4,8 @@ Every refusal (:class:`~services.ingest.limits.Refusal`: a limit or a failed han
 adds one to the node's counter of its kind, whatever the client; the log gets at most one
 line per kind and client (its client id, or its IP address before CONNECT) per
 :data:`LOG_INTERVAL` seconds, saying how many more there were since, so a client hammering
-a limit cannot flood the log. The counters are what metrics (issue 13) will expose.
+a limit cannot flood the log. The counters are ``cormorant_mqtt_refusals_total{limit}``
+(:func:`services.common.metrics.mqtt_families`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Refusals:
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.counts: Counter[Refusal] = Counter()
+        # Every kind from 0: a limit that never refused anything shows as 0, not as no data.
+        self.counts: Counter[Refusal] = Counter(dict.fromkeys(Refusal, 0))
         self._clock = clock
         # (kind, client) → (when it was last logged, refusals since then not logged)
         self._logged: dict[tuple[Refusal, str], tuple[float, int]] = {}

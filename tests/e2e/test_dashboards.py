@@ -35,8 +35,6 @@ RATE_WINDOW = "30s"
 """What Grafana's ``$__rate_interval`` becomes here (a few 1 s scrapes)."""
 
 MAY_BE_EMPTY = {
-    "Refusals / s": "no limit refused anything",
-    "Authentications / s": "nothing authenticates yet (issue 11)",
     "Produce errors / s": "Kafka stored every record",
 }
 """Panels whose series exist only once something happened that these tests do not do."""

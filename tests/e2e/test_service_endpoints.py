@@ -14,7 +14,7 @@ from services.common.metrics import parse_exposition
 from services.local import cluster as local_cluster
 from tests.e2e.clients import RawSocket, aio_client, collect, unique
 from tests.servers import LocalCluster
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -98,10 +98,14 @@ async def test_counters_move_by_what_a_client_did(cluster: LocalCluster) -> None
     assert value(during1, connections, protocol_version="3.1.1") == (
         value(before1, connections, protocol_version="3.1.1") + 1
     )
-    accepted = {"listener": "tcp", "reason_code": "0x00", "reason": "success"}
+    accepted = {"listener": "mqtt", "reason_code": "0x00", "reason": "success"}
+    anonymous = {"method": "anonymous", "outcome": "success"}
     for before, after in ((before1, after1), (before2, after2)):
         assert value(after, "cormorant_mqtt_connects_total", **accepted) == (
             value(before, "cormorant_mqtt_connects_total", **accepted) + 1
+        )
+        assert value(after, "cormorant_auth_attempts_total", **anonymous) == (
+            value(before, "cormorant_auth_attempts_total", **anonymous) + 1
         )
     received = "cormorant_mqtt_publish_received_total"
     assert value(after1, received, qos="1") - value(before1, received, qos="1") == 5
@@ -138,3 +142,26 @@ def test_a_refused_connect_is_counted_by_its_reason_code(cluster: LocalCluster) 
     assert value(after, "cormorant_mqtt_connects_total", **unsupported) == (
         value(before, "cormorant_mqtt_connects_total", **unsupported) + 1
     )
+
+
+def test_a_refusal_is_counted_by_its_limit(cluster: LocalCluster) -> None:
+    nodes = [f"ingest-node{i}" for i in range(1, len(cluster.node_ports) + 1)]
+
+    def refused() -> float:
+        """The WebSocket handshakes refused by the ingest nodes (HAProxy picks the node)."""
+        refusals = "cormorant_mqtt_refusals_total"
+        return sum(
+            value(metrics_of(cluster, node), refusals, limit="websocket_handshake")
+            for node in nodes
+        )
+
+    before = refused()
+    with RawSocket(cluster.settings.ws_listen_port) as raw:
+        # A WebSocket upgrade on another path than /mqtt: 404, and the connection ends.
+        raw.send(
+            b"GET /not-mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+        )
+        assert raw.read_until_closed().startswith(b"HTTP/1.1 404")
+    wait_until(lambda: refused() == before + 1, "the refused handshake counted")

@@ -13,7 +13,7 @@ def scrape(counters: MqttCounters, connections: dict[tuple[str, int], int]) -> S
 
     class Families:
         def collect(self) -> list[Metric]:
-            return list(mqtt_families(counters, lambda: connections, pending=0))
+            return list(mqtt_families(counters, lambda: connections, pending=0, refusals=[]))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Families())
@@ -24,14 +24,14 @@ def connections_by_version(samples: Samples) -> dict[str, float]:
     return {
         labels["protocol_version"]: value
         for labels, value in samples["cormorant_mqtt_connections"]
-        if labels["listener"] == "tcp"
+        if labels["listener"] == "mqtt"
     }
 
 
 def listening() -> MqttCounters:
     """The counters of a node whose TCP listener is up (it registers itself)."""
     counters = MqttCounters()
-    counters.listener("tcp")
+    counters.listener("mqtt")
     return counters
 
 
@@ -41,7 +41,7 @@ def test_a_node_without_clients_counts_zero_per_protocol_version() -> None:
 
 
 def test_connections_by_protocol_version() -> None:
-    samples = scrape(listening(), {("tcp", 4): 2, ("tcp", 5): 1})
+    samples = scrape(listening(), {("mqtt", 4): 2, ("mqtt", 5): 1})
     assert connections_by_version(samples) == {"3.1": 0, "3.1.1": 2, "5.0": 1}
 
 

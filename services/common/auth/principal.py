@@ -10,6 +10,7 @@ from services.common.auth.authorize import Rule
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.credentials import Credential
 from services.common.auth.scram import ScramExchange
+from services.common.metrics import reason_name
 from services.common.records import ClientKind
 
 
@@ -93,3 +94,25 @@ def principal_of(credential: Credential, username: str | None) -> Principal:
         username,
         credential.revision,
     )
+
+
+def presented(request: AuthRequest) -> str:
+    """What ``request`` presents, as the metrics' ``method`` label: its Authentication
+    Method lower-cased (``scram-sha-256``), else ``password`` (a User Name or Password,
+    a JWT included), else ``certificate`` (a verified TLS client certificate alone), else
+    ``anonymous``."""
+    if request.method is not None:
+        return request.method.lower()
+    if request.username is not None or request.password is not None:
+        return "password"
+    return "certificate" if request.certificate is not None else "anonymous"
+
+
+def outcome_name(outcome: Outcome) -> str:
+    """``outcome`` as the metrics' ``outcome`` label: ``success``, ``challenge``, or the
+    refusal's Reason Code in the specification's words (``not_authorized``)."""
+    if isinstance(outcome, Accepted):
+        return "success"
+    if isinstance(outcome, Challenge):
+        return "challenge"
+    return reason_name(outcome.reason_code)
