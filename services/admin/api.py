@@ -1,6 +1,7 @@
 """The admin REST API (FastAPI): cluster, stats, clients and sessions, subscriptions,
-retained messages, the audit trail, admin users; the console and the API's docs page
-beside it; the service's own ``/health``, ``/ready`` and ``/metrics``, as every service's.
+retained messages, the audit trail, admin users, MQTT credentials and their rules; the
+console and the API's docs page beside it; the service's own ``/health``, ``/ready`` and
+``/metrics``, as every service's.
 
 Every ``/api`` call but ``POST /api/login`` needs ``Authorization: Bearer <token>`` (401
 without a valid one); every mutating call is audited (:mod:`services.admin.users`). Reads
@@ -26,13 +27,14 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
-from services.admin import admin_users_api, models
+from services.admin import admin_users_api, credentials_api, models
 from services.admin.auth import ERRORS, Credentials, User
 from services.admin.cluster import Probe, StatsSampler
 from services.admin.commands import CommandWriter, disconnect_records, retained_delete_record
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers, AuditEntry
 from services.common import metrics
+from services.common.auth.manage import CredentialAdmin
 from services.common.metrics import PROTOCOL_VERSIONS
 from services.common.mqtt.errors import MQTTError
 from services.common.records import SessionRecord
@@ -79,6 +81,7 @@ class AdminContext:
     writer: CommandWriter
     store: MessageStore
     readiness: Readiness
+    credentials: CredentialAdmin
 
 
 def _ms(value: int) -> datetime | None:
@@ -569,6 +572,7 @@ def create_app(context: AdminContext) -> FastAPI:
         )
 
     app.include_router(admin_users_api.router)
+    app.include_router(credentials_api.router)
     return app
 
 

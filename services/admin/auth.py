@@ -3,8 +3,8 @@
 
 Every ``/api`` router depends on :data:`User` (401 without a valid token) and lists
 :data:`ERRORS` in its OpenAPI responses: the sessions API (:mod:`services.admin.api`), the
-admin users API (:mod:`services.admin.admin_users_api`), and the MQTT credentials and
-rules API once the authentication issue (11) lands, as one more router the same way.
+admin users API (:mod:`services.admin.admin_users_api`) and the MQTT credentials and
+rules API (:mod:`services.admin.credentials_api`).
 """
 
 from __future__ import annotations

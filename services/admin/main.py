@@ -23,6 +23,8 @@ from services.admin.commands import CommandWriter
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers, UserError
 from services.common import metrics
+from services.common.auth.manage import CredentialAdmin
+from services.common.auth.store import CredentialStore
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
 from services.common.stores.base import StoreUnavailable
@@ -101,6 +103,7 @@ def build(settings: Settings) -> FastAPI:
         writer=CommandWriter(settings),
         store=open_store(settings),
         readiness=readiness,
+        credentials=CredentialAdmin(CredentialStore.from_settings(settings)),
     )
 
     readiness.add("kafka", context.state.reader.end_offsets)
@@ -124,6 +127,7 @@ def build(settings: Settings) -> FastAPI:
                 context.writer.stop(),
                 context.state.stop(),
                 context.store.close(),
+                context.credentials.close(),
                 return_exceptions=True,
             )
             await users.pool.close()

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from services.admin.users import MIN_PASSWORD_LENGTH, USERNAME
+from services.common.auth.credentials import NAME_PATTERN
 
 ProtocolVersion = Literal["3.1", "3.1.1", "5.0", "unknown"]
 
@@ -216,3 +217,108 @@ class AuditPage(BaseModel):
     offset: int
     limit: int
     items: list[AuditView]
+
+
+# ------------------------------------------------------------------------- MQTT credentials
+
+CREDENTIAL_NAME_PATTERN = NAME_PATTERN.pattern
+"""A credential's name, as the OpenAPI document says it."""
+
+CredentialTypeName = Literal["MQTT_BASIC", "X509", "JWT", "SCRAM"]
+ClientKindName = Literal["DEVICE", "APPLICATION"]
+
+
+class RuleBody(BaseModel):
+    """One authorization rule: ``permission`` for ``action`` on the topics ``topic``
+    matches (a Topic Filter; ``${client_id}`` and ``${username}`` may stand for whole
+    levels). The first matching rule decides; no rule at all allows everything."""
+
+    permission: Literal["allow", "deny"]
+    action: Literal["publish", "subscribe", "all"]
+    topic: str = Field(min_length=1, max_length=1024, examples=["devices/${client_id}/#"])
+
+
+class CertificateBody(BaseModel):
+    """How an X509 credential recognises its certificate: exactly one of ``fingerprint``
+    (SHA-256 of the DER certificate, hex), ``common_name`` or ``san`` (shell patterns)."""
+
+    fingerprint: str | None = Field(None, max_length=128)
+    common_name: str | None = Field(None, min_length=1, max_length=1024)
+    san: str | None = Field(None, min_length=1, max_length=1024)
+
+
+class JwtBody(BaseModel):
+    """What a JWT credential verifies the tokens clients send as Password with: the JWS
+    ``algorithms`` (all HMAC, ``key`` the shared secret; or all public-key, ``key`` a PEM
+    public key), and optionally the ``aud``/``iss`` required and the claims that must equal
+    the Client Identifier / User Name."""
+
+    algorithms: list[str] = Field(min_length=1, max_length=16)
+    key: str = Field(min_length=1, max_length=16384)
+    audience: str | None = Field(None, max_length=1024)
+    issuer: str | None = Field(None, max_length=1024)
+    client_id_claim: str | None = Field(None, max_length=256)
+    username_claim: str | None = Field(None, max_length=256)
+    leeway_seconds: int = Field(0, ge=0, le=86400)
+
+
+class NewCredential(BaseModel):
+    """A credential to create. MQTT_BASIC: ``client_id`` and/or ``username``, optional
+    ``password``; SCRAM: ``username`` and ``password``; X509: ``certificate``; JWT:
+    ``jwt``. Passwords are stored as argon2id hashes (SCRAM: salted keys), never as given."""
+
+    name: str = Field(pattern=CREDENTIAL_NAME_PATTERN)
+    type: CredentialTypeName
+    kind: ClientKindName = "DEVICE"
+    enabled: bool = True
+    rules: list[RuleBody] = Field(default_factory=list, max_length=1000)
+    client_id: str | None = Field(None, min_length=1, max_length=1024)
+    username: str | None = Field(None, min_length=1, max_length=1024)
+    password: str | None = Field(None, max_length=65535)
+    certificate: CertificateBody | None = None
+    jwt: JwtBody | None = None
+
+
+class CredentialChangesBody(BaseModel):
+    """Changes to a credential; a field left out is kept. ``rules`` replaces every rule
+    (``[]``: none, everything allowed); ``password`` replaces the password and
+    ``remove_password`` removes it (MQTT_BASIC); ``client_id``/``username`` ``""`` remove
+    them (MQTT_BASIC)."""
+
+    kind: ClientKindName | None = None
+    enabled: bool | None = None
+    rules: list[RuleBody] | None = Field(None, max_length=1000)
+    client_id: str | None = Field(None, max_length=1024)
+    username: str | None = Field(None, max_length=1024)
+    password: str | None = Field(None, max_length=65535)
+    remove_password: bool = False
+    certificate: CertificateBody | None = None
+    jwt: JwtBody | None = None
+
+
+class CredentialView(BaseModel):
+    """A credential as stored, without secrets: ``password`` only says whether one is set,
+    an HMAC key is masked, SCRAM keys are left out."""
+
+    id: str
+    name: str
+    type: CredentialTypeName
+    kind: ClientKindName
+    enabled: bool
+    rules: list[RuleBody]
+    client_id: str | None = None
+    username: str | None = None
+    password: Literal["set", "none"] | None = None
+    certificate: CertificateBody | None = None
+    jwt: JwtBody | None = None
+    scram: list[dict[str, Any]] | None = Field(
+        None, description="SCRAM mechanisms and iteration counts."
+    )
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class CredentialList(BaseModel):
+    """Credentials, by name."""
+
+    credentials: list[CredentialView]

@@ -15,6 +15,8 @@ from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.cluster
 
+NOT_AUTHORIZED = 0x87
+
 #: Seconds a change may take to reach the admin API through Kafka's state topics (a busy,
 #: shared machine can take several).
 STATE_SECONDS = 30.0
@@ -51,6 +53,11 @@ def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:
         ("POST", "/api/admin-users"),
         ("PUT", "/api/admin-users/someone/password"),
         ("DELETE", "/api/admin-users/someone"),
+        ("GET", "/api/credentials"),
+        ("POST", "/api/credentials"),
+        ("GET", "/api/credentials/someone"),
+        ("PATCH", "/api/credentials/someone"),
+        ("DELETE", "/api/credentials/someone"),
     ],
 )
 def test_calls_without_a_valid_token_are_refused(
@@ -272,3 +279,98 @@ def test_admin_users_are_managed_through_the_api(api: AdminApi) -> None:
         (api.username, "remove-admin-user", 404),
     ]
     assert first not in str(trail) and second not in str(trail)
+
+
+def connect_with(port: int, username: str, password: str) -> tuple[int, PahoClient]:
+    """A v5 paho client of user ``username``: CONNACK's Reason Code, and the client (open
+    if it was accepted)."""
+    client = PahoClient(port, unique("cred-dev"), username=username, password=password.encode())
+    code = client.connect().value
+    if code != 0:
+        client.close()
+    return code, client
+
+
+def refused_with(port: int, username: str, password: str) -> int:
+    """CONNACK's Reason Code for user ``username``'s CONNECT (closed whatever it is)."""
+    code, client = connect_with(port, username, password)
+    client.close()
+    return code
+
+
+def test_a_credential_made_through_the_api_connects_and_its_rules_apply(
+    cluster: LocalCluster, api: AdminApi
+) -> None:
+    name = unique("api-user")
+    password = unique("api-pw")
+    # Bad User Name or Password: no such credential yet.
+    assert refused_with(cluster.mqtt_port, name, password) == 0x86
+    body = {
+        "name": name,
+        "type": "MQTT_BASIC",
+        "username": name,
+        "password": password,
+        "rules": [{"permission": "allow", "action": "all", "topic": "api/${username}/#"}],
+    }
+    created = api.call("POST", "/api/credentials", json=body)
+    assert created.status_code == 201, created.text
+    view = created.json()
+    assert (view["name"], view["username"], view["password"], view["enabled"]) == (
+        name,
+        name,
+        "set",
+        True,
+    )
+    assert view["rules"] == body["rules"] and password not in created.text
+    assert api.call("POST", "/api/credentials", json=body).status_code == 409
+    # Valid JSON, but not a credential: an MQTT_BASIC credential names a user or a client.
+    nameless = api.call(
+        "POST", "/api/credentials", json={"name": unique("x"), "type": "MQTT_BASIC"}
+    )
+    assert nameless.status_code == 422 and "client id or a user name" in nameless.text
+    bad_rule = {**body, "name": unique("x"), "rules": [{**body["rules"][0], "topic": "a/#/b"}]}
+    assert api.call("POST", "/api/credentials", json=bad_rule).status_code == 422
+    listed = api.get("/api/credentials", type="MQTT_BASIC")["credentials"]
+    assert name in [c["name"] for c in listed]
+
+    # The ingest nodes hear of it within a second: connect with it through HAProxy.
+    clients: list[PahoClient] = []
+
+    def accepted() -> bool:
+        code, client = connect_with(cluster.mqtt_port, name, password)
+        if code == 0:
+            clients.append(client)
+        return code == 0
+
+    wait_until(accepted, "a CONNECT with the new credential accepted")
+    [client] = clients
+    try:
+        assert [c.value for c in client.subscribe(f"api/{name}/#", 1)] == [1]
+        assert [c.value for c in client.subscribe("elsewhere/#", 1)] == [NOT_AUTHORIZED]
+        assert refused_with(cluster.mqtt_port, name, "wrong password") == 0x86
+
+        changed = api.call("PATCH", f"/api/credentials/{name}", json={"enabled": False})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["enabled"] is False
+        # Disabled: its client is disconnected (Administrative action), and stays out.
+        wait_until(lambda: client.snapshot()[1], "the client of the disabled credential cut off")
+        assert [reason.value for reason in client.snapshot()[1]] == [0x98]
+    finally:
+        client.close()
+    wait_until(  # Banned, by both nodes (each hears of the change within a second)
+        lambda: all(refused_with(port, name, password) == 0x8A for port in cluster.node_ports),
+        "the disabled credential's CONNECTs refused with Banned",
+    )
+
+    assert api.call("DELETE", f"/api/credentials/{name}").status_code == 204
+    assert api.call("GET", f"/api/credentials/{name}").status_code == 404
+    assert api.call("DELETE", f"/api/credentials/{name}").status_code == 404
+    trail = [e for e in api.get("/api/audit", limit=50)["items"] if e["target"] == name]
+    assert [(e["action"], e["status"]) for e in reversed(trail)] == [
+        ("add-credential", 201),
+        ("add-credential", 409),
+        ("change-credential", 200),
+        ("delete-credential", 204),
+        ("delete-credential", 404),
+    ]
+    assert password not in str(trail)
