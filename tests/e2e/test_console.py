@@ -1,6 +1,7 @@
 """The web console as a person uses it, in a real headless Chromium (Debian's ``chromium``
 driven by Playwright) against the test cluster: log in, read the connection count after
-clients connect, find a client's session and disconnect it, browse retained messages."""
+clients connect, find a client's session and disconnect it, browse retained messages, make
+an MQTT credential a client then connects with."""
 
 from __future__ import annotations
 
@@ -155,3 +156,62 @@ def test_an_admin_user_added_in_the_console_logs_in(api: AdminApi, page: Page) -
     expect(page.locator("#users-message")).to_have_text(f"{victim} removed.")
     expect(page.locator("#users tbody tr", has_text=victim)).to_have_count(0)
     assert victim not in api.get("/api/admin-users")["usernames"]
+
+
+def test_a_credential_created_in_the_console_connects(cluster: LocalCluster, page: Page) -> None:
+    name, password = unique("console-cred"), "the device's password"
+    page.click("#nav a[data-view=credentials]")
+    page.fill("#credential-name", name)
+    page.select_option("#credential-type", "MQTT_BASIC")
+    page.fill("#credential-username", name)
+    page.fill("#credential-password", password)
+    page.fill("#credential-rules", "allow all console/${username}/#\ndeny all #")
+    page.click("#credentials-add-form button[type=submit]")
+    expect(page.locator("#credentials-message")).to_have_text(
+        f"{name} created: clients may connect with it."
+    )
+    row = page.locator("#credentials tbody tr", has_text=name)
+    expect(row).to_contain_text("MQTT_BASIC")
+    expect(row).to_contain_text(f"user {name}")
+    expect(row).to_contain_text("allow all console/${username}/#")
+    expect(row).to_contain_text("enabled")
+    expect(row).not_to_contain_text(password)
+
+    clients: list[PahoClient] = []
+
+    def accepted() -> bool:
+        client = PahoClient(
+            cluster.mqtt_port, unique("console-dev"), username=name, password=password.encode()
+        )
+        if client.connect().value == 0:
+            clients.append(client)
+            return True
+        client.close()
+        return False
+
+    # The ingest nodes hear of the new credential within a second.
+    wait_until(accepted, "a CONNECT with the credential made in the console accepted")
+    [client] = clients
+    try:
+        assert [c.value for c in client.subscribe(f"console/{name}/#", 1)] == [1]
+        assert [c.value for c in client.subscribe("console/other/#", 1)] == [0x87]
+        # Its rules, changed in the console.
+        page.select_option("#credential-rules-name", name)
+        expect(page.locator("#credential-rules-edit")).to_have_value(
+            "allow all console/${username}/#\ndeny all #"
+        )
+        page.fill("#credential-rules-edit", "allow all console/#")
+        page.click("#credentials-rules-form button[type=submit]")
+        expect(page.locator("#credentials-message")).to_have_text(f"Rules of {name} saved.")
+        expect(row).to_contain_text("allow all console/#")
+        # Disabled in the console: its client is disconnected (Administrative action).
+        row.get_by_role("button", name="Disable").click()
+        expect(row).to_contain_text("disabled")
+        wait_until(lambda: client.snapshot()[1], "the client of the disabled credential cut off")
+        assert [reason.value for reason in client.snapshot()[1]] == [0x98]
+    finally:
+        client.close()
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Delete").click()
+    expect(page.locator("#credentials-message")).to_have_text(f"{name} deleted.")
+    expect(page.locator("#credentials tbody tr", has_text=name)).to_have_count(0)

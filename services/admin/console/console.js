@@ -342,6 +342,107 @@ async function showRetained() {
   await load();
 }
 
+// Rules as operators write them (one per line, "allow publish sensors/#") and as the API
+// takes them ({permission, action, topic}).
+function parseRules(text) {
+  return text.split("\n").map((line) => line.trim()).filter(Boolean).map((line) => {
+    const [permission, action, ...topic] = line.split(/\s+/);
+    if (!topic.length) throw new Error(`"${line}": a rule is <allow|deny> <publish|subscribe|all> <Topic Filter>`);
+    return { permission: permission.toLowerCase(), action: action.toLowerCase(), topic: topic.join(" ") };
+  });
+}
+
+function rulesText(rules) {
+  return rules.map((r) => `${r.permission} ${r.action} ${r.topic}`).join("\n");
+}
+
+function identity(c) {
+  if (c.type === "X509" && c.certificate) {
+    const m = c.certificate;
+    return m.fingerprint ? `certificate ${m.fingerprint.slice(0, 16)}…` : `certificate ${m.common_name ? `CN ${m.common_name}` : `SAN ${m.san}`}`;
+  }
+  if (c.type === "JWT" && c.jwt) return `tokens of ${c.jwt.issuer || "any issuer"} (${c.jwt.algorithms.join(", ")})`;
+  const parts = [];
+  if (c.username) parts.push(`user ${c.username}`);
+  if (c.client_id) parts.push(`client ${c.client_id}`);
+  return parts.join(", ");
+}
+
+async function showCredentials() {
+  const message = $("#credentials-message");
+  let credentials = [];
+  const editRules = () => {
+    const chosen = credentials.find((c) => c.name === $("#credential-rules-name").value);
+    $("#credential-rules-edit").value = chosen ? rulesText(chosen.rules) : "";
+  };
+  const load = async () => {
+    credentials = (await api("/api/credentials")).credentials;
+    fill("#credentials", credentials.map((c) => {
+      const toggle = document.createElement("button");
+      toggle.className = "link";
+      toggle.textContent = c.enabled ? "Disable" : "Enable";
+      toggle.onclick = async () => {
+        try {
+          await api(`/api/credentials/${encodeURIComponent(c.name)}`, { method: "PATCH", body: { enabled: !c.enabled } });
+          message.textContent = `${c.name} ${c.enabled ? "disabled: its clients are disconnected" : "enabled"}.`;
+          await load();
+        } catch (error) { report(error); }
+      };
+      const remove = document.createElement("button");
+      remove.className = "link";
+      remove.textContent = "Delete";
+      remove.onclick = async () => {
+        if (!confirm(`Delete credential ${c.name}? Its clients are disconnected and can no longer connect.`)) return;
+        try {
+          await api(`/api/credentials/${encodeURIComponent(c.name)}`, { method: "DELETE" });
+          message.textContent = `${c.name} deleted.`;
+          await load();
+        } catch (error) { report(error); }
+      };
+      const actions = document.createElement("span");
+      actions.append(toggle, remove);
+      return row([
+        cell(c.name), cell(c.type), cell(c.kind), cell(identity(c)),
+        cell(c.password === undefined || c.password === null ? "–" : c.password),
+        cell(c.rules.length ? rulesText(c.rules) : "everything allowed", "rules"),
+        cell(c.enabled ? badge("enabled", "ok") : badge("disabled", "bad")),
+        cell(actions),
+      ]);
+    }), "No credential yet: clients connect anonymously where that is allowed.");
+    const select = $("#credential-rules-name");
+    const kept = select.value;
+    select.replaceChildren(...credentials.map((c) => new Option(c.name, c.name, false, c.name === kept)));
+    editRules();
+  };
+  $("#credential-rules-name").onchange = editRules;
+  $("#credentials-add-form").onsubmit = async (event) => {
+    event.preventDefault();
+    const values = formValues(event.target);
+    try {
+      const body = { name: values.name, type: values.type, kind: values.kind, rules: parseRules(values.rules) };
+      if (values.username) body.username = values.username;
+      if (values.client_id && values.type === "MQTT_BASIC") body.client_id = values.client_id;
+      if (values.password) body.password = values.password;
+      await api("/api/credentials", { method: "POST", body });
+      event.target.reset();
+      message.textContent = `${body.name} created: clients may connect with it.`;
+      await load();
+    } catch (error) { report(error); }
+  };
+  $("#credentials-rules-form").onsubmit = async (event) => {
+    event.preventDefault();
+    const values = formValues(event.target);
+    try {
+      await api(`/api/credentials/${encodeURIComponent(values.name)}`, {
+        method: "PATCH", body: { rules: parseRules(values.rules) },
+      });
+      message.textContent = `Rules of ${values.name} saved.`;
+      await load();
+    } catch (error) { report(error); }
+  };
+  await load();
+}
+
 async function showAudit() {
   const load = async (offset = 0) => {
     const page = await api(`/api/audit${query({ offset, limit: PAGE })}`);
@@ -426,6 +527,7 @@ const VIEWS = {
   session: showSession,
   subscriptions: showSubscriptions,
   retained: showRetained,
+  credentials: showCredentials,
   audit: showAudit,
   users: showUsers,
 };
