@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import psycopg
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
 from services.admin import models
@@ -109,7 +110,13 @@ def _jwt(body: models.JwtBody | None) -> JwtSettings | None:
 
 
 def _password(value: str | None) -> bytes | None:
-    return None if value is None else value.encode("utf-8")
+    """The password's UTF-8 bytes (JSON text can hold lone surrogates, which have none)."""
+    if value is None:
+        return None
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPException(422, "the password is not valid UTF-8 text") from None
 
 
 async def _audited(
@@ -130,6 +137,10 @@ async def _audited(
     except (CredentialError, RuleError) as exc:
         code = 422
         raise HTTPException(422, str(exc)) from None
+    except (UnicodeEncodeError, psycopg.DataError) as exc:
+        # Text PostgreSQL cannot keep (a lone surrogate) that no check above named.
+        code = 422
+        raise HTTPException(422, f"a value cannot be stored: {exc}") from None
     except CredentialNotFound as exc:
         code = 404
         raise HTTPException(404, str(exc)) from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -224,6 +224,9 @@ class AuditPage(BaseModel):
 CREDENTIAL_NAME_PATTERN = NAME_PATTERN.pattern
 """A credential's name, as the OpenAPI document says it."""
 
+NO_NUL = r"^[^\x00]*$"
+"""Text PostgreSQL keeps: no U+0000."""
+
 CredentialTypeName = Literal["MQTT_BASIC", "X509", "JWT", "SCRAM"]
 ClientKindName = Literal["DEVICE", "APPLICATION"]
 
@@ -242,9 +245,9 @@ class CertificateBody(BaseModel):
     """How an X509 credential recognises its certificate: exactly one of ``fingerprint``
     (SHA-256 of the DER certificate, hex), ``common_name`` or ``san`` (shell patterns)."""
 
-    fingerprint: str | None = Field(None, max_length=128)
-    common_name: str | None = Field(None, min_length=1, max_length=1024)
-    san: str | None = Field(None, min_length=1, max_length=1024)
+    fingerprint: str | None = Field(None, max_length=128, pattern=NO_NUL)
+    common_name: str | None = Field(None, min_length=1, max_length=1024, pattern=NO_NUL)
+    san: str | None = Field(None, min_length=1, max_length=1024, pattern=NO_NUL)
 
 
 class JwtBody(BaseModel):
@@ -253,12 +256,14 @@ class JwtBody(BaseModel):
     public key), and optionally the ``aud``/``iss`` required and the claims that must equal
     the Client Identifier / User Name."""
 
-    algorithms: list[str] = Field(min_length=1, max_length=16)
-    key: str = Field(min_length=1, max_length=16384)
-    audience: str | None = Field(None, max_length=1024)
-    issuer: str | None = Field(None, max_length=1024)
-    client_id_claim: str | None = Field(None, max_length=256)
-    username_claim: str | None = Field(None, max_length=256)
+    algorithms: list[Annotated[str, Field(max_length=16, pattern=NO_NUL)]] = Field(
+        min_length=1, max_length=16
+    )
+    key: str = Field(min_length=1, max_length=16384, pattern=NO_NUL)
+    audience: str | None = Field(None, max_length=1024, pattern=NO_NUL)
+    issuer: str | None = Field(None, max_length=1024, pattern=NO_NUL)
+    client_id_claim: str | None = Field(None, max_length=256, pattern=NO_NUL)
+    username_claim: str | None = Field(None, max_length=256, pattern=NO_NUL)
     leeway_seconds: int = Field(0, ge=0, le=86400)
 
 
