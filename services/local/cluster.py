@@ -243,7 +243,8 @@ def tls_dir(settings: LocalSettings) -> Path:
 
 def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
     """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
-    its direct port, its listeners behind HAProxy (:func:`haproxy.node_listeners`) and,
+    its direct port, its HTTP port (:func:`http_ports`), its listeners behind HAProxy
+    (:func:`haproxy.node_listeners`) and,
     unless ``tls_cert_file`` is set, the local CA's server certificate
     (:mod:`services.local.certificates`, made on first use) with client certificates
     verified when sent (``tls_client_auth`` optional, unless set)."""
@@ -252,6 +253,7 @@ def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
     overrides = {
         "node_id": f"node{node}",
         "mqtt_port": str(port),
+        "http_port": str(haproxy.node_http_ports(settings)[node - 1]),
         "listeners": json.dumps(listeners),
     }
     if settings.tls_cert_file is None and settings.tls_cert_pem is None:
@@ -279,8 +281,12 @@ def services_of(settings: LocalSettings) -> list[Component]:
             partial(_start_ingest, settings, i),
             ready_file=ready_file(settings, f"ingest-node{i}"),
             stop_timeout=SERVICE_STOP_TIMEOUT,
+            http_port=http,
         )
-        for i, port in enumerate(haproxy.node_ports(settings), start=1)
+        for i, (port, http) in enumerate(
+            zip(haproxy.node_ports(settings), haproxy.node_http_ports(settings), strict=True),
+            start=1,
+        )
     ]
     stages = [
         _service(settings, name, command, group_instance_id=name)

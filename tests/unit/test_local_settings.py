@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from services.local import cluster
 from services.local.settings import LocalSettings
 
@@ -42,3 +44,14 @@ def test_the_secured_test_cluster_and_the_next_session_stay_clear_of_a_sessions_
     next_session, next_secured = block(PORT_STEP)
     assert not session & secured
     assert not (session | secured) & (next_session | next_secured)
+
+
+def test_every_service_process_has_its_own_http_port(tmp_path: Path) -> None:
+    settings = LocalSettings(state_dir=tmp_path, router_instances=2, app_delivery_instances=3)
+    ports = cluster.http_ports(settings)
+    parts = {part.name: part.http_port for part in cluster.services_of(settings)}
+    assert {name: port for name, port in parts.items() if port is not None} == ports
+    assert len(set(ports.values())) == len(ports)
+    assert ports["router-2"] == settings.http_base_port + 16 + 2
+    node = cluster.ingest_overrides(cluster.local_settings(settings), 2)
+    assert node["http_port"] == str(ports["ingest-node2"])
