@@ -24,7 +24,7 @@ def _values(records: Sequence[Mapping[str, Any]], broker: str, key: str) -> list
     return out
 
 
-def draw(records: Sequence[Mapping[str, Any]], path: Path, brokers: tuple[str, str]) -> Path:
+def draw(records: Sequence[Mapping[str, Any]], path: Path, brokers: tuple[str, ...]) -> Path:
     """Write the chart of ``records`` (one label) to ``path``: a bar per name in
     ``brokers`` (the records' ``broker``: both brokers, or broker and transport series).
 

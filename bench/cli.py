@@ -1,12 +1,14 @@
 """Command line: ``python -m bench run|compare|transactions|summary|list`` (and
 ``python -m bench.loadgen``).
 
-``run <scenario>`` runs one scenario once against one broker and prints its report;
-``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
-``bench/results/<label>.{jsonl,md,png}``; ``transactions <scenario>`` runs it against the
-cluster with its routers in Kafka transactions and without, alternately
-(:mod:`bench.transactions`); ``summary`` gathers the latest comparison of
-every label into ``bench/results/summary.{md,png}``. See bench/README.md for the scenarios.
+``run <scenario>`` runs one scenario once against one broker and prints its report
+(``run kafka-floor``: the two Kafka hops of a p2p message alone, :mod:`bench.kafka_floor`);
+``compare <scenario>`` runs it against Cormorant and Mosquitto alternately, with the Kafka
+floor in every round, and writes ``bench/results/<label>.{jsonl,md,png}``;
+``transactions <scenario>`` runs it against the cluster with its routers in Kafka
+transactions and without, alternately (:mod:`bench.transactions`); ``summary`` gathers the
+latest comparison of every label into ``bench/results/summary.{md,png}``. See
+bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from bench import brokers, results, summary
+from bench import brokers, kafka_floor, results, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
-from bench.loadgen.plan import SCENARIOS, Options, Timing, build
+from bench.loadgen.plan import KAFKA_FLOOR, SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
 from bench.transactions import compare_transactions
 
@@ -35,15 +37,24 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", choices=SCENARIOS)
+def _common(parser: argparse.ArgumentParser, scenarios: Sequence[str] = SCENARIOS) -> None:
+    parser.add_argument("scenario", choices=scenarios)
     g = parser.add_argument_group("scenario options (default: the scenario's own)")
-    g.add_argument("--pairs", type=int, help="p2p / persistent-p2p: publisher→subscriber pairs")
+    g.add_argument(
+        "--pairs",
+        type=int,
+        help="p2p / persistent-p2p: publisher→subscriber pairs (kafka-floor: record keys)",
+    )
     g.add_argument("--publishers", type=int, help="fan-in / fan-out: publishers")
     g.add_argument("--subscribers", type=int, help="fan-in / fan-out: subscribers")
     g.add_argument("--qos", type=int, choices=(0, 1), help="QoS of publishes and subscriptions")
     g.add_argument("--size", type=int, help="payload size in bytes (at least 20)")
-    g.add_argument("--rate", type=float, help="total msg/s over all publishers (default: unpaced)")
+    g.add_argument(
+        "--rate",
+        type=float,
+        help="total msg/s over all publishers (default: unpaced; kafka-floor: 500, and an "
+        "unpaced phase after)",
+    )
     g.add_argument("--connections", type=int, help="connections scenario: idle clients to open")
     g.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
     g.add_argument(
@@ -93,7 +104,7 @@ def _options(args: argparse.Namespace, host: str, port: int) -> tuple[Options, T
 
 def run_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``run``."""
-    _common(parser)
+    _common(parser, (*SCENARIOS, KAFKA_FLOOR))
     parser.add_argument(
         "--broker",
         choices=("cormorant", "mosquitto", "external"),
@@ -149,6 +160,13 @@ def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -
         )
         parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
         parser.add_argument("--mosquitto-tls-port", type=int, default=brokers.MOSQUITTO_TLS_PORT)
+        parser.add_argument(
+            "--no-kafka-floor",
+            dest="kafka_floor",
+            action="store_false",
+            help="leave out the Kafka floor run of each round (bench/kafka_floor.py) and the "
+            "latency ratios to it",
+        )
     parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
     parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
 
@@ -167,6 +185,9 @@ def _target(args: argparse.Namespace) -> Iterator[brokers.Target]:
 
 def do_run(args: argparse.Namespace) -> None:
     """``run``: one scenario, one broker, once; prints the report as JSON."""
+    if args.scenario == KAFKA_FLOOR:
+        do_run_floor(args)
+        return
     with _target(args) as target:
         end = target.endpoint(args.transport)
         options, timing = _options(args, end.host, end.port)
@@ -184,6 +205,26 @@ def do_run(args: argparse.Namespace) -> None:
         report=report,
         transport=end.transport,
     )
+    if args.output:
+        results.append(args.output, rec)
+    print(json.dumps(rec, indent=2, sort_keys=True, default=str))
+
+
+def do_run_floor(args: argparse.Namespace) -> None:
+    """``run kafka-floor``: the Kafka floor on the local cluster's Kafka, once."""
+    if args.broker != "cormorant" or args.transport != "tcp":
+        raise SystemExit("bench: kafka-floor runs on the local cluster's Kafka only")
+    from services.local.settings import LocalSettings
+
+    settings = LocalSettings()
+    target = brokers.cormorant(args.host, args.port, settings)
+    options, timing = _options(args, target.host, target.port)
+    name = kafka_floor.label(options)
+    _log(f"{name} on Kafka at {settings.kafka_bootstrap}")
+    rec = kafka_floor.run_recorded(
+        options, timing, settings, target, _log,
+        label=name, scenario=KAFKA_FLOOR, round_=1, recorded_options=vars(args),
+    )  # fmt: skip
     if args.output:
         results.append(args.output, rec)
     print(json.dumps(rec, indent=2, sort_keys=True, default=str))
@@ -223,6 +264,7 @@ def do_compare(args: argparse.Namespace) -> None:
         transports=args.transports,
         mosquitto_tls_port=args.mosquitto_tls_port,
         cormorant_port=args.port,
+        floor=args.kafka_floor,
     )
 
 
@@ -250,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
-            print("\n".join(SCENARIOS))
+            print("\n".join((*SCENARIOS, KAFKA_FLOOR)))
         elif args.command == "summary":
             md, png = summary.summarize(args.results_dir, args.labels)
             print(md.read_text(encoding="utf-8"))

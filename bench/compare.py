@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import brokers, chart, results
+from bench import brokers, chart, kafka_floor, results
 from bench.loadgen import runner
-from bench.loadgen.plan import Options, Timing, build
+from bench.loadgen.plan import KAFKA_FLOOR, Options, Timing, build
 
 
 def compare(
@@ -36,8 +36,11 @@ def compare(
     transports: tuple[str, ...] = ("tcp",),
     mosquitto_tls_port: int = brokers.MOSQUITTO_TLS_PORT,
     cormorant_port: int | None = None,
+    floor: bool = True,
 ) -> tuple[Path, Path, Path]:
-    """Run ``rounds`` rounds of Cormorant then Mosquitto over each of ``transports``;
+    """Run ``rounds`` rounds of Cormorant then Mosquitto over each of ``transports``, then
+    (with ``floor``, for a traffic scenario) the Kafka floor of the scenario on the
+    cluster's Kafka (:mod:`bench.kafka_floor`), which the latency rows are divided by;
     ``pause`` seconds between runs. Cormorant's plain MQTT port is ``cormorant_port``
     (default: the cluster's ``listen_port``), its other ports come from its settings;
     ``options.host``/``port`` are replaced by each target's.
@@ -51,7 +54,11 @@ def compare(
     """
     if not transports:
         raise ValueError("give at least one transport")
-    cormorant = brokers.cormorant(options.host, cormorant_port)
+    from services.local.settings import LocalSettings
+
+    settings = LocalSettings()
+    cormorant = brokers.cormorant(options.host, cormorant_port, settings)
+    floor = floor and scenario != "connections"
     brokers.mosquitto_binary()
     records: list[dict[str, Any]] = []
     label = build(scenario, options, timing).label
@@ -97,11 +104,22 @@ def compare(
             results.append(jsonl, rec)
             records.append(rec)
             time.sleep(pause)
+        if floor:
+            log(f"round {round_}/{rounds}: {label}'s Kafka floor")
+            rec = kafka_floor.run_recorded(
+                options, timing, settings, cormorant, log,
+                label=label, scenario=scenario, round_=round_,
+                recorded_options={**dataclasses.asdict(options), **dataclasses.asdict(timing)},
+            )  # fmt: skip
+            results.append(jsonl, rec)
+            records.append(rec)
+            time.sleep(pause)
     md = results_dir / f"{label}.md"
     png = results_dir / f"{label}.png"
     if transports == ("tcp",):
         md.write_text(results.markdown(records), encoding="utf-8")
-        return jsonl, md, chart.draw(records, png, ("cormorant", "mosquitto"))
+        names = ("cormorant", "mosquitto") + ((KAFKA_FLOOR,) if floor else ())
+        return jsonl, md, chart.draw(records, png, names)
     md.write_text(results.transports_markdown(records), encoding="utf-8")
     series = [{**rec, "broker": results.series(rec)} for rec in records]
     names = tuple(dict.fromkeys(rec["broker"] for rec in series))

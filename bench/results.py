@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.loadgen.plan import KAFKA_FLOOR
 from bench.loadgen.stats import median, ratio
 
 #: Where results go by default: ``bench/results`` beside this file.
@@ -48,6 +49,19 @@ TRANSPORT_ROWS: tuple[tuple[str, str, str], ...] = (
     ("socket_holders_cpu_s", "CPU s of the socket holders (ingest nodes / Mosquitto)", "{:.2f}"),
     ("socket_holders_us_per_delivered", "socket holders' CPU µs per delivered msg", "{:.1f}"),
 )
+
+#: Rows of a comparison that ran the Kafka floor too (:mod:`bench.kafka_floor`): its
+#: throughput, which only it has.
+FLOOR_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("unpaced_records_per_s", "Kafka floor: unpaced records/s through both hops", "{:,.0f}"),
+)
+
+
+def is_latency(key: str) -> bool:
+    """Whether the flattened report ``key`` is a latency (end-to-end or PUBACK): the rows
+    shown as a ratio to the Kafka floor too."""
+    return key.startswith(("latency_ms.", "puback_ms."))
+
 
 #: Row-name prefix of a row that shows the maximum over rounds instead of the median: a
 #: long-lived process reuses the heap a previous run freed, so only the run that grew it
@@ -190,38 +204,51 @@ def _cpu_line(name: str, med: Mapping[str, float | None]) -> str:
 def markdown(
     records: Sequence[Mapping[str, Any]], a: str = "cormorant", b: str = "mosquitto"
 ) -> str:
-    """The Markdown report of one comparison: medians of ``a`` and ``b`` and ``a/b``."""
+    """The Markdown report of one comparison: medians of ``a`` and ``b`` and ``a/b``; when
+    ``records`` include Kafka floor runs (:mod:`bench.kafka_floor`), its medians too, and
+    every latency row as a ratio to the floor's (``a/floor``, ``b/floor``)."""
     first = records[0]
     label = first["label"]
     rounds = max(r["round"] for r in records)
+    floor = any(r["broker"] == KAFKA_FLOOR for r in records)
     rows = CONNECTION_ROWS if first["scenario"] == "connections" else TRAFFIC_ROWS
     med_a, med_b = medians(records, a), medians(records, b)
     max_a, max_b = maxima(records, a), maxima(records, b)
+    med_f = medians(records, KAFKA_FLOOR)
     mach = first["machine"]
+    runs = f"{a} / {b}" + (f" / {KAFKA_FLOOR}" if floor else "")
+    header = f"| metric | {a} | {b} | {a}/{b} |"
+    if floor:
+        header += f" {KAFKA_FLOOR} | {a}/floor | {b}/floor |"
     lines = [
         f"# {label}: {a} vs {b}",
         "",
-        f"- date: {first['date']} ({rounds} rounds, alternating {a} / {b}; medians below)",
+        f"- date: {first['date']} ({rounds} rounds, alternating {runs}; medians below)",
         f"- machine: {mach['platform']}, {mach['cpu_count']} CPUs, Python {mach['python']} "
         f"(shared, noisy VM: compare ratios, not absolutes)",
         f"- commit: {first['git_commit'] or 'unknown'}",
         f"- command: `{first['command']}`",
         "",
-        f"| metric | {a} | {b} | {a}/{b} |",
-        "|---|---:|---:|---:|",
+        header,
+        "|---|" + "---:|" * (6 if floor else 3),
     ]
-    for key, name, fmt in rows:
+    for key, name, fmt in rows + (FLOOR_ROWS if floor else ()):
         va, vb = med_a.get(key), med_b.get(key)
         if name.startswith(MAX_PREFIX):
             va, vb = max_a.get(key), max_b.get(key)
-        rat = ratio(va, vb)
-        lines.append(f"| {name} | {_fmt(va, fmt)} | {_fmt(vb, fmt)} | {_fmt(rat, '{:.2f}')} |")
+        line = f"| {name} | {_fmt(va, fmt)} | {_fmt(vb, fmt)} | {_fmt(ratio(va, vb), '{:.2f}')} |"
+        if floor:
+            vf = med_f.get(key)
+            ra, rb = (ratio(va, vf), ratio(vb, vf)) if is_latency(key) else (None, None)
+            line += f" {_fmt(vf, fmt)} | {_fmt(ra, '{:.2f}')} | {_fmt(rb, '{:.2f}')} |"
+        lines.append(line)
     lines += [
         "",
         "CPU seconds per process during the measure window (medians; children excluded):",
         "",
     ]
-    lines += [_cpu_line(broker, med) for broker, med in ((a, med_a), (b, med_b))]
+    shown = ((a, med_a), (b, med_b)) + (((KAFKA_FLOOR, med_f),) if floor else ())
+    lines += [_cpu_line(broker, med) for broker, med in shown]
     if first["scenario"] == "connections":
         lines += ["", "RSS growth per connection, KiB, per process (medians):", ""]
         for broker, med in ((a, med_a), (b, med_b)):
@@ -249,7 +276,10 @@ REFERENCES: tuple[tuple[str, str], ...] = (("cormorant", "tcp"), ("mosquitto", "
 
 
 def series(rec: Mapping[str, Any]) -> str:
-    """The series of a record in a transports comparison: ``"<broker> <transport>"``."""
+    """The series of a record in a transports comparison: ``"<broker> <transport>"``, or
+    ``kafka-floor`` (no MQTT transport)."""
+    if rec["broker"] == KAFKA_FLOOR:
+        return KAFKA_FLOOR
     return f"{rec['broker']} {rec.get('transport', 'tcp')}"
 
 
@@ -284,14 +314,18 @@ def transports_markdown(records: Sequence[Mapping[str, Any]]) -> str:
         "| metric | " + " | ".join(names) + " |",
         "|---|" + "---:|" * len(names),
     ]
-    for key, name, fmt in TRAFFIC_ROWS + TRANSPORT_ROWS:
+    extra = FLOOR_ROWS if KAFKA_FLOOR in med else ()
+    for key, name, fmt in TRAFFIC_ROWS + TRANSPORT_ROWS + extra:
         cells = [_fmt(med[n].get(key), fmt) for n in names]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     refs = [f"{b} {t}" for b, t in REFERENCES if f"{b} {t}" in med]
+    refs += [KAFKA_FLOOR] if KAFKA_FLOOR in med else []
     lines += ["", "Ratios of the medians (each column ÷ the reference):", ""]
     lines += ["| ratio | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for ref in refs:
         for key, name in RATIO_ROWS:
+            if ref == KAFKA_FLOOR and not is_latency(key):
+                continue  # the floor is a latency reference
             cells = [_fmt(ratio(med[n].get(key), med[ref].get(key)), "{:.2f}") for n in names]
             lines.append(f"| {name} ÷ {ref} | " + " | ".join(cells) + " |")
     lines += [

@@ -3,7 +3,8 @@
 ``python -m bench summary`` reads ``bench/results/<label>.jsonl`` for the labels given (or
 every comparison file there), keeps each file's latest comparison (the trailing records
 made by the same command), and writes ``summary.md`` (headline medians, Cormorant /
-Mosquitto ratio, the command of each) and ``summary.png`` (delivered msg/s and end-to-end
+Mosquitto ratio, the latencies' Kafka floor and Cormorant's ratio to it, the command of
+each) and ``summary.png`` (delivered msg/s and end-to-end
 p99 per scenario, both brokers). README shows both.
 """
 
@@ -14,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.loadgen.plan import KAFKA_FLOOR
 from bench.loadgen.stats import ratio
-from bench.results import MAX_PREFIX, maxima, medians
+from bench.results import MAX_PREFIX, is_latency, maxima, medians
 
 BROKERS = ("cormorant", "mosquitto")
 
@@ -59,23 +61,27 @@ def _fmt(value: float | None, fmt: str) -> str:
 
 
 def table(comparisons: Sequence[Sequence[Mapping[str, Any]]]) -> str:
-    """The Markdown summary of ``comparisons`` (each the records of one label)."""
+    """The Markdown summary of ``comparisons`` (each the records of one label): Cormorant,
+    Mosquitto and their ratio; for the latency rows of a comparison that ran the Kafka
+    floor (:mod:`bench.kafka_floor`), the floor's median and Cormorant's ratio to it."""
     lines = [
-        "| scenario | metric | Cormorant | Mosquitto | ratio |",
-        "|---|---|---:|---:|---:|",
+        "| scenario | metric | Cormorant | Mosquitto | ratio | Kafka floor | Cormorant ÷ floor |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for records in comparisons:
         first = records[0]
         rows = CONNECTIONS if first["scenario"] == "connections" else TRAFFIC
-        med = {b: medians(records, b) for b in BROKERS}
+        med = {b: medians(records, b) for b in (*BROKERS, KAFKA_FLOOR)}
         top = {b: maxima(records, b) for b in BROKERS}
         name = f"`{first['label']}`"
         for key, what, fmt in rows:
             source = top if what.startswith(MAX_PREFIX) else med
             a, b = source["cormorant"].get(key), source["mosquitto"].get(key)
+            floor = med[KAFKA_FLOOR].get(key) if is_latency(key) else None
             lines.append(
                 f"| {name} | {what} | {_fmt(a, fmt)} | {_fmt(b, fmt)} | "
-                f"{_fmt(ratio(a, b), '{:.2f}')} |"
+                f"{_fmt(ratio(a, b), '{:.2f}')} | {_fmt(floor, fmt)} | "
+                f"{_fmt(ratio(a, floor), '{:.2f}')} |"
             )
             name = ""
     lines += ["", "Commands (each: 3+ rounds, Cormorant and Mosquitto alternately):", ""]

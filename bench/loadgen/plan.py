@@ -21,6 +21,10 @@ SCENARIOS: tuple[str, ...] = (
     "connections",
 )
 
+#: Not an MQTT scenario: the two Kafka hops of a p2p message with nothing else
+#: (:mod:`bench.kafka_floor`); also the ``broker`` of its result records.
+KAFKA_FLOOR = "kafka-floor"
+
 
 @dataclass(frozen=True, slots=True)
 class SubscriberSpec:

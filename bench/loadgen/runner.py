@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.connection import wait
 from typing import Any
@@ -34,22 +34,23 @@ class RunError(RuntimeError):
     """A worker failed or a phase did not complete in time; the message says which."""
 
 
+Job = tuple[str, Callable[..., None], tuple[object, ...]]
+"""One process to start: its name, its entry point (called as ``target(pipe, *args)``, the
+pipe being its end of the control pipe) and the arguments after the pipe (picklable)."""
+
+
 class Workers:
     """The worker processes of one run and their pipes."""
 
-    def __init__(self, plan: Plan, count: int) -> None:
-        """Start ``count`` workers (spawned, so no state leaks from this process)."""
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        """Start one process per job (spawned, so no state leaks from this process); the
+        pipes and processes are in the order of ``jobs``."""
         ctx = multiprocessing.get_context("spawn")
         self.pipes: list[Pipe] = []
         self.procs: list[multiprocessing.process.BaseProcess] = []
-        for index in range(count):
+        for name, target, args in jobs:
             parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(
-                target=worker.main,
-                args=(child_end, plan.share(index, count), index),
-                name=f"bench-worker-{index}",
-                daemon=True,
-            )
+            proc = ctx.Process(target=target, args=(child_end, *args), name=name, daemon=True)
             proc.start()
             child_end.close()
             self.pipes.append(parent_end)
@@ -63,8 +64,23 @@ class Workers:
             except OSError:
                 continue
 
-    def gather(self, kind: str, timeout: float) -> list[Any]:
-        """The data of one ``kind`` message from each worker, in worker order.
+    @classmethod
+    def of_plan(cls, plan: Plan, count: int) -> Workers:
+        """``count`` load generator workers, each running its share of ``plan``."""
+        return cls(
+            [
+                (f"bench-worker-{index}", worker.main, (plan.share(index, count), index))
+                for index in range(count)
+            ]
+        )
+
+    def send(self, index: int, kind: str, data: object = None) -> None:
+        """Send ``(kind, data)`` to worker ``index``."""
+        self.pipes[index].send((kind, data))
+
+    def gather(self, kind: str, timeout: float, only: Sequence[int] | None = None) -> list[Any]:
+        """The data of one ``kind`` message from each worker (or from the workers whose
+        indexes are ``only``), in worker order.
 
         Raises:
             RunError: a worker reported an error, exited, or the ``timeout`` (s) passed.
@@ -72,9 +88,10 @@ class Workers:
         got: dict[int, Any] = {}
         deadline = time.monotonic() + timeout
         index_of = {id(p): i for i, p in enumerate(self.pipes)}
-        while len(got) < len(self.pipes):
+        wanted = range(len(self.pipes)) if only is None else only
+        while len(got) < len(wanted):
             left = deadline - time.monotonic()
-            waiting = [p for i, p in enumerate(self.pipes) if i not in got]
+            waiting = [self.pipes[i] for i in wanted if i not in got]
             ready = wait(waiting, timeout=max(left, 0))
             if not ready:
                 raise RunError(f"workers did not report {kind!r} within {timeout:g}s")
@@ -89,20 +106,23 @@ class Workers:
                 if msg_kind != kind:
                     raise RunError(f"expected {kind!r} from a worker, got {msg_kind!r}")
                 got[index_of[id(pipe)]] = data
-        return [got[i] for i in range(len(self.pipes))]
+        return [got[i] for i in wanted]
 
     def cpu(self) -> float:
         """User + system CPU seconds the workers used so far (their children excluded)."""
-        total = 0.0
+        return sum(self.cpu_each())
+
+    def cpu_each(self) -> list[float]:
+        """User + system CPU seconds each worker used so far, in worker order (0 for one
+        not started or gone)."""
+        seconds: list[float] = []
         for proc in self.procs:
-            if proc.pid is None:
-                continue
             try:
-                times = psutil.Process(proc.pid).cpu_times()
+                times = psutil.Process(proc.pid).cpu_times() if proc.pid is not None else None
             except psutil.Error:
-                continue
-            total += times.user + times.system
-        return total
+                times = None
+            seconds.append(0.0 if times is None else times.user + times.system)
+        return seconds
 
     def stop(self, abort: bool) -> None:
         """Tell the workers to abort (when ``abort``), wait for them, terminate stragglers."""
@@ -133,7 +153,7 @@ def run(plan: Plan, target: Target, workers: int, log: Callable[[str], None]) ->
     count = max(1, min(workers, max(len(plan.publishers), len(plan.subscribers), 1)))
     if plan.scenario == "connections":
         count = max(1, min(workers, plan.connections))
-    pool = Workers(plan, count)
+    pool = Workers.of_plan(plan, count)
     ok = False
     try:
         if plan.scenario == "connections":

@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from array import array
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -120,6 +121,21 @@ class Control:
         """Tell the parent ``kind`` with ``data``."""
         self._pipe.send((kind, data))
 
+    async def receive(self, timeout: float, what: str = "message") -> tuple[str, Any]:
+        """The next message from the parent, ``(kind, data)``; ``timeout`` in seconds.
+
+        Raises:
+            Aborted: the parent sent ``abort`` or went away.
+            RuntimeError: none in time (``what`` names what was awaited).
+        """
+        try:
+            got, data = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            raise RuntimeError(f"no {what} from the parent within {timeout:g}s") from None
+        if got == "abort":
+            raise Aborted(str(data))
+        return got, data
+
     async def expect(self, kind: str, timeout: float) -> Any:
         """The data of the next message, which must be ``kind``; ``timeout`` in seconds.
 
@@ -127,12 +143,7 @@ class Control:
             Aborted: the parent sent ``abort`` or went away.
             RuntimeError: another message, or none in time.
         """
-        try:
-            got, data = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            raise RuntimeError(f"no {kind!r} from the parent within {timeout:g}s") from None
-        if got == "abort":
-            raise Aborted(str(data))
+        got, data = await self.receive(timeout, repr(kind))
         if got != kind:
             raise RuntimeError(f"expected {kind!r} from the parent, got {got!r}")
         return data
@@ -353,6 +364,16 @@ class Worker:
 
 def main(pipe: Pipe, plan: Plan, index: int) -> None:
     """Process entry point: run worker ``index`` of ``plan`` (its share) on uvloop if present."""
+
+    async def go() -> None:
+        await Worker(plan, index, Control(pipe)).run()
+
+    run_process(pipe, go)
+
+
+def run_process(pipe: Pipe, go: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``go()`` as the whole of a bench process (uvloop when installed, the file
+    descriptor limit raised to its hard limit), then close the control ``pipe``."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -361,10 +382,6 @@ def main(pipe: Pipe, plan: Plan, index: int) -> None:
         import uvloop
 
         loop_factory = uvloop.new_event_loop
-
-    async def go() -> None:
-        await Worker(plan, index, Control(pipe)).run()
-
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(go())
     pipe.close()
