@@ -258,6 +258,21 @@ class Settings(BaseSettings):
         "passwords queues in bounded memory.",
     )
 
+    auth_verified_cache_entries: int = Field(
+        100_000,
+        ge=0,
+        description="MQTT_BASIC passwords an ingest node remembers having verified (one per "
+        "credential, least recently used dropped first), so a client connecting again skips "
+        "argon2id: kept as an HMAC-SHA-256 under a per-process random key, never in clear, "
+        "forgotten when the credential changes. 0: every CONNECT verifies.",
+    )
+    auth_verified_cache_seconds: float = Field(
+        900.0,
+        ge=0,
+        description="How long after its argon2id verification a remembered password may "
+        "match (seconds; 0: none is remembered).",
+    )
+
     @field_validator("anonymous_rules")
     @classmethod
     def _valid_rules(cls, rules: list[str]) -> list[str]:

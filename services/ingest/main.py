@@ -8,7 +8,8 @@ header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.s
 in full for session takeover, session resumption and Will Messages waiting out their delay;
 another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
 Credentials come from PostgreSQL through a cache that the store's change notifications
-keep right (:mod:`services.common.auth.cache`); a task follows them.
+keep right (:mod:`services.common.auth.cache`), as they keep the passwords verified lately
+(:mod:`services.common.auth.verified`); a task follows them.
 
 At start, once the state is read and before the listener opens, the sessions still shown
 connected to this node are ended (their connections died with the previous process); at
@@ -31,6 +32,7 @@ from services.common.auth.authenticate import Authenticator
 from services.common.auth.authorize import parse_rules
 from services.common.auth.cache import CredentialCache
 from services.common.auth.store import Change, CredentialStore
+from services.common.auth.verified import VerifiedPasswords
 from services.common.faust_app import (
     make_app,
     on_shutdown,
@@ -104,12 +106,16 @@ def build_app(settings: Settings) -> faust.App:
         await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
 
     cache = CredentialCache(CredentialStore.from_settings(settings))
+    verified = VerifiedPasswords(
+        settings.auth_verified_cache_entries, settings.auth_verified_cache_seconds
+    )
     authenticator = Authenticator(
         cache,
         allow_anonymous=settings.allow_anonymous,
         anonymous_rules=parse_rules(settings.anonymous_rules),
         hash_workers=settings.auth_hash_workers,
         max_pending_hashes=settings.auth_max_pending,
+        verified=verified,
     )
     node = IngestNode(
         settings,
@@ -123,10 +129,12 @@ def build_app(settings: Settings) -> faust.App:
 
     def credential_changed(change: Change) -> None:
         cache.changed(change)
+        verified.forget(change.id)
         node.credential_changed(change)
 
     def credentials_resynced() -> None:
         cache.clear()
+        verified.clear()
         node.credentials_resynced()
 
     reader = CompactedTopicReader(

@@ -301,6 +301,40 @@ async def test_a_disabled_credential_disconnects_its_clients_on_every_node(
     assert [rc.value for rc in again.snapshot()[1]] == [0x98]
 
 
+def _connack(port: int, credential: Credential, password: str) -> int:
+    """The CONNACK Reason Code a paho v5 client gets (the connection is closed after)."""
+    client = paho(port, credential, password)
+    try:
+        return client.connect().value
+    finally:
+        client.close()
+
+
+async def test_a_changed_password_is_no_longer_accepted_from_memory_on_any_node(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    """Each node remembers the password it verified (services/common/auth/verified.py): a
+    wrong one is still refused while it does, and once the password changes the old one is
+    refused on both nodes, the new one accepted."""
+    nodes = cluster.node_ports
+    credential, password = await basic(admin)
+    for port in nodes:
+        assert [_connack(port, credential, password) for _ in range(2)] == [0, 0]
+        assert _connack(port, credential, password + "x") == 0x86
+        assert _connack(port, credential, "") == 0x86
+    new = unique("pw")
+    await admin.update(credential.name, CredentialChanges(password=new.encode()))
+    for port in nodes:
+        # the new password is taken once the node has the change (PostgreSQL's NOTIFY)
+        wait_until(lambda p=port: _connack(p, credential, new) == 0, "the new password")
+        assert _connack(port, credential, password) == 0x86
+    # remembered or not, a disabled credential is banned
+    assert _connack(nodes[0], credential, new) == 0
+    await admin.set_enabled(credential.name, False)
+    for port in nodes:
+        wait_until(lambda p=port: _connack(p, credential, new) == 0x8A, "the ban")
+
+
 async def test_a_changed_rule_applies_to_the_next_publish(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
@@ -458,9 +492,9 @@ async def test_x509_credentials_authenticate_client_certificates_over_mutual_tls
 async def test_a_storm_of_wrong_passwords_does_not_stall_other_clients(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
-    """Hundreds of CONNECTs with wrong passwords (argon2 checks queue for the node's one
-    password thread) while another client's PUBLISH round trips keep completing on the
-    same node before the storm is over."""
+    """Hundreds of CONNECTs with wrong passwords, each another guess (argon2 checks queue for
+    the node's one password thread) while another client's PUBLISH round trips keep
+    completing on the same node before the storm is over."""
     node1 = cluster.node_ports[0]
     credential, _password = await basic(admin)
     storm_size = 300
@@ -470,8 +504,9 @@ async def test_a_storm_of_wrong_passwords_does_not_stall_other_clients(
     async def one() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", node1)
         try:
+            # a guess each: CONNECTs with the same password share one verification
             writer.write(connect_packet(unique("storm"), username=credential.username.encode(),  # type: ignore[union-attr]
-                                        password=b"wrong"))  # fmt: skip
+                                        password=unique("wrong").encode()))  # fmt: skip
             head = await asyncio.wait_for(reader.readexactly(4), 120)
             with lock:
                 answers.append(head[3])

@@ -16,7 +16,10 @@ Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
 3. an MQTT_BASIC credential of the User Name (with this client id or none), else of the
    Client Identifier alone; its password, if it has one, must match (argon2id, in a
    bounded thread pool; an unknown user name is checked against a dummy hash, so the time
-   of the answer does not tell whether it exists);
+   of the answer does not tell whether it exists). A password this node verified lately
+   for the credential's current hash is matched from memory instead
+   (:mod:`.verified`), and CONNECTs that present the same credential and password while
+   it is being verified wait for that one verification;
 4. a Password that is a JWT one of the JWT credentials verifies;
 5. a certificate no X509 credential matches, and no User Name or Password: refused, as an
    unknown user name is, even where anonymous access is on (a certificate is an identity
@@ -66,6 +69,7 @@ from services.common.auth.scram import (
     ScramExchange,
     unknown_user_secret,
 )
+from services.common.auth.verified import VerifiedPasswords
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.stores.base import StoreUnavailable
 
@@ -97,6 +101,8 @@ class Authenticator:
     20 ms of a core each); ``max_pending_hashes``: verifications allowed to wait for them
     before CONNECTs are refused with 0x89 Server busy, so a storm of wrong passwords
     queues in bounded memory and leaves the event loop to everyone else's traffic.
+    ``verified``: the passwords verified lately (:mod:`.verified`; default: none are
+    remembered), which the caller tells of credential changes.
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class Authenticator:
         anonymous_rules: Sequence[Rule] = (),
         hash_workers: int = 1,
         max_pending_hashes: int = 1000,
+        verified: VerifiedPasswords | None = None,
     ) -> None:
         self.source = source
         self.allow_anonymous = allow_anonymous
@@ -114,6 +121,9 @@ class Authenticator:
         self._executor = ThreadPoolExecutor(hash_workers, thread_name_prefix="password-check")
         self._max_pending = max_pending_hashes
         self.pending_hashes = 0
+        self.verified = VerifiedPasswords(0, 0) if verified is None else verified
+        # Verifications running, by (credential id, digest of its hash and the password).
+        self._verifying: dict[tuple[uuid.UUID, bytes], asyncio.Future[bool]] = {}
 
     async def authenticate(self, request: AuthRequest, state: ScramState | None = None) -> Outcome:
         """The outcome of ``request``; ``state`` is the :class:`Challenge`'s exchange when
@@ -138,7 +148,7 @@ class Authenticator:
         basic = await self._basic_credential(request)
         if basic is not None:
             checked = basic.password_hash is None or (
-                password is not None and await self._hashed(verify_password, basic, password)
+                password is not None and await self._password_matches(basic, password)
             )
             if not checked:
                 return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "wrong password")
@@ -186,6 +196,30 @@ class Authenticator:
             if by_id:
                 return by_id[0]
         return None
+
+    async def _password_matches(self, credential: Credential, password: bytes) -> bool:
+        """Whether ``password`` is ``credential``'s: from :attr:`verified` when this node
+        verified it lately for the credential's current hash, else by argon2id (shared
+        with the CONNECTs presenting the same pair meanwhile). Raises :class:`_Busy`."""
+        encoded = credential.password_hash or ""
+        digest = self.verified.digest(encoded, password)
+        if self.verified.matches(credential.id, digest):
+            return True
+        key = (credential.id, digest)
+        running = self._verifying.get(key)
+        if running is None:
+            running = asyncio.ensure_future(self._verify(credential, password, digest))
+            self._verifying[key] = running
+            running.add_done_callback(lambda _done: self._verifying.pop(key, None))
+        # Shielded: a waiter that goes away (its client closed) does not cancel the others'.
+        return await asyncio.shield(running)
+
+    async def _verify(self, credential: Credential, password: bytes, digest: bytes) -> bool:
+        generation = self.verified.generation
+        matched = await self._hashed(verify_password, credential, password)
+        if matched:
+            self.verified.remember(credential.id, digest, generation)
+        return matched
 
     async def _hashed(
         self,
