@@ -185,6 +185,7 @@ def build_app(settings: Settings) -> faust.App:
         tasks.append(
             asyncio.create_task(cache.store.listen(credential_changed, credentials_resynced))
         )
+        tasks.append(asyncio.create_task(cache.follow_client_ids(), name="client-ids"))
         if settings.allow_anonymous:
             log.warning("node %s: anonymous clients may connect", settings.node_id)
         # Sessions the state shows connected here died with the previous process.

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from services.common.auth.authenticate import Authenticator
 from services.common.auth.cache import CredentialCache
-from services.common.auth.credentials import CredentialError, CredentialType
+from services.common.auth.credentials import Credential, CredentialError, CredentialType
 from services.common.auth.manage import (
     CredentialAdmin,
     CredentialChanges,
@@ -24,6 +24,7 @@ from services.common.auth.manage import (
 )
 from services.common.auth.principal import Accepted, AuthRequest, Refused
 from services.common.auth.store import Change, CredentialConflict, CredentialStore
+from services.common.records import ClientKind
 from tests.commands import run_cormorant
 from tests.waiting import wait_for
 
@@ -115,6 +116,71 @@ async def test_every_change_is_announced_and_the_cache_forgets_it(
     finally:
         task.cancel()
         await listener.close()
+
+
+class CountingStore(CredentialStore):
+    """The real store, counting the client id lookups that reach PostgreSQL."""
+
+    lookups = 0
+
+    async def by_client_id(self, client_id: str) -> list[Credential]:
+        self.lookups += 1
+        return await super().by_client_id(client_id)
+
+
+async def test_client_ids_without_a_credential_are_answered_without_postgresql(
+    admin: CredentialAdmin, postgres_server: str
+) -> None:
+    """While the node holds the set of client ids that have a credential of their own,
+    an unknown id costs no query; a credential added or deleted for a client id applies
+    once the set is loaded again after the change's notification."""
+    connected = asyncio.Event()
+    store = CountingStore(postgres_server)
+    cache = CredentialCache(store)
+    auth = Authenticator(cache, allow_anonymous=True)
+
+    def on_change(change: Change) -> None:
+        cache.changed(change)
+
+    tasks = [
+        asyncio.create_task(store.listen(on_change, lambda: (cache.clear(), connected.set()))),
+        asyncio.create_task(cache.follow_client_ids()),
+    ]
+    try:
+        await asyncio.wait_for(connected.wait(), 10)
+        legacy = _name("legacy")
+        added = await admin.add(
+            CredentialSpec(
+                legacy, CredentialType.MQTT_BASIC, client_id=legacy, kind=ClientKind.APPLICATION
+            )
+        )
+
+        async def kind_of(client_id: str) -> ClientKind | None:
+            outcome = await auth.authenticate(AuthRequest(client_id))
+            assert isinstance(outcome, Accepted)
+            return outcome.principal.kind
+
+        async def known() -> bool:
+            return await kind_of(legacy) is ClientKind.APPLICATION
+
+        await wait_for(known, "the new client id credential")
+        await wait_for(lambda: cache.client_ids_loaded, "the client ids loaded again")
+        before = store.lookups
+        for _ in range(50):
+            assert await kind_of(_name("fresh")) is None  # anonymous
+        assert store.lookups == before  # none of them asked PostgreSQL
+        assert await kind_of(legacy) is ClientKind.APPLICATION
+        await admin.delete(str(added.id))
+
+        async def gone() -> bool:
+            return await kind_of(legacy) is None
+
+        await wait_for(gone, "the deleted client id credential")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await store.close()
 
 
 # ---------------------------------------------------------------------- the CLI

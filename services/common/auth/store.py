@@ -321,6 +321,21 @@ class CredentialStore:
         """The MQTT_BASIC credentials naming ``client_id`` and no user name."""
         return await self._select("lookup", "client_id = %s AND username IS NULL", (client_id,))
 
+    async def client_ids(self, limit: int) -> list[str] | None:
+        """Every client id that finds a credential by itself (what :meth:`by_client_id`
+        looks for), or None when there are more than ``limit``."""
+
+        async def body(conn: Connection) -> list[str] | None:
+            cursor = await conn.execute(
+                "SELECT client_id FROM mqtt_credentials"
+                " WHERE client_id IS NOT NULL AND username IS NULL LIMIT %s",
+                (limit + 1,),
+            )
+            found = [row[0] for row in await cursor.fetchall()]
+            return None if len(found) > limit else found
+
+        return await self._run("lookup", body)
+
     async def by_fingerprint(self, fingerprint: str) -> list[Credential]:
         """The X509 credential of the certificate with that SHA-256 fingerprint, if any."""
         return await self._select("lookup", "fingerprint = %s", (fingerprint,))
