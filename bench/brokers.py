@@ -69,10 +69,10 @@ def cormorant(host: str = "127.0.0.1", port: int | None = None) -> Target:
     Raises:
         BrokerUnavailable: a process of the cluster is down (run ``bash scripts/up.sh``).
     """
-    from services.local import cluster
+    from services.local import cluster, layout
     from services.local.settings import LocalSettings
 
-    settings = LocalSettings()
+    settings = layout.current(LocalSettings())
     rows = cluster.status(settings)
     down = [f"{r.name}: {r.health}" for r in rows if not r.healthy]
     if down:

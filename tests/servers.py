@@ -12,9 +12,10 @@ import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.common.readiness import clear_ready
-from services.local import cluster, haproxy, kafka, processes
+from services.local import cluster, haproxy, kafka, layout, processes
 from services.local.settings import LocalSettings
 
 #: Default test ports; the whole block moves by PORT_STEP while any of them is taken.
@@ -22,12 +23,16 @@ TEST_PORTS = {
     "kafka_port": 19092,
     "kafka_controller_port": 19093,
     "redis_port": 16379,
+    "redis_sentinel_port": 16389,
     "postgres_port": 15432,
     "listen_port": 21883,
     "ingest_base_port": 21900,
 }
 PORT_STEP = 100
 PORT_TRIES = 20
+
+#: The largest layout a test cluster runs (the production one): its ports are reserved too.
+MAX_LAYOUT = layout.PRODUCTION
 
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
@@ -56,27 +61,33 @@ def free_test_ports(ingest_nodes: int) -> dict[str, int]:
     for attempt in range(PORT_TRIES):
         ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
         base = ports["ingest_base_port"]
-        wanted = [p for n, p in ports.items() if n != "ingest_base_port"]
+        wanted = [ports["postgres_port"], ports["listen_port"]]
         wanted += [base + i for i in range(1, ingest_nodes + 1)]
+        for i in range(MAX_LAYOUT.kafka_brokers):
+            wanted += [ports["kafka_port"] + 2 * i, ports["kafka_controller_port"] + 2 * i]
+        wanted += [ports["redis_port"] + i for i in range(MAX_LAYOUT.redis_replicas + 1)]
+        wanted += [ports["redis_sentinel_port"] + j for j in range(MAX_LAYOUT.redis_sentinel_count)]
         if all(_bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
 
 
-def make_test_settings(state_dir: Path) -> LocalSettings:
-    """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix."""
+def make_test_settings(state_dir: Path, **overrides: Any) -> LocalSettings:
+    """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix;
+    ``overrides`` (setting name → value) last, e.g. a layout."""
     defaults = LocalSettings()
     ports = free_test_ports(defaults.ingest_nodes)
-    return LocalSettings(
-        state_dir=state_dir,
-        cache_dir=defaults.cache_dir,
-        kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
-        topic_prefix=f"test-{uuid.uuid4().hex[:8]}.",
+    values: dict[str, Any] = {
+        "state_dir": state_dir,
+        "cache_dir": defaults.cache_dir,
+        "topic_prefix": f"test-{uuid.uuid4().hex[:8]}.",
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
-        kafka_request_timeout_seconds=KAFKA_REQUEST_TIMEOUT,
-        application_client_ids=[APPLICATION_IDS],
+        "kafka_request_timeout_seconds": KAFKA_REQUEST_TIMEOUT,
+        "application_client_ids": [APPLICATION_IDS],
         **ports,
-    )
+    }
+    values.update(overrides)
+    return LocalSettings(**values)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, postgres, processes, redis
+from services.local import haproxy, kafka, layout, postgres, processes, redis
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -80,12 +80,16 @@ class ComponentStatus:
 
 
 def local_settings(settings: LocalSettings) -> LocalSettings:
-    """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
-    absolute directories."""
+    """``settings`` as the local cluster runs them: local Kafka (every broker, topics
+    replicated as the brokers allow), Redis (through its Sentinels, waiting for a replica,
+    when it has replicas) and PostgreSQL, absolute directories."""
     return settings.model_copy(
         update={
             "kafka_bootstrap": kafka.bootstrap(settings),
+            "replication_factor": kafka.replication_factor(settings),
             "redis_url": redis.url(settings),
+            "redis_sentinels": redis.sentinels(settings),
+            "redis_wait_replicas": settings.redis_wait_replicas or min(1, settings.redis_replicas),
             "postgres_dsn": postgres.dsn(settings),
             "state_dir": settings.state_dir.resolve(),
             "cache_dir": settings.cache_dir.resolve(),
@@ -152,23 +156,41 @@ def _start_service(
 
 
 def infrastructure(settings: LocalSettings) -> list[Component]:
-    """Kafka, Redis and PostgreSQL, in start order."""
+    """Kafka's brokers, Redis' nodes and Sentinels, and PostgreSQL, in start order (stopped
+    in the opposite order: the Sentinels go before the nodes, so that no failover starts)."""
     settings = local_settings(settings)
-    return [
+    brokers = [
         Component(
-            kafka.NAME,
-            settings.kafka_port,
-            partial(kafka.start, settings),
+            kafka.broker_name(settings, node),
+            kafka.client_port(settings, node),
+            partial(kafka.start, settings, node),
             stop_timeout=kafka.STOP_TIMEOUT,
-        ),
-        Component(redis.NAME, settings.redis_port, partial(redis.start, settings)),
-        Component(
-            postgres.NAME,
-            settings.postgres_port,
-            partial(postgres.start, settings),
-            stop_signal=postgres.STOP_SIGNAL,
-        ),
+        )
+        for node in kafka.broker_ids(settings)
     ]
+    nodes = [
+        Component(
+            redis.node_name(settings, node),
+            redis.node_port(settings, node),
+            partial(redis.start, settings, node),
+        )
+        for node in redis.node_ids(settings)
+    ]
+    sentinels = [
+        Component(
+            redis.sentinel_name(j),
+            redis.sentinel_port(settings, j),
+            partial(redis.start_sentinel, settings, j),
+        )
+        for j in redis.sentinel_ids(settings)
+    ]
+    database = Component(
+        postgres.NAME,
+        settings.postgres_port,
+        partial(postgres.start, settings),
+        stop_signal=postgres.STOP_SIGNAL,
+    )
+    return [*brokers, *nodes, *sentinels, database]
 
 
 def _service(
@@ -218,6 +240,9 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     Running processes are left alone, dead ones started. Raises
     :class:`~services.local.processes.StartError` naming the failing part's log file.
     """
+    layout.record(settings)
+    if settings.kafka_brokers > 1:
+        kafka.launch(local_settings(settings))  # a quorum forms only once they all run
     return _start_all(infrastructure(settings))
 
 
@@ -305,6 +330,7 @@ def down(settings: LocalSettings) -> list[str]:
             stopped.append(name)
         clear_ready(ready_file(settings, name))
     stopped += [part.name for part in infra_order if _stop(settings, part)]
+    layout.forget(settings)
     return stopped
 
 
