@@ -18,6 +18,7 @@ import shutil
 import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
 import redis as redis_client
 from redis import exceptions as redis_errors
@@ -86,28 +87,28 @@ def url(settings: LocalSettings) -> str:
     return f"{scheme}://127.0.0.1:{settings.redis_port}/0"
 
 
-def _client(settings: LocalSettings, port: int) -> redis_client.Redis:
+def _query(settings: LocalSettings, port: int, *command: str, node: bool = True) -> Any:
+    """redis-py's reply to ``command`` at 127.0.0.1:``port`` (a node, with the password; a
+    Sentinel: without), or None when nothing answers there."""
     password = settings.redis_password
-    return redis_client.Redis(
+    client = redis_client.Redis(
         host="127.0.0.1",
         port=port,
-        password=None if password is None else password.get_secret_value(),
+        password=None if password is None or not node else password.get_secret_value(),
         socket_timeout=1.0,
         socket_connect_timeout=1.0,
     )
+    with contextlib.closing(client):
+        try:
+            return client.execute_command(*command)  # type: ignore[no-untyped-call]
+        except (redis_errors.RedisError, OSError):
+            return None
 
 
 def _named_primary(settings: LocalSettings, port: int) -> int | None:
     """The port of the primary the Sentinel on ``port`` names, or None (no answer)."""
-    watcher = redis_client.Redis(host="127.0.0.1", port=port, socket_timeout=1.0)
-    with contextlib.closing(watcher):
-        try:
-            # The raw command: redis-py's parser of this reply wants a Sentinel client.
-            reply = watcher.execute_command(
-                "SENTINEL", "GET-MASTER-ADDR-BY-NAME", settings.redis_sentinel_master
-            )
-        except (redis_errors.RedisError, OSError):
-            return None
+    master = settings.redis_sentinel_master
+    reply = _query(settings, port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", master, node=False)
     return int(reply[1]) if reply else None
 
 
@@ -120,12 +121,9 @@ def primary(settings: LocalSettings) -> int | None:
         if port in by_port:
             return by_port[port]
     for node in node_ids(settings):
-        with contextlib.closing(_client(settings, node_port(settings, node))) as client:
-            try:
-                if client.execute_command("ROLE")[0] == b"master":
-                    return node
-            except (redis_errors.RedisError, OSError):
-                continue
+        role = _query(settings, node_port(settings, node), "ROLE")
+        if role and role[0] == b"master":
+            return node
     # Nothing runs: the Sentinels' files name the last primary (they rewrite them after a
     # failover), whose data is the newest.
     for j in sentinel_ids(settings):
@@ -163,11 +161,9 @@ def _primary_to_follow(settings: LocalSettings, node: int) -> int:
 def in_sync(settings: LocalSettings, node: int) -> bool:
     """Whether node ``node`` answers and, if a replica, has its link to the primary up (it
     has loaded the primary's data and follows its stream)."""
-    with contextlib.closing(_client(settings, node_port(settings, node))) as client:
-        try:
-            info = client.info("replication")
-        except (redis_errors.RedisError, OSError):
-            return False
+    info = _query(settings, node_port(settings, node), "INFO", "replication")
+    if not isinstance(info, dict):
+        return False
     return info.get("role") == "master" or info.get("master_link_status") == "up"
 
 

@@ -302,7 +302,7 @@ class RedisMessageStore(MessageStore):
             if parts.password and password is None:
                 options["password"] = parts.password
             options["db"] = int(parts.path.lstrip("/") or 0)
-            watchers = Sentinel(
+            watchers = Sentinel(  # type: ignore[no-untyped-call]
                 addresses,
                 sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout},
                 ssl=tls,
