@@ -1,9 +1,10 @@
-"""Command line: ``python -m bench run|compare|summary|list`` (and ``python -m bench.loadgen``).
+"""Command line: ``python -m bench run|compare|summary|list|chaos`` (and ``bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report;
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
 ``bench/results/<label>.{jsonl,md,png}``; ``summary`` gathers the latest comparison of
-every label into ``bench/results/summary.{md,png}``. See bench/README.md for the scenarios.
+every label into ``bench/results/summary.{md,png}``; ``chaos`` kills each process of the
+local cluster in turn under load (``bench.chaos``). See bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench import brokers, results, summary
+from bench import brokers, chaos, results, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
+from services.local import cluster, layout
+from services.local.settings import LocalSettings
 
 VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
 
@@ -158,12 +161,95 @@ def do_compare(args: argparse.Namespace) -> None:
     _log(f"wrote {jsonl}, {md} and {png}")
 
 
+def chaos_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``chaos``."""
+    parser.add_argument(
+        "--processes",
+        help="comma-separated processes to kill, in order (default: every process of the "
+        f"cluster; {chaos.REDIS_PRIMARY} = the Redis node that is primary then)",
+    )
+    parser.add_argument("--publishers", type=int, default=20, help="QoS 1 publishers")
+    parser.add_argument("--rate", type=float, default=500.0, help="msg/s over all publishers")
+    parser.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the first kill")
+    parser.add_argument("--down", type=float, default=1.0, help="seconds a process stays dead")
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="seconds of load after recovery, per kill"
+    )
+    parser.add_argument("--recovery-timeout", type=float, default=120.0)
+    parser.add_argument("--drain", type=float, default=120.0, help="max seconds to drain")
+    parser.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="start a cluster of its own on free ports in a temporary directory",
+    )
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
+    )
+    parser.add_argument("--output", type=Path, default=results.RESULTS_DIR / "chaos.jsonl")
+
+
+def default_processes(settings: LocalSettings) -> list[str]:
+    """Every process of the cluster, the services first in the issue's order, the Redis
+    primary once as ``redis-primary`` when Redis has replicas."""
+    names = [part.name for part in cluster.components(settings)]
+    first = ["router", "ingest-node1", "device-persist"]
+    infra = [n for n in names if n.startswith(("kafka", "redis", "postgres"))]
+    if settings.redis_replicas:
+        infra = [n for n in infra if not n.startswith("redis")] + [chaos.REDIS_PRIMARY]
+    rest = [n for n in names if n not in first and n not in infra]
+    return [*first, *infra, *rest]
+
+
+def do_chaos(args: argparse.Namespace) -> None:
+    """``chaos``: kill each process in turn under load; print and record the result."""
+    timing = chaos.Timing(
+        warmup=args.warmup,
+        down=args.down,
+        settle=args.settle,
+        recovery_timeout=args.recovery_timeout,
+        drain=args.drain,
+    )
+    with contextlib.ExitStack() as stack:
+        if args.own_cluster:
+            settings = stack.enter_context(chaos.own_cluster(args.production))
+        else:
+            settings = layout.current(LocalSettings())
+        names = args.processes.split(",") if args.processes else default_processes(settings)
+        _log(f"chaos over {', '.join(names)} ({layout.of(settings).describe()})")
+        result = chaos.run(
+            settings,
+            names,
+            publishers=args.publishers,
+            rate=args.rate,
+            version=VERSIONS[args.mqtt],
+            timing=timing,
+            log=_log,
+        )
+    rec = results.record(
+        label="chaos",
+        scenario="chaos",
+        broker="cormorant",
+        round_=1,
+        options={**vars(args), "layout": layout.of(settings).describe()},
+        report=result.as_dict(),
+    )
+    results.append(args.output, rec)
+    print(chaos.table(result))
+    _log(f"appended to {args.output}")
+    if result.report is None or result.report.lost:
+        raise SystemExit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench``."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub.add_parser("run", help="one scenario against one broker"))
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
+    chaos_parser(sub.add_parser("chaos", help="kill each process in turn under load"))
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
     summary_parser.add_argument("labels", nargs="*", help="result labels (default: all)")
@@ -178,9 +264,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             _log(f"wrote {md} and {png}")
         elif args.command == "run":
             do_run(args)
+        elif args.command == "chaos":
+            do_chaos(args)
         else:
             do_compare(args)
-    except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
+    except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:
         raise SystemExit(f"bench: {exc}") from None
     except KeyboardInterrupt:
         raise SystemExit("bench: interrupted") from None
@@ -193,7 +281,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         do_run(args)
-    except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
+    except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:
         raise SystemExit(f"bench: {exc}") from None
     except KeyboardInterrupt:
         raise SystemExit("bench: interrupted") from None

@@ -7,15 +7,12 @@ that they are downloaded once per machine, not once per session.
 
 from __future__ import annotations
 
-import signal
-import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common.readiness import clear_ready
-from services.local import cluster, haproxy, kafka, layout, processes
+from services.local import cluster, haproxy, kafka, layout, ports, processes
 from services.local.settings import LocalSettings
 
 #: Default test ports; the whole block moves by PORT_STEP while any of them is taken.
@@ -41,42 +38,17 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        # As the servers do: a port whose old connections linger in TIME_WAIT is free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_test_ports(ingest_nodes: int) -> dict[str, int]:
-    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free.
-
-    Another test session on the same machine then gets its own block. Raises
-    ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
-    """
-    for attempt in range(PORT_TRIES):
-        ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        base = ports["ingest_base_port"]
-        wanted = [ports["postgres_port"], ports["listen_port"]]
-        wanted += [base + i for i in range(1, ingest_nodes + 1)]
-        for i in range(MAX_LAYOUT.kafka_brokers):
-            wanted += [ports["kafka_port"] + 2 * i, ports["kafka_controller_port"] + 2 * i]
-        wanted += [ports["redis_port"] + i for i in range(MAX_LAYOUT.redis_replicas + 1)]
-        wanted += [ports["redis_sentinel_port"] + j for j in range(MAX_LAYOUT.redis_sentinel_count)]
-        if all(_bindable(port) for port in wanted):
-            return ports
-    raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
+def free_test_ports() -> dict[str, int]:
+    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) free for a cluster
+    of MAX_LAYOUT: another test session on the same machine then gets its own block.
+    Raises ``RuntimeError`` when none of PORT_TRIES blocks is free."""
+    return ports.free_block(TEST_PORTS, MAX_LAYOUT, step=PORT_STEP, tries=PORT_TRIES)
 
 
 def make_test_settings(state_dir: Path, **overrides: Any) -> LocalSettings:
     """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix;
     ``overrides`` (setting name → value) last, e.g. a layout."""
     defaults = LocalSettings()
-    ports = free_test_ports(defaults.ingest_nodes)
     values: dict[str, Any] = {
         "state_dir": state_dir,
         "cache_dir": defaults.cache_dir,
@@ -84,7 +56,7 @@ def make_test_settings(state_dir: Path, **overrides: Any) -> LocalSettings:
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
         "kafka_request_timeout_seconds": KAFKA_REQUEST_TIMEOUT,
         "application_client_ids": [APPLICATION_IDS],
-        **ports,
+        **free_test_ports(),
     }
     values.update(overrides)
     return LocalSettings(**values)
@@ -126,9 +98,7 @@ class LocalCluster:
 
     def kill(self, name: str) -> bool:
         """``kill -9`` process ``name`` (no clean shutdown); True if it was running."""
-        killed = processes.stop(self.settings.state_dir, name, signal.SIGKILL, timeout=10.0)
-        clear_ready(cluster.ready_file(self.settings, name))
-        return killed
+        return cluster.kill_component(self.settings, name)
 
     def start(self, name: str) -> int:
         """Start process ``name`` and wait until it is ready; return its pid."""

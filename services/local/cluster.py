@@ -313,6 +313,18 @@ def stop_component(settings: LocalSettings, name: str) -> bool:
     return _stop(settings, _find_component(settings, name))
 
 
+def kill_component(settings: LocalSettings, name: str) -> bool:
+    """``kill -9`` process ``name`` (no clean shutdown: a crash); True if it was running.
+
+    Its ready file goes too, so the launcher sees it down. Any recorded process may be
+    named (an extra app_delivery instance too).
+    """
+    settings = local_settings(settings)
+    killed = processes.stop(settings.state_dir, name, signal.SIGKILL, timeout=10.0)
+    clear_ready(ready_file(settings, name))
+    return killed
+
+
 def down(settings: LocalSettings) -> list[str]:
     """Stop the whole cluster: services first, infrastructure last; return the names stopped.
 

@@ -40,6 +40,7 @@ __all__ = [
     "broker_ids",
     "broker_name",
     "client_port",
+    "controller_port",
     "fetch_jars",
     "launch",
     "libs_dir",
@@ -73,7 +74,8 @@ def client_port(settings: LocalSettings, node: int) -> int:
     return settings.kafka_port + 2 * (node - 1)
 
 
-def _controller_port(settings: LocalSettings, node: int) -> int:
+def controller_port(settings: LocalSettings, node: int) -> int:
+    """The KRaft controller port of broker ``node``: ``kafka_controller_port + 2(node - 1)``."""
     return settings.kafka_controller_port + 2 * (node - 1)
 
 
@@ -157,12 +159,10 @@ def _write_config(settings: LocalSettings, node: int) -> tuple[Path, Path]:
     between runs)."""
     home = _kafka_dir(settings, node)
     home.mkdir(parents=True, exist_ok=True)
-    port, controller = client_port(settings, node), _controller_port(settings, node)
+    port, controller = client_port(settings, node), controller_port(settings, node)
     # A static voter set: every broker is a controller too (MSK's brokers have theirs
     # apart; the quorum's rules are the same), no dynamic quorum to bootstrap.
-    voters = ",".join(
-        f"{n}@127.0.0.1:{_controller_port(settings, n)}" for n in broker_ids(settings)
-    )
+    voters = ",".join(f"{n}@127.0.0.1:{controller_port(settings, n)}" for n in broker_ids(settings))
     replicas, min_insync = replication_factor(settings), _min_insync(settings)
     # The client listener speaks what the services are told to (kafka_security_protocol);
     # its name is the protocol's, and the broker's own traffic uses it too.
@@ -385,7 +385,8 @@ async def _live_brokers(address: str, security: Mapping[str, Any]) -> int:
 
 def _ensure_core_topics(settings: LocalSettings, security: Mapping[str, Any]) -> None:
     """Create the core topics that are missing, once enough brokers have registered to hold
-    their replicas (at a first start, the others may register a moment after this one)."""
+    their replicas (at a first start, the others may register a moment after this one).
+    Raises ``TimeoutError`` when they cannot be created within ``START_TIMEOUT``."""
     address = bootstrap(settings)
     specs = core_topic_specs(settings)
 
@@ -395,8 +396,16 @@ def _ensure_core_topics(settings: LocalSettings, security: Mapping[str, Any]) ->
         except (KafkaError, OSError):
             return False
 
-    processes.wait_until(enough_brokers, START_TIMEOUT, f"{replication_factor(settings)} brokers")
-    _run(ensure_topics(address, specs, replication_factor(settings), security=security))
+    def created() -> bool:
+        if not enough_brokers():
+            return False
+        try:
+            _run(ensure_topics(address, specs, replication_factor(settings), security=security))
+        except (KafkaError, OSError):
+            return False  # a broker still joining: asked again
+        return True
+
+    processes.wait_until(created, START_TIMEOUT, "the core topics")
 
 
 def start(settings: LocalSettings, node: int = 1) -> int:
