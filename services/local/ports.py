@@ -47,7 +47,7 @@ def free_block(
     finds all its ports free. Raises ``RuntimeError`` when none of ``tries`` shifts is."""
     for attempt in range(tries):
         ports = {name: port + attempt * step for name, port in base.items()}
-        wanted = listening_ports(apply(LocalSettings(**ports), layout))
+        wanted = listening_ports(apply(LocalSettings().model_copy(update=ports), layout))
         if all(bindable(port) for port in wanted):
             return ports
     raise RuntimeError(f"no free block of ports near {dict(base)}")
