@@ -38,16 +38,23 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-def free_test_ports() -> dict[str, int]:
-    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) free for a cluster
+#: The production-layout test cluster's ports: TEST_PORTS shifted by half a step, so that it
+#: runs beside the shared test cluster (and both beside other sessions' blocks).
+PRODUCTION_TEST_PORTS = {name: port + PORT_STEP // 2 for name, port in TEST_PORTS.items()}
+
+
+def free_test_ports(base: dict[str, int] = TEST_PORTS) -> dict[str, int]:
+    """The first block of ``base`` (shifted by multiples of PORT_STEP) free for a cluster
     of MAX_LAYOUT: another test session on the same machine then gets its own block.
     Raises ``RuntimeError`` when none of PORT_TRIES blocks is free."""
-    return ports.free_block(TEST_PORTS, MAX_LAYOUT, step=PORT_STEP, tries=PORT_TRIES)
+    return ports.free_block(base, MAX_LAYOUT, step=PORT_STEP, tries=PORT_TRIES)
 
 
-def make_test_settings(state_dir: Path, **overrides: Any) -> LocalSettings:
-    """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix;
-    ``overrides`` (setting name → value) last, e.g. a layout."""
+def make_test_settings(
+    state_dir: Path, ports_base: dict[str, int] = TEST_PORTS, **overrides: Any
+) -> LocalSettings:
+    """Settings of a test cluster in ``state_dir``: free ports of ``ports_base``'s blocks, a
+    unique topic prefix; ``overrides`` (setting name → value) last, e.g. a layout."""
     defaults = LocalSettings()
     values: dict[str, Any] = {
         "state_dir": state_dir,
@@ -56,7 +63,7 @@ def make_test_settings(state_dir: Path, **overrides: Any) -> LocalSettings:
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
         "kafka_request_timeout_seconds": KAFKA_REQUEST_TIMEOUT,
         "application_client_ids": [APPLICATION_IDS],
-        **free_test_ports(),
+        **free_test_ports(ports_base),
     }
     values.update(overrides)
     return LocalSettings(**values)
