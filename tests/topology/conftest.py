@@ -10,34 +10,56 @@ leave it whole again. Its persistent clients may keep up to 65,534 stored messag
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from services.local import cluster as local_cluster
-from services.local import layout
+from services.local import layout, processes
+from services.local.settings import LocalSettings
 from tests.servers import PRODUCTION_TEST_PORTS, LocalCluster, make_test_settings
 
 #: Stored messages per persistent client in the production-topology test cluster.
 MAX_STORED = 65_534
 
 
-@pytest.fixture(scope="session")
-def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """The production-layout cluster, whole (a test that stopped part of it restores it)."""
-    settings = make_test_settings(
-        tmp_path_factory.mktemp("production"),
+def _settings(state_dir: Path) -> LocalSettings:
+    return make_test_settings(
+        state_dir,
         PRODUCTION_TEST_PORTS,
         persisted_max_messages=MAX_STORED,
         kafka_brokers=layout.PRODUCTION.kafka_brokers,
         redis_replicas=layout.PRODUCTION.redis_replicas,
         redis_sentinel_count=layout.PRODUCTION.redis_sentinel_count,
     )
-    try:
-        local_cluster.up(settings)
-        yield LocalCluster(settings)
-    finally:
-        local_cluster.down(settings)
+
+
+@pytest.fixture(scope="session")
+def production() -> Iterator[LocalCluster]:
+    """The production-layout cluster, whole (a test that stopped part of it restores it).
+
+    Its state dir is a directory of its own, not under pytest's base temporary directory:
+    pytest deletes old base directories when other sessions start, and a cluster whose pid
+    files are gone could not be stopped. Its ports are chosen free, but a port another
+    program takes while the cluster starts (a minute on a busy machine) makes the start
+    fail: then a new block is chosen once.
+    """
+    with tempfile.TemporaryDirectory(prefix="cormorant-production-") as state_dir:
+        settings = _settings(Path(state_dir))
+        try:
+            try:
+                local_cluster.up(settings)
+            except processes.StartError as exc:
+                if "already in use" not in str(exc):
+                    raise
+                local_cluster.down(settings)
+                settings = _settings(Path(state_dir))
+                local_cluster.up(settings)
+            yield LocalCluster(settings)
+        finally:
+            local_cluster.down(settings)
 
 
 @pytest.fixture
