@@ -11,7 +11,7 @@ over the whole run, and per process:
 
 - ``restart_s``: from the kill until the launcher has it serving again ("back");
 - ``recovery_s``: from "back" until the first delivery of a message published at or after
-  it (:func:`bench.recovery.resume_seconds`): how long the stack took to carry new traffic
+  it (:func:`bench.resumption.resume_seconds`): how long the stack took to carry new traffic
   end to end once the process was there again;
 - ``outage_s``: from the kill until the first delivery of a message published after the
   kill: how long new traffic did not get through at all;
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import recovery
+from bench import resumption
 from bench.durability import DurabilityLoad, Report
 from services.local import cluster, layout, ports, processes, redis
 from services.local.settings import LocalSettings
@@ -158,10 +158,10 @@ def _measure(result: ChaosResult, load: DurabilityLoad) -> None:
     deliveries = load.ledger.delivery_timeline()
     acks = list(load.ledger.ack_timelines().values())
     for d in result.disruptions:
-        d.outage_s = recovery.resume_seconds(deliveries, d.killed_at)
-        d.publish_resumed_s = recovery.all_resumed_seconds(acks, d.killed_at)
+        d.outage_s = resumption.resume_seconds(deliveries, d.killed_at)
+        d.publish_resumed_s = resumption.all_resumed_seconds(acks, d.killed_at)
         if d.back_at is not None:
-            d.recovery_s = recovery.resume_seconds(deliveries, d.back_at)
+            d.recovery_s = resumption.resume_seconds(deliveries, d.back_at)
 
 
 def run(

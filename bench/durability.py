@@ -120,7 +120,7 @@ class Ledger:
             return first
 
     def delivery_timeline(self) -> list[tuple[float, float]]:
-        """``(sent_at, delivered_at)`` of every first delivery: for :mod:`bench.recovery`."""
+        """``(sent_at, delivered_at)`` of every first delivery: for :mod:`bench.resumption`."""
         with self._lock:
             seen: set[tuple[int, int]] = set()
             out = []

@@ -111,14 +111,15 @@ class LocalCluster:
         """Start process ``name`` and wait until it is ready; return its pid."""
         return cluster.start_component(self.settings, name)
 
-    def start_app_delivery(self, name: str) -> int:
-        """Start one more app_delivery instance as process ``name`` (stop it with
-        :meth:`stop_app_delivery` or :meth:`kill`; ``down`` stops it too); return its pid."""
-        return cluster.start_app_delivery(self.settings, name)
+    def start_instance(self, stage: str, name: str) -> int:
+        """Start one more instance of ``stage`` (``router``, ``device-persist``,
+        ``app-delivery``) as process ``name`` (stop it with :meth:`stop_instance` or
+        :meth:`kill`; ``down`` stops it too); return its pid."""
+        return cluster.start_instance(self.settings, stage, name)
 
-    def stop_app_delivery(self, name: str) -> bool:
-        """Stop the extra app_delivery instance ``name`` cleanly; True if it was running."""
-        return cluster.stop_app_delivery(self.settings, name)
+    def stop_instance(self, name: str) -> bool:
+        """Stop the extra instance ``name`` cleanly; True if it was running."""
+        return cluster.stop_instance(self.settings, name)
 
     def log(self, name: str) -> Path:
         """The log file of process ``name``."""

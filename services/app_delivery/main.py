@@ -49,10 +49,8 @@ def build_app(settings: Settings) -> faust.App:
         consumer = make_consumer(
             settings,
             group_id=app.conf.id,
+            instance_id=settings.group_instance_id,
             partition_assignment_strategy=(RangePartitionAssignor,),
-            # Kafka's smallest: a killed instance's clients move within seconds.
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=2000,
         )
         await consumer.start()
         ready = asyncio.Event()

@@ -5,6 +5,23 @@ one place: raw bytes serializers (records are encoded by :mod:`services.common.r
 ``acks=all`` production, an in-memory table store (no service keeps Faust tables) and no
 Faust web server.
 
+Every producer is idempotent (Kafka's ``enable.idempotence``, KIP-98): the broker drops a
+batch it already has, so a retry after a lost answer writes nothing twice, and a batch is
+retried until Kafka takes it instead of expiring while a later one of its partition is
+stored. faust-streaming 0.15 has no setting for it: its aiokafka producer asks for
+idempotence only with ``processing_guarantee="exactly_once"``, which runs Faust's own agent
+transactions (not used here, see below); :class:`IdempotentProducer` is that producer with
+idempotence always on. aiokafka 0.14 sends one request at a time per broker and puts a
+retried batch back at the head of its partition's queue, so a producer keeps the order of
+each partition with or without idempotence; without it, a batch Kafka stored but whose answer
+was lost was stored again on retry, and a batch that timed out in the producer was dropped
+while later ones were written (bench/NOTES.md, "Idempotent and transactional writes").
+
+A stage that consumes, produces and commits (the router) does it in Kafka transactions
+(:mod:`services.common.kafka.consumer`): :func:`transactional_producer` makes their
+producers with the same settings, and :func:`sender` sends inside the transaction of the
+batch being handled, if any.
+
 The apps run in Faust's producer-only mode: Faust's worker gives each service its life cycle
 (signals, logging, ``@app.task``, start-up and shutdown hooks) and its producer, while the
 hot-path topics are consumed by :mod:`services.common.kafka.consumer` (the measured reason is
@@ -20,9 +37,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber, UnknownProducerId
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types.core import HeadersArg
+from faust.types.tuples import RecordMetadata
 
 from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
+from services.common.kafka.consumer import close_producer, current_transaction
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security, faust_credentials
 from services.common.records import Headers
@@ -36,14 +59,119 @@ and returns an awaitable that resolves with the record's metadata (it has an ``o
 once Kafka acknowledged it, or raises if Kafka did not store it."""
 
 
+#: Seconds a replaced producer may take to hand over what it still holds before it is closed.
+RENEW_CLOSE_SECONDS = 5.0
+
+#: Errors after which an idempotent producer's sequence numbers no longer match the broker's
+#: for a partition (a batch failed after its numbers were given out: too large for the
+#: topic, or its partition had no leader past the request timeout): every later batch of
+#: that partition would fail too, so the producer is replaced by one with a new producer id.
+SEQUENCE_ERRORS = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch)
+
+
+class IdempotentProducer(faust_aiokafka.Producer):
+    """Faust's aiokafka producer with ``enable_idempotence`` (and so ``acks=all``).
+
+    aiokafka 0.14 never moves an idempotent producer to a new producer id; when a record
+    fails with one of :data:`SEQUENCE_ERRORS`, this one starts a new aiokafka producer and
+    closes the old one (its remaining records fail, and their writers see it as for any
+    failure).
+    """
+
+    def _settings_extra(self) -> dict[str, Any]:
+        return {**super()._settings_extra(), "enable_idempotence": True}
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        timestamp: float | None,
+        headers: HeadersArg | None,
+        *,
+        transactional_id: str | None = None,
+    ) -> Awaitable[RecordMetadata]:
+        """Faust's ``send``; the returned future is watched for :data:`SEQUENCE_ERRORS`."""
+        current = self._producer
+        acknowledged = await super().send(
+            topic, key, value, partition, timestamp, headers, transactional_id=transactional_id
+        )
+        assert isinstance(acknowledged, asyncio.Future)
+        acknowledged.add_done_callback(lambda done: self._check(current, done))
+        return acknowledged
+
+    def _check(self, used: AIOKafkaProducer, done: asyncio.Future[RecordMetadata]) -> None:
+        if done.cancelled() or not isinstance(done.exception(), SEQUENCE_ERRORS):
+            return
+        if used is self._producer and not getattr(self, "_renewing", False):
+            self._renewing = True
+            log.warning("producer out of sequence (%r): starting a new one", done.exception())
+            self.add_future(self._renew(used))
+
+    async def _renew(self, old: AIOKafkaProducer) -> None:
+        try:
+            fresh = self._new_producer()
+            await fresh.start()
+            self._producer = fresh
+        finally:
+            self._renewing = False
+        await close_producer(old, RENEW_CLOSE_SECONDS)
+
+
+class IdempotentTransport(faust_aiokafka.Transport):
+    """Faust's aiokafka transport whose producer is :class:`IdempotentProducer`."""
+
+    Producer = IdempotentProducer
+
+
+def producer_options(settings: Settings) -> dict[str, Any]:
+    """The options of an aiokafka producer of the services (those :func:`make_app` gives
+    Faust's): ``acks=all``, partitioning by key hash, linger, request timeout and largest
+    request from ``settings``, and the client security."""
+    return {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        "acks": "all",
+        "partitioner": partitioner.partition,
+        "linger_ms": int(settings.producer_linger_seconds * 1000),
+        "request_timeout_ms": int(settings.kafka_request_timeout_seconds * 1000),
+        "max_request_size": max(settings.max_packet_size * 2, 1024 * 1024),
+        **client_security(settings),
+    }
+
+
+def transactional_producer(settings: Settings, transactional_id: str) -> AIOKafkaProducer:
+    """A transactional aiokafka producer (not started) with :func:`producer_options`.
+
+    ``transactional_id`` names it to Kafka: starting a producer with the same id fences
+    this one and aborts its open transaction. A transaction must end within
+    ``transaction_timeout_seconds`` or Kafka aborts it.
+    """
+    return AIOKafkaProducer(
+        **producer_options(settings),
+        transactional_id=transactional_id,
+        transaction_timeout_ms=int(settings.transaction_timeout_seconds * 1000),
+    )
+
+
 def sender(app: faust.App) -> SendRecord:
-    """The :data:`SendRecord` of ``app``'s producer (partition by key, no timestamp)."""
+    """The :data:`SendRecord` of ``app``: partition by key, no timestamp; inside the
+    transaction of the batch being handled when there is one
+    (:func:`~services.common.kafka.consumer.current_transaction`), else through ``app``'s
+    idempotent producer."""
 
     async def send(
         topic: str, key: bytes, value: bytes | None, headers: Headers | None
     ) -> Awaitable[object]:
+        transaction = current_transaction()
+        listed = None if headers is None else list(headers)
+        if transaction is not None:
+            in_transaction: Awaitable[object] = await transaction.send(
+                topic, value, key=key, headers=listed
+            )
+            return in_transaction
         acknowledged: Awaitable[object] = await app.producer.send(
-            topic, key, value, None, None, None if headers is None else list(headers)
+            topic, key, value, None, None, listed
         )
         return acknowledged
 
@@ -54,8 +182,8 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     """Build the Faust app of ``service`` (e.g. ``"router"``), configured from ``settings``.
 
     The app id (the service's consumer group, ``app.conf.id``) is
-    ``<topic_prefix>cormorant-<service>``; the producer waits for all in-sync replicas
-    (``acks=-1``).
+    ``<topic_prefix>cormorant-<service>``; the producer is idempotent
+    (:class:`IdempotentProducer`) and waits for all in-sync replicas (``acks=-1``).
     ``overrides`` are passed to :class:`faust.App` last.
     """
     datadir = settings.state_dir / "faust" / service
@@ -82,6 +210,7 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     }
     options.update(overrides)
     app = faust.App(TopicNames.from_settings(settings).service_group(service), **options)
+    app.transport = IdempotentTransport(app.conf.broker_consumer, app)
     app.producer_only = True
     return app
 

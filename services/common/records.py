@@ -1073,6 +1073,91 @@ def parse_client_event(key: bytes | None, value: bytes | None) -> tuple[str, Eve
     return client_id_of(key), decode_event(value or b"")
 
 
+# client.wills ---------------------------------------------------------------------------------
+
+#: Separates the client id from the connection id in a ``client.wills`` key (MQTT forbids
+#: U+0000 in a Client Identifier, MQTT-1.5.4-2; the partitioner hashes what comes before it).
+WILL_KEY_SEPARATOR = b"\x00"
+
+_WILL = struct.Struct(">BQqI")  # version, due_at_ms, session offset (-1: none), meta length
+
+
+@dataclass(frozen=True, slots=True)
+class WillRecord:
+    """A Will Message waiting out its Will Delay Interval (a ``client.wills`` record).
+
+    ``client_id`` and ``connection_id`` (16 bytes) name the network connection whose close
+    armed it; ``due_at_ms`` is when it is to be published (Unix ms: the close plus
+    min(Will Delay Interval, Session Expiry Interval)); ``session_offset`` is the
+    ``client.sessions`` offset of that connection's latest connected record (None:
+    unknown), so that only newer connections settle it; ``meta_raw`` (an ``m`` header) and
+    ``payload`` are the message as it will be published.
+    """
+
+    client_id: str
+    connection_id: bytes
+    due_at_ms: int
+    session_offset: int | None
+    meta_raw: bytes
+    payload: bytes
+
+
+def will_key(client_id: str, connection_id: bytes) -> bytes:
+    """The ``client.wills`` key of a connection's Will Message: the client id (UTF-8),
+    :data:`WILL_KEY_SEPARATOR` and the 16-byte connection id. One key per connection, so a
+    will settled late never deletes a newer connection's; the partition is the client id's
+    (:func:`services.common.kafka.partitioner.key_hash`)."""
+    return client_id.encode("utf-8") + WILL_KEY_SEPARATOR + connection_id
+
+
+def will_record(names: TopicNames, will: WillRecord) -> KafkaRecord:
+    """The ``client.wills`` record of a Will Message waiting out its delay. Raises
+    ``ValueError`` for a connection id that is not 16 bytes."""
+    if len(will.connection_id) != 16:
+        raise ValueError("connection_id must be 16 bytes")
+    offset = -1 if will.session_offset is None else will.session_offset
+    head = _WILL.pack(_VERSION, will.due_at_ms, offset, len(will.meta_raw))
+    value = b"".join((head, will.meta_raw, will.payload))
+    return KafkaRecord(names.client_wills, will_key(will.client_id, will.connection_id), value)
+
+
+def will_tombstone(names: TopicNames, client_id: str, connection_id: bytes) -> KafkaRecord:
+    """The tombstone that deletes a connection's waiting Will Message (published or
+    settled)."""
+    return KafkaRecord(names.client_wills, will_key(client_id, connection_id), None)
+
+
+def parse_will(key: bytes | None, value: bytes | None) -> tuple[str, bytes, WillRecord | None]:
+    """Parse a ``client.wills`` record: client id, connection id and the waiting Will
+    Message (None: a tombstone). Raises :class:`RecordError`."""
+    if key is None:
+        raise RecordError("record without a key")
+    client_part, separator, connection_id = key.partition(WILL_KEY_SEPARATOR)
+    if not separator or len(connection_id) != 16:
+        raise RecordError("client.wills key is not <client id> NUL <16-byte connection id>")
+    client_id = client_id_of(client_part)
+    if value is None:
+        return client_id, connection_id, None
+    _check_version(value, "client.wills record")
+    if len(value) < _WILL.size:
+        raise RecordError("truncated client.wills record")
+    _, due_at_ms, offset, meta_len = _WILL.unpack_from(value, 0)
+    meta_end = _WILL.size + meta_len
+    if meta_end > len(value):
+        raise RecordError("truncated client.wills record")
+    meta_raw = value[_WILL.size : meta_end]
+    decode_meta(meta_raw)  # checked here: a parsed will can always be published
+    will = WillRecord(
+        client_id,
+        connection_id,
+        due_at_ms,
+        None if offset < 0 else offset,
+        meta_raw,
+        value[meta_end:],
+    )
+    return client_id, connection_id, will
+
+
 def session_expired_records(
     names: TopicNames, client_id: str, session: SessionRecord, at_ms: int
 ) -> list[KafkaRecord]:

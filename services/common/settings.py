@@ -77,6 +77,37 @@ class Settings(BaseSettings):
     kafka_request_timeout_seconds: float = Field(
         10.0, gt=0, description="How long a produce may take before the PUBLISH is refused."
     )
+    transaction_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=900,
+        description="Kafka transaction timeout of the router's transactions (and of Will "
+        "Message publications): Kafka aborts a transaction left open longer, e.g. by a "
+        "router that died with no other to take its partitions (at most the brokers' "
+        "transaction.max.timeout.ms, 900 by default).",
+    )
+    consumer_session_timeout_seconds: float = Field(
+        6.0,
+        ge=1,
+        description="Consumer group session timeout of the stages (router, device_persist, "
+        "app_delivery, the ingest nodes' Will Message owners): a member silent this long "
+        "loses its partitions to the others. At least the brokers' "
+        "group.min.session.timeout.ms (6 s by default; the local cluster's is 1 s).",
+    )
+    consumer_heartbeat_interval_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="Consumer group heartbeat interval (at most a third of the session "
+        "timeout): how soon a member hears of a rebalance.",
+    )
+    group_instance_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        description="Static consumer group member id of this router, device_persist or "
+        "app_delivery instance (KIP-345), unique per stage: a restarted instance takes its "
+        "partitions back at once, without waiting for the session timeout and a rebalance. "
+        "Unset: a dynamic member. The local cluster names its instances (router-1...).",
+    )
     ingest_max_pending_records: int = Field(
         10_000,
         ge=1,

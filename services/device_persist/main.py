@@ -78,7 +78,10 @@ def build_app(settings: Settings) -> faust.App:
         await reader.start()
         persister.go_live()
         consumer = make_consumer(
-            settings, group_id=app.conf.id, partition_assignment_strategy=(RangePartitionAssignor,)
+            settings,
+            group_id=app.conf.id,
+            instance_id=settings.group_instance_id,
+            partition_assignment_strategy=(RangePartitionAssignor,),
         )
         await consumer.start()
         dirty = asyncio.create_task(persister.run_dirty(), name="device-persist-dirty")

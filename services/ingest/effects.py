@@ -3,10 +3,10 @@
 The asyncio shell (:mod:`services.ingest.server`, :mod:`services.ingest.node`) carries out
 each effect in order and reports the outcome of the ``Store*`` effects back with
 ``ServerConnection.stored(token)`` or ``ServerConnection.store_failed(token)``, and so the
-outcome of :class:`CreateAppTopic`. :class:`PublishWill` is the one effect with a timer: the
-shell publishes the Will Message after its delay unless a newer connection of the client
-settles it first (:mod:`services.ingest.will` decides, :mod:`services.ingest.wills` keeps
-the timers).
+outcome of :class:`CreateAppTopic`. A Will Message that must wait out a delay is stored in
+Kafka (:class:`StoreWill`); the ingest node that owns its ``client.wills`` partition
+publishes it when the delay has passed unless a newer connection of the client settles it
+first (:mod:`services.ingest.will` decides, :mod:`services.ingest.wills` keeps the timers).
 """
 
 from __future__ import annotations
@@ -88,9 +88,11 @@ class StoreRetainedRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class PublishWill:
-    """Publish this client's Will Message after ``delay_seconds`` (> 0), unless a newer
-    connection of the client settles it first (:func:`services.ingest.will.settled_by`).
+class StoreWill:
+    """Store this client's Will Message in ``client.wills``, to be published after
+    ``delay_seconds`` (> 0) unless a newer connection of the client settles it first
+    (:func:`services.ingest.will.settled_by`). The shell writes nothing after it for this
+    connection (its session's end) until Kafka has it: a waiting will outlives its node.
 
     ``connection_id`` and ``session_offset`` (the Kafka offset of its latest connected
     session record, if known) identify the connection the will belongs to, so that its own
@@ -99,6 +101,7 @@ class PublishWill:
     (:func:`services.ingest.will.published_after_delay`).
     """
 
+    token: int
     delay_seconds: int
     connection_id: bytes
     session_offset: int | None
@@ -158,17 +161,10 @@ StoreEffect = (
     | StoreSession
     | StoreAcks
     | StoreRetainedRequest
+    | StoreWill
 )
 """The effects that write one Kafka record and report back through their ``token``."""
 
 Effect = (
-    Send
-    | Close
-    | StoreEffect
-    | CreateAppTopic
-    | PublishWill
-    | Connected
-    | WatchSession
-    | SyncState
-    | RecordEvent
+    Send | Close | StoreEffect | CreateAppTopic | Connected | WatchSession | SyncState | RecordEvent
 )

@@ -5,7 +5,8 @@ client creates a persistent APPLICATION client's ``msg.app`` topic at CONNECT); 
 the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
-in full for session takeover, session resumption and Will Messages waiting out their delay.
+in full for session takeover, session resumption and Will Messages waiting out their delay;
+another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
 
 At start, once the state is read and before the listener opens, the sessions still shown
 connected to this node are ended (their connections died with the previous process); at
@@ -20,14 +21,23 @@ import logging
 from collections.abc import Awaitable
 
 import faust
+from aiokafka import TopicPartition
 
-from services.common.faust_app import make_app, on_shutdown, run_service, run_task, sender
+from services.common.faust_app import (
+    make_app,
+    on_shutdown,
+    run_service,
+    run_task,
+    sender,
+    transactional_producer,
+)
 from services.common.kafka.admin import (
     app_topic_spec,
     downlink_topic_spec,
     ensure_topics,
 )
 from services.common.kafka.consumer import (
+    PartitionTransactions,
     Record,
     assign_whole_topics,
     consume_batches,
@@ -38,10 +48,11 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.readiness import clear_ready, mark_ready
-from services.common.records import Downlink, RecordError, parse_downlink
+from services.common.records import Downlink, KafkaRecord, RecordError, parse_downlink
 from services.common.settings import Settings
 from services.ingest.node import IngestNode
 from services.ingest.server import start_server
+from services.ingest.wills import WillOwnership
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +75,20 @@ def build_app(settings: Settings) -> faust.App:
             security=client_security(settings),
         )
 
-    node = IngestNode(settings, send, sync_state, ensure_app_topic)
+    wills_transactions = PartitionTransactions(
+        lambda transactional_id: transactional_producer(settings, transactional_id),
+        f"{names.wills_group}.",
+        names.wills_group,
+    )
+
+    async def commit_will(partition: int, records: list[KafkaRecord]) -> None:
+        async def produce() -> list[Awaitable[object]]:
+            return [await send(*record) for record in records]
+
+        tp = TopicPartition(names.client_wills, partition)
+        await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
+
+    node = IngestNode(settings, send, sync_state, ensure_app_topic, commit_will=commit_will)
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
         [names.client_sessions, names.client_subscriptions],
@@ -72,6 +96,7 @@ def build_app(settings: Settings) -> faust.App:
         security=client_security(settings),
     )
     servers: list[asyncio.Server] = []
+    background: list[asyncio.Task[None]] = []
     downlink = names.downlink(settings.node_id)
 
     async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
@@ -87,10 +112,23 @@ def build_app(settings: Settings) -> faust.App:
                 log_undecodable(log, record, exc)
         return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
+    async def own_wills() -> None:
+        # In the ingest nodes' client.wills group, a static member named by the node id: a
+        # restarted node takes its partitions back without a rebalance.
+        consumer = make_consumer(settings, group_id=names.wills_group, instance_id=settings.node_id)
+        await consumer.start()
+        try:
+            await WillOwnership(consumer, wills_transactions, node.wills, names).run()
+        finally:
+            await node.wills.stop()
+            await wills_transactions.close()
+            await consumer.stop()
+
     async def serve() -> None:
         await reader.start()
         # Sessions the state shows connected here died with the previous process.
         await node.reconcile()
+        background.append(asyncio.create_task(own_wills(), name="ingest-wills"))
         # The downlink topic is read from its end, outside any consumer group: its records
         # are for the connections of this process's life only (a restarted node has none).
         # The position is fixed before the listener opens, so no client misses a record.
@@ -110,6 +148,9 @@ def build_app(settings: Settings) -> faust.App:
         for server in servers:
             server.close()
         await node.shut_down()  # wills and end records, while the producer still runs
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         await reader.stop()
 
     run_task(app, serve)

@@ -2,11 +2,12 @@
 
 :class:`IngestNode` wires the node's parts together and carries out the effects of every
 connection (:meth:`IngestNode.run`): bytes go to the client's socket, store effects to
-Kafka (:mod:`~services.ingest.store_pipeline`), a delayed Will Message to its timer
-(:mod:`~services.ingest.wills`), a registration to the client registry
-(:mod:`~services.ingest.registry`). It follows ``client.sessions`` and
-``client.subscriptions`` (session lookup at CONNECT; each record is shown to the client's
-connection here, which decides on a session takeover, and to a waiting Will Message), and
+Kafka (:mod:`~services.ingest.store_pipeline`; a delayed Will Message among them, to
+``client.wills``), a registration to the client registry (:mod:`~services.ingest.registry`).
+It follows ``client.sessions`` and ``client.subscriptions`` (session lookup at CONNECT;
+each record is shown to the client's connection here, which decides on a session takeover,
+and to the waiting Will Messages of the ``client.wills`` partitions this node owns,
+:mod:`~services.ingest.wills`), and
 hands downlink records to the target connections (:meth:`IngestNode.deliver`). Every MQTT
 decision is the sans-IO core's (:mod:`~services.ingest.connection` and its modules); start
 and stop are in :mod:`~services.ingest.shutdown`.
@@ -37,12 +38,9 @@ from services.ingest.effects import (
     Connected,
     CreateAppTopic,
     Effect,
-    PublishWill,
     RecordEvent,
     Send,
     StoreEffect,
-    StorePublish,
-    StoreRetained,
     StoreSession,
     SyncState,
     WatchSession,
@@ -51,8 +49,8 @@ from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.state import ServerContext
-from services.ingest.store_pipeline import StorePipeline, record_of
-from services.ingest.wills import WillTimers
+from services.ingest.store_pipeline import StorePipeline
+from services.ingest.wills import Commit, WillTimers
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +67,9 @@ class IngestNode:
     sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`); ``settings``
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
-    ``ensure_app_topic``. ``clock`` (Unix ms) and ``new_client_id`` are the real ones
-    unless a test gives its own.
+    ``ensure_app_topic``. ``commit_will`` writes records in one transaction of a
+    ``client.wills`` partition this node owns (:data:`~services.ingest.wills.Commit`).
+    ``clock`` (Unix ms) and ``new_client_id`` are the real ones unless a test gives its own.
     """
 
     def __init__(
@@ -80,6 +79,7 @@ class IngestNode:
         sync_state: Callable[[], Awaitable[None]],
         ensure_app_topic: EnsureAppTopic,
         *,
+        commit_will: Commit,
         clock: Callable[[], int] = now_ms,
         new_client_id: Callable[[], str] = assigned_client_id,
     ) -> None:
@@ -89,6 +89,7 @@ class IngestNode:
         self.clock = clock
         self._ensure_app_topic = ensure_app_topic
         self.sessions: dict[str, SessionRecord] = {}
+        self.session_offsets: dict[str, int] = {}
         self.subscriptions: dict[str, list[Subscription]] = {}
         self.context = ServerContext(
             Limits.from_settings(settings),
@@ -106,7 +107,7 @@ class IngestNode:
             self._stored,
             self._store_failed,
         )
-        self.wills = WillTimers(self._publish_will, clock)
+        self.wills = WillTimers(self.names, commit_will, sync_state, self.latest_session, clock)
 
     @property
     def pending_records(self) -> int:
@@ -119,6 +120,11 @@ class IngestNode:
     def previous_session(self, client_id: str) -> tuple[SessionRecord | None, list[Subscription]]:
         """The latest session record and subscriptions of ``client_id`` known to this node."""
         return self.sessions.get(client_id), self.subscriptions.get(client_id, [])
+
+    def latest_session(self, client_id: str) -> tuple[SessionRecord | None, int]:
+        """The latest ``client.sessions`` record of ``client_id`` (None: none, or a
+        tombstone) and its offset (-1 if none was read)."""
+        return self.sessions.get(client_id), self.session_offsets.get(client_id, -1)
 
     def apply_state(
         self, topic: str, key: bytes, value: bytes | None, offset: int, headers: object = ()
@@ -135,6 +141,7 @@ class IngestNode:
                 self.subscriptions.pop(client_id, None)
             return
         client_id, record = parse_client_session(key, value)
+        self.session_offsets[client_id] = offset
         if record is None:
             self.sessions.pop(client_id, None)
         else:
@@ -159,8 +166,6 @@ class IngestNode:
                 client.close()
             elif isinstance(effect, Connected):
                 self._register(client, effect.client_id)
-            elif isinstance(effect, PublishWill):
-                self.wills.wait(client.connection.client_id, effect)
             elif isinstance(effect, CreateAppTopic):
                 ensure = self._ensure_app_topic(effect.client_id)
                 self.pipeline.background(
@@ -203,7 +208,6 @@ class IngestNode:
     def _register(self, client: Client, client_id: str) -> None:
         clean_start = client.connection.state.clean_start
         old = self.registry.register(client, client_id)
-        self.wills.new_connection(client_id, clean_start)
         if old is not None:
             log.info("client %r reconnected on this node: taking over", client_id)
             self.run(old, old.connection.taken_over(clean_start))
@@ -212,11 +216,6 @@ class IngestNode:
         """Forget ``client`` (its socket closed) unless a newer connection replaced it."""
         self.pipeline.forget(client)
         self.registry.unregister(client)
-
-    def _publish_will(self, client_id: str, records: list[StorePublish | StoreRetained]) -> None:
-        """Write the records of a Will Message whose connection is gone (failures logged)."""
-        for effect in records:
-            self.pipeline.write_logged(record_of(self.names, client_id, effect))
 
     # ----------------------------------------------------------------------------------------
     # downlink
@@ -262,4 +261,4 @@ class IngestNode:
     async def shut_down(self) -> None:
         """Close every connection and store what they leave behind
         (:func:`~services.ingest.shutdown.shut_down`)."""
-        await shutdown.shut_down(self.registry, self.run, self.wills, self.pipeline)
+        await shutdown.shut_down(self.registry, self.run, self.pipeline)

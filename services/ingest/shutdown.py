@@ -2,9 +2,10 @@
 the sessions a crashed predecessor could not end.
 
 At shutdown (:func:`shut_down`) every connection is closed (v5: DISCONNECT 0x8B Server
-shutting down) as if its socket were lost, so its Will Message and end records are written,
-the Will Messages still waiting out their delay are published at once, and the node waits
-(at most :data:`SHUTDOWN_FLUSH_SECONDS`) until Kafka has them, before the producer stops.
+shutting down) as if its socket were lost, so its Will Message (stored to wait out its
+delay, if it has one: another node publishes it then) and end records are written, and the
+node waits (at most :data:`SHUTDOWN_FLUSH_SECONDS`) until Kafka has them, before the
+producer stops.
 
 A process that crashed wrote none of that. At the next start, before the listener opens,
 :func:`end_orphaned_sessions` writes the end records of the sessions the state topics still
@@ -29,7 +30,6 @@ from services.ingest.effects import Effect
 from services.ingest.handle_connect import orphaned_session_end
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.store_pipeline import StorePipeline
-from services.ingest.wills import WillTimers
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +84,14 @@ async def end_orphaned_sessions(
 async def shut_down(
     registry: ClientRegistry,
     run: Callable[[Client, list[Effect]], None],
-    wills: WillTimers,
     pipeline: StorePipeline,
 ) -> None:
-    """Close every connection (``run`` carries out their effects), publish the waiting
-    Will Messages, and wait until Kafka has every record or the flush time is up."""
+    """Close every connection (``run`` carries out their effects) and wait until Kafka
+    has every record or the flush time is up."""
     for client in registry.clients():
         connection = client.connection
         run(client, connection.shutting_down())
         run(client, connection.connection_lost())
-    wills.publish_all()
     try:
         async with asyncio.timeout(SHUTDOWN_FLUSH_SECONDS):
             while pending := pipeline.in_flight():

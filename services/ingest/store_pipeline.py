@@ -5,8 +5,16 @@ Every connection's store effects go to Kafka one by one in the order the connect
 for them (a Will Message behind the client's last PUBLISHes, MQTT 4.6); their
 acknowledgements come back concurrently and are handed to the node (``on_stored`` with
 the record's metadata, or ``on_failed``) when Kafka answers, or as failed after
-``request_timeout`` seconds. Records nobody waits for (a Will Message that waited out its
-delay, the end records of a previous process's sessions) are written with
+``request_timeout`` seconds. A Will Message that waits out its delay
+(:class:`~services.ingest.effects.StoreWill`) is the exception: nothing after it (the end
+of the connection's session) is sent until Kafka has it or the timeout passed, so a session
+never reads as ended while its waiting will could still die with this node.
+
+The producer is idempotent and retries until Kafka answers, so a record the node stopped
+waiting for may still be stored later, in its place among the connection's records: a
+PUBLISH refused for a timeout (PUBACK 0x80, or a closed v3.1.1 connection) can still be
+delivered once Kafka is back (README, "What clients can rely on today"). Records nobody
+waits for (the end records of a previous process's sessions) are written with
 :meth:`StorePipeline.write_logged`: a failure is only logged.
 
 Backpressure: when ``max_pending`` records wait to be sent or answered, a client whose
@@ -33,6 +41,7 @@ from services.common.records import (
     publish_record,
     retained_record,
     retained_request_record,
+    will_record,
 )
 from services.ingest.effects import (
     StoreAcks,
@@ -41,8 +50,10 @@ from services.ingest.effects import (
     StoreRetained,
     StoreSession,
     StoreSubscriptions,
+    StoreWill,
 )
 from services.ingest.registry import Client
+from services.ingest.will import waiting_record
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +74,8 @@ def record_of(names: TopicNames, client_id: str, effect: StoreEffect) -> KafkaRe
         return client_session_record(names, client_id, effect.record)
     if isinstance(effect, StoreAcks):
         return client_acks_record(names, client_id, effect.record)
+    if isinstance(effect, StoreWill):
+        return will_record(names, waiting_record(client_id, effect))
     return retained_request_record(names, client_id, effect.subscriptions)
 
 
@@ -201,7 +214,10 @@ class StorePipeline:
                     self._resume_if_drained()
                     continue
                 self._sent(queue)
-                self._watch(client, effect, pending)
+                answered = self._watch(client, effect, pending)
+                if isinstance(effect, StoreWill):
+                    # Stored before the session's end is written (or given up on).
+                    await asyncio.wait([answered], timeout=self.request_timeout)
         finally:
             queue.task = None
             self._unsent -= len(queue.items)  # cancelled at shutdown: never to be sent
@@ -213,10 +229,13 @@ class StorePipeline:
         queue.items.popleft()
         self._unsent -= 1
 
-    def _watch(self, client: Client, effect: StoreEffect, pending: Awaitable[object]) -> None:
+    def _watch(
+        self, client: Client, effect: StoreEffect, pending: Awaitable[object]
+    ) -> asyncio.Future[object]:
         """Hand Kafka's answer for ``effect`` to the node when it comes, or a failure after
-        ``request_timeout``. A done-callback and one sweeper for all, not a task with a
-        timeout per record: those cost more than the send itself."""
+        ``request_timeout``; returns the answer's future. A done-callback and one sweeper
+        for all, not a task with a timeout per record: those cost more than the send
+        itself."""
         future = asyncio.ensure_future(pending)
         key = self._next_watch
         self._next_watch += 1
@@ -225,6 +244,7 @@ class StorePipeline:
         future.add_done_callback(lambda done: self._answered(key, done))
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.create_task(self._sweep())
+        return future
 
     def _answered(self, key: int, future: asyncio.Future[object]) -> None:
         watched = self._watched.pop(key, None)

@@ -9,10 +9,13 @@ DISCONNECT or a v5 DISCONNECT 0x00 discards it [MQTT-3.14.4-3].
 
 Publication waits min(Will Delay Interval, Session Expiry Interval) seconds: the Will
 Message goes out when the delay has passed or the session ends, whichever comes first
-[MQTT-3.1.2-8], so a session that ends at disconnect (expiry 0) publishes at once. A new
-network connection of the client settles a will still waiting (:func:`settled_by`,
-:func:`on_new_connection`); the wait itself is a timer of the shell
-(:mod:`services.ingest.wills`). With Will Retain it is also the topic's retained message
+[MQTT-3.1.2-8], so a session that ends at disconnect (expiry 0) publishes at once. A will
+that waits is stored in Kafka (:class:`~services.ingest.effects.StoreWill`, a
+``client.wills`` record: :func:`waiting_record`) before the connection's end is, so it
+survives its node; the node that owns its partition waits it out
+(:mod:`services.ingest.wills`). A new network connection of the client settles a will still
+waiting (:func:`settled_by`, :func:`on_new_connection`), and so does the end of the session
+(:func:`on_session`). With Will Retain it is also the topic's retained message
 (:func:`publication`).
 """
 
@@ -23,8 +26,14 @@ from collections.abc import Callable
 
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
-from services.common.records import PublishMeta, SessionRecord
-from services.ingest.effects import Effect, PublishWill, StorePublish, StoreRetained
+from services.common.records import (
+    PublishMeta,
+    SessionRecord,
+    WillRecord,
+    decode_meta,
+    encode_meta,
+)
+from services.ingest.effects import Effect, StorePublish, StoreRetained, StoreWill
 from services.ingest.state import ConnectionState
 
 
@@ -49,7 +58,7 @@ def discard(state: ConnectionState) -> None:
 def on_close(state: ConnectionState) -> list[Effect]:
     """The network connection closed without a normal DISCONNECT: publish the Will Message
     now (its records go behind the client's last PUBLISHes, MQTT 4.6) or, after
-    :func:`will_delay` seconds, through a :class:`PublishWill` timer. Returns [] if there
+    :func:`will_delay` seconds, store it to wait (:class:`StoreWill`). Returns [] if there
     is none, the connection was never accepted, or it was published or discarded already
     (once only, MQTT-3.1.2-10)."""
     if state.will is None or not state.accepted:
@@ -58,7 +67,24 @@ def on_close(state: ConnectionState) -> list[Effect]:
     meta, payload = _take(state)
     if delay == 0:
         return list(publication(meta, payload, state.new_token))
-    return [PublishWill(delay, state.connection_id, state.session_offset, meta, payload)]
+    return [
+        StoreWill(
+            state.new_token(), delay, state.connection_id, state.session_offset, meta, payload
+        )
+    ]
+
+
+def waiting_record(client_id: str, will: StoreWill) -> WillRecord:
+    """The ``client.wills`` record of ``client_id``'s Will Message that waits out its
+    delay: due ``delay_seconds`` after the close (``meta.received_at_ms``)."""
+    return WillRecord(
+        client_id,
+        will.connection_id,
+        will.meta.received_at_ms + will.delay_seconds * 1000,
+        will.session_offset,
+        encode_meta(will.meta),
+        will.payload,
+    )
 
 
 def on_taken_over(state: ConnectionState, new_clean_start: bool) -> list[Effect]:
@@ -91,13 +117,16 @@ def publication(
     return effects
 
 
-def published_after_delay(will: PublishWill, now_ms: int) -> list[StorePublish | StoreRetained]:
+def published_after_delay(will: WillRecord, now_ms: int) -> list[StorePublish | StoreRetained]:
     """The records of a Will Message that waited out its delay, stamped ``now_ms`` (Unix
-    ms): its Message Expiry Interval runs from its publication (MQTT 5.0 3.1.3.2.4)."""
-    return publication(dataclasses.replace(will.meta, received_at_ms=now_ms), will.payload)
+    ms): its Message Expiry Interval runs from its publication (MQTT 5.0 3.1.3.2.4).
+    Raises :class:`~services.common.records.RecordError` if its metadata does not decode
+    (a parsed ``client.wills`` record's always does)."""
+    meta = dataclasses.replace(decode_meta(will.meta_raw), received_at_ms=now_ms)
+    return publication(meta, will.payload)
 
 
-def settled_by(will: PublishWill, record: SessionRecord | None, offset: int) -> bool:
+def settled_by(will: WillRecord, record: SessionRecord | None, offset: int) -> bool:
     """Whether a ``client.sessions`` record (at ``offset``) of the will's client, read while
     the will waits, is a newer connection of the client, which settles the will
     (:func:`on_new_connection`): a connected record of another connection, written after
@@ -108,7 +137,7 @@ def settled_by(will: PublishWill, record: SessionRecord | None, offset: int) -> 
 
 
 def on_new_connection(
-    will: PublishWill, new_clean_start: bool, now_ms: int
+    will: WillRecord, new_clean_start: bool, now_ms: int
 ) -> list[StorePublish | StoreRetained]:
     """A new connection with the same Client Identifier was made while ``will`` waits out
     its delay: the records that publish it now, or [] when it is discarded.
@@ -118,6 +147,29 @@ def on_new_connection(
     ends (MQTT 5.0 3.1.2.4), and a session's end publishes its Will Message [MQTT-3.1.2-8].
     """
     return published_after_delay(will, now_ms) if new_clean_start else []
+
+
+def on_session(
+    will: WillRecord, record: SessionRecord | None, offset: int, now_ms: int
+) -> list[StorePublish | StoreRetained] | None:
+    """What a ``client.sessions`` record of the will's client (``record`` at ``offset``;
+    None: a tombstone, the session is gone) makes of the waiting ``will``: the records that
+    publish it now (the session ended, MQTT-3.1.2-8, or a newer connection with Clean
+    Start 1 ended it), [] to discard it (a newer connection continued the session,
+    MQTT-3.1.3-9), or None: it still waits.
+
+    A newer connection is a connected record of another connection after the will's own
+    (:func:`settled_by`), or, when only the latest record is known (the owner of the will
+    took it over), a record of another connection that connected after the will's
+    connection closed.
+    """
+    if record is None:
+        return published_after_delay(will, now_ms)
+    closed_at_ms = decode_meta(will.meta_raw).received_at_ms
+    newer = record.connection_id != will.connection_id and record.connected_at_ms >= closed_at_ms
+    if settled_by(will, record, offset) or newer:
+        return on_new_connection(will, record.clean_start, now_ms)
+    return None
 
 
 def _take(state: ConnectionState) -> tuple[PublishMeta, bytes]:

@@ -207,8 +207,8 @@ def _service(
 
 
 def services_of(settings: LocalSettings) -> list[Component]:
-    """The ingest nodes, the router, device_persist, app_delivery and HAProxy, in start
-    order."""
+    """The ingest nodes, the routers, the device_persist and app_delivery instances
+    (``router_instances``... of each) and HAProxy, in start order."""
     settings = local_settings(settings)
     nodes = [
         _service(
@@ -217,12 +217,24 @@ def services_of(settings: LocalSettings) -> list[Component]:
         for i, port in enumerate(haproxy.node_ports(settings), start=1)
     ]
     stages = [
-        _service(settings, ROUTER, "router"),
-        _service(settings, DEVICE_PERSIST, "device-persist"),
-        _service(settings, APP_DELIVERY, "app-delivery"),
+        _service(settings, name, command, group_instance_id=name)
+        for command, count in (
+            (ROUTER, settings.router_instances),
+            (DEVICE_PERSIST, settings.device_persist_instances),
+            (APP_DELIVERY, settings.app_delivery_instances),
+        )
+        for name in instance_names(command, count)
     ]
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
     return [*nodes, *stages, proxy]
+
+
+def instance_names(stage: str, count: int) -> list[str]:
+    """The process names of ``count`` instances of ``stage`` (``router``,
+    ``device-persist``, ``app-delivery``): the stage's name, then ``<stage>-2``,
+    ``<stage>-3``... Each is also the instance's static consumer group member id
+    (``group_instance_id``)."""
+    return [stage if i == 1 else f"{stage}-{i}" for i in range(1, count + 1)]
 
 
 def components(settings: LocalSettings) -> list[Component]:
@@ -263,17 +275,20 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
-def start_app_delivery(settings: LocalSettings, name: str) -> int:
-    """Start one more app_delivery instance as process ``name`` (its instances share the
-    APPLICATION clients through their consumer group) and wait until it is ready; return
-    its pid. ``down`` stops it with the rest. Raises
-    :class:`~services.local.processes.StartError`."""
-    return _start_service(local_settings(settings), name, "app-delivery", None)
+def start_instance(settings: LocalSettings, stage: str, name: str) -> int:
+    """Start one more instance of ``stage`` (``router``, ``device-persist`` or
+    ``app-delivery``) as process ``name``, beside those the settings ask for (its instances
+    share the stage's partitions through their consumer group), and wait until it is ready;
+    return its pid. ``down`` stops it with the rest. Raises ``ValueError`` for another
+    stage and :class:`~services.local.processes.StartError`."""
+    if stage not in (ROUTER, DEVICE_PERSIST, APP_DELIVERY):
+        raise ValueError(f"{stage!r} is not a stage with instances")
+    return _start_service(local_settings(settings), name, stage, None, group_instance_id=name)
 
 
-def stop_app_delivery(settings: LocalSettings, name: str) -> bool:
-    """Stop the app_delivery instance ``name`` that :func:`start_app_delivery` started;
-    True if it was running."""
+def stop_instance(settings: LocalSettings, name: str) -> bool:
+    """Stop the instance ``name`` that :func:`start_instance` started; True if it was
+    running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
     clear_ready(ready_file(settings, name))
@@ -316,8 +331,9 @@ def stop_component(settings: LocalSettings, name: str) -> bool:
 def kill_component(settings: LocalSettings, name: str) -> bool:
     """``kill -9`` process ``name`` (no clean shutdown: a crash); True if it was running.
 
-    Its ready file goes too, so the launcher sees it down. Any recorded process may be
-    named (an extra app_delivery instance too).
+
+    Its ready file goes too (the process cannot remove it itself), so the launcher sees it
+    down. Any recorded process may be named (an extra stage instance too).
     """
     settings = local_settings(settings)
     killed = processes.stop(settings.state_dir, name, signal.SIGKILL, timeout=10.0)

@@ -192,6 +192,10 @@ def _write_config(settings: LocalSettings, node: int) -> tuple[Path, Path]:
                 f"min.insync.replicas={min_insync}",
                 # Consumer groups form at once instead of waiting 3 s for more members.
                 "group.initial.rebalance.delay.ms=0",
+                # Session timeouts of a few seconds (the stages' 3 s: a dead instance's
+                # partitions move within 5 s, bench/NOTES.md "Recovery"); Kafka's own
+                # minimum is 6 s.
+                "group.min.session.timeout.ms=1000",
                 # Topics are created explicitly with their partitions and configs.
                 "auto.create.topics.enable=false",
                 # Two cores' worth of request threads (defaults 3 + 8): measured, fewer

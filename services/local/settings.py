@@ -68,6 +68,28 @@ class LocalSettings(Settings):
     postgres_port: int = Field(5432, ge=1, le=65535, description="Local PostgreSQL port.")
     listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
     ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
+    router_instances: int = Field(
+        1, ge=1, le=12, description="Routers (processes router, router-2...) sharing msg.all."
+    )
+    device_persist_instances: int = Field(
+        1,
+        ge=1,
+        le=12,
+        description="device_persist instances (device-persist, device-persist-2...).",
+    )
+    app_delivery_instances: int = Field(
+        1, ge=1, le=12, description="app_delivery instances (app-delivery, app-delivery-2...)."
+    )
+    consumer_session_timeout_seconds: float = Field(
+        3.0,
+        ge=1,
+        description="Consumer group session timeout of the local cluster's stages (its Kafka "
+        "allows 1 s and up): a killed instance's partitions move to another within about "
+        "this plus a heartbeat interval.",
+    )
+    consumer_heartbeat_interval_seconds: float = Field(
+        1.0, gt=0, description="Consumer group heartbeat interval of the local cluster's stages."
+    )
     ingest_base_port: int = Field(
         11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
     )

@@ -17,8 +17,13 @@ by SUBACK before a PUBLISH was acknowledged is always honoured, and so is a reta
 stored before a SUBSCRIBE.
 
 ``msg.all`` is read in the router's consumer group (``<prefix>cormorant-router``: more
-routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`;
-a batch's offsets are committed once its output records are in Kafka.
+routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`,
+in Kafka transactions: what a partition's records are routed to and the partition's next
+offset are committed together, one transactional producer per ``msg.all`` partition
+(:class:`~services.common.kafka.consumer.PartitionTransactions`). A router that crashes
+mid-batch leaves an aborted transaction nobody reads (every reader of the router's topics
+reads committed records only), and the batch is routed again: every message is routed
+exactly once (README, "What clients can rely on today").
 """
 
 from __future__ import annotations
@@ -29,9 +34,22 @@ from collections.abc import Awaitable
 import faust
 
 from services.common.clock import now_ms
-from services.common.faust_app import make_app, on_shutdown, run_service, run_task
+from services.common.faust_app import (
+    make_app,
+    on_shutdown,
+    run_service,
+    run_task,
+    sender,
+    transactional_producer,
+)
 from services.common.kafka.admin import app_spec_of, ensure_topics
-from services.common.kafka.consumer import Record, consume_batches, log_undecodable, make_consumer
+from services.common.kafka.consumer import (
+    PartitionTransactions,
+    Record,
+    consume_batches,
+    log_undecodable,
+    make_consumer,
+)
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
@@ -53,8 +71,13 @@ from services.router.routing import Routes, RoutingTable
 
 log = logging.getLogger(__name__)
 
-#: Most ``msg.all`` records routed as one batch (one state barrier, one commit point).
+#: Most ``msg.all`` records routed as one batch (one state barrier).
 BATCH_MAX = 2000
+
+#: Seconds a transaction may stay open while records keep coming (when none are waiting,
+#: it is committed at once): what routed messages may wait under load before readers see
+#: them, against a transaction commit's cost (bench/NOTES.md).
+TRANSACTION_SECONDS = 0.1
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -86,9 +109,9 @@ def build_app(settings: Settings) -> faust.App:
     # write, since a write to a missing topic waits for it for the whole request timeout.
     app_topics: set[str] = set()
 
+    send = sender(app)
+
     async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
-        await reader.barrier()
-        send = app.producer.send
         now = now_ms()
         batch = [out for record in records for out in outputs(table, names, record, now)]
         specs = {
@@ -107,7 +130,7 @@ def build_app(settings: Settings) -> faust.App:
                 )
                 app_topics.update(specs)
             for topic, key, value, headers in batch:
-                acks.append(await send(topic, key, value, None, None, list(headers)))
+                acks.append(await send(topic, key, value, headers))
         except Exception:
             app_topics.clear()  # one may have been deleted: the retry makes sure again
             raise
@@ -118,12 +141,27 @@ def build_app(settings: Settings) -> faust.App:
         log.info(
             "router ready: %d subscriptions, %d sessions", len(table.trie), len(table.sessions)
         )
-        consumer = make_consumer(settings, group_id=app.conf.id)
+        consumer = make_consumer(
+            settings, group_id=app.conf.id, instance_id=settings.group_instance_id
+        )
+        transactions = PartitionTransactions(
+            lambda transactional_id: transactional_producer(settings, transactional_id),
+            f"{app.conf.id}.",
+            app.conf.id,
+        )
         await consumer.start()
         try:
             mark_ready(settings.ready_file, "router")
             await consume_batches(
-                consumer, route_batch, topics=[names.msg_all], max_records=BATCH_MAX
+                consumer,
+                route_batch,
+                topics=[names.msg_all],
+                max_records=BATCH_MAX,
+                commit_interval=TRANSACTION_SECONDS,
+                # State stored before the batch's records were is applied first: a
+                # subscription acknowledged before a PUBLISH applies to it.
+                prepare=reader.barrier,
+                transactions=transactions,
             )
         finally:
             await consumer.stop()

@@ -279,6 +279,9 @@ def _start(
         .options(**table.subscription)
         .option("startingOffsets", "earliest")
         .option("includeHeaders", "true")
+        # The router writes in Kafka transactions: what an aborted one holds was never
+        # delivered, and is routed again.
+        .option("kafka.isolation.level", "read_committed")
         # Retention (and deleted msg.app.* topics) removes records a run has not read yet:
         # archive what is still there rather than stop.
         .option("failOnDataLoss", "false")

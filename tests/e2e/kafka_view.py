@@ -2,6 +2,7 @@
 rely on (session records, acknowledgements, retained message requests), with deadlines.
 
 - :func:`latest_state`: the state topics as they are now (latest record per client);
+- :func:`latest_values`: any compacted topic as it is now (latest value per key);
 - :class:`TopicTail`: the records written to a topic from now on;
 - :func:`downlink_writer`: a producer that plays a message store writing downlink records.
 """
@@ -43,6 +44,20 @@ async def latest_state(cluster: LocalCluster) -> tuple[dict[str, bytes | None], 
     await reader.start(timeout=TIMEOUT)
     await reader.stop()
     return sessions, subscribed
+
+
+async def latest_values(cluster: LocalCluster, topic: str) -> dict[bytes, bytes | None]:
+    """The latest value of every key of ``topic`` (None: a tombstone), committed records
+    only, as the topic holds them now."""
+    values: dict[bytes, bytes | None] = {}
+
+    def apply(topic: str, key: bytes, value: bytes | None, offset: int, headers: object) -> None:
+        values[key] = value
+
+    reader = CompactedTopicReader(cluster.kafka_bootstrap, [topic], apply)
+    await reader.start(timeout=TIMEOUT)
+    await reader.stop()
+    return values
 
 
 class TopicTail:

@@ -227,7 +227,7 @@ def test_app_delivery_instances_share_clients_and_a_third_rebalances_them(
     topic = unique("e2e/rebalance")
     subs = [Subscriber(client_id, version=5) for client_id in clients]
     extra = ["app-delivery-2", "app-delivery-3"]
-    cluster.start_app_delivery(extra[0])
+    cluster.start_instance("app-delivery", extra[0])
     publisher = Publisher(cluster.mqtt_port)
     try:
         for sub in subs:
@@ -237,7 +237,8 @@ def test_app_delivery_instances_share_clients_and_a_third_rebalances_them(
         publisher.publish(topic, payloads[:200], pace=0.005)
         for instance in ("app-delivery", extra[0]):
             assert _served_by(cluster, instance, clients), f"{instance} served no client"
-        cluster.start_app_delivery(extra[1])  # joins the group: the clients are rebalanced
+        # Joins the group: the clients are rebalanced.
+        cluster.start_instance("app-delivery", extra[1])
         publisher.publish(topic, payloads[200:], pace=0.005)
         publisher.wait_acked(400)
         for sub in subs:
@@ -248,7 +249,7 @@ def test_app_delivery_instances_share_clients_and_a_third_rebalances_them(
         for sub in subs:
             sub.stop()
         for instance in extra:
-            cluster.stop_app_delivery(instance)
+            cluster.stop_instance(instance)
     for sub in subs:
         assert set(sub.payloads()) == set(payloads)
         # Per-publisher order of first arrivals (MQTT 4.6), across the rebalance.

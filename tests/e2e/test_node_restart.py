@@ -4,8 +4,9 @@ Runs last (``disruptive``): each test stops ingest node 1, cleanly or with SIGKI
 starts it again before it ends.
 
 - A clean stop closes every connection (v5: DISCONNECT 0x8B Server shutting down) and
-  publishes their Will Messages, those waiting out a Will Delay Interval included, before
-  the process ends.
+  publishes their Will Messages before the process ends; one with a Will Delay Interval is
+  stored to wait it out, and published after it by whichever node owns it
+  (tests/e2e/test_durable_wills.py: the same through a kill -9).
 - A node that died leaves session records saying its clients are connected to it; when it
   starts again it ends those sessions before it accepts connections (persistent: marked
   disconnected; non-persistent: deleted with their subscriptions).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -44,11 +46,12 @@ def _connect(raw: RawSocket, packet: bytes) -> None:
     assert kind == 0x20 and body[1] == 0, (kind, body)
 
 
-async def test_a_stopped_node_publishes_the_will_messages_of_its_clients(
+async def test_a_stopped_node_publishes_its_clients_wills_and_hands_the_waiting_ones_over(
     cluster: LocalCluster,
 ) -> None:
     node1, node2 = cluster.node_ports
     topic = unique("e2e/will-shutdown")
+    delay = 2
     async with aio_client(node2, unique("watcher")) as watcher:
         await watcher.subscribe(topic, qos=1)
         with RawSocket(node1) as at_once, RawSocket(node1) as delayed:
@@ -66,9 +69,10 @@ async def test_a_stopped_node_publishes_the_will_messages_of_its_clients(
                     clean_start=False,
                     session_expiry=600,
                     will=(topic, b"delayed"),
-                    will_delay=300,
+                    will_delay=delay,
                 ),
             )
+            stopped_at = time.monotonic()
             try:
                 assert cluster.stop(NODE)
                 for raw in (at_once, delayed):
@@ -76,8 +80,12 @@ async def test_a_stopped_node_publishes_the_will_messages_of_its_clients(
                     assert rest[:1] == b"\xe0" and rest[2] == SERVER_SHUTTING_DOWN, rest
             finally:
                 cluster.start(NODE)
-        wills = await collect(watcher, 2)
-    assert sorted(m.payload for m in wills) == [b"at once", b"delayed"]  # type: ignore[type-var]
+        [first] = await collect(watcher, 1)
+        assert first.payload == b"at once"
+        # The waiting one outlived its node's process, and waited out its delay.
+        [second] = await collect(watcher, 1, timeout=TIMEOUT + delay)
+        assert second.payload == b"delayed"
+        assert time.monotonic() - stopped_at >= delay
 
 
 def _session(sessions: dict[str, bytes | None], client_id: str) -> SessionRecord | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from bench import recovery
+from bench import resumption
 from bench.durability import DurabilityLoad, Report
 from tests.e2e.clients import HOST
 from tests.servers import LocalCluster
@@ -56,7 +56,7 @@ def wait_for_publishing_since(running: DurabilityLoad, since: float) -> float:
 
     def resumed() -> float | None:
         running.report()  # matches the PUBACKs that came to their messages
-        return recovery.all_resumed_seconds(list(running.ledger.ack_timelines().values()), since)
+        return resumption.all_resumed_seconds(list(running.ledger.ack_timelines().values()), since)
 
     wait_until(lambda: resumed() is not None, "every publisher acknowledged again", RESUME_BOUND)
     seconds = resumed()

@@ -1,6 +1,7 @@
 """The ingest node's shell without Kafka: the client registry, the store pipeline (order,
-acknowledgements, timeouts, backpressure), Will Delay timers, downlink delivery and the
-ends of a node's life (services/ingest/node.py and the modules it wires).
+acknowledgements, timeouts, backpressure), Will Messages waiting out their delay (stored,
+then timed by their partition's owner), downlink delivery and the ends of a node's life
+(services/ingest/node.py and the modules it wires).
 
 The node's Kafka side is its ``send`` callable; here :class:`Producer` records every record
 and leaves its acknowledgement to the test, so each test decides when (and whether) Kafka
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 from test_ingest_support import make_settings
 
 from services.common.mqtt.codec import StreamDecoder, encode
@@ -34,14 +36,18 @@ from services.common.records import (
     Downlink,
     EventKind,
     Headers,
+    KafkaRecord,
     PublishMeta,
     SessionRecord,
     Target,
+    WillRecord,
     decode_meta,
     decode_session,
+    encode_meta,
     encode_session,
     encode_subscriptions,
     parse_client_event,
+    parse_will,
 )
 from services.common.sessions import new_connection_id
 from services.common.subscription import Subscription
@@ -97,6 +103,21 @@ class Producer:
         return [s for s in self.sent if s.topic == topic]
 
 
+class WillCommits:
+    """The node's ``commit_will``: the transactions it committed (partition, records); the
+    next ``failures`` commits fail as Kafka would."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[int, list[KafkaRecord]]] = []
+        self.failures = 0
+
+    async def __call__(self, partition: int, records: list[KafkaRecord]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise KafkaConnectionError("Kafka is down")
+        self.done.append((partition, records))
+
+
 class Shell:
     """A client's socket as the node sees it: what was written (decoded as a client of
     ``version`` would), whether reading is paused, whether it was closed."""
@@ -138,9 +159,14 @@ class Shell:
         return [p for p in self.received if isinstance(p, kind)]
 
 
-def _node(producer: Producer, synced: asyncio.Event | None = None, **settings: Any) -> IngestNode:
+def _node(
+    producer: Producer,
+    synced: asyncio.Event | None = None,
+    commits: WillCommits | None = None,
+    **settings: Any,
+) -> IngestNode:
     """A node on ``producer``; its state topics are read up to date at once, or when
-    ``synced`` is set."""
+    ``synced`` is set; its will transactions go to ``commits``."""
 
     async def sync_state() -> None:
         if synced is not None:
@@ -152,7 +178,12 @@ def _node(producer: Producer, synced: asyncio.Event | None = None, **settings: A
     values = {"node_id": "n1", "topic_prefix": "t.", "kafka_request_timeout_seconds": 5.0}
     values.update(settings)
     return IngestNode(
-        make_settings(**values), producer.send, sync_state, no_app_topics, clock=lambda: NOW_MS
+        make_settings(**values),
+        producer.send,
+        sync_state,
+        no_app_topics,
+        commit_will=commits or WillCommits(),
+        clock=lambda: NOW_MS,
     )
 
 
@@ -379,44 +410,123 @@ async def test_a_will_without_delay_follows_the_clients_last_publishes() -> None
     assert (retained.key, retained.value) == (b"status/c1", b"gone")
 
 
-async def test_a_delayed_will_is_published_when_its_timer_fires() -> None:
+async def test_a_delayed_will_is_stored_before_the_sessions_end() -> None:
     producer = Producer()
     node = _node(producer)
-    shell = await _connected(node, producer, **_will(1))
+    shell = await _connected(node, producer, **_will(30))
     shell.lose()
-    assert "c1" in node.wills and producer.on("t.msg.all") == []
-    await wait_for(lambda: producer.on("t.msg.all"), "the will after its delay", 5.0)
-    [record] = producer.on("t.msg.all")
-    assert record.value == b"gone" and "c1" not in node.wills
-    meta = decode_meta(dict(record.headers or ())["m"])
-    assert meta == PublishMeta("status/c1", 0, False, NOW_MS, 5, b"")
+    await wait_for(lambda: producer.on("t.client.wills"), "the will's record")
+    [stored] = producer.on("t.client.wills")
+    client_id, connection_id, waiting = parse_will(stored.key, stored.value)
+    assert (client_id, connection_id) == ("c1", shell.connection.state.connection_id)
+    assert waiting is not None and waiting.due_at_ms == NOW_MS + 30_000
+    assert producer.on("t.msg.all") == []
+    ends = len(producer.on("t.client.sessions"))
+    await asyncio.sleep(0)  # the pipeline would send the session's end now if it did not wait
+    assert len(producer.on("t.client.sessions")) == ends
+    producer.answer(stored)
+    await wait_for(lambda: len(producer.on("t.client.sessions")) > ends, "the session's end")
+    [end] = producer.on("t.client.sessions")[ends:]
+    assert end.value is not None and not decode_session(end.value).connected
+
+
+def _waiting_will(
+    node: IngestNode, connection_id: bytes, due_in_ms: int, session_offset: int = 7
+) -> WillRecord:
+    """A will of client c1 read from partition 3 of client.wills."""
+    meta = PublishMeta("status/c1", 1, False, NOW_MS - 1000, 5)
+    waiting = WillRecord(
+        "c1", connection_id, NOW_MS + due_in_ms, session_offset, encode_meta(meta), b"gone"
+    )
+    node.wills.apply(3, "c1", connection_id, waiting)
+    return waiting
+
+
+def _own_session(node: IngestNode, connection_id: bytes, offset: int = 7) -> None:
+    record = SessionRecord("n1", connection_id, False, 5, True, True, connected_at_ms=NOW_MS - 9000)
+    node.apply_state("t.client.sessions", b"c1", encode_session(record), offset)
+
+
+async def test_an_owned_will_is_published_when_due_with_its_tombstone() -> None:
+    commits = WillCommits()
+    node = _node(Producer(), commits=commits)
+    mine = b"m" * 16
+    _own_session(node, mine)
+    _waiting_will(node, mine, due_in_ms=0)
+    assert commits.done == []  # nothing before the partition's replay is complete
+    await node.wills.go_live(3)
+    await wait_for(lambda: commits.done, "the will's transaction")
+    [(partition, records)] = commits.done
+    assert partition == 3
+    published, tombstone = records
+    assert (published.topic, published.key, published.value) == ("t.msg.all", b"c1", b"gone")
+    assert decode_meta(dict(published.headers)["m"]).received_at_ms == NOW_MS  # stamped now
+    assert (tombstone.topic, tombstone.value) == ("t.client.wills", None)
+    assert parse_will(tombstone.key, None)[:2] == ("c1", mine)
+    assert "c1" not in node.wills
 
 
 @pytest.mark.parametrize(("clean_start", "published"), [(False, False), (True, True)])
-async def test_a_new_connection_on_the_node_settles_a_waiting_will(
-    clean_start: bool, published: bool
-) -> None:
-    producer = Producer()
-    node = _node(producer)
-    shell = await _connected(node, producer, **_will(30))
-    shell.lose()
-    await _connected(node, producer, clean_start=clean_start)
-    assert "c1" not in node.wills
-    await wait_for(lambda: len(producer.on("t.msg.all")) == published, "the will or none")
-
-
-async def test_a_connection_on_another_node_settles_a_waiting_will() -> None:
-    producer = Producer()
-    node = _node(producer)
-    shell = await _connected(node, producer, **_will(30))
-    shell.lose()
-    own = shell.connection.state.session_offset or 0
-    stale = SessionRecord("n2", b"x" * 16, True, 5, True, True)
-    node.apply_state("t.client.sessions", b"c1", encode_session(stale), own)  # not newer
+async def test_a_newer_connection_settles_an_owned_will(clean_start: bool, published: bool) -> None:
+    commits = WillCommits()
+    node = _node(Producer(), commits=commits)
+    mine = b"m" * 16
+    _own_session(node, mine)
+    _waiting_will(node, mine, due_in_ms=60_000)
+    await node.wills.go_live(3)
+    assert "c1" in node.wills and commits.done == []
+    stale = SessionRecord("n2", b"x" * 16, True, 5, clean_start, True)
+    node.apply_state("t.client.sessions", b"c1", encode_session(stale), 7)  # not newer
     assert "c1" in node.wills
-    node.apply_state("t.client.sessions", b"c1", encode_session(stale), own + 50)
-    assert "c1" not in node.wills  # Clean Start 1 elsewhere: published at once
-    await wait_for(lambda: producer.on("t.msg.all"), "the will")
+    node.apply_state("t.client.sessions", b"c1", encode_session(stale), 50)
+    await wait_for(lambda: commits.done, "the will settled")
+    [(_, records)] = commits.done
+    assert [r.topic for r in records] == ["t.msg.all"] * published + ["t.client.wills"]
+    assert "c1" not in node.wills
+
+
+async def test_a_will_settled_before_it_was_read_is_not_published() -> None:
+    commits = WillCommits()
+    node = _node(Producer(), commits=commits)
+    mine = b"m" * 16
+    await node.wills.go_live(3)
+    newer = SessionRecord("n2", b"x" * 16, True, 5, False, True, connected_at_ms=NOW_MS)
+    node.apply_state("t.client.sessions", b"c1", encode_session(newer), 9)
+    _waiting_will(node, mine, due_in_ms=60_000)  # read after the reconnect
+    await wait_for(lambda: commits.done, "the will discarded")
+    assert [r.topic for r in commits.done[0][1]] == ["t.client.wills"]
+
+
+async def test_a_will_whose_transaction_failed_is_tried_again() -> None:
+    commits = WillCommits()
+    commits.failures = 1
+    node = _node(Producer(), commits=commits)
+    mine = b"m" * 16
+    _own_session(node, mine)
+    _waiting_will(node, mine, due_in_ms=0)
+    await node.wills.go_live(3)
+    await wait_for(lambda: commits.done, "the will published on the second try", 5.0)
+    assert [r.topic for r in commits.done[0][1]] == ["t.msg.all", "t.client.wills"]
+
+
+async def test_the_wills_of_a_revoked_partition_are_left_to_its_next_owner() -> None:
+    commits = WillCommits()
+    node = _node(Producer(), commits=commits)
+    mine = b"m" * 16
+    _own_session(node, mine)
+    await node.wills.go_live(3)
+    await node.wills.go_live(4)
+    _waiting_will(node, mine, due_in_ms=0)  # its timer is set, to fire at once
+    node.wills.revoke({3})
+    assert "c1" not in node.wills
+    # A will of partition 4 due at once too: its timer fires after the revoked one's would.
+    other = b"o" * 16
+    ended = SessionRecord("n1", other, False, 5, True, True, connected_at_ms=NOW_MS - 9000)
+    node.apply_state("t.client.sessions", b"c2", encode_session(ended), 8)
+    meta = encode_meta(PublishMeta("status/c2", 0, False, NOW_MS, 5))
+    node.wills.apply(4, "c2", other, WillRecord("c2", other, NOW_MS, 8, meta, b"marker"))
+    await wait_for(lambda: commits.done, "the other partition's will")
+    assert [records[0].key for _, records in commits.done] == [b"c2"]
 
 
 # ---------------------------------------------------------------------- downlink
@@ -466,8 +576,12 @@ async def test_shutdown_disconnects_everyone_and_waits_for_their_records() -> No
     stopping = asyncio.create_task(node.shut_down())
     await wait_for(lambda: shell.closed, "the close")
     assert [d.reason_code for d in shell.of(Disconnect)] == [0x8B]
-    await wait_for(lambda: producer.on("t.msg.all"), "the waiting will, published at once")
+    # The will waits out its delay in Kafka, for whichever node owns its partition.
+    await wait_for(lambda: producer.on("t.client.wills"), "the waiting will, stored")
+    assert producer.on("t.msg.all") == []
     assert not stopping.done()  # its records are not answered yet
+    producer.answer()
+    await wait_for(lambda: len(producer.on("t.client.sessions")) == 2, "the session's end")
     producer.answer()
     await asyncio.wait_for(stopping, 5)
     ended = producer.on("t.client.sessions")[-1].value

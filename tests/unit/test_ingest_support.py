@@ -25,12 +25,12 @@ from services.ingest.effects import (
     Close,
     Connected,
     Effect,
-    PublishWill,
     RecordEvent,
     Send,
     StoreEffect,
     StorePublish,
     StoreSession,
+    StoreWill,
     SyncState,
 )
 from services.ingest.fan_out import FanOut
@@ -200,15 +200,15 @@ def fan_out(
     return FanOut(meta, payload, received_at_ms)
 
 
-def wills(effects: Iterable[Effect]) -> list[PublishWill]:
-    """The Will Messages a closing connection's effects publish, as :class:`PublishWill`
+def wills(effects: Iterable[Effect]) -> list[StoreWill]:
+    """The Will Messages a closing connection's effects publish, as :class:`StoreWill`
     (one published at once is its ``msg.all`` record: delay 0)."""
-    found: list[PublishWill] = []
+    found: list[StoreWill] = []
     for e in effects:
-        if isinstance(e, PublishWill):
+        if isinstance(e, StoreWill):
             found.append(e)
         elif isinstance(e, StorePublish):
-            found.append(PublishWill(0, CONNECTION_ID, None, e.meta, e.payload))
+            found.append(StoreWill(e.token, 0, CONNECTION_ID, None, e.meta, e.payload))
     return found
 
 

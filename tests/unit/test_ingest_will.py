@@ -20,12 +20,14 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties, decode_properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import PublishMeta, SessionRecord
-from services.ingest.effects import PublishWill, StorePublish, StoreRetained, StoreSession
+from services.common.records import PublishMeta, SessionRecord, WillRecord, decode_meta
+from services.ingest.effects import StorePublish, StoreRetained, StoreSession, StoreWill
 from services.ingest.will import (
     on_new_connection,
+    on_session,
     published_after_delay,
     settled_by,
+    waiting_record,
 )
 
 VERSIONS = [4, 5]
@@ -155,7 +157,7 @@ def test_will_properties_are_forwarded_without_the_will_delay() -> None:
         user_properties=[("k", "v")],
     )
     client = _with_will(5, Will("w", b"bye", 2, False, props), expiry=0)
-    will = only(wills(client.lost()), PublishWill)
+    will = only(wills(client.lost()), StoreWill)
     forwarded, _ = decode_properties(will.meta.properties, 0, PacketType.PUBLISH)
     assert forwarded == Properties(
         payload_format_indicator=1,
@@ -170,7 +172,7 @@ def test_will_properties_are_forwarded_without_the_will_delay() -> None:
 
 def test_a_will_delay_alone_forwards_no_properties() -> None:
     client = _with_will(5, _delayed(5), expiry=0)
-    assert only(wills(client.lost()), PublishWill).meta.properties == b""
+    assert only(wills(client.lost()), StoreWill).meta.properties == b""
 
 
 def test_v311_will_round_trips_through_the_codec() -> None:
@@ -178,7 +180,7 @@ def test_v311_will_round_trips_through_the_codec() -> None:
     client = Client(4)
     raw = encode(Connect(4, "dev", True, 30, will=Will("a/b", b"\x00\xff", 2, True)), 4)
     client.stored(only(client.send_bytes(raw), StoreSession).token)
-    will = only(wills(client.lost()), PublishWill)
+    will = only(wills(client.lost()), StoreWill)
     assert (will.meta.topic, will.payload, will.meta.qos, will.meta.retain) == (
         "a/b",
         b"\x00\xff",
@@ -204,7 +206,7 @@ def test_the_delay_is_the_least_of_will_delay_and_session_expiry(
     delay: int, expiry: int, published_after: int
 ) -> None:
     client = _with_will(5, _delayed(delay), expiry=expiry)
-    assert only(wills(client.lost()), PublishWill).delay_seconds == published_after
+    assert only(wills(client.lost()), StoreWill).delay_seconds == published_after
 
 
 def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
@@ -212,12 +214,12 @@ def test_the_expiry_set_by_disconnect_bounds_the_delay() -> None:
     client.send(
         Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE, Properties(session_expiry_interval=5))
     )
-    assert only(wills(client.lost()), PublishWill).delay_seconds == 5
+    assert only(wills(client.lost()), StoreWill).delay_seconds == 5
 
 
 def test_v311_has_no_will_delay() -> None:
     client = _with_will(4, clean_start=False)
-    assert only(wills(client.lost()), PublishWill).delay_seconds == 0
+    assert only(wills(client.lost()), StoreWill).delay_seconds == 0
 
 
 # ------------------------------------------------------------ takeover and new connections
@@ -247,7 +249,7 @@ def test_v311_takeover_publishes_the_will() -> None:
 @pytest.mark.parametrize(("clean_start", "published"), [(True, True), (False, False)])
 def test_a_new_connection_settles_a_waiting_will(clean_start: bool, published: bool) -> None:
     client = _with_will(5, _delayed(10), expiry=60)
-    waiting = only(client.lost(), PublishWill)
+    waiting = waiting_record("dev", only(client.lost(), StoreWill))
     records = on_new_connection(waiting, clean_start, NOW_MS + 3000)
     assert bool(records) is published
     if published:
@@ -259,18 +261,36 @@ def test_a_new_connection_settles_a_waiting_will(clean_start: bool, published: b
 # ------------------------------------------------------------ a will waiting out its delay
 
 
-def _waiting(retain: bool = False) -> PublishWill:
+def _stored(retain: bool = False) -> StoreWill:
     client = _with_will(
         5, Will("status/dev", b"gone", 1, retain, Properties(will_delay_interval=10)), expiry=60
     )
     client.conn.session_stored_at(10)
-    return only(client.lost(), PublishWill)
+    return only(client.lost(), StoreWill)
+
+
+def _waiting(retain: bool = False) -> WillRecord:
+    return waiting_record("dev", _stored(retain))
 
 
 def test_a_waiting_will_belongs_to_its_connection_and_session_record() -> None:
-    waiting = _waiting()
-    assert (waiting.delay_seconds, waiting.session_offset) == (10, 10)
-    assert waiting.connection_id == CONNECTION_ID
+    stored = _stored()
+    assert (stored.delay_seconds, stored.session_offset) == (10, 10)
+    assert stored.connection_id == CONNECTION_ID
+
+
+def test_a_waiting_will_is_due_its_delay_after_the_close() -> None:
+    waiting = _waiting(retain=True)
+    assert (waiting.client_id, waiting.connection_id) == ("dev", CONNECTION_ID)
+    assert (waiting.due_at_ms, waiting.session_offset) == (NOW_MS + 10_000, 10)
+    meta = decode_meta(waiting.meta_raw)
+    assert (meta.topic, meta.qos, meta.retain, meta.received_at_ms) == (
+        "status/dev",
+        1,
+        True,
+        NOW_MS,
+    )
+    assert waiting.payload == b"gone"
 
 
 def _record_of(
@@ -307,3 +327,30 @@ def test_nothing_after_the_will_is_published_reaches_the_closed_connection() -> 
     client = _with_will(5)
     client.lost()
     assert client.send(PingReq()) == []
+
+
+def _session(
+    connection_id: bytes, connected: bool, clean_start: bool, connected_at_ms: int
+) -> SessionRecord:
+    return SessionRecord(
+        "n2", connection_id, connected, 5, clean_start, True, connected_at_ms=connected_at_ms
+    )
+
+
+def test_the_latest_session_record_decides_a_will_taken_over() -> None:
+    waiting = _waiting()
+    other = bytes(range(1, 17))
+    later = NOW_MS + 1000
+    # Its own connection's end: it still waits.
+    assert (
+        on_session(waiting, _session(CONNECTION_ID, False, False, NOW_MS - 5000), 12, later) is None
+    )
+    # An older connection's record (connected before the will's closed): it still waits.
+    assert on_session(waiting, _session(other, False, False, NOW_MS - 9000), 12, later) is None
+    # A newer connection, even one that has ended since: Clean Start 0 continues the session
+    # (discarded), Clean Start 1 ends it (published at once).
+    assert on_session(waiting, _session(other, False, False, later), 14, later) == []
+    [published] = on_session(waiting, _session(other, False, True, later), 14, later) or []
+    assert isinstance(published, StorePublish) and published.meta.received_at_ms == later
+    # No session any more: the session ended, the will is published (MQTT-3.1.2-8).
+    assert len(on_session(waiting, None, 20, later) or []) == 1

@@ -7,14 +7,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.kafka import partitioner
+from services.common.records import will_key
 
 
-@given(st.binary(max_size=64), st.integers(1, 64))
+@given(st.binary(max_size=64).filter(lambda key: b"\x00" not in key), st.integers(1, 64))
 def test_same_partition_as_aiokafkas_default(key: bytes, count: int) -> None:
+    # Every key but a client.wills key (no Client Identifier or Topic Name holds NUL).
     partitions = list(range(count))
     expected = DefaultPartitioner()(key, partitions, partitions)
     assert partitioner.partition(key, partitions, partitions) == expected
     assert partitioner.partition_of(key, count) == expected
+
+
+@given(st.text(max_size=30).filter(lambda c: "\x00" not in c), st.binary(min_size=16, max_size=16))
+def test_a_will_lands_in_its_clients_partition(client_id: str, connection_id: bytes) -> None:
+    key = will_key(client_id, connection_id)
+    assert partitioner.partition_of(key, 12) == partitioner.partition_of(client_id, 12)
 
 
 def test_known_vector_of_the_java_client() -> None:

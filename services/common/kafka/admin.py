@@ -57,6 +57,7 @@ def core_topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(names.client_sessions, settings.state_topic_partitions, _compacted()),
         TopicSpec(names.client_subscriptions, settings.state_topic_partitions, _compacted()),
         TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted()),
+        TopicSpec(names.client_wills, settings.state_topic_partitions, _compacted()),
     ]
 
 

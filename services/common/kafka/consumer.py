@@ -14,6 +14,19 @@ service, which returns the acknowledgements of the records it produced for them;
 offsets are committed only once all of those are in Kafka (at-least-once: a crash re-reads
 at most the unacknowledged batches). Several batches are in flight at once so routing
 overlaps Kafka's round trips; the producer keeps their order per partition.
+
+A stage whose outputs are new messages (the router: a record it writes twice is delivered
+twice) reads in Kafka transactions instead (:class:`PartitionTransactions`, KIP-98): what
+it produces for a partition's records and the partition's next offset are committed
+together or not at all, so a crash re-reads only what no reader saw. Readers of what such
+a stage writes read committed records only (:func:`make_consumer`'s ``read_committed``).
+Each input partition has its own transactional producer whose ``transactional.id`` names
+the partition: the instance the group gives the partition next starts a producer with the
+same id, which fences the previous owner (a process paused past its session timeout can
+no longer commit) and aborts its open transaction at once, instead of after Kafka's
+transaction timeout. (aiokafka 0.14 commits offsets in a transaction with the group id
+only, not the group generation, so Kafka 2.5's one-producer-per-instance fencing, KIP-447,
+is not available to it.)
 """
 
 from __future__ import annotations
@@ -23,11 +36,18 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
@@ -49,6 +69,38 @@ PartitionsHook = Callable[[set[TopicPartition]], Awaitable[None]]
 #: Seconds to wait before re-reading a failed batch (Kafka or a store is down).
 RETRY_BACKOFF_SECONDS = 1.0
 
+#: Seconds a transactional producer being replaced may take to hand over what it holds.
+PRODUCER_CLOSE_SECONDS = 5.0
+
+MakeProducer = Callable[[str], AIOKafkaProducer]
+"""Makes a transactional producer (not started) with the given ``transactional.id``."""
+
+_transaction: ContextVar[AIOKafkaProducer | None] = ContextVar(
+    "cormorant_transaction", default=None
+)
+
+
+def current_transaction() -> AIOKafkaProducer | None:
+    """The transactional producer of the partition whose records :func:`consume_batches`
+    is handing to a transactional stage right now (what the handler produces belongs to
+    that transaction); None anywhere else."""
+    return _transaction.get()
+
+
+async def close_producer(producer: AIOKafkaProducer, timeout: float) -> None:
+    """Stop ``producer``, giving what it holds ``timeout`` seconds to reach Kafka.
+
+    An idempotent producer retries until Kafka answers, and its ``stop`` waits for that;
+    past the timeout its sender is cancelled, which fails what it held, and it closes.
+    """
+    stopping = asyncio.ensure_future(producer.stop())
+    done, _ = await asyncio.wait([stopping], timeout=timeout)
+    if not done:
+        # aiokafka has no public way to give up on unsent batches: stopping the sender
+        # task fails them, and the stop above then completes.
+        await producer._sender.close()
+    await stopping
+
 
 def log_undecodable(logger: logging.Logger, record: Record, exc: BaseException) -> None:
     """Log that ``record`` (topic, partition, offset) is skipped because it could not be
@@ -63,18 +115,28 @@ def log_undecodable(logger: logging.Logger, record: Record, exc: BaseException) 
 
 
 def make_consumer(
-    settings: Settings, *topics: str, group_id: str | None, **overrides: object
+    settings: Settings,
+    *topics: str,
+    group_id: str | None,
+    instance_id: str | None = None,
+    **overrides: object,
 ) -> AIOKafkaConsumer:
     """An aiokafka consumer of ``topics`` tuned for the hot path (not started).
 
     ``group_id`` None means no consumer group (the caller assigns partitions). Offsets are
-    committed by :func:`consume_batches`, never automatically. A fetch returns as soon as
-    one record is there; when none is, it waits ``fetch_max_wait_ms`` at the broker, which
-    costs no latency and keeps idle consumers from spinning.
+    committed by :func:`consume_batches`, never automatically. Only committed records are
+    read (``read_committed``). A fetch returns as soon as one record is there; when none
+    is, it waits ``fetch_max_wait_ms`` at the broker, which costs no latency and keeps idle
+    consumers from spinning. In a group, the member is static when ``instance_id`` is
+    given (``group.instance.id``, KIP-345: unique in the group; a restarted instance takes
+    its partitions back without a rebalance), and is taken out of it after
+    ``consumer_session_timeout_seconds`` without a heartbeat (:func:`group_options`).
     """
     options: dict[str, object] = {
         "bootstrap_servers": settings.kafka_bootstrap,
         "group_id": group_id,
+        # Records of aborted transactions (a router that crashed mid-batch) are never seen.
+        "isolation_level": "read_committed",
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "fetch_max_wait_ms": 500,
@@ -82,8 +144,23 @@ def make_consumer(
         "request_timeout_ms": max(int(settings.kafka_request_timeout_seconds * 1000), 15000),
         **client_security(settings),
     }
+    if group_id is not None:
+        options.update(group_options(settings, instance_id))
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
+
+
+def group_options(settings: Settings, instance_id: str | None = None) -> dict[str, object]:
+    """A consumer group member's options: session timeout and heartbeat interval from
+    ``settings`` (how soon a dead member's partitions move, bench/NOTES.md "Recovery"),
+    and ``group_instance_id`` when ``instance_id`` makes it a static member."""
+    options: dict[str, object] = {
+        "session_timeout_ms": int(settings.consumer_session_timeout_seconds * 1000),
+        "heartbeat_interval_ms": int(settings.consumer_heartbeat_interval_seconds * 1000),
+    }
+    if instance_id is not None:
+        options["group_instance_id"] = instance_id
+    return options
 
 
 async def assign_whole_topics(
@@ -202,10 +279,10 @@ class _Committer(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 async def _next_batch(
-    consumer: AIOKafkaConsumer, first: Sequence[str], max_records: int
+    consumer: AIOKafkaConsumer, first: Sequence[str], max_records: int, wait: bool = True
 ) -> dict[TopicPartition, list[Record]]:
     """Up to ``max_records`` fetched records, those of the ``first`` topics before others;
-    waits up to 0.5 s when nothing has been fetched yet."""
+    waits up to 0.5 s (with ``wait``) when nothing has been fetched yet."""
     batches: dict[TopicPartition, list[Record]] = {}
     if first:
         preferred = [tp for tp in consumer.assignment() if tp.topic in first]
@@ -213,7 +290,9 @@ async def _next_batch(
             batches = await consumer.getmany(*preferred, timeout_ms=0, max_records=max_records)
     room = max_records - sum(len(part) for part in batches.values())
     if room > 0:
-        more = await consumer.getmany(timeout_ms=0 if batches else 500, max_records=room)
+        more = await consumer.getmany(
+            timeout_ms=500 if wait and not batches else 0, max_records=room
+        )
         for tp, part in more.items():
             batches.setdefault(tp, []).extend(part)
     return batches
@@ -248,6 +327,8 @@ async def consume_batches(
     on_revoked: PartitionsHook | None = None,
     after_fetch: Callable[[], Awaitable[None]] | None = None,
     first: Sequence[str] = (),
+    prepare: Callable[[], Awaitable[None]] | None = None,
+    transactions: PartitionTransactions | None = None,
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
 
@@ -265,7 +346,23 @@ async def consume_batches(
     nothing comes). Records of the ``first`` topics already
     fetched go into a batch before any other: a backlog elsewhere does not hold them up
     (device_persist reads acknowledgements before the messages that wait for them).
+    ``prepare`` runs once per fetched batch, before ``handle`` sees it (a failure fails
+    the batch).
+
+    With ``transactions`` (and ``topics``), each partition's records are handled inside
+    that partition's transaction (:class:`PartitionTransactions`; ``handle`` is called once
+    per partition of a batch, and what it produces goes into the transaction through
+    :func:`current_transaction`), and the transactions are committed with the partitions'
+    next offsets as soon as no more records are waiting, or after ``commit_interval``
+    seconds under load: exactly once. A failed partition's transaction is aborted and the
+    partition read again from its committed offset after :data:`RETRY_BACKOFF_SECONDS`.
     """
+    if transactions is not None:
+        assert topics, "transactions need a consumer group: give topics"
+        await _TransactionalLoop(
+            consumer, handle, transactions, on_assigned, on_revoked, after_fetch, prepare
+        ).run(topics, first, max_records, commit_interval)
+        return
     committer = _Committer(consumer, bool(topics), on_assigned, on_revoked)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
@@ -277,6 +374,8 @@ async def consume_batches(
                 records = [record for part in batches.values() for record in part]
                 batch = _Batch({tp: part[-1].offset + 1 for tp, part in batches.items()}, ())
                 try:
+                    if prepare is not None:
+                        await prepare()
                     batch.acks = await handle(records)
                 except Exception as exc:
                     batch.error = exc
@@ -295,3 +394,346 @@ async def consume_batches(
         with contextlib.suppress(Exception):
             if await committer.settle(0):
                 await committer.flush()
+
+
+class PartitionTransactions:
+    """The transactions of a consume → produce → commit stage: one transactional producer
+    per input partition the stage owns, ``transactional.id`` ``<id_prefix><topic>-<n>``.
+
+    ``make_producer`` makes a producer for an id (:func:`services.common.faust_app.
+    transactional_producer`); ``group_id`` is the consumer group whose offsets the
+    transactions commit. Starting a partition's producer (:meth:`assign`) fences the
+    partition's previous owner and aborts its open transaction. Used by
+    :func:`consume_batches` and, for transactions of their own, by stages that follow a
+    compacted topic's partitions (:meth:`run_in`); not safe to use from two tasks at once
+    for one partition.
+    """
+
+    def __init__(self, make_producer: MakeProducer, id_prefix: str, group_id: str) -> None:
+        self._make = make_producer
+        self._prefix = id_prefix
+        self.group_id = group_id
+        self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self._owned: set[TopicPartition] = set()
+        self._open: set[TopicPartition] = set()
+
+    def transactional_id(self, tp: TopicPartition) -> str:
+        """The ``transactional.id`` of ``tp``'s producer."""
+        return f"{self._prefix}{tp.topic}-{tp.partition}"
+
+    @property
+    def partitions(self) -> set[TopicPartition]:
+        """The partitions assigned (:meth:`assign`)."""
+        return set(self._owned)
+
+    async def assign(self, partitions: Collection[TopicPartition]) -> None:
+        """Own exactly ``partitions``: close the producers of the others, start those of
+        the new ones (each start fences the partition's previous owner). Raises
+        ``KafkaError`` if Kafka cannot be reached; the partitions started so far stay."""
+        self._owned = set(partitions)
+        gone = [tp for tp in self._producers if tp not in partitions]
+        await asyncio.gather(*(self._close(tp) for tp in gone))
+        await asyncio.gather(*(self._start(tp) for tp in partitions if tp not in self._producers))
+
+    async def _start(self, tp: TopicPartition) -> AIOKafkaProducer:
+        producer = self._make(self.transactional_id(tp))
+        try:
+            await producer.start()  # InitProducerId: the fence
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producers[tp] = producer
+        return producer
+
+    async def _close(self, tp: TopicPartition) -> None:
+        self._open.discard(tp)
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            await close_producer(producer, PRODUCER_CLOSE_SECONDS)
+
+    async def begin(self, tp: TopicPartition) -> AIOKafkaProducer:
+        """``tp``'s producer, in a transaction (begun now unless one is open); its producer
+        is started first if a reset could not start it (:meth:`abort`). Raises ``KeyError``
+        for a partition not assigned (starting its producer would fence its owner)."""
+        if tp not in self._owned:
+            raise KeyError(f"{tp} is not assigned to these transactions")
+        producer = self._producers.get(tp) or await self._start(tp)
+        if tp not in self._open:
+            await producer.begin_transaction()
+            self._open.add(tp)
+        return producer
+
+    def is_open(self, tp: TopicPartition) -> bool:
+        """Whether ``tp`` has a transaction begun and not yet committed or aborted."""
+        return tp in self._open
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int | None]
+    ) -> dict[TopicPartition, BaseException]:
+        """Commit the open transactions of the partitions of ``offsets``, each with its
+        partition's next offset for :attr:`group_id` (None: no offset), all at once.
+        Returns the failures by partition; their transactions are aborted (:meth:`abort`)."""
+
+        async def one(tp: TopicPartition, offset: int | None) -> None:
+            producer = self._producers[tp]
+            if offset is not None:
+                await producer.send_offsets_to_transaction(
+                    {tp: OffsetAndMetadata(offset, "")}, self.group_id
+                )
+            await producer.commit_transaction()
+
+        todo = [(tp, offset) for tp, offset in offsets.items() if tp in self._open]
+        results = await asyncio.gather(
+            *(one(tp, offset) for tp, offset in todo), return_exceptions=True
+        )
+        failed: dict[TopicPartition, BaseException] = {}
+        for (tp, _), result in zip(todo, results, strict=True):
+            self._open.discard(tp)
+            if isinstance(result, BaseException):
+                failed[tp] = result
+        for tp, error in failed.items():
+            log.warning("transaction of %s not committed: %r", tp, error)
+        await self.abort(failed)
+        return failed
+
+    async def abort(self, partitions: Collection[TopicPartition]) -> None:
+        """Give up the open transactions of ``partitions``: each partition's producer is
+        replaced by a new one with the same id, whose start aborts what the old one left
+        open (an error may have left the old one unable to abort itself). A partition whose
+        new producer cannot start gets one at its next :meth:`begin`."""
+        for tp in partitions:
+            await self._close(tp)
+        owned = [tp for tp in partitions if tp in self._owned]  # the others have new owners
+        starts = await asyncio.gather(*(self._start(tp) for tp in owned), return_exceptions=True)
+        for tp, result in zip(owned, starts, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("transactional producer of %s not started: %r", tp, result)
+
+    async def run_in(
+        self,
+        tp: TopicPartition,
+        produce: Callable[[], Awaitable[Sequence[Awaitable[object]]]],
+        timeout: float,
+    ) -> None:
+        """Run ``produce`` (which sends through :func:`current_transaction` and returns the
+        acknowledgements) in a transaction of ``tp`` alone, and commit it (no offsets),
+        within ``timeout`` seconds. Raises what failed (``TimeoutError`` past the timeout);
+        the transaction is then aborted."""
+        try:
+            async with asyncio.timeout(timeout):
+                producer = await self.begin(tp)
+                token = _transaction.set(producer)
+                try:
+                    error = await _first_error(await produce())
+                finally:
+                    _transaction.reset(token)
+                if error is not None:
+                    raise error
+                failed = await self.commit({tp: None})
+        except BaseException:
+            if self.is_open(tp):
+                await self.abort([tp])
+            raise
+        if tp in failed:
+            raise failed[tp]
+
+    async def close(self) -> None:
+        """Close every producer (open transactions are left to Kafka's timeout, or to the
+        next owner's fence)."""
+        await asyncio.gather(*(self._close(tp) for tp in list(self._producers)))
+
+
+async def fence(
+    transactions: PartitionTransactions, partitions: Collection[TopicPartition]
+) -> None:
+    """:meth:`PartitionTransactions.assign` ``partitions``, tried again until Kafka answers:
+    a partition may only be read once its previous owner is fenced (else that owner's last
+    commit could land after the new owner read where to start)."""
+    while True:
+        try:
+            await transactions.assign(partitions)
+            return
+        except KafkaError as exc:
+            log.warning("previous owners of %s not fenced yet: %r", sorted(partitions), exc)
+            await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
+
+
+@dataclass
+class _Pending:
+    """A partition's records handled in its open transaction: the next offset to read,
+    and the acknowledgements of what was produced for them."""
+
+    offset: int
+    acks: list[Awaitable[object]] = field(default_factory=list)
+
+
+class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
+    """:func:`consume_batches` with ``transactions``: the loop, and the rebalance listener
+    that commits before partitions move and fences their previous owners after."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        handle: BatchHandler,
+        transactions: PartitionTransactions,
+        on_assigned: PartitionsHook | None,
+        on_revoked: PartitionsHook | None,
+        after_fetch: Callable[[], Awaitable[None]] | None,
+        prepare: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self.consumer = consumer
+        self.handle = handle
+        self.transactions = transactions
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.after_fetch = after_fetch
+        self.prepare = prepare
+        self.pending: dict[TopicPartition, _Pending] = {}
+        self.opened_at = 0.0
+        # Held while records are handled or committed, and by the rebalance listener, so a
+        # rebalance never cuts into a batch.
+        self.lock = asyncio.Lock()
+        # Rebalances so far: a batch fetched before the latest one is not handled.
+        self.rebalances = 0
+        # Where partitions were last read again from (their committed offsets).
+        self.rewound: dict[TopicPartition, int] = {}
+
+    async def run(
+        self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
+    ) -> None:
+        self.consumer.subscribe(list(topics), listener=self)
+        try:
+            while True:
+                rebalances = self.rebalances
+                batches = await _next_batch(
+                    self.consumer, first, max_records, wait=not self.pending
+                )
+                async with self.lock:
+                    if rebalances != self.rebalances:
+                        batches = self._drop_stale(batches)
+                    failed = await self._handle(batches) if batches else set()
+                    if self.after_fetch is not None:
+                        await self.after_fetch()
+                    due = time.monotonic() - self.opened_at >= interval
+                    if self.pending and (not batches or due):
+                        failed |= await self._commit(set(self.pending))
+                    if failed:
+                        await self._rewind(failed)
+                if failed:
+                    await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
+        finally:
+            with contextlib.suppress(Exception):
+                async with self.lock:
+                    await self._commit(set(self.pending))
+            await self.transactions.close()
+
+    def _drop_stale(
+        self, batches: dict[TopicPartition, list[Record]]
+    ) -> dict[TopicPartition, list[Record]]:
+        """A batch fetched while a rebalance went on: its partitions may have moved, or been
+        read again from their committed offsets before or after it was fetched. Nothing of
+        it is handled; each partition still assigned is read again from where the
+        rebalance put it, or (kept through it) from the batch's first record."""
+        assigned = self.consumer.assignment()
+        for tp, records in batches.items():
+            if tp in assigned:
+                self.consumer.seek(tp, self.rewound.get(tp, records[0].offset))
+        return {}
+
+    async def _handle(self, batches: dict[TopicPartition, list[Record]]) -> set[TopicPartition]:
+        """Hand each partition's records to the stage inside its transaction; returns the
+        partitions that failed (their transactions aborted)."""
+        if not self.pending:
+            self.opened_at = time.monotonic()
+        try:
+            if self.prepare is not None:
+                await self.prepare()
+        except Exception as exc:
+            log.warning("a batch could not be prepared, it will be read again: %r", exc)
+            failed = set(batches) | set(self.pending)
+            await self._abort(failed)
+            return failed
+        failed = set()
+        for tp, records in batches.items():
+            try:
+                producer = await self.transactions.begin(tp)
+                token = _transaction.set(producer)
+                try:
+                    acks = await self.handle(records)
+                finally:
+                    _transaction.reset(token)
+            except Exception as exc:
+                log.warning("records of %s not handled, they will be read again: %r", tp, exc)
+                failed.add(tp)
+                continue
+            pending = self.pending.setdefault(tp, _Pending(0))
+            pending.offset = records[-1].offset + 1
+            pending.acks.extend(acks)
+        await self._abort(failed)
+        return failed
+
+    async def _commit(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        """Commit the transactions of ``partitions`` (those whose produced records were
+        all acknowledged; the others are aborted); returns the partitions that failed."""
+        todo = {tp: self.pending.pop(tp) for tp in partitions if tp in self.pending}
+        failed = set()
+        for tp, pending in todo.items():
+            error = await _first_error(pending.acks)
+            if error is not None:
+                log.warning("records for %s were not stored, read again: %r", tp, error)
+                failed.add(tp)
+        await self._abort(failed)
+        offsets = {tp: p.offset for tp, p in todo.items() if tp not in failed}
+        return failed | set(await self.transactions.commit(offsets))
+
+    async def _abort(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self.pending.pop(tp, None)
+        await self.transactions.abort([tp for tp in partitions if self.transactions.is_open(tp)])
+
+    async def _rewind(self, partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+        """Read ``partitions`` again from their committed offsets, asked of Kafka (a failed
+        commit may have happened after all) until it answers: reading on from anywhere else
+        would skip records or read them twice. Returns the offsets read from."""
+        positions: dict[TopicPartition, int] = {}
+        assigned = self.consumer.assignment()
+        for tp in partitions:
+            if tp not in assigned:
+                continue
+            while True:
+                try:
+                    start = await self.consumer.committed(tp)
+                    break
+                except KafkaError as exc:
+                    log.warning("committed offset of %s unknown, asking again: %r", tp, exc)
+                    await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
+            if start is None:
+                await self.consumer.seek_to_beginning(tp)  # as auto_offset_reset=earliest
+                start = await self.consumer.position(tp)
+            else:
+                self.consumer.seek(tp, start)
+            positions[tp] = start
+        return positions
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Before a rebalance: commit the open transactions, then tell the stage."""
+        async with self.lock:
+            self.rebalances += 1
+            self.rewound = {}
+            await self._commit(set(self.pending))
+        if self.on_revoked is not None:
+            await self.on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        """After a rebalance: start the producers of the new partitions (fencing their
+        previous owners), read each new partition from its committed offset as it is once
+        they are fenced, then tell the stage. Reading may have started meanwhile, from
+        offsets read before the fence: what it fetched is dropped (:meth:`_drop_stale`)."""
+        partitions = set(assigned)
+        async with self.lock:
+            self.rebalances += 1
+            new = partitions - self.transactions.partitions
+            await fence(self.transactions, partitions)
+            self.rewound = await self._rewind(new)
+        if self.on_assigned is not None:
+            await self.on_assigned(partitions)

@@ -25,6 +25,7 @@ CLIENT_SESSIONS = "client.sessions"
 CLIENT_SUBSCRIPTIONS = "client.subscriptions"
 CLIENT_ACKS = "client.acks"
 CLIENT_EVENTS = "client.events"
+CLIENT_WILLS = "client.wills"
 DOWNLINK_PREFIX = "msg.downlink."
 APP_PREFIX = "msg.app."
 APP_SHARED_PREFIX = "msg.app-shared."
@@ -119,6 +120,20 @@ class TopicNames:
         """Append-only history of connects, disconnects, authentication failures,
         subscription changes and session expiries, keyed by client id (for the analysts)."""
         return self.prefix + CLIENT_EVENTS
+
+    @property
+    def client_wills(self) -> str:
+        """Will Messages waiting out their Will Delay Interval (compacted), one key per
+        network connection (:func:`~services.common.records.will_key`), in the client
+        id's partition; read in the ingest nodes' group :meth:`wills_group`, whose member
+        owning a partition publishes its wills."""
+        return self.prefix + CLIENT_WILLS
+
+    @property
+    def wills_group(self) -> str:
+        """The consumer group the ingest nodes share ``client.wills`` in: the owner of a
+        partition keeps its waiting Will Messages and publishes them."""
+        return self.service_group("ingest-wills")
 
     def service_group(self, service: str) -> str:
         """The consumer group (and Faust app id) of service ``service`` (``"router"``,

@@ -21,12 +21,15 @@ _hashes: dict[bytes, int] = {}
 
 
 def key_hash(key: bytes) -> int:
-    """murmur2 of ``key`` as a non-negative int (Kafka's ``toPositive(murmur2(key))``)."""
+    """murmur2 of ``key`` as a non-negative int (Kafka's ``toPositive(murmur2(key))``), of
+    its part before the first NUL byte if it has one: a ``client.wills`` key (client id,
+    NUL, connection id) lands in its client's partition. Client ids and Topic Names cannot
+    hold NUL (MQTT-1.5.4-2), so every other key hashes whole, as other Kafka clients do."""
     value = _hashes.get(key)
     if value is None:
         if len(_hashes) >= CACHE_SIZE:
             _hashes.clear()
-        value = _hashes[key] = murmur2(key) & 0x7FFFFFFF
+        value = _hashes[key] = murmur2(key.partition(b"\x00")[0]) & 0x7FFFFFFF
     return value
 
 

@@ -68,6 +68,9 @@ class CompactedTopicReader:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,
             group_id=None,  # no group: every partition of the topics is assigned
+            # Records of aborted transactions (a Will Message's retained record whose
+            # publication was aborted) are never applied.
+            isolation_level="read_committed",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
@@ -76,7 +79,13 @@ class CompactedTopicReader:
         # Asks for end offsets only. Its own connection matters: Kafka answers the requests
         # of one connection in order, so on the follower's connection a ListOffsets would
         # wait behind the follower's long-polling fetch (fetch_max_wait_ms) every time.
-        probe = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None, **self._security)
+        # Its end offsets are the last stable ones (read_committed), what the reader reaches.
+        probe = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            isolation_level="read_committed",
+            **self._security,
+        )
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
