@@ -66,7 +66,9 @@ def make_test_settings(
         **free_test_ports(ports_base),
     }
     values.update(overrides)
-    return LocalSettings(**values)
+    settings = LocalSettings(**values)
+    # Every broker's address: a test may hand the settings to a Kafka client directly.
+    return settings.model_copy(update={"kafka_bootstrap": kafka.bootstrap(settings)})
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pydantic import SecretStr
 from services.common.stores.base import (
     MAX_PACKET_ID,
     AckKind,
+    AppendRequest,
     AppendResult,
     MessageState,
     MessageStore,
@@ -45,6 +46,10 @@ from services.common.stores.migrate import migrate
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
+
+#: Appends per transaction in :meth:`PostgresMessageStore.append_many`: few enough that a
+#: chunk commits well within the store's timeout on a busy server.
+APPEND_CHUNK = 100
 
 #: Packet Identifiers tested per query when looking for a free one: after a wrap-around a
 #: few may still be in use, rarely more than this.
@@ -229,42 +234,62 @@ class PostgresMessageStore(MessageStore):
         self, client_id: str, source_offset: int, qos: int, expires_at_ms: int, data: bytes
     ) -> AppendResult:
         """See :meth:`MessageStore.append`. One transaction, 3 to 5 statements."""
-        check_append(source_offset, qos, expires_at_ms)
-        key = client_key(client_id)
+        [result] = await self.append_many(
+            [AppendRequest(client_id, source_offset, qos, expires_at_ms, data)]
+        )
+        return result
 
-        async def body(conn: Connection) -> AppendResult:
+    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """See :meth:`MessageStore.append_many`. One transaction per :data:`APPEND_CHUNK`
+        appends, 3 to 5 statements each: a commit (a WAL flush) per chunk, not per
+        message. Raises ``ValueError`` (before any write) for arguments out of range."""
+        for r in requests:
+            check_append(r.source_offset, r.qos, r.expires_at_ms)
+        results: list[AppendResult] = []
+        for start in range(0, len(requests), APPEND_CHUNK):
+            chunk = requests[start : start + APPEND_CHUNK]
+
+            async def body(
+                conn: Connection, chunk: Sequence[AppendRequest] = chunk
+            ) -> list[AppendResult]:
+                return [await self._append(conn, r) for r in chunk]
+
+            results += await self._run("append", body)
+        return results
+
+    async def _append(self, conn: Connection, r: AppendRequest) -> AppendResult:
+        """One append inside the caller's transaction (it locks the client's row)."""
+        key = client_key(r.client_id)
+        row = await self._lock(conn, key)
+        while row is None:
+            # First message of this client. DO NOTHING waits for a concurrent insert of
+            # the same key; the loop covers that row being cleared again before our lock.
+            await conn.execute(_CREATE, (key, r.client_id))
             row = await self._lock(conn, key)
-            while row is None:
-                # First message of this client. DO NOTHING waits for a concurrent insert of
-                # the same key; the loop covers that row being cleared again before our lock.
-                await conn.execute(_CREATE, (key, client_id))
-                row = await self._lock(conn, key)
-            ref, last_seq, last_pid, last_offset, stored = row
-            if source_offset <= last_offset:
-                return AppendResult(None, 0)
-            dropped = 0
-            if stored >= self._max_messages:
-                excess = stored - self._max_messages + 1
-                cursor = await conn.execute(_DROP_OLDEST, {"ref": ref, "n": excess})
-                dropped = cursor.rowcount
-            pid = await self._free_packet_id(conn, ref, last_pid)
-            await conn.execute(
-                _INSERT,
-                {
-                    "ref": ref,
-                    "seq": last_seq + 1,
-                    "pid": pid,
-                    "qos": qos,
-                    "expires": expires_at_ms,
-                    "data": data,
-                    "offset": source_offset,
-                    "stored": stored - dropped + 1,
-                    "dropped": dropped,
-                },
-            )
-            return AppendResult(pid, dropped)
-
-        return await self._run("append", body)
+        ref, last_seq, last_pid, last_offset, stored = row
+        if r.source_offset <= last_offset:
+            return AppendResult(None, 0)
+        dropped = 0
+        if stored >= self._max_messages:
+            excess = stored - self._max_messages + 1
+            cursor = await conn.execute(_DROP_OLDEST, {"ref": ref, "n": excess})
+            dropped = cursor.rowcount
+        pid = await self._free_packet_id(conn, ref, last_pid)
+        await conn.execute(
+            _INSERT,
+            {
+                "ref": ref,
+                "seq": last_seq + 1,
+                "pid": pid,
+                "qos": r.qos,
+                "expires": r.expires_at_ms,
+                "data": r.data,
+                "offset": r.source_offset,
+                "stored": stored - dropped + 1,
+                "dropped": dropped,
+            },
+        )
+        return AppendResult(pid, dropped)
 
     @staticmethod
     async def _free_packet_id(conn: Connection, ref: int, last: int) -> int:
