@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -331,7 +332,6 @@ def stop_component(settings: LocalSettings, name: str) -> bool:
 def kill_component(settings: LocalSettings, name: str) -> bool:
     """``kill -9`` process ``name`` (no clean shutdown: a crash); True if it was running.
 
-
     Its ready file goes too (the process cannot remove it itself), so the launcher sees it
     down. Any recorded process may be named (an extra stage instance too).
     """
@@ -357,7 +357,19 @@ def down(settings: LocalSettings) -> list[str]:
         if processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT):
             stopped.append(name)
         clear_ready(ready_file(settings, name))
-    stopped += [part.name for part in infra_order if _stop(settings, part)]
+    brokers = {kafka.broker_name(settings, node) for node in kafka.broker_ids(settings)}
+    stopped += [
+        part.name for part in infra_order if part.name not in brokers and _stop(settings, part)
+    ]
+    # The brokers together: stopped one by one, the last would wait out its whole stop
+    # timeout for a controller quorum that left with the others.
+    with ThreadPoolExecutor(max_workers=len(brokers)) as pool:
+        stopping = [
+            (part.name, pool.submit(_stop, settings, part))
+            for part in infra_order
+            if part.name in brokers
+        ]
+        stopped += [name for name, done in stopping if done.result()]
     layout.forget(settings)
     return stopped
 

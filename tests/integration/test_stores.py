@@ -40,7 +40,7 @@ from services.common.stores import (
     open_store,
 )
 from services.common.stores.migrate import load_migrations, migrate
-from services.common.stores.postgres_store import APPEND_CHUNK, client_key
+from services.common.stores.postgres_store import CHUNK, client_key
 from services.local import redis as local_redis
 from tests.waiting import wait_until
 
@@ -324,8 +324,8 @@ async def test_batched_calls_do_what_the_single_ones_do(store: MessageStore) -> 
 
 
 async def test_a_large_batch_of_appends_is_stored_whole_and_in_order(backend: Backend) -> None:
-    # More than one PostgreSQL transaction's worth (APPEND_CHUNK).
-    client, count = new_client(), 2 * APPEND_CHUNK + 1
+    # More than one PostgreSQL transaction's worth (CHUNK).
+    client, count = new_client(), 2 * CHUNK + 1
     store = backend.make(max_messages=count)
     requests = [AppendRequest(client, i, 1, FAR, b"m%d" % i) for i in range(count)]
     results = await store.append_many(requests)

@@ -31,6 +31,7 @@ from pydantic import SecretStr
 from services.common.stores.base import (
     MAX_PACKET_ID,
     AckKind,
+    AckRequest,
     AppendRequest,
     AppendResult,
     MessageState,
@@ -45,11 +46,13 @@ from services.common.stores.base import (
 from services.common.stores.migrate import migrate
 
 T = TypeVar("T")
+R = TypeVar("R")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
-#: Appends per transaction in :meth:`PostgresMessageStore.append_many`: few enough that a
-#: chunk commits well within the store's timeout on a busy server.
-APPEND_CHUNK = 100
+#: Appends or acknowledgements per transaction in the batched calls (``append_many``,
+#: ``acknowledge_many``): few enough that a chunk commits well within the store's timeout
+#: on a busy server.
+CHUNK = 100
 
 #: Packet Identifiers tested per query when looking for a free one: after a wrap-around a
 #: few may still be in use, rarely more than this.
@@ -183,6 +186,10 @@ class PostgresMessageStore(MessageStore):
             max_size=pool_size,
             open=False,
             timeout=timeout,
+            # The pool retries a lost connection with a doubling delay (1, 2, 4... s): after
+            # a restart it could wait tens of seconds more than needed. Giving up after the
+            # store's own timeout instead, it starts afresh (at 1 s) for the next caller.
+            reconnect_timeout=timeout,
             kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
             name="message-store",
         )
@@ -240,21 +247,28 @@ class PostgresMessageStore(MessageStore):
         return result
 
     async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        """See :meth:`MessageStore.append_many`. One transaction per :data:`APPEND_CHUNK`
-        appends, 3 to 5 statements each: a commit (a WAL flush) per chunk, not per
-        message. Raises ``ValueError`` (before any write) for arguments out of range."""
+        """See :meth:`MessageStore.append_many`. One transaction per :data:`CHUNK` appends,
+        3 to 5 statements each: a commit (a WAL flush) per chunk, not per message. Raises
+        ``ValueError`` (before any write) for arguments out of range."""
         for r in requests:
             check_append(r.source_offset, r.qos, r.expires_at_ms)
-        results: list[AppendResult] = []
-        for start in range(0, len(requests), APPEND_CHUNK):
-            chunk = requests[start : start + APPEND_CHUNK]
+        return await self._chunked("append", requests, self._append)
 
-            async def body(
-                conn: Connection, chunk: Sequence[AppendRequest] = chunk
-            ) -> list[AppendResult]:
-                return [await self._append(conn, r) for r in chunk]
+    async def _chunked(
+        self,
+        what: str,
+        requests: Sequence[R],
+        one: Callable[[Connection, R], Awaitable[T]],
+    ) -> list[T]:
+        """``one`` for each request, in order, :data:`CHUNK` of them per transaction."""
+        results: list[T] = []
+        for start in range(0, len(requests), CHUNK):
+            chunk = requests[start : start + CHUNK]
 
-            results += await self._run("append", body)
+            async def body(conn: Connection, chunk: Sequence[R] = chunk) -> list[T]:
+                return [await one(conn, r) for r in chunk]
+
+            results += await self._run(what, body)
         return results
 
     async def _append(self, conn: Connection, r: AppendRequest) -> AppendResult:
@@ -392,19 +406,24 @@ class PostgresMessageStore(MessageStore):
 
     async def acknowledge(self, client_id: str, packet_id: int, kind: AckKind) -> bool:
         """See :meth:`MessageStore.acknowledge`. One transaction, 2 statements."""
+        [done] = await self.acknowledge_many([AckRequest(client_id, packet_id, kind)])
+        return done
+
+    async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
+        """See :meth:`MessageStore.acknowledge_many`. One transaction per :data:`CHUNK`
+        acknowledgements, 2 statements each."""
+        return await self._chunked("acknowledge", requests, self._acknowledge)
+
+    async def _acknowledge(self, conn: Connection, r: AckRequest) -> bool:
+        """One acknowledgement inside the caller's transaction."""
         statement = {AckKind.PUBACK: _PUBACK, AckKind.PUBREC: _PUBREC, AckKind.PUBCOMP: _PUBCOMP}[
-            AckKind(kind)
+            AckKind(r.kind)
         ]
-        key = client_key(client_id)
-
-        async def body(conn: Connection) -> bool:
-            row = await self._lock(conn, key)
-            if row is None:
-                return False
-            cursor = await conn.execute(statement, {"ref": row[0], "pid": packet_id})
-            return cursor.rowcount == 1
-
-        return await self._run("acknowledge", body)
+        row = await self._lock(conn, client_key(r.client_id))
+        if row is None:
+            return False
+        cursor = await conn.execute(statement, {"ref": row[0], "pid": r.packet_id})
+        return cursor.rowcount == 1
 
     async def clear(self, client_id: str) -> int:
         """See :meth:`MessageStore.clear`. One DELETE; the messages go by ON DELETE CASCADE."""
