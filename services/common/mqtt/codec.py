@@ -650,6 +650,7 @@ class StreamDecoder:
             raise ValueError(f"unknown protocol version {protocol_version}")
         self.max_packet_size = max_packet_size
         self.protocol_version = protocol_version
+        self._server = protocol_version is None
         self._buffer = bytearray()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
@@ -661,7 +662,8 @@ class StreamDecoder:
         Raises:
             MalformedPacket: a Remaining Length longer than four bytes, or any decode error.
             PacketTooLarge: a fixed header announces a packet over ``max_packet_size``.
-            ProtocolError: server side, a first packet that is not CONNECT; or decode errors.
+            ProtocolError: server side, a first packet that is not CONNECT or a second
+                CONNECT; or decode errors.
             UnsupportedProtocolVersion: a CONNECT this codec does not speak.
         """
         buf = self._buffer
@@ -675,6 +677,10 @@ class StreamDecoder:
                 version = self.protocol_version
                 if version is None and first_byte >> 4 != PacketType.CONNECT:
                     raise ProtocolError("first packet on a connection must be CONNECT")
+                if self._server and version is not None and first_byte >> 4 == PacketType.CONNECT:
+                    # Refused whatever it holds: decoded, an unknown Protocol Name would
+                    # raise UnsupportedProtocolVersion, a reason no DISCONNECT may carry.
+                    raise ProtocolError("a second CONNECT on a connection [MQTT-3.1.0-2]")
                 header = _read_remaining_length(buf, pos + 1, end)
                 if header is None:
                     break
