@@ -1,10 +1,11 @@
-"""Command line: ``python -m bench run|compare|summary|list|chaos`` (and ``bench.loadgen``).
+"""Command line: ``python -m bench run|compare|summary|list|chaos|soak`` (and ``bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report;
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
 ``bench/results/<label>.{jsonl,md,png}``; ``summary`` gathers the latest comparison of
 every label into ``bench/results/summary.{md,png}``; ``chaos`` kills each process of the
-local cluster in turn under load (``bench.chaos``). See bench/README.md for the scenarios.
+local cluster in turn under load (``bench.chaos``); ``soak`` runs a long steady load and
+samples the cluster's resources (``bench.soak``). See bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench import brokers, chaos, results, summary
+from bench import brokers, chaos, results, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
@@ -243,6 +244,75 @@ def do_chaos(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def soak_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``soak``."""
+    parser.add_argument("--minutes", type=float, default=30.0, help="measured minutes")
+    parser.add_argument("--rate", type=float, default=2000.0, help="msg/s over all publishers")
+    parser.add_argument("--clients", type=int, default=5000, help="connected clients (pairs x 2)")
+    parser.add_argument(
+        "--persistent-every",
+        type=int,
+        default=10,
+        help="every n-th pair is persistent (clean_session=false); 0: none",
+    )
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
+    parser.add_argument("--workers", type=int, default=2, help="load generator processes")
+    parser.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="start a cluster of its own on free ports in a temporary directory",
+    )
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="directory for samples.csv, soak.png, summary.md "
+        "(default: bench/results/soak-<date>)"
+    )  # fmt: skip
+
+
+def do_soak(args: argparse.Namespace) -> None:
+    """``soak``: a long steady load; samples, chart and summary."""
+    out = args.out or results.RESULTS_DIR / f"soak-{time.strftime('%Y%m%d-%H%M')}"
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if args.own_cluster:
+            settings = stack.enter_context(chaos.own_cluster(args.production))
+            cluster.up(settings)
+        else:
+            settings = layout.current(LocalSettings())
+        load = soak.plan(
+            "127.0.0.1",
+            settings.listen_port,
+            clients=args.clients,
+            rate=args.rate,
+            minutes=args.minutes,
+            persistent_every=args.persistent_every,
+        )
+        _log(
+            f"soak: {args.clients} clients, {args.rate:g} msg/s, {args.minutes:g} min "
+            f"({layout.of(settings).describe()}); samples every {args.interval:g} s"
+        )
+        result = soak.run(settings, load, interval=args.interval, workers=args.workers, log=_log)
+    soak.write_csv(result.samples, out / "samples.csv")
+    title = f"{args.clients} clients, {args.rate:g} msg/s, {args.minutes:g} min"
+    soak.chart(result.samples, out / "soak.png", title)
+    (out / "summary.md").write_text(soak.markdown(result) + "\n", encoding="utf-8")
+    rec = results.record(
+        label="soak",
+        scenario="soak",
+        broker="cormorant",
+        round_=1,
+        options={**vars(args), "out": str(out), "layout": layout.of(settings).describe()},
+        report={"load": result.report, "summary": result.rows},
+    )
+    results.append(results.RESULTS_DIR / "soak.jsonl", rec)
+    print(soak.markdown(result))
+    _log(f"wrote {out}/samples.csv, soak.png and summary.md")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench``."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
@@ -250,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_parser(sub.add_parser("run", help="one scenario against one broker"))
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
     chaos_parser(sub.add_parser("chaos", help="kill each process in turn under load"))
+    soak_parser(sub.add_parser("soak", help="a long steady load; are resources flat?"))
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
     summary_parser.add_argument("labels", nargs="*", help="result labels (default: all)")
@@ -266,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             do_run(args)
         elif args.command == "chaos":
             do_chaos(args)
+        elif args.command == "soak":
+            do_soak(args)
         else:
             do_compare(args)
     except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:

@@ -167,6 +167,16 @@ def in_sync(settings: LocalSettings, node: int) -> bool:
     return info.get("role") == "master" or info.get("master_link_status") == "up"
 
 
+def used_memory(settings: LocalSettings, node: int) -> int | None:
+    """Bytes node ``node`` has allocated for its data (``INFO memory`` ``used_memory``), or
+    None when it does not answer."""
+    info = _query(settings, node_port(settings, node), "INFO", "memory")
+    if not isinstance(info, dict) or not isinstance(info.get("used_memory"), int):
+        return None
+    used: int = info["used_memory"]
+    return used
+
+
 def _command(*words: bytes) -> bytes:
     """One command in RESP (any byte may be in a word, a password included)."""
     return b"*%d\r\n" % len(words) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
