@@ -23,7 +23,7 @@ from bench import brokers, chaos, results, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
-from services.local import cluster, layout
+from services.local import cluster, layout, redis
 from services.local.settings import LocalSettings
 
 VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
@@ -193,13 +193,17 @@ def chaos_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def default_processes(settings: LocalSettings) -> list[str]:
-    """Every process of the cluster, the services first in the issue's order, the Redis
-    primary once as ``redis-primary`` when Redis has replicas."""
+    """Every process of the cluster once, the services first in the issue's order. The
+    Redis node that is primary now goes first among the Redis nodes: its kill is a
+    failover (and with one replica, so is the next node's: it is primary by then)."""
     names = [part.name for part in cluster.components(settings)]
     first = ["router", "ingest-node1", "device-persist"]
     infra = [n for n in names if n.startswith(("kafka", "redis", "postgres"))]
-    if settings.redis_replicas:
-        infra = [n for n in infra if not n.startswith("redis")] + [chaos.REDIS_PRIMARY]
+    primary = redis.primary(settings) if settings.redis_replicas else None
+    if primary is not None:
+        nodes = [infra.index(redis.node_name(settings, n)) for n in redis.node_ids(settings)]
+        leader = infra.index(redis.node_name(settings, primary))
+        infra[nodes[0]], infra[leader] = infra[leader], infra[nodes[0]]
     rest = [n for n in names if n not in first and n not in infra]
     return [*first, *infra, *rest]
 

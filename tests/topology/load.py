@@ -20,16 +20,17 @@ PUBLISHERS = 10
 RATE = 200.0
 
 #: Seconds new traffic may take to flow again after a disruption (a liveness bound; the
-#: measured figures are in bench/README.md, "Production topology").
+#: measured figures are in README.md, "Failures and production topologies").
 RESUME_BOUND = 60.0
 
 #: Seconds the last PUBACKs and deliveries may take at the end of a test.
 DRAIN = 120.0
 
 
-def load(cluster: LocalCluster) -> DurabilityLoad:
-    """The test load against ``cluster``'s HAProxy (not started: use it as a context)."""
-    return DurabilityLoad(HOST, cluster.mqtt_port, publishers=PUBLISHERS, rate=RATE)
+def load(cluster: LocalCluster, rate: float = RATE) -> DurabilityLoad:
+    """The test load against ``cluster``'s HAProxy, ``rate`` msg/s in all (not started: use
+    it as a context)."""
+    return DurabilityLoad(HOST, cluster.mqtt_port, publishers=PUBLISHERS, rate=rate)
 
 
 def wait_for_traffic(running: DurabilityLoad, messages: int = 400) -> None:
