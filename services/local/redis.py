@@ -29,8 +29,10 @@ from services.local.settings import LocalSettings
 NAME = "redis"
 
 #: Milliseconds without an answer before the Sentinels hold the primary down (ElastiCache
-#: detects a failed primary within seconds as well).
-SENTINEL_DOWN_AFTER_MS = 2000
+#: detects a failed primary within seconds as well). At 2 s, a primary busy for a moment on
+#: a loaded 2-core machine (a full resync, an append-only file rewrite) was taken for dead:
+#: needless failovers, back and forth.
+SENTINEL_DOWN_AFTER_MS = 5000
 
 #: Milliseconds a Sentinel gives one failover before another may try (Redis' unit).
 SENTINEL_FAILOVER_TIMEOUT_MS = 10_000

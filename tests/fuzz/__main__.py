@@ -36,7 +36,9 @@ def main(argv: list[str]) -> None:
     def test_one_input(data: bytes) -> None:
         target(data)
 
-    atheris.Setup([f"{argv[0]} {name}", *rest], test_one_input)
+    # libFuzzer runs argv[0] again through the shell for -merge=1 and -jobs: the command
+    # that reaches this target (from the repository root).
+    atheris.Setup([f"{sys.executable} -m tests.fuzz {name}", *rest], test_one_input)
     atheris.Fuzz()
 
 
