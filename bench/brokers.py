@@ -102,7 +102,8 @@ def require_application(target: Target, client_ids: list[str]) -> None:
     Raises:
         BrokerUnavailable: an ingest node does not match one of ``client_ids``.
     """
-    from services.common.sessions import ClientKind, client_kind
+    from services.common.records import ClientKind
+    from services.common.sessions import client_kind
 
     for name, proc in target.processes.items():
         if not name.startswith("ingest"):

@@ -1,8 +1,11 @@
-"""Command line: ``python -m bench run|compare|summary|list|chaos|soak`` (and ``bench.loadgen``).
+"""Command line: ``python -m bench run|compare|transactions|summary|list|chaos|soak``
+(and ``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report;
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
-``bench/results/<label>.{jsonl,md,png}``; ``summary`` gathers the latest comparison of
+``bench/results/<label>.{jsonl,md,png}``; ``transactions <scenario>`` runs it against the
+cluster with its routers in Kafka transactions and without, alternately
+(:mod:`bench.transactions`); ``summary`` gathers the latest comparison of
 every label into ``bench/results/summary.{md,png}``; ``chaos`` kills each process of the
 local cluster in turn under load (``bench.chaos``); ``soak`` runs a long steady load and
 samples the cluster's resources (``bench.soak``). See bench/README.md for the scenarios.
@@ -16,13 +19,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from bench import brokers, chaos, results, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
+from bench.transactions import compare_transactions
 from services.local import cluster, layout, redis
 from services.local.settings import LocalSettings
 
@@ -100,12 +104,13 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, help="append the result record to this .jsonl")
 
 
-def compare_parser(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``compare``."""
+def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -> None:
+    """Arguments of ``compare`` (and, without ``mosquitto``, of ``transactions``)."""
     _common(parser)
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
     parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
-    parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
+    if mosquitto:
+        parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
     parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
     parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
 
@@ -142,21 +147,26 @@ def do_run(args: argparse.Namespace) -> None:
     print(json.dumps(rec, indent=2, sort_keys=True, default=str))
 
 
-def do_compare(args: argparse.Namespace) -> None:
-    """``compare``: Cormorant vs Mosquitto, A B A B …"""
+def _alternate(
+    args: argparse.Namespace,
+    comparison: Callable[..., tuple[Path, Path, Path]],
+    **extra: object,
+) -> None:
+    """Run ``comparison`` (:func:`~bench.compare.compare` or
+    :func:`~bench.transactions.compare_transactions`) as the arguments say, print its table."""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     options, timing = _options(args, "127.0.0.1", args.port)
-    jsonl, md, png = compare(
+    jsonl, md, png = comparison(
         args.scenario,
         options,
         timing,
         rounds=args.rounds,
         workers=args.workers,
-        mosquitto_port=args.mosquitto_port,
         pause=args.pause,
         results_dir=args.results_dir,
         log=_log,
+        **extra,
     )
     print(md.read_text(encoding="utf-8"))
     _log(f"wrote {jsonl}, {md} and {png}")
@@ -317,6 +327,16 @@ def do_soak(args: argparse.Namespace) -> None:
     _log(f"wrote {out}/samples.csv, soak.png and summary.md")
 
 
+def do_compare(args: argparse.Namespace) -> None:
+    """``compare``: Cormorant vs Mosquitto, A B A B …"""
+    _alternate(args, compare, mosquitto_port=args.mosquitto_port)
+
+
+def do_transactions(args: argparse.Namespace) -> None:
+    """``transactions``: the routers transactional vs at-least-once, A B A B …"""
+    _alternate(args, compare_transactions)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench``."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
@@ -325,6 +345,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
     chaos_parser(sub.add_parser("chaos", help="kill each process in turn under load"))
     soak_parser(sub.add_parser("soak", help="a long steady load; are resources flat?"))
+    compare_parser(
+        sub.add_parser(
+            "transactions", help="the router with and without Kafka transactions, alternating"
+        ),
+        mosquitto=False,
+    )
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
     summary_parser.add_argument("labels", nargs="*", help="result labels (default: all)")
@@ -343,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             do_chaos(args)
         elif args.command == "soak":
             do_soak(args)
+        elif args.command == "transactions":
+            do_transactions(args)
         else:
             do_compare(args)
     except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:

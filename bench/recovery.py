@@ -1,6 +1,6 @@
 """Recovery times: how long MQTT delivery stops when a process of the local cluster dies.
 
-:func:`measure_recovery` runs a probe through the broker (QoS 1, one message every
+:func:`measure_recovery` runs a probe through the broker (QoS 1 or 2, one message every
 ``interval`` seconds from each of several publishers, one subscriber each), kills a process
 with the caller's ``kill``, optionally brings it back with ``restart``, and reports when
 delivery resumed: the moment every subscriber has received a message published after the
@@ -13,7 +13,8 @@ deliveries that came after a newer message of the same publisher.
 Three kinds of subscribers take three paths: ``live`` (non-persistent: router → downlink),
 ``persistent`` (persistent DEVICE sessions: router → msg.persisted → device_persist) and
 ``application`` (persistent APPLICATION clients, ``app-*`` ids: router → msg.app →
-app_delivery; the cluster must treat ``app-*`` as APPLICATION).
+app_delivery; the cluster must treat ``app-*`` as APPLICATION). The probe's clients must
+stay connected: it measures the stages and Kafka, not an ingest node that holds them.
 
 ``python -m bench.recovery <process> [--restart] [--path ...]`` measures one process of the
 local cluster (``cormorant up``'s, or the one ``CORMORANT_*`` settings point to). The chaos
@@ -26,18 +27,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import aiomqtt
+import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
+from bench import results
+from bench.loadgen.stats import median
 from services.common.kafka.partitioner import partition_of
 
 ProbePath = Literal["live", "persistent", "application"]
@@ -53,9 +60,10 @@ class RecoveryTimes:
     ``killed_at``: just before ``kill`` was called; ``back_at``: when ``restart`` returned
     (the process ready again), None without a restart; ``resumed_at``: when the last probe
     subscriber received a message published after the kill (None: delivery did not resume
-    within the timeout). ``lost``: messages acknowledged with PUBACK and never delivered;
-    ``duplicates``: deliveries of a message delivered before; ``reordered``: first
-    deliveries that came after a newer message of the same publisher (MQTT 4.6).
+    within the timeout). ``lost``: messages accepted (PUBACK, or PUBCOMP, with a success
+    Reason Code) and never delivered; ``duplicates``: deliveries of a message delivered
+    before; ``reordered``: first deliveries that came after a newer message of the same
+    publisher (MQTT 4.6).
     """
 
     process: str
@@ -107,12 +115,39 @@ def _ids_in_partitions(prefix: str, partitions: int, count: int) -> list[str]:
     return ids
 
 
-def _client(host: str, port: int, client_id: str, session_expiry: int = 0) -> aiomqtt.Client:
+class _ProbeClient(aiomqtt.Client):
+    """aiomqtt's client, which keeps the Reason Code of the last PUBACK or PUBCOMP.
+
+    aiomqtt 2.5 returns from ``publish`` whatever the Reason Code (a v5 server refuses a
+    PUBLISH it could not store with PUBACK 0x80, or PUBREC 0x80 and then PUBCOMP 0x92):
+    the probe reads it here to count only what was accepted. Right for a client with one
+    PUBLISH in flight at a time.
+    """
+
+    last_reason: ReasonCode | None = None
+
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties,
+    ) -> None:
+        self.last_reason = reason_code
+        super()._on_publish(client, userdata, mid, reason_code, properties)
+
+    def accepted(self) -> bool:
+        """Whether the last PUBLISH was acknowledged with a success Reason Code."""
+        return self.last_reason is not None and not self.last_reason.is_failure
+
+
+def _client(host: str, port: int, client_id: str, session_expiry: int = 0) -> _ProbeClient:
     """An MQTT 5 client; with ``session_expiry`` (seconds) > 0, a persistent session that
     resumes if it exists."""
     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = session_expiry
-    return aiomqtt.Client(
+    return _ProbeClient(
         host,
         port,
         identifier=client_id,
@@ -131,6 +166,7 @@ async def measure_recovery(
     kill: Callable[[], object],
     restart: Callable[[], object] | None = None,
     path: ProbePath = "live",
+    qos: int = 1,
     msg_all_partitions: int = 12,
     client_partitions: int = 12,
     interval: float = 0.05,
@@ -141,12 +177,14 @@ async def measure_recovery(
 
     ``host``/``port``: the broker's MQTT address; ``process`` names what ``kill`` kills
     (for the report). ``kill()`` and ``restart()`` are called in a thread; ``restart``
-    returns once the process is ready. ``msg_all_partitions`` and ``client_partitions``
-    are the cluster's partition counts (``msg_all_partitions``,
-    ``state_topic_partitions``): one probe pair per partition. ``interval``: seconds
-    between two messages of a publisher; ``timeout``: seconds to wait for delivery to
-    resume, and again for the last acknowledged messages. Raises ``aiomqtt.MqttError`` if
-    the probe cannot connect before the kill.
+    returns once the process is ready. ``qos``: of the probe's PUBLISHes and subscriptions
+    (with 2, a redelivery with DUP=1 is not a duplicate: the subscriber's client drops it).
+    ``msg_all_partitions`` and ``client_partitions`` are the cluster's partition counts
+    (``msg_all_partitions``, ``state_topic_partitions``): one probe pair per partition.
+    ``interval``: seconds between two messages of a publisher; ``timeout``: seconds to wait
+    for delivery to resume (well over the consumer session timeout, which a killed
+    member's partitions wait out), and again for the last acknowledged messages. Raises
+    ``aiomqtt.MqttError`` if the probe cannot connect before the kill.
     """
     run = uuid.uuid4().hex[:6]
     count = max(msg_all_partitions, client_partitions)
@@ -162,14 +200,14 @@ async def measure_recovery(
             for p in pairs
         ]
         for pair, sub in zip(pairs, subs, strict=True):
-            await sub.subscribe(pair.topic, qos=1)
+            await sub.subscribe(pair.topic, qos=qos)
         pubs = [await stack.enter_async_context(_client(host, port, p.publisher_id)) for p in pairs]
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(_receive(pair, sub)) for pair, sub in zip(pairs, subs, strict=True)
         ]
         tasks += [
-            asyncio.create_task(_publish(pair, pub, interval, stop))
+            asyncio.create_task(_publish(pair, pub, interval, qos, stop))
             for pair, pub in zip(pairs, pubs, strict=True)
         ]
         try:
@@ -227,14 +265,17 @@ async def _wait(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 
 async def _publish(
-    pair: _Pair, client: aiomqtt.Client, interval: float, stop: asyncio.Event
+    pair: _Pair, client: _ProbeClient, interval: float, qos: int, stop: asyncio.Event
 ) -> None:
     seq = 0
     while not stop.is_set():
         seq += 1
         pair.sent_at[seq] = time.time()
-        with contextlib.suppress(aiomqtt.MqttError):  # refused (Kafka down): counted as sent
-            await client.publish(pair.topic, str(seq).encode(), qos=1)
+        client.last_reason = None
+        # Refused (Kafka down) or unanswered: counted as sent, not acknowledged.
+        with contextlib.suppress(aiomqtt.MqttError):
+            await client.publish(pair.topic, str(seq).encode(), qos=qos)
+        if client.accepted():
             pair.acked.add(seq)
         await asyncio.sleep(interval)
 
@@ -272,7 +313,8 @@ async def _end_sessions(host: str, port: int, client_ids: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m bench.recovery``: kill one process of the local cluster, print the times."""
+    """``python -m bench.recovery``: kill one process of the local cluster ``--rounds``
+    times, print each round's times as JSON and their medians."""
     from services.local import cluster
     from services.local.settings import LocalSettings
 
@@ -280,39 +322,79 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("process", help="a process of the local cluster: router, router-2 ...")
     parser.add_argument("--restart", action="store_true", help="start it again at once")
     parser.add_argument("--path", choices=("live", "persistent", "application"), default="live")
+    parser.add_argument("--qos", type=int, choices=(1, 2), default=1)
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between messages")
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=1, help="kills, one after another")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=10.0,
+        help="seconds between rounds: the consumer groups settle after the process is back",
+    )
     parser.add_argument("--port", type=int, help="MQTT port (default: the cluster's HAProxy)")
-    parser.add_argument("--output", help="append the result as a JSON line to this file")
+    parser.add_argument("--output", help="append each round as a JSON line to this file")
     args = parser.parse_args(argv)
     settings = LocalSettings()
     names = [part.name for part in cluster.components(settings)]
     if args.process not in names:
         raise SystemExit(f"no process {args.process!r}: {', '.join(names)}")
-    times = asyncio.run(
-        measure_recovery(
-            "127.0.0.1",
-            args.port or settings.listen_port,
-            process=args.process,
-            kill=lambda: cluster.kill_component(settings, args.process),
-            restart=(lambda: cluster.start_component(settings, args.process))
-            if args.restart
-            else None,
-            path=args.path,
-            msg_all_partitions=settings.msg_all_partitions,
-            client_partitions=settings.state_topic_partitions,
-            interval=args.interval,
-            timeout=args.timeout,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
+    rounds: list[RecoveryTimes] = []
+    for round_ in range(1, args.rounds + 1):
+        if round_ > 1:
+            time.sleep(args.pause)
+        times = asyncio.run(
+            measure_recovery(
+                "127.0.0.1",
+                args.port or settings.listen_port,
+                process=args.process,
+                kill=lambda: cluster.kill_component(settings, args.process),
+                restart=(lambda: cluster.start_component(settings, args.process))
+                if args.restart
+                else None,
+                path=args.path,
+                qos=args.qos,
+                msg_all_partitions=settings.msg_all_partitions,
+                client_partitions=settings.state_topic_partitions,
+                interval=args.interval,
+                timeout=args.timeout,
+                log=lambda line: print(line, file=sys.stderr, flush=True),
+            )
         )
+        if not args.restart:
+            cluster.start_component(settings, args.process)  # for the next round
+        rounds.append(times)
+        result = {
+            **asdict(times),
+            "round": round_,
+            "after_kill": times.after_kill,
+            "after_back": times.after_back,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": results.machine(),
+            "git_commit": results.git_commit(results.RESULTS_DIR.parent.parent),
+            "command": " ".join(["python -m bench.recovery", *sys.argv[1:]]),
+        }
+        print(json.dumps(result, indent=2))
+        if args.output:
+            results.append(Path(args.output), result)
+    print(summary(rounds))
+
+
+def summary(rounds: list[RecoveryTimes]) -> str:
+    """One line: the medians of ``rounds``' recovery times (seconds) and their totals of
+    lost, duplicated and reordered messages."""
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} s"
+
+    resumed = sum(t.resumed_at is not None for t in rounds)
+    return (
+        f"{rounds[0].process} ({rounds[0].path}), {len(rounds)} rounds, resumed in "
+        f"{resumed}: median after kill {seconds(median(t.after_kill for t in rounds))}, "
+        f"after back {seconds(median(t.after_back for t in rounds))}; lost "
+        f"{sum(t.lost for t in rounds)}, duplicates {sum(t.duplicates for t in rounds)}, "
+        f"reordered {sum(t.reordered for t in rounds)}"
     )
-    result = {**asdict(times), "after_kill": times.after_kill, "after_back": times.after_back}
-    print(json.dumps(result, indent=2))
-    if args.output:
-        with open(args.output, "a", encoding="utf-8") as out:
-            out.write(json.dumps(result) + "\n")
-    if not args.restart:
-        cluster.start_component(settings, args.process)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ PORT_TRIES = 20
 #: The largest layout a test cluster runs (the production one): its ports are reserved too.
 MAX_LAYOUT = layout.PRODUCTION
 
+#: A module may start a second cluster on the session's ports moved by this much (the
+#: secured cluster, tests/integration/test_secured_cluster.py): a block is taken only
+#: when those are free too, so that another session's servers cannot hold them.
+SECOND_CLUSTER_OFFSET = 50
+
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
 
@@ -38,22 +43,38 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-#: The production-layout test cluster's ports: TEST_PORTS shifted by half a step, so that it
-#: runs beside the shared test cluster (and both beside other sessions' blocks).
-PRODUCTION_TEST_PORTS = {name: port + PORT_STEP // 2 for name, port in TEST_PORTS.items()}
+#: The production-layout test cluster's ports: TEST_PORTS shifted by a quarter step, so that
+#: it runs beside the shared test cluster and its second cluster (SECOND_CLUSTER_OFFSET),
+#: and all of them beside other sessions' blocks.
+PRODUCTION_TEST_PORTS = {name: port + PORT_STEP // 4 for name, port in TEST_PORTS.items()}
 
 
-def free_test_ports(base: dict[str, int] = TEST_PORTS) -> dict[str, int]:
+def free_test_ports(base: dict[str, int] = TEST_PORTS, *, second: bool = True) -> dict[str, int]:
     """The first block of ``base`` (shifted by multiples of PORT_STEP) free for a cluster
-    of MAX_LAYOUT: another test session on the same machine then gets its own block.
-    Raises ``RuntimeError`` when none of PORT_TRIES blocks is free."""
-    return ports.free_block(base, MAX_LAYOUT, step=PORT_STEP, tries=PORT_TRIES)
+    of MAX_LAYOUT, and with ``second`` free again SECOND_CLUSTER_OFFSET higher: another
+    test session on the same machine then gets its own block. Raises ``RuntimeError`` when
+    none of PORT_TRIES blocks is free."""
+    for attempt in range(PORT_TRIES):
+        block = {name: port + attempt * PORT_STEP for name, port in base.items()}
+        wanted = ports.listening_ports(
+            layout.apply(LocalSettings().model_copy(update=block), MAX_LAYOUT)
+        )
+        if second:
+            wanted += [port + SECOND_CLUSTER_OFFSET for port in wanted]
+        if all(ports.bindable(port) for port in wanted):
+            return block
+    raise RuntimeError(f"no free block of test ports near {base}")
 
 
 def make_test_settings(
-    state_dir: Path, ports_base: dict[str, int] = TEST_PORTS, **overrides: Any
+    state_dir: Path,
+    ports_base: dict[str, int] = TEST_PORTS,
+    *,
+    second: bool = True,
+    **overrides: Any,
 ) -> LocalSettings:
-    """Settings of a test cluster in ``state_dir``: free ports of ``ports_base``'s blocks, a
+    """Settings of a test cluster in ``state_dir``: free ports of ``ports_base``'s blocks
+    (with ``second``, room for a second cluster beside it: :func:`free_test_ports`), a
     unique topic prefix; ``overrides`` (setting name → value) last, e.g. a layout."""
     defaults = LocalSettings()
     values: dict[str, Any] = {
@@ -63,7 +84,7 @@ def make_test_settings(
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
         "kafka_request_timeout_seconds": KAFKA_REQUEST_TIMEOUT,
         "application_client_ids": [APPLICATION_IDS],
-        **free_test_ports(ports_base),
+        **free_test_ports(ports_base, second=second),
     }
     values.update(overrides)
     settings = LocalSettings(**values)

@@ -48,9 +48,10 @@ def _scram_login(password: str) -> str:
 
 
 def topic_arn_pattern(cluster_arn: str, kind: str, name_pattern: str) -> str:
-    """The ARN pattern of a cluster's topics or groups for MSK IAM policies:
-    ``arn:aws:kafka:<r>:<a>:cluster/<name>/<uuid>`` → ``...:<kind>/<name>/<uuid>/<pattern>``
-    with ``kind`` ``topic`` or ``group``."""
+    """The ARN pattern of a cluster's topics, groups or transactional ids for MSK IAM
+    policies: ``arn:aws:kafka:<r>:<a>:cluster/<name>/<uuid>`` →
+    ``...:<kind>/<name>/<uuid>/<pattern>`` with ``kind`` ``topic``, ``group`` or
+    ``transactional-id``."""
     head, sep, tail = cluster_arn.partition(":cluster/")
     if not sep:
         raise ValueError(f"not an MSK cluster ARN: {cluster_arn}")
@@ -212,14 +213,20 @@ class Kafka(pulumi.ComponentResource):
     def iam_statements(self, topic_prefix: str, *, write: bool) -> list[iam.Statement]:
         """What a task may do on the cluster with MSK IAM (none needed with SCRAM): connect,
         read the deployment's topics (``<topic_prefix>*``) and use consumer groups; with
-        ``write`` also write, create and delete topics and delete groups (the per-client
-        ``msg.app`` topics and groups come and go). Nothing outside the cluster."""
+        ``write`` also write (idempotently: every producer of the services is), create and
+        delete topics and delete groups (the per-client ``msg.app`` topics and groups come
+        and go), and use the deployment's transactional ids (``<topic_prefix>*``: the
+        router's and the Will Message owners' Kafka transactions). Nothing outside the
+        cluster."""
         if not self.iam:
             return []
         arn = self.cluster_arn
+        cluster_actions = ["kafka-cluster:Connect", "kafka-cluster:DescribeCluster"]
         topic_actions = ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"]
         group_actions = ["kafka-cluster:AlterGroup", "kafka-cluster:DescribeGroup"]
+        statements: list[iam.Statement] = []
         if write:
+            cluster_actions.append("kafka-cluster:WriteDataIdempotently")
             topic_actions += [
                 "kafka-cluster:CreateTopic",
                 "kafka-cluster:DeleteTopic",
@@ -227,8 +234,21 @@ class Kafka(pulumi.ComponentResource):
                 "kafka-cluster:WriteData",
             ]
             group_actions.append("kafka-cluster:DeleteGroup")
+            statements.append(
+                iam.allow(
+                    [
+                        "kafka-cluster:DescribeTransactionalId",
+                        "kafka-cluster:AlterTransactionalId",
+                    ],
+                    [
+                        arn.apply(
+                            lambda a: topic_arn_pattern(a, "transactional-id", f"{topic_prefix}*")
+                        )
+                    ],
+                )
+            )
         return [
-            iam.allow(["kafka-cluster:Connect", "kafka-cluster:DescribeCluster"], [arn]),
+            iam.allow(cluster_actions, [arn]),
             iam.allow(
                 topic_actions,
                 [arn.apply(lambda a: topic_arn_pattern(a, "topic", f"{topic_prefix}*"))],
@@ -237,4 +257,5 @@ class Kafka(pulumi.ComponentResource):
                 group_actions,
                 [arn.apply(lambda a: topic_arn_pattern(a, "group", "*"))],
             ),
+            *statements,
         ]

@@ -86,6 +86,14 @@ class Settings(BaseSettings):
         "router that died with no other to take its partitions (at most the brokers' "
         "transaction.max.timeout.ms, 900 by default).",
     )
+    router_transactions: bool = Field(
+        True,
+        description="Route msg.all in Kafka transactions (exactly once: a router crash "
+        "routes nothing twice). False: at-least-once routing, offsets committed after the "
+        "outputs are stored, so a crash may route a message again (a duplicate delivery, "
+        "or a QoS 2 message stored twice for a persistent subscriber); only to measure "
+        'what the transactions cost (bench/README.md, "The transactional router\'s cost").',
+    )
     consumer_session_timeout_seconds: float = Field(
         6.0,
         ge=1,

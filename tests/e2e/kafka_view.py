@@ -61,7 +61,8 @@ async def latest_values(cluster: LocalCluster, topic: str) -> dict[bytes, bytes 
 
 
 class TopicTail:
-    """Records written to one topic after :meth:`open` (every partition, no group)."""
+    """Committed records written to one topic after :meth:`open` (every partition, no
+    group)."""
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self._consumer = consumer
@@ -70,7 +71,10 @@ class TopicTail:
     @asynccontextmanager
     async def open(cls, bootstrap: str, topic: str) -> AsyncIterator[TopicTail]:
         """Follow ``topic`` from its current end for the block."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+        # Committed records only, as the services read (wills are written in transactions).
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed"
+        )
         await consumer.start()
         try:
             async with asyncio.timeout(TIMEOUT):

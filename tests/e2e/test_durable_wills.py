@@ -67,10 +67,25 @@ async def _waiting_wills_is(cluster: LocalCluster, client_id: str, count: int) -
     return await _waiting_wills(cluster, client_id) == count
 
 
-async def _lose_and_kill(cluster: LocalCluster, client_id: str, connect: bytes) -> float:
+def _will_connect(client_id: str, topic: str, delay: int) -> bytes:
+    """A v5 CONNECT of a persistent session with a Will Message (payload ``gone``) on
+    ``topic`` and a Will Delay Interval of ``delay`` seconds."""
+    return session_connect_packet(
+        client_id,
+        level=5,
+        clean_start=False,
+        session_expiry=600,
+        will=(topic, b"gone"),
+        will_delay=delay,
+    )
+
+
+async def _lose_and_kill(
+    cluster: LocalCluster, client_id: str, connect: bytes, delay: float
+) -> float:
     """Connect ``client_id`` to node 1, lose its socket, and kill -9 node 1 once the
-    session reads as ended (its will is stored by then); returns when the socket was lost
-    (``time.monotonic()``)."""
+    session reads as ended (its will is stored by then), before the will's ``delay``
+    (seconds) has passed; returns when the socket was lost (``time.monotonic()``)."""
     node1, _ = cluster.node_ports
     with RawSocket(node1) as raw:
         _connect(raw, connect)
@@ -78,6 +93,8 @@ async def _lose_and_kill(cluster: LocalCluster, client_id: str, connect: bytes) 
     await wait_for(lambda: _disconnected(cluster, client_id), "the session's end")
     assert await _waiting_wills(cluster, client_id) == 1
     assert cluster.kill(NODE)
+    # Else node 1 may have published it itself: the test would prove nothing.
+    assert time.monotonic() - lost_at < delay, "node 1 killed after the will was due"
     return lost_at
 
 
@@ -87,19 +104,13 @@ async def test_a_waiting_will_is_published_by_the_other_node_after_its_node_was_
     _, node2 = cluster.node_ports
     client_id = unique("durable")
     topic = unique("e2e/durable-will")
-    delay = 4
-    connect = session_connect_packet(
-        client_id,
-        level=5,
-        clean_start=False,
-        session_expiry=600,
-        will=(topic, b"gone"),
-        will_delay=delay,
-    )
+    # Room for the checks before the kill (each reads topics from their beginning).
+    delay = 10
+    connect = _will_connect(client_id, topic, delay)
     try:
         async with aio_client(node2, unique("watcher")) as watcher:
             await watcher.subscribe(topic, qos=1)
-            lost_at = await _lose_and_kill(cluster, client_id, connect)
+            lost_at = await _lose_and_kill(cluster, client_id, connect, delay)
             [will] = await collect(watcher, 1, timeout=delay + TAKEOVER)
             arrived_at = time.monotonic()
             assert cluster.pid(NODE) is None  # through node 2: node 1 is still down
@@ -117,18 +128,11 @@ async def test_a_resumed_session_cancels_the_will_of_a_killed_node(
     client_id = unique("resumed")
     topic = unique("e2e/resumed-will")
     delay = 30
-    connect = session_connect_packet(
-        client_id,
-        level=5,
-        clean_start=False,
-        session_expiry=600,
-        will=(topic, b"gone"),
-        will_delay=delay,
-    )
+    connect = _will_connect(client_id, topic, delay)
     try:
         async with aio_client(node2, unique("watcher")) as watcher:
             await watcher.subscribe(topic, qos=1)
-            await _lose_and_kill(cluster, client_id, connect)
+            await _lose_and_kill(cluster, client_id, connect, delay)
             with RawSocket(node2) as again:
                 assert _connect(again, connect)  # the session is resumed, on node 2
                 # The owner of the will's partition (node 2, once node 1's partitions

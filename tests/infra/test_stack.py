@@ -235,6 +235,14 @@ def test_msk_iam_task_roles_scoped_to_the_deployments_topics(serverless: Deploym
     cluster_arn = serverless.outputs["mskClusterArn"]
     topics = [s for s in router if "kafka-cluster:WriteData" in s["Action"]]
     assert topics[0]["Resource"] == [cluster_arn.replace(":cluster/", ":topic/") + "/mqtt.*"]
+    # Idempotent producers, and the router's Kafka transactions under the deployment's ids.
+    [cluster] = [s for s in router if s["Resource"] == [cluster_arn]]
+    assert "kafka-cluster:WriteDataIdempotently" in cluster["Action"]
+    [transactions] = [s for s in router if "kafka-cluster:AlterTransactionalId" in s["Action"]]
+    assert "kafka-cluster:DescribeTransactionalId" in transactions["Action"]
+    assert transactions["Resource"] == [
+        cluster_arn.replace(":cluster/", ":transactional-id/") + "/mqtt.*"
+    ]
     # The Spark job only reads.
     spark = [
         action
@@ -644,6 +652,7 @@ def test_the_topics_task_creates_the_projects_own_topics(
         "mqtt.client.sessions",
         "mqtt.client.subscriptions",
         "mqtt.msg.retained",
+        "mqtt.client.wills",
     ]
     assert settings.replication_factor == kafka.REPLICATION_FACTOR
     assert serverless.outputs["topicsTaskDefinition"].endswith("create-topics:1")

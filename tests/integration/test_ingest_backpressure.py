@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Connect, Publish
-from services.common.records import Headers
+from services.common.records import Headers, KafkaRecord
 from services.common.sessions import new_connection_id
 from services.common.settings import Settings
 from services.ingest.connection import ServerConnection
@@ -88,8 +88,11 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
     async def no_app_topics(client_id: str) -> None:
         raise AssertionError(f"{client_id} is not an APPLICATION client")
 
+    async def no_wills(partition: int, records: list[KafkaRecord]) -> None:
+        raise AssertionError("the flooder has no Will Message")
+
     try:
-        node = IngestNode(own, send, synced, no_app_topics)
+        node = IngestNode(own, send, synced, no_app_topics, commit_will=no_wills)
         shell = SocketShell(node)
         node.run(shell, shell.connection.receive_data(encode(Connect(4, "flooder", True, 60), 4)))
         await wait_for(lambda: shell.written, "CONNACK", TIMEOUT)

@@ -31,13 +31,9 @@ from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
-from tests.servers import TEST_PORTS, LocalCluster
+from tests.servers import SECOND_CLUSTER_OFFSET, TEST_PORTS, LocalCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
-
-#: The secured cluster's ports: the session's test ports moved by this much, between the
-#: session's block and the next session's (blocks are 100 apart).
-PORT_OFFSET = 50
 
 
 def _bindable(port: int) -> bool:
@@ -57,7 +53,7 @@ def secured(
     """The secured cluster, up; its settings (what the services were given)."""
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
-    ports = {name: getattr(settings, name) + PORT_OFFSET for name in TEST_PORTS}
+    ports = {name: getattr(settings, name) + SECOND_CLUSTER_OFFSET for name in TEST_PORTS}
     wanted = [*ports.values(), ports["ingest_base_port"] + 1]  # and its one ingest node
     taken = [port for port in wanted if not _bindable(port)]
     assert not taken, f"ports of the secured test cluster are taken: {taken}"

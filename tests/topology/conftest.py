@@ -29,6 +29,7 @@ def _settings(state_dir: Path) -> LocalSettings:
     return make_test_settings(
         state_dir,
         PRODUCTION_TEST_PORTS,
+        second=False,
         persisted_max_messages=MAX_STORED,
         kafka_brokers=layout.PRODUCTION.kafka_brokers,
         redis_replicas=layout.PRODUCTION.redis_replicas,

@@ -15,13 +15,24 @@ from bench.loadgen.plan import Options, Timing, build
 
 
 def _idle_process(patterns: str | None) -> subprocess.Popen[bytes]:
+    """Start an idle child with ``patterns`` in its environment, returned once it has exec'ed.
+
+    Until the child's exec, /proc/<pid>/environ still shows the parent's environment, so the
+    child says it is up on stdout and the parent waits for that line.
+    """
     env = dict(os.environ)
     env.pop("CORMORANT_APPLICATION_CLIENT_IDS", None)
     if patterns is not None:
         env["CORMORANT_APPLICATION_CLIENT_IDS"] = patterns
-    return subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env=env
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
     )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    return proc
 
 
 @pytest.fixture

@@ -1,0 +1,94 @@
+"""What the router's Kafka transactions cost: one scenario against the local cluster with
+its routers in Kafka transactions and with at-least-once routing, alternately.
+
+Between two runs every router of the cluster (``router``, ``router-2``...) is stopped and
+started again with ``router_transactions`` on (``transactional``: exactly once, the
+default) or off (``at-least-once``: offsets committed after the outputs are stored); the
+rest of the cluster keeps running. The routers are left with the transactions on.
+``python -m bench transactions <scenario> [options]`` writes
+``bench/results/<label>-router-transactions.{jsonl,md,png}``: medians per mode and their
+ratio (transactional / at-least-once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import brokers, chart, results
+from bench.compare import summary_line
+from bench.loadgen import runner
+from bench.loadgen.plan import Options, Timing, build
+
+#: The two modes, as the results name them (the ``broker`` of a record).
+TRANSACTIONAL = "transactional"
+AT_LEAST_ONCE = "at-least-once"
+
+
+def restart_routers(transactions: bool) -> None:
+    """Stop every router of the local cluster and start it again with
+    ``router_transactions=transactions``; returns once they are ready.
+
+    Raises :class:`~services.local.processes.StartError` if one does not become ready.
+    """
+    from services.local import cluster
+    from services.local.settings import LocalSettings
+
+    settings = LocalSettings().model_copy(update={"router_transactions": transactions})
+    for name in cluster.instance_names(cluster.ROUTER, settings.router_instances):
+        cluster.stop_component(settings, name)
+        cluster.start_component(settings, name)
+
+
+def compare_transactions(
+    scenario: str,
+    options: Options,
+    timing: Timing,
+    *,
+    rounds: int,
+    workers: int,
+    pause: float,
+    results_dir: Path,
+    log: Callable[[str], None],
+    restart: Callable[[bool], None] = restart_routers,
+) -> tuple[Path, Path, Path]:
+    """Run ``rounds`` rounds of ``scenario``, each with the routers transactional and then
+    at-least-once (``restart(transactions)`` switches them); ``pause`` seconds between runs.
+
+    Returns the paths of the JSON lines file, the Markdown table and the PNG chart.
+
+    Raises:
+        brokers.BrokerUnavailable: the cluster is not healthy.
+        runner.RunError: a run failed.
+    """
+    records: list[dict[str, Any]] = []
+    label = f"{build(scenario, options, timing).label}-router-transactions"
+    jsonl = results_dir / f"{label}.jsonl"
+    try:
+        for round_ in range(1, rounds + 1):
+            for mode in (TRANSACTIONAL, AT_LEAST_ONCE):
+                log(f"round {round_}/{rounds}: routers {mode}")
+                restart(mode == TRANSACTIONAL)
+                target = brokers.cormorant(options.host, options.port)  # the new pids
+                report = runner.run(build(scenario, options, timing), target, workers, log)
+                log(summary_line(report))
+                rec = results.record(
+                    label=label,
+                    scenario=scenario,
+                    broker=mode,
+                    round_=round_,
+                    options={**dataclasses.asdict(options), **dataclasses.asdict(timing)},
+                    report=report,
+                )
+                results.append(jsonl, rec)
+                records.append(rec)
+                time.sleep(pause)  # the machine settles between runs
+    finally:
+        restart(True)
+    md = results_dir / f"{label}.md"
+    md.write_text(results.markdown(records, TRANSACTIONAL, AT_LEAST_ONCE), encoding="utf-8")
+    png = chart.draw(records, results_dir / f"{label}.png", (TRANSACTIONAL, AT_LEAST_ONCE))
+    return jsonl, md, png
