@@ -172,6 +172,32 @@ def _alternate(
     _log(f"wrote {jsonl}, {md} and {png}")
 
 
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    """``--own-cluster`` and ``--production``: which cluster a run disrupts or measures."""
+    parser.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="start a cluster of its own on free ports in a temporary directory",
+    )
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
+    )
+
+
+def _cluster(args: argparse.Namespace, stack: contextlib.ExitStack) -> LocalSettings:
+    """The settings of the cluster ``args`` name: one of its own (stopped when ``stack``
+    closes), or the one ``cormorant up`` started; the cluster is brought up (whatever is
+    not running is started)."""
+    if args.own_cluster:
+        settings = stack.enter_context(chaos.own_cluster(args.production))
+    else:
+        settings = layout.current(LocalSettings())
+    cluster.up(settings)
+    return settings
+
+
 def chaos_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``chaos``."""
     parser.add_argument(
@@ -189,16 +215,7 @@ def chaos_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--recovery-timeout", type=float, default=120.0)
     parser.add_argument("--drain", type=float, default=120.0, help="max seconds to drain")
-    parser.add_argument(
-        "--own-cluster",
-        action="store_true",
-        help="start a cluster of its own on free ports in a temporary directory",
-    )
-    parser.add_argument(
-        "--production",
-        action="store_true",
-        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
-    )
+    _cluster_options(parser)
     parser.add_argument("--output", type=Path, default=results.RESULTS_DIR / "chaos.jsonl")
 
 
@@ -228,10 +245,7 @@ def do_chaos(args: argparse.Namespace) -> None:
         drain=args.drain,
     )
     with contextlib.ExitStack() as stack:
-        if args.own_cluster:
-            settings = stack.enter_context(chaos.own_cluster(args.production))
-        else:
-            settings = layout.current(LocalSettings())
+        settings = _cluster(args, stack)
         names = args.processes.split(",") if args.processes else default_processes(settings)
         _log(f"chaos over {', '.join(names)} ({layout.of(settings).describe()})")
         result = chaos.run(
@@ -271,16 +285,7 @@ def soak_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--workers", type=int, default=2, help="load generator processes")
-    parser.add_argument(
-        "--own-cluster",
-        action="store_true",
-        help="start a cluster of its own on free ports in a temporary directory",
-    )
-    parser.add_argument(
-        "--production",
-        action="store_true",
-        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
-    )
+    _cluster_options(parser)
     parser.add_argument(
         "--out", type=Path, help="directory for samples.csv, soak.png, summary.md "
         "(default: bench/results/soak-<date>)"
@@ -292,11 +297,7 @@ def do_soak(args: argparse.Namespace) -> None:
     out = args.out or results.RESULTS_DIR / f"soak-{time.strftime('%Y%m%d-%H%M')}"
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        if args.own_cluster:
-            settings = stack.enter_context(chaos.own_cluster(args.production))
-            cluster.up(settings)
-        else:
-            settings = layout.current(LocalSettings())
+        settings = _cluster(args, stack)
         load = soak.plan(
             "127.0.0.1",
             settings.listen_port,
