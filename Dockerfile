@@ -3,8 +3,8 @@
 #
 #   docker build --target router -t cormorant:0.1.0-router .
 #
-# Targets: ingest, router, device-persist, app-delivery (the services) and topics (the
-# one-off task that creates the Kafka topics). Each target's entry point is its `cormorant`
+# Targets: ingest, router, device-persist, app-delivery, admin (the services) and topics
+# (the one-off task that creates the Kafka topics). Each target's entry point is its `cormorant`
 # command (services/cli.py); settings come from CORMORANT_* environment variables.
 # Only the builder stage has compilers; the final stages hold the virtualenv and run as an
 # unprivileged user.
@@ -40,14 +40,15 @@ COPY --from=builder /opt/cormorant /opt/cormorant
 ENV PATH=/opt/cormorant/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     CORMORANT_SETTINGS_FILE=/dev/null \
-    CORMORANT_READY_FILE=/tmp/cormorant.ready
+    CORMORANT_READY_FILE=/tmp/cormorant.ready \
+    CORMORANT_HTTP_HOST=0.0.0.0
 USER 10001:10001
 WORKDIR /home/cormorant
-# A service writes its ready file once it serves (Kafka reached, state replayed, listener
-# bound) and removes it when it stops. This becomes a GET of /health once the services
-# serve it (issue 13).
+# Every service serves /health, /ready and /metrics on CORMORANT_HTTP_PORT (9180): the
+# health check GETs its own /health (alive); load balancers use /ready.
+EXPOSE 9180
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
-    CMD ["sh", "-c", "test -f \"$CORMORANT_READY_FILE\""]
+    CMD ["sh", "-c", "python -m services.common.probe /health"]
 
 FROM runtime AS ingest
 EXPOSE 1883 8883
@@ -61,6 +62,14 @@ ENTRYPOINT ["cormorant", "device-persist"]
 
 FROM runtime AS app-delivery
 ENTRYPOINT ["cormorant", "app-delivery"]
+
+FROM runtime AS admin
+# The REST API (/api, /docs) and the web console (/) on CORMORANT_ADMIN_PORT (9170).
+ENV CORMORANT_ADMIN_HOST=0.0.0.0
+EXPOSE 9170
+HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
+    CMD ["sh", "-c", "python -m services.common.probe --admin /health"]
+ENTRYPOINT ["cormorant", "admin"]
 
 FROM runtime AS topics
 # Exits when every topic exists: no ready file, no health check.

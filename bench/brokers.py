@@ -1,5 +1,6 @@
 """The brokers under test: the local Cormorant cluster, a Mosquitto the bench starts, or
-any other address; and the CPU / memory accounting of their processes.
+any other address; the transports each offers (plain TCP, TLS, MQTT over WebSocket with and
+without TLS) and where; and the CPU / memory accounting of their processes.
 
 CPU is ``psutil.Process.cpu_times()`` user + system of each process (all its threads,
 children excluded), in seconds; memory is resident set size (RSS), in bytes.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pwd
 import resource
 import shutil
 import socket
@@ -18,11 +21,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
-#: Loopback port of the Mosquitto the bench starts.
+from bench.loadgen.transports import Endpoint
+
+if TYPE_CHECKING:
+    from services.local.settings import LocalSettings
+
+#: Loopback ports of the Mosquitto the bench starts: plain MQTT, and MQTT over TLS.
 MOSQUITTO_PORT = 18830
+MOSQUITTO_TLS_PORT = 18831
+
+#: What that Mosquitto serves: Debian's mosquitto 2.0 is built without WebSocket support.
+MOSQUITTO_TRANSPORTS = ("tcp", "tls")
 
 #: Seconds Mosquitto may take to accept connections, and to exit after SIGTERM.
 MOSQUITTO_TIMEOUT = 10.0
@@ -40,6 +53,11 @@ set_tcp_nodelay true
 log_dest file {log}
 log_type error
 log_type warning
+# MQTT over TLS (TLS 1.2 and 1.3, Mosquitto's default), certificate from a CA made per run.
+listener {tls_port} 127.0.0.1
+cafile {ca_file}
+certfile {cert_file}
+keyfile {key_file}
 """
 
 
@@ -51,9 +69,12 @@ class BrokerUnavailable(RuntimeError):
 class Target:
     """A broker to run against.
 
-    ``processes``: name → process, for CPU accounting (empty for an external broker);
-    ``memory``: the names whose RSS growth is reported per connection (the processes
-    holding the client sockets: Cormorant's ingest nodes, Mosquitto itself).
+    ``port`` is the plain MQTT port; ``ports``: transport name → port of every transport
+    offered (``tcp`` is ``port``); ``ca_file``: the CA certificate (PEM) that signed the
+    broker's TLS certificate ("" for the system's CAs). ``processes``: name → process, for
+    CPU accounting (empty for an external broker); ``memory``: the names whose RSS growth
+    is reported per connection (the processes holding the client sockets: Cormorant's
+    ingest nodes, Mosquitto itself).
     """
 
     name: str
@@ -61,10 +82,29 @@ class Target:
     port: int
     processes: dict[str, psutil.Process] = field(default_factory=dict)
     memory: tuple[str, ...] = ()
+    ports: dict[str, int] = field(default_factory=dict)
+    ca_file: str = ""
+
+    def endpoint(self, transport: str) -> Endpoint:
+        """Where to reach the broker over ``transport`` (see ``bench.loadgen.transports``).
+
+        Raises:
+            BrokerUnavailable: the broker does not offer ``transport``.
+        """
+        port = self.port if transport == "tcp" else self.ports.get(transport)
+        if port is None:
+            offered = ", ".join(["tcp", *(t for t in self.ports if t != "tcp")])
+            raise BrokerUnavailable(f"{self.name} offers {offered}, not {transport}")
+        return Endpoint(self.host, port, transport, self.ca_file)
 
 
-def cormorant(host: str = "127.0.0.1", port: int | None = None) -> Target:
-    """The local cluster brought up with ``cormorant up``, checked healthy.
+def cormorant(
+    host: str = "127.0.0.1", port: int | None = None, settings: LocalSettings | None = None
+) -> Target:
+    """The local cluster brought up with ``cormorant up``, checked healthy: HAProxy's
+    plain (``port``, default the settings' ``listen_port``), TLS, WebSocket and WebSocket
+    on TLS ports, and the local CA (``<state_dir>/tls/ca.pem``). ``settings``: the
+    cluster's (default: read from the environment, as ``cormorant up`` does).
 
     Raises:
         BrokerUnavailable: a process of the cluster is down (run ``bash scripts/up.sh``).
@@ -72,7 +112,7 @@ def cormorant(host: str = "127.0.0.1", port: int | None = None) -> Target:
     from services.local import cluster, layout
     from services.local.settings import LocalSettings
 
-    settings = layout.current(LocalSettings())
+    settings = layout.current(LocalSettings() if settings is None else settings)
     rows = cluster.status(settings)
     down = [f"{r.name}: {r.health}" for r in rows if not r.healthy]
     if down:
@@ -88,6 +128,12 @@ def cormorant(host: str = "127.0.0.1", port: int | None = None) -> Target:
         port=settings.listen_port if port is None else port,
         processes=procs,
         memory=tuple(n for n in procs if n.startswith("ingest")),
+        ports={
+            "tls": settings.tls_listen_port,
+            "ws": settings.ws_listen_port,
+            "wss": settings.wss_listen_port,
+        },
+        ca_file=str(cluster.tls_dir(settings) / "ca.pem"),
     )
 
 
@@ -121,9 +167,11 @@ def require_application(target: Target, client_ids: list[str]) -> None:
             )
 
 
-def external(host: str, port: int) -> Target:
-    """Any broker at ``host:port``, without process accounting."""
-    return Target(name="external", host=host, port=port)
+def external(host: str, port: int, transport: str = "tcp", ca_file: str = "") -> Target:
+    """Any broker at ``host:port`` over ``transport`` (``ca_file``: the CA that signed its
+    certificate, "" for the system's), without process accounting."""
+    ports = {} if transport == "tcp" else {transport: port}
+    return Target(name="external", host=host, port=port, ports=ports, ca_file=ca_file)
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -149,25 +197,53 @@ def mosquitto_binary() -> str:
 
 
 @contextlib.contextmanager
-def mosquitto(port: int = MOSQUITTO_PORT) -> Iterator[Target]:
-    """Start ``mosquitto -c <generated conf>`` on 127.0.0.1:``port``; stop it on exit.
+def mosquitto(port: int = MOSQUITTO_PORT, tls_port: int = MOSQUITTO_TLS_PORT) -> Iterator[Target]:
+    """Start ``mosquitto -c <generated conf>`` on 127.0.0.1:``port`` (plain MQTT) and
+    ``tls_port`` (MQTT over TLS); stop it on exit.
 
-    Its file descriptor limit is raised to the hard limit (it inherits ours), so the
-    connections scenario is not capped at 1,024 sockets.
+    The TLS certificate (EC P-256, for ``localhost`` and ``127.0.0.1``) is signed by a CA
+    made for this run in a temporary directory (``services.local.certificates``, as the
+    local cluster's), which the Target names as its ``ca_file``. Its file descriptor limit
+    is raised to the hard limit (it inherits ours), so the connections scenario is not
+    capped at 1,024 sockets.
 
     Raises:
-        BrokerUnavailable: no ``mosquitto`` binary, the port is taken, or it did not start.
+        BrokerUnavailable: no ``mosquitto`` binary, a port is taken, or it did not start.
     """
+    from services.local import certificates
+
     binary = mosquitto_binary()
-    if _port_open("127.0.0.1", port):
-        raise BrokerUnavailable(f"port {port} is already in use; pass another --mosquitto-port")
+    for taken in (port, tls_port):
+        if _port_open("127.0.0.1", taken):
+            raise BrokerUnavailable(
+                f"port {taken} is already in use; pass another --mosquitto-port"
+            )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
+        ca = certificates.make_ca(Path(tmp), "Cormorant bench CA")
+        server = certificates.issue(
+            ca,
+            Path(tmp) / "server.pem",
+            Path(tmp) / "server.key",
+            "localhost",
+            server_names=certificates.SERVER_NAMES,
+        )
         log = Path(tmp) / "mosquitto.log"
         conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(MOSQUITTO_CONF.format(port=port, log=log), encoding="utf-8")
+        conf.write_text(
+            MOSQUITTO_CONF.format(
+                port=port,
+                log=log,
+                tls_port=tls_port,
+                ca_file=ca.cert,
+                cert_file=server.cert,
+                key_file=server.key,
+            ),
+            encoding="utf-8",
+        )
+        _hand_over(Path(tmp))
         proc = subprocess.Popen(
             [binary, "-c", str(conf)],
             stdin=subprocess.DEVNULL,
@@ -176,7 +252,7 @@ def mosquitto(port: int = MOSQUITTO_PORT) -> Iterator[Target]:
         )
         try:
             deadline = time.monotonic() + MOSQUITTO_TIMEOUT
-            while not _port_open("127.0.0.1", port):
+            while not (_port_open("127.0.0.1", port) and _port_open("127.0.0.1", tls_port)):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                     raise BrokerUnavailable(f"mosquitto did not start: {err.strip()}")
@@ -187,6 +263,8 @@ def mosquitto(port: int = MOSQUITTO_PORT) -> Iterator[Target]:
                 port=port,
                 processes={"mosquitto": psutil.Process(proc.pid)},
                 memory=("mosquitto",),
+                ports={"tls": tls_port},
+                ca_file=str(ca.cert),
             )
         finally:
             proc.terminate()
@@ -197,6 +275,19 @@ def mosquitto(port: int = MOSQUITTO_PORT) -> Iterator[Target]:
                 proc.wait()
             if proc.stderr is not None:
                 proc.stderr.close()
+
+
+def _hand_over(directory: Path) -> None:
+    """Started as root, Mosquitto drops to its ``mosquitto`` user before it opens its log
+    and reads its certificates: give it ``directory`` and the files in it (keys stay 0600)."""
+    if os.geteuid() != 0:
+        return
+    try:
+        user = pwd.getpwnam("mosquitto")
+    except KeyError:
+        return
+    for path in (directory, *directory.iterdir()):
+        os.chown(path, user.pw_uid, user.pw_gid)
 
 
 def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:

@@ -46,17 +46,6 @@ REDIS_PRIMARY = "redis-primary"
 #: msg/s: by design, and reported as lost).
 OWN_CLUSTER_MAX_MESSAGES = 65_534
 
-#: Ports of a cluster the chaos run starts for itself (``--own-cluster``), shifted until free.
-OWN_CLUSTER_PORTS = {
-    "kafka_port": 29092,
-    "kafka_controller_port": 29093,
-    "redis_port": 26479,
-    "redis_sentinel_port": 26489,
-    "postgres_port": 25432,
-    "listen_port": 31883,
-    "ingest_base_port": 31900,
-}
-
 Log = Callable[[str], None]
 
 
@@ -200,13 +189,17 @@ def run(
 
 @contextlib.contextmanager
 def own_cluster(production: bool) -> Iterator[LocalSettings]:
-    """A cluster of its own in a temporary directory on free ports (the production layout
-    when asked), brought down at the end."""
+    """A cluster of its own in a temporary directory on free ports (the BENCH slot of a
+    block: :mod:`services.local.ports`; the production layout when asked), brought down
+    at the end."""
     with tempfile.TemporaryDirectory(prefix="cormorant-chaos-") as state_dir:
         chosen = layout.PRODUCTION if production else layout.Layout()
-        values = ports.free_block(OWN_CLUSTER_PORTS, chosen)
+        slot = ports.BENCH
         own = LocalSettings(
-            state_dir=Path(state_dir), persisted_max_messages=OWN_CLUSTER_MAX_MESSAGES, **values
+            state_dir=Path(state_dir),
+            persisted_max_messages=OWN_CLUSTER_MAX_MESSAGES,
+            ingest_nodes=slot.ingest_nodes,
+            **slot.ports(ports.free_block((slot,))),
         )
         settings = layout.apply(own, chosen)
         try:

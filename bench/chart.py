@@ -25,7 +25,8 @@ def _values(records: Sequence[Mapping[str, Any]], broker: str, key: str) -> list
 
 
 def draw(records: Sequence[Mapping[str, Any]], path: Path, brokers: tuple[str, str]) -> Path:
-    """Write the chart of ``records`` (one label, both ``brokers``) to ``path``.
+    """Write the chart of ``records`` (one label) to ``path``: a bar per name in
+    ``brokers`` (the records' ``broker``: both brokers, or broker and transport series).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install -e '.[bench]'``).
@@ -54,7 +55,6 @@ def draw(records: Sequence[Mapping[str, Any]], path: Path, brokers: tuple[str, s
                 False,
             ),
         ]
-    colours = ("tab:blue", "tab:orange")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (title, keys, log) in zip(axes, panels, strict=True):
         width = 0.8 / len(brokers)
@@ -64,7 +64,7 @@ def draw(records: Sequence[Mapping[str, Any]], path: Path, brokers: tuple[str, s
                 k_index + (b_index - (len(brokers) - 1) / 2) * width for k_index in range(len(keys))
             ]
             heights = [med.get(key) or 0.0 for key, _ in keys]
-            ax.bar(xs, heights, width, label=broker, color=colours[b_index % len(colours)])
+            ax.bar(xs, heights, width, label=broker, color=f"C{b_index % 10}")
             for x, (key, _) in zip(xs, keys, strict=True):
                 points = _values(records, broker, key)
                 ax.scatter([x] * len(points), points, color="black", s=8, zorder=3)

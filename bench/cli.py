@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from bench import brokers, chaos, results, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
+from bench.loadgen.transports import TRANSPORTS
 from bench.transactions import compare_transactions
 from services.local import cluster, layout, redis
 from services.local.settings import LocalSettings
@@ -51,6 +53,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--inflight", type=int, default=64, help="QoS 1 PUBLISHes awaiting PUBACK per publisher"
     )
+    g.add_argument("--username", help="User Name of every client's CONNECT (label: -auth)")
+    g.add_argument("--password", help="Password of every client's CONNECT")
     t = parser.add_argument_group("timing and generator")
     t.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured traffic")
     t.add_argument("--duration", type=float, default=10.0, help="measure window, seconds")
@@ -78,6 +82,8 @@ def _options(args: argparse.Namespace, host: str, port: int) -> tuple[Options, T
         inflight=args.inflight,
         host=host,
         port=port,
+        username=args.username,
+        password=args.password,
     )
     timing = Timing(
         warmup=args.warmup,
@@ -100,17 +106,53 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
         "--port (default 18830); external: just --host/--port",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, help="default 1883, or 18830 for mosquitto")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="cormorant: its plain MQTT port (default from its settings); mosquitto: its "
+        "plain port (default 18830; TLS on the next one); external: the port of --transport "
+        "(default 1883)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="tcp",
+        help="tcp, tls, ws (MQTT over WebSocket on /mqtt) or wss; cormorant: HAProxy's port "
+        "of it and the local CA; mosquitto: tcp or tls",
+    )
+    parser.add_argument(
+        "--ca-file", default="", help="external tls/wss: the CA certificate (PEM) to trust"
+    )
     parser.add_argument("--output", type=Path, help="append the result record to this .jsonl")
+
+
+def _transports(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in names if t not in TRANSPORTS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"a comma-separated list of {', '.join(TRANSPORTS)} (got {text!r})"
+        )
+    return names
 
 
 def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -> None:
     """Arguments of ``compare`` (and, without ``mosquitto``, of ``transactions``)."""
     _common(parser)
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (at least 3)")
-    parser.add_argument("--port", type=int, default=1883, help="Cormorant's MQTT port")
+    parser.add_argument(
+        "--port", type=int, help="Cormorant's plain MQTT port (default: its listen_port)"
+    )
     if mosquitto:
+        parser.add_argument(
+            "--transports",
+            type=_transports,
+            default=("tcp",),
+            help="comma-separated, e.g. tcp,tls,ws,wss: every round runs each (Mosquitto over "
+            "tcp and tls only); the table gives ratios to Cormorant tcp and Mosquitto tls",
+        )
         parser.add_argument("--mosquitto-port", type=int, default=brokers.MOSQUITTO_PORT)
+        parser.add_argument("--mosquitto-tls-port", type=int, default=brokers.MOSQUITTO_TLS_PORT)
     parser.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
     parser.add_argument("--results-dir", type=Path, default=results.RESULTS_DIR)
 
@@ -118,20 +160,23 @@ def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -
 @contextlib.contextmanager
 def _target(args: argparse.Namespace) -> Iterator[brokers.Target]:
     if args.broker == "mosquitto":
-        with brokers.mosquitto(args.port or brokers.MOSQUITTO_PORT) as target:
+        port = args.port or brokers.MOSQUITTO_PORT
+        with brokers.mosquitto(port, port + 1) as target:
             yield target
     elif args.broker == "cormorant":
         yield brokers.cormorant(args.host, args.port)
     else:
-        yield brokers.external(args.host, args.port or 1883)
+        yield brokers.external(args.host, args.port or 1883, args.transport, args.ca_file)
 
 
 def do_run(args: argparse.Namespace) -> None:
     """``run``: one scenario, one broker, once; prints the report as JSON."""
     with _target(args) as target:
-        options, timing = _options(args, target.host, target.port)
+        end = target.endpoint(args.transport)
+        options, timing = _options(args, end.host, end.port)
+        options = dataclasses.replace(options, transport=end.transport, ca_file=end.ca_file)
         plan = build(args.scenario, options, timing)
-        _log(f"{plan.label} against {target.name} at {target.host}:{target.port}")
+        _log(f"{plan.label} against {target.name} at {end.host}:{end.port} over {end.transport}")
         report = runner.run(plan, target, args.workers, _log)
     _log(summary_line(report))
     rec = results.record(
@@ -139,8 +184,9 @@ def do_run(args: argparse.Namespace) -> None:
         scenario=plan.scenario,
         broker=target.name,
         round_=1,
-        options={"host": target.host, "port": target.port, **vars(args)},
+        options={**vars(args), "host": end.host, "port": end.port},
         report=report,
+        transport=end.transport,
     )
     if args.output:
         results.append(args.output, rec)
@@ -156,7 +202,7 @@ def _alternate(
     :func:`~bench.transactions.compare_transactions`) as the arguments say, print its table."""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
-    options, timing = _options(args, "127.0.0.1", args.port)
+    options, timing = _options(args, "127.0.0.1", args.port or 1883)
     jsonl, md, png = comparison(
         args.scenario,
         options,
@@ -330,7 +376,14 @@ def do_soak(args: argparse.Namespace) -> None:
 
 def do_compare(args: argparse.Namespace) -> None:
     """``compare``: Cormorant vs Mosquitto, A B A B …"""
-    _alternate(args, compare, mosquitto_port=args.mosquitto_port)
+    _alternate(
+        args,
+        compare,
+        mosquitto_port=args.mosquitto_port,
+        transports=args.transports,
+        mosquitto_tls_port=args.mosquitto_tls_port,
+        cormorant_port=args.port,
+    )
 
 
 def do_transactions(args: argparse.Namespace) -> None:

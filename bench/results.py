@@ -1,8 +1,10 @@
 """Result records: one JSON line per run, medians over rounds, the Markdown table.
 
-A record is ``{"label", "scenario", "broker", "round", "date", "machine", "git_commit",
-"command", "options", "report"}``; ``report`` is what ``bench.loadgen.runner.run``
-returned. Report keys are flattened with dots (``latency_ms.p99``) for the tables.
+A record is ``{"label", "scenario", "broker", "transport", "round", "date", "machine",
+"git_commit", "command", "options", "report"}``; ``report`` is what
+``bench.loadgen.runner.run`` returned; ``transport`` is ``tcp``, ``tls``, ``ws`` or ``wss``
+(records from before transports existed have none: ``tcp``). Report keys are flattened with
+dots (``latency_ms.p99``) for the tables.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ TRAFFIC_ROWS: tuple[tuple[str, str, str], ...] = (
     ("broker_cpu_total_s", "broker CPU s (whole stack)", "{:.2f}"),
     ("delivered_per_cpu_s", "delivered msg per broker CPU-s", "{:,.0f}"),
     ("generator_cpu_s", "generator CPU s", "{:.2f}"),
+)
+
+#: Rows added to TRAFFIC_ROWS in a transports comparison: where a transport's cost shows.
+TRANSPORT_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("socket_holders_cpu_s", "CPU s of the socket holders (ingest nodes / Mosquitto)", "{:.2f}"),
+    ("socket_holders_us_per_delivered", "socket holders' CPU µs per delivered msg", "{:.1f}"),
 )
 
 #: Row-name prefix of a row that shows the maximum over rounds instead of the median: a
@@ -101,12 +109,14 @@ def record(
     round_: int,
     options: Mapping[str, Any],
     report: Mapping[str, Any],
+    transport: str = "tcp",
 ) -> dict[str, Any]:
     """One JSON-ready result record (see the module docstring)."""
     return {
         "label": label,
         "scenario": scenario,
         "broker": broker,
+        "transport": transport,
         "round": round_,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
@@ -166,6 +176,17 @@ def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None or value != value else fmt.format(value)
 
 
+def _cpu_line(name: str, med: Mapping[str, float | None]) -> str:
+    """``- <name>: <process> <CPU-s>, …`` from the ``broker_cpu_s.*`` medians."""
+    parts = sorted(
+        (k.removeprefix("broker_cpu_s."), v)
+        for k, v in med.items()
+        if k.startswith("broker_cpu_s.") and v is not None
+    )
+    text = ", ".join(f"{proc} {value:.2f}" for proc, value in parts) or "not measured"
+    return f"- {name}: {text}"
+
+
 def markdown(
     records: Sequence[Mapping[str, Any]], a: str = "cormorant", b: str = "mosquitto"
 ) -> str:
@@ -200,14 +221,7 @@ def markdown(
         "CPU seconds per process during the measure window (medians; children excluded):",
         "",
     ]
-    for broker, med in ((a, med_a), (b, med_b)):
-        parts = sorted(
-            (k.removeprefix("broker_cpu_s."), v)
-            for k, v in med.items()
-            if k.startswith("broker_cpu_s.") and v is not None
-        )
-        text = ", ".join(f"{name} {value:.2f}" for name, value in parts) or "not measured"
-        lines.append(f"- {broker}: {text}")
+    lines += [_cpu_line(broker, med) for broker, med in ((a, med_a), (b, med_b))]
     if first["scenario"] == "connections":
         lines += ["", "RSS growth per connection, KiB, per process (medians):", ""]
         for broker, med in ((a, med_a), (b, med_b)):
@@ -217,4 +231,73 @@ def markdown(
                 if k.startswith("rss_per_connection_kib.") and v is not None
             )
             lines.append(f"- {broker}: " + ", ".join(f"{n} {v:.2f}" for n, v in parts))
+    return "\n".join(lines) + "\n"
+
+
+#: Rows of the ratio table of a transports comparison: (flattened key, label).
+RATIO_ROWS: tuple[tuple[str, str], ...] = (
+    ("delivered_per_s", "delivered msg/s"),
+    ("latency_ms.p50", "end-to-end p50"),
+    ("latency_ms.p99", "end-to-end p99"),
+    ("puback_ms.p50", "PUBACK p50"),
+    ("delivered_per_cpu_s", "delivered msg per broker CPU-s"),
+    ("socket_holders_us_per_delivered", "socket holders' CPU µs per delivered msg"),
+)
+
+#: The references of a transports comparison: (broker, transport).
+REFERENCES: tuple[tuple[str, str], ...] = (("cormorant", "tcp"), ("mosquitto", "tls"))
+
+
+def series(rec: Mapping[str, Any]) -> str:
+    """The series of a record in a transports comparison: ``"<broker> <transport>"``."""
+    return f"{rec['broker']} {rec.get('transport', 'tcp')}"
+
+
+def transports_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+    """The Markdown report of a comparison over several transports: the medians of every
+    broker and transport, then their ratios to Cormorant over plain TCP and to Mosquitto
+    over TLS (a reference missing from ``records`` is left out)."""
+    first = records[0]
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(series(rec), []).append(rec)
+    med = {name: medians(recs, recs[0]["broker"]) for name, recs in groups.items()}
+    names = list(groups)
+    tls = {
+        name: next((r["report"].get("tls") for r in recs if r["report"].get("tls")), "")
+        for name, recs in groups.items()
+    }
+    mach = first["machine"]
+    rounds = max(r["round"] for r in records)
+    lines = [
+        f"# {first['label']}: Cormorant and Mosquitto over each transport",
+        "",
+        f"- date: {first['date']} ({rounds} rounds; in each, Cormorant then Mosquitto per "
+        "transport; medians below)",
+        f"- machine: {mach['platform']}, {mach['cpu_count']} CPUs, Python {mach['python']} "
+        "(shared, noisy VM: compare ratios, not absolutes)",
+        f"- commit: {first['git_commit'] or 'unknown'}",
+        f"- command: `{first['command']}`",
+        "- TLS negotiated: "
+        + (", ".join(f"{name}: {text}" for name, text in tls.items() if text) or "none"),
+        "",
+        "| metric | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for key, name, fmt in TRAFFIC_ROWS + TRANSPORT_ROWS:
+        cells = [_fmt(med[n].get(key), fmt) for n in names]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    refs = [f"{b} {t}" for b, t in REFERENCES if f"{b} {t}" in med]
+    lines += ["", "Ratios of the medians (each column ÷ the reference):", ""]
+    lines += ["| ratio | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for ref in refs:
+        for key, name in RATIO_ROWS:
+            cells = [_fmt(ratio(med[n].get(key), med[ref].get(key)), "{:.2f}") for n in names]
+            lines.append(f"| {name} ÷ {ref} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "CPU seconds per process during the measure window (medians; children excluded):",
+        "",
+    ]
+    lines += [_cpu_line(name, med[name]) for name in names]
     return "\n".join(lines) + "\n"

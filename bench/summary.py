@@ -36,8 +36,9 @@ CONNECTIONS = (
 
 def latest_comparison(path: Path) -> list[dict[str, Any]]:
     """The records of the latest comparison in the JSON lines file ``path``: the trailing
-    records written by the same command ([] for an empty file or one without both
-    brokers, such as single runs)."""
+    records written by the same command ([] for an empty file, one without both brokers,
+    such as single runs, or a comparison over other transports than plain TCP, which has
+    its own table: ``results.transports_markdown``)."""
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     if not records:
         return []
@@ -48,6 +49,8 @@ def latest_comparison(path: Path) -> list[dict[str, Any]]:
             break
         latest.append(rec)
     latest.reverse()
+    if any(rec.get("transport", "tcp") != "tcp" for rec in latest):
+        return []
     return latest if {r.get("broker") for r in latest} >= set(BROKERS) else []
 
 

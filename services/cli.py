@@ -11,12 +11,16 @@ import os
 import click
 
 from services.cloud.cli import cloud
+from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
 from spark_emr.cli import analytics
 
-SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery")
+SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery", "admin")
 """The commands that each run one deployable service: one container image target
 (Dockerfile) and one ECS service (infra/) each."""
+
+ADMIN_COMMAND = "admin"
+"""The operators' REST API and console: a deployable service, not a stage of the data path."""
 
 TOPICS_COMMAND = "create-topics"
 """The command of the one-off task that creates Cormorant's core Kafka topics."""
@@ -85,6 +89,93 @@ def app_delivery() -> None:
     from services.app_delivery.main import run
 
     run()
+
+
+@main.command(ADMIN_COMMAND)
+@click.option("--host", "admin_host", help="Address to bind (default: loopback).")
+@click.option("--port", "admin_port", type=int, help="Port of the API and console.")
+def admin(admin_host: str | None, admin_port: int | None) -> None:
+    """Run the admin service: the REST API (/api, /docs) and the web console (/)."""
+    _apply(admin_host=admin_host, admin_port=admin_port)
+    from services.admin.main import run
+
+    run()
+
+
+@main.group("admin-users")
+def admin_users() -> None:
+    """Manage the admin API's users (kept in PostgreSQL, passwords as argon2id hashes)."""
+
+
+def _users_call(call: str, *args: str) -> object:
+    import asyncio
+
+    from services.admin.main import users_of
+    from services.admin.users import UserError
+    from services.common.settings import get_settings
+    from services.common.stores.base import StoreUnavailable
+
+    async def go() -> object:
+        users = users_of(get_settings())
+        try:
+            return await getattr(users, call)(*args)
+        finally:
+            await users.pool.close()
+
+    try:
+        return asyncio.run(go())
+    except (UserError, StoreUnavailable) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _new_password(password_stdin: bool) -> str:
+    import sys
+
+    if password_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    password: str = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    return password
+
+
+_PASSWORD_STDIN = click.option(
+    "--password-stdin", is_flag=True, help="Read the password from standard input (one line)."
+)
+
+
+@admin_users.command("add")
+@click.argument("username")
+@_PASSWORD_STDIN
+def admin_users_add(username: str, password_stdin: bool) -> None:
+    """Create admin user USERNAME (the password is asked for twice)."""
+    _users_call("add", username, _new_password(password_stdin))
+    click.echo(f"admin user {username} created")
+
+
+@admin_users.command("set-password")
+@click.argument("username")
+@_PASSWORD_STDIN
+def admin_users_set_password(username: str, password_stdin: bool) -> None:
+    """Change USERNAME's password (its tokens are revoked)."""
+    _users_call("set_password", username, _new_password(password_stdin))
+    click.echo(f"password of {username} changed")
+
+
+@admin_users.command("remove")
+@click.argument("username")
+def admin_users_remove(username: str) -> None:
+    """Delete admin user USERNAME and its tokens."""
+    if not _users_call("remove", username):
+        raise click.ClickException(f"no admin user {username}")
+    click.echo(f"admin user {username} removed")
+
+
+@admin_users.command("list")
+def admin_users_list() -> None:
+    """List the admin users."""
+    names = _users_call("names")
+    assert isinstance(names, list)
+    for name in names:
+        click.echo(name)
 
 
 @main.command(TOPICS_COMMAND)
@@ -161,6 +252,7 @@ main.add_command(status)
 main.add_command(fetch_kafka)
 main.add_command(cloud)
 main.add_command(analytics)
+main.add_command(credentials)
 
 if __name__ == "__main__":
     main()

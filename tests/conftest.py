@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from services.local import cluster as local_cluster
 from services.local import kafka, postgres, redis
@@ -17,6 +18,11 @@ from services.local.settings import LocalSettings
 from tests.servers import LocalCluster, make_test_settings
 
 DISRUPTIVE = "disruptive"
+
+# Property tests check behaviour, never speed (bench/ measures that): no per-example
+# deadline, which a shared, loaded machine exceeds now and then (an example at 280 ms).
+hypothesis_settings.register_profile("cormorant", deadline=None)
+hypothesis_settings.load_profile("cormorant")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,6 +1,10 @@
 """The generator's MQTT clients: one asyncio Protocol per socket, plus publisher and
 subscriber behaviour on top of it.
 
+The MQTT logic is the same over every transport (``bench.loadgen.transports``): TLS is
+asyncio's SSL transport under the same :class:`Connection`, and MQTT over WebSocket is
+:class:`WebSocketConnection`, which unwraps frames before and wraps them after it.
+
 Times are wall-clock nanoseconds (``time.time_ns()``) so that sender and receiver in
 different worker processes agree. Every client of one worker records into one
 ``Recorder``.
@@ -18,6 +22,7 @@ from typing import cast
 from bench.loadgen import payload, wire
 from bench.loadgen.plan import PublisherSpec, SubscriberSpec
 from bench.loadgen.stats import SeqTracker
+from bench.loadgen.transports import Endpoint, WebSocketFraming
 
 #: Bytes of one PINGREQ.
 PINGREQ = b"\xc0\x00"
@@ -41,6 +46,7 @@ class Recorder:
     e2e: array[int] = field(default_factory=lambda: array("q"))  # ns, messages sent in window
     ack: array[int] = field(default_factory=lambda: array("q"))  # ns, PUBACK after send in window
     disconnects: int = 0  # connections the broker closed while the run was going
+    tls: str = ""  # TLS version and cipher suite of the first TLS connection ("" without)
 
 
 class Connection(asyncio.Protocol):
@@ -83,8 +89,8 @@ class Connection(asyncio.Protocol):
                 self.replies.put_nowait((kind, body))
             elif kind == wire.DISCONNECT:
                 self.close()
-        if acks and self.transport is not None:
-            self.transport.write(b"".join(acks))
+        if acks:
+            self.write(b"".join(acks))
         if self.after_read is not None:
             self.after_read()
 
@@ -122,6 +128,9 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    async def opened(self, timeout: float) -> None:
+        """Return once MQTT bytes may be written: at once on a plain or TLS socket."""
+
     async def expect(self, kind: int, timeout: float) -> bytes:
         """The body of the next CONNACK or SUBACK (``kind``); ``timeout`` in seconds.
 
@@ -141,25 +150,101 @@ class Connection(asyncio.Protocol):
         return body
 
 
+class WebSocketConnection(Connection):
+    """A :class:`Connection` whose MQTT bytes travel in WebSocket frames (``ws``, ``wss``)."""
+
+    def __init__(self, version: int, recorder: Recorder, framing: WebSocketFraming) -> None:
+        """As :class:`Connection`, framed by ``framing`` (a fresh one per connection)."""
+        super().__init__(version, recorder)
+        self.framing = framing
+        self.handshaken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Send the opening handshake (RFC 6455 4.1): MQTT waits for its answer."""
+        super().connection_made(transport)
+        cast(asyncio.Transport, transport).write(self.framing.handshake())
+
+    def data_received(self, data: bytes) -> None:
+        """Unwrap the frames and hand their payloads on as the MQTT byte stream."""
+        mqtt, ended = self.framing.receive(data)
+        if self.framing.replies and self.transport is not None:
+            self.transport.write(self.framing.replies)
+        if not self.handshaken.done():
+            if ended is not None:
+                self.handshaken.set_exception(ClientError(ended))
+            elif self.framing.open:
+                self.handshaken.set_result(None)
+        if mqtt:
+            super().data_received(mqtt)
+        if ended is not None and self.transport is not None:
+            self.transport.close()
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` as one binary frame."""
+        super().write(self.framing.frame(data))
+
+    def close(self) -> None:
+        """Send a close frame (if open) and close the socket (idempotent)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self.framing.close())
+        super().close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """As :class:`Connection`; a handshake still awaited fails."""
+        if not self.handshaken.done():
+            self.handshaken.set_exception(ClientError("closed during the WebSocket handshake"))
+        super().connection_lost(exc)
+
+    async def opened(self, timeout: float) -> None:
+        """Return once the server accepted the handshake; ``timeout`` in seconds.
+
+        Raises:
+            ClientError: the handshake was refused, the socket closed, or the deadline passed.
+        """
+        try:
+            await asyncio.wait_for(self.handshaken, timeout)
+        except TimeoutError:
+            raise ClientError(f"no WebSocket handshake response in {timeout:g}s") from None
+
+
 async def open_client(
-    host: str,
-    port: int,
+    endpoint: Endpoint,
     connect_packet: bytes,
     version: int,
     recorder: Recorder,
     timeout: float,
 ) -> Connection:
-    """Connect, send ``connect_packet`` and wait for a successful CONNACK.
+    """Connect to ``endpoint`` over its transport, send ``connect_packet`` and wait for a
+    successful CONNACK; ``timeout`` (seconds) bounds each step.
 
     Raises:
-        ClientError: CONNACK refused (its return/reason code is in the message), no reply.
-        OSError: the TCP connection failed.
+        ClientError: handshake or CONNACK refused (the code is in the message), no reply.
+        OSError: the TCP connection failed (``ssl.SSLError``: the TLS handshake did).
     """
     loop = asyncio.get_running_loop()
-    _, conn = await asyncio.wait_for(
-        loop.create_connection(lambda: Connection(version, recorder), host, port), timeout
+
+    def factory() -> Connection:
+        if endpoint.websocket:
+            return WebSocketConnection(version, recorder, WebSocketFraming(endpoint))
+        return Connection(version, recorder)
+
+    context = endpoint.ssl_context()
+    transport, conn = await asyncio.wait_for(
+        loop.create_connection(
+            factory,
+            endpoint.host,
+            endpoint.port,
+            ssl=context,
+            server_hostname=endpoint.host if context else None,
+        ),
+        timeout,
     )
+    if context is not None and not recorder.tls:
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None:
+            recorder.tls = f"{tls.version()} {tls.cipher()[0]}"
     try:
+        await conn.opened(timeout)
         conn.write(connect_packet)
         body = await conn.expect(wire.CONNACK, timeout)
         if len(body) < 2 or body[1] != 0:

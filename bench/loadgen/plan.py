@@ -9,6 +9,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 
+from bench.loadgen.transports import TRANSPORTS, Endpoint
+
 SCENARIOS: tuple[str, ...] = (
     "p2p",
     "fan-in",
@@ -76,7 +78,16 @@ class Plan:
     subscribers: tuple[SubscriberSpec, ...] = ()
     publishers: tuple[PublisherSpec, ...] = ()
     connections: int = 0  # connections scenario: idle clients to open
+    username: str | None = None  # every client's CONNECT User Name and Password, if set
+    password: str | None = None
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
+    transport: str = "tcp"  # one of transports.TRANSPORTS
+    ca_file: str = ""  # tls / wss: the CA certificate (PEM) that signed the broker's
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """Where and how every client of the plan connects."""
+        return Endpoint(self.host, self.port, self.transport, self.ca_file)
 
     def share(self, worker: int, workers: int) -> Plan:
         """The clients of worker ``worker`` of ``workers`` (round robin over each list)."""
@@ -104,6 +115,10 @@ class Options:
     inflight: int = 64
     host: str = "127.0.0.1"
     port: int = 1883
+    username: str | None = None
+    password: str | None = None
+    transport: str = "tcp"  # one of transports.TRANSPORTS
+    ca_file: str = ""  # tls / wss: the CA certificate (PEM) that signed the broker's
 
 
 def build(scenario: str, options: Options, timing: Timing) -> Plan:
@@ -127,6 +142,14 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         label += f"-rate{options.rate:g}"
     if options.version == 5:
         label += "-v5"
+    if options.username is not None:
+        label += "-auth"
+    if options.transport not in TRANSPORTS:
+        raise ValueError(
+            f"unknown transport {options.transport!r}; choose one of {', '.join(TRANSPORTS)}"
+        )
+    if options.transport != "tcp":
+        label += f"-{options.transport}"
     run_id = secrets.token_hex(3)
     base = Plan(
         scenario=scenario,
@@ -137,7 +160,11 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
         inflight=options.inflight,
         keep_alive=60,
         timing=timing,
+        username=options.username,
+        password=options.password,
         run_id=run_id,
+        transport=options.transport,
+        ca_file=options.ca_file,
     )
     prefix = f"bench/{run_id}"
     cid = f"cb-{run_id}"

@@ -180,6 +180,7 @@ def _traffic(
         generator_cpu=gen_after - gen_before,
         generator_cpu_total=gen_total,
         route_seconds=max(routed, default=0.0),
+        socket_holders=target.memory,
     )
 
 
@@ -192,8 +193,14 @@ def summarize(
     generator_cpu: float,
     generator_cpu_total: float,
     route_seconds: float,
+    socket_holders: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The report of a traffic run from the workers' results (pure; see the module doc)."""
+    """The report of a traffic run from the workers' results (pure; see the module doc).
+
+    ``socket_holders`` name the processes of ``broker_cpu`` that hold the client sockets
+    (Cormorant's ingest nodes, Mosquitto): what a transport (TLS, WebSocket) costs is
+    spent there, reported as their CPU µs per delivered message.
+    """
     duration = plan.timing.duration
     e2e = array("q")
     ack = array("q")
@@ -212,7 +219,10 @@ def summarize(
     latency = stats.latency_summary_ms(e2e)
     ack_latency = stats.latency_summary_ms(ack)
     stack_cpu = sum(broker_cpu.values())
+    holders_cpu = sum(broker_cpu.get(name, 0.0) for name in socket_holders)
     report: dict[str, Any] = {
+        "transport": plan.transport,
+        "tls": next((r.tls for r in results if r.tls), ""),
         "published_per_s": published / duration,
         "delivered_per_s": delivered / duration,
         "latency_ms": latency,
@@ -232,6 +242,10 @@ def summarize(
         "broker_cpu_s": broker_cpu,
         "broker_cpu_total_s": stack_cpu,
         "delivered_per_cpu_s": stats.ratio(delivered, stack_cpu),
+        "socket_holders_cpu_s": holders_cpu if socket_holders else None,
+        "socket_holders_us_per_delivered": (
+            stats.ratio(holders_cpu * 1e6, delivered) if socket_holders else None
+        ),
         "published_per_cpu_s": stats.ratio(published, stack_cpu),
     }
     return report
@@ -264,6 +278,7 @@ def _connections(
     held = sum(growth.get(n, 0) for n in target.memory)
     broker_cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
     return {
+        "transport": plan.transport,
         "connections": opened,
         "failed": sum(p.failed for p in parts),
         "errors": [e for p in parts for e in p.errors][:5],

@@ -38,8 +38,11 @@ def connect(
     clean: bool = True,
     keep_alive: int = 60,
     session_expiry: int | None = None,
+    username: str | None = None,
+    password: str | None = None,
 ) -> bytes:
-    """A CONNECT packet; ``keep_alive`` and ``session_expiry`` (5.0 only) in seconds."""
+    """A CONNECT packet; ``keep_alive`` and ``session_expiry`` (5.0 only) in seconds; a User
+    Name and Password when given."""
     props = Properties(session_expiry_interval=session_expiry) if version == 5 else Properties()
     return encode(
         Connect(
@@ -47,6 +50,8 @@ def connect(
             client_id=client_id,
             clean_start=clean,
             keep_alive=keep_alive,
+            username=username,
+            password=None if password is None else password.encode(),
             properties=props,
         ),
         version,

@@ -73,6 +73,7 @@ class WorkerResult:
     unacked: int
     disconnects: int
     subscribers: list[SubscriberResult] = field(default_factory=list)
+    tls: str = ""  # TLS version and cipher suite negotiated ("" without TLS)
 
 
 @dataclass(slots=True)
@@ -154,10 +155,16 @@ class Worker:
         if plan.version == 5 and not clean:
             expiry = PERSISTENT_SESSION_EXPIRY
         packet = wire.connect(
-            client_id, plan.version, clean=clean, keep_alive=plan.keep_alive, session_expiry=expiry
+            client_id,
+            plan.version,
+            clean=clean,
+            keep_alive=plan.keep_alive,
+            session_expiry=expiry,
+            username=plan.username,
+            password=plan.password,
         )
         conn = await open_client(
-            plan.host, plan.port, packet, plan.version, self.recorder, plan.timing.setup
+            plan.endpoint, packet, plan.version, self.recorder, plan.timing.setup
         )
         self.connections.append(conn)
         return conn
@@ -218,6 +225,7 @@ class Worker:
                 sent={p.spec.publisher_id: p.seq for p in pubs},
                 unacked=sum(len(p.pending) for p in pubs),
                 disconnects=rec.disconnects,
+                tls=rec.tls,
                 subscribers=[
                     SubscriberResult(
                         expected=s.spec.expected,

@@ -6,7 +6,11 @@ may read only that service's secrets (ECS injects them at start), a task role wi
 the Kafka permissions it needs (MSK IAM; none with SCRAM), deployment circuit breaker with
 rollback, and target-tracking autoscaling: CPU for all; connections per task for ingest;
 consumer lag per task for the router and device_persist, whose consumer groups hold the
-backlog. app_delivery's lag is per APPLICATION client, so it scales on CPU.
+backlog. app_delivery's lag is per APPLICATION client, so it scales on CPU. Every task
+registers in a private DNS namespace (Cloud Map: ``<service>.<name>.internal``, one A
+record per task), where the admin service and a Prometheus find them; each serves
+``/health``, ``/ready`` and ``/metrics`` on ``http_port`` (the admin service on
+``admin_port``, behind :class:`~cormorant_infra.admin_access.AdminAccess`'s load balancer).
 
 The topics task runs ``cormorant create-topics`` once per deployment (``cormorant cloud
 create-topics`` starts it), creating the core topics from the project's own specs.
@@ -26,6 +30,7 @@ from pulumi_aws.appautoscaling import (
 )
 
 from cormorant_infra import environment, iam, shared
+from cormorant_infra.admin_access import BOOTSTRAP_USER, AdminAccess
 from cormorant_infra.cache import Cache
 from cormorant_infra.config import ServiceSize, StackConfig
 from cormorant_infra.database import Database
@@ -33,9 +38,12 @@ from cormorant_infra.ingress import Ingress
 from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka
 from cormorant_infra.network import Network, ingest_target_ports
 
-HEALTH_CHECK = 'test -f "$CORMORANT_READY_FILE"'
-"""The container health check, as the Dockerfile's HEALTHCHECK: a service writes its ready
-file once it serves and removes it when it stops (a GET of /health once issue 13 lands)."""
+HEALTH_CHECK = "python -m services.common.probe /health"
+"""The container health check, as the Dockerfile's HEALTHCHECK: a GET of the service's own
+``/health`` (alive: its event loop answers) on ``http_port``."""
+
+ADMIN_HEALTH_CHECK = "python -m services.common.probe --admin /health"
+"""The admin container's health check (its ``/health`` is on ``admin_port``)."""
 
 RDS_CA_BUNDLE = "/etc/ssl/certs/rds-global-bundle.pem"
 """Where the images hold the RDS certificate authorities (Dockerfile)."""
@@ -70,6 +78,7 @@ class TaskSpec:
     write_kafka: bool = True
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
+    target_groups: dict[int, pulumi.Input[str]] = field(default_factory=dict)
 
 
 class Compute(pulumi.ComponentResource):
@@ -77,7 +86,8 @@ class Compute(pulumi.ComponentResource):
 
     Attributes: ``cluster_name``, ``service_names`` (command → ECS service name),
     ``topics_task_definition`` (ARN), ``task_subnet_ids`` and ``task_security_group`` (how
-    to run the topics task), ``log_groups`` (command → log group name).
+    to run the topics task), ``log_groups`` (command → log group name),
+    ``dns_namespace`` (the tasks' private DNS namespace).
     """
 
     def __init__(
@@ -90,6 +100,7 @@ class Compute(pulumi.ComponentResource):
         cache: Cache,
         database: Database,
         ingress: Ingress,
+        admin_access: AdminAccess,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("cormorant:compute:Compute", name, None, opts)
@@ -110,6 +121,18 @@ class Compute(pulumi.ComponentResource):
         self.cluster_name: pulumi.Output[str] = cluster.name
         self.log_groups: dict[str, pulumi.Output[str]] = {}
         self.service_names: dict[str, str] = {}
+        # Every service's tasks in DNS (<service>.<namespace>, one A record per task): the
+        # admin service and Prometheus find them there.
+        self.dns_namespace = f"{name}.internal"
+        namespace = aws.servicediscovery.PrivateDnsNamespace(
+            f"{name}-services",
+            name=self.dns_namespace,
+            vpc=network.vpc_id,
+            description="Cormorant's service tasks",
+            opts=child,
+        )
+        self._namespace_id = namespace.id
+        self._admin_access = admin_access
 
         for spec in self._specs(cache, database):
             task_definition = self._task_definition(spec)
@@ -125,6 +148,9 @@ class Compute(pulumi.ComponentResource):
     def _common(self) -> dict[str, pulumi.Input[Any]]:
         config = self._config
         return {
+            # /health, /ready and /metrics, for the load balancer, the admin service and
+            # Prometheus inside the VPC (the security groups say who).
+            "http_host": "0.0.0.0",
             "kafka_bootstrap": self._kafka.bootstrap,
             **self._kafka.settings,
             "topic_prefix": config.topic_prefix,
@@ -147,21 +173,16 @@ class Compute(pulumi.ComponentResource):
                 kms_key_arns=list(kafka.kms_key_arns),
             )
             if command == shared.INGEST:
-                spec.tier = "ingest"
-                spec.args = ["--node-id-from-ecs-task"]
-                spec.ports = ingest_target_ports(config)
-                spec.settings |= {
-                    "mqtt_host": "0.0.0.0",
-                    "mqtt_port": shared.MQTT_PORT,
-                    "max_keep_alive": config.max_keep_alive,
-                }
-            if command == "device-persist":
+                self._ingest(spec)
+            if command in ("device-persist", shared.ADMIN):
+                # The admin service reads the DEVICE store (stored messages of a session)
+                # and keeps its users and audit trail in PostgreSQL.
                 spec.settings["store_backend"] = config.store_backend
                 if config.store_backend == "redis":
                     spec.settings["redis_url"] = cache.url
                     spec.secrets["redis_password"] = cache.auth_secret_arn
                     spec.secret_arns.append(cache.auth_secret_arn)
-                else:
+                if config.store_backend == "postgres" or command == shared.ADMIN:
                     spec.settings |= {
                         "postgres_dsn": database.dsn,
                         "postgres_sslmode": "verify-full",
@@ -171,8 +192,50 @@ class Compute(pulumi.ComponentResource):
                         database.password_secret_arn, "password"
                     )
                     spec.secret_arns.append(database.password_secret_arn)
+            if command == shared.ADMIN:
+                access = self._admin_access
+                spec.tier = "admin"
+                spec.settings |= {
+                    "admin_host": "0.0.0.0",
+                    "admin_port": shared.ADMIN_PORT,
+                    "cluster_dns_namespace": self.dns_namespace,
+                    "admin_bootstrap_user": BOOTSTRAP_USER,
+                }
+                spec.secrets["admin_bootstrap_password"] = iam.secret_key(
+                    access.credentials_secret_arn, "password"
+                )
+                spec.secret_arns.append(access.credentials_secret_arn)
+                spec.ports = [shared.ADMIN_PORT]
+                if access.target_group_arn is not None:
+                    spec.target_groups = {shared.ADMIN_PORT: access.target_group_arn}
             specs.append(spec)
         return specs
+
+    def _ingest(self, spec: TaskSpec) -> None:
+        """The ingest task: one listener per NLB target port, PROXY protocol v2 exactly
+        when the target groups send it; with TLS passed through, the certificate and key
+        (and client CA for mutual TLS) from the Secrets Manager secret as PEM text."""
+        config = self._config
+        spec.tier = "ingest"
+        spec.args = ["--node-id-from-ecs-task"]
+        spec.ports = ingest_target_ports(config)
+        kinds = {shared.MQTT_PORT: "mqtt", shared.MQTT_TLS_PORT: "mqtts"}
+        spec.settings |= {
+            "mqtt_host": "0.0.0.0",
+            "listeners": [
+                {"kind": kinds[port], "port": port, "proxy_protocol": config.proxy_protocol_v2}
+                for port in spec.ports
+            ],
+            "max_keep_alive": config.max_keep_alive,
+        }
+        arn = config.tls_certificate_secret_arn
+        if config.tls_mode == "passthrough" and arn is not None:
+            keys = {"tls_cert_pem": "certificate", "tls_key_pem": "privateKey"}
+            if config.tls_client_auth != "none":
+                spec.settings["tls_client_auth"] = config.tls_client_auth
+                keys["tls_client_ca_pem"] = "clientCa"
+            spec.secrets |= {name: iam.secret_key(arn, key) for name, key in keys.items()}
+            spec.secret_arns.append(arn)
 
     def _topics_spec(self) -> TaskSpec:
         kafka = self._kafka
@@ -247,7 +310,7 @@ class Compute(pulumi.ComponentResource):
         self.log_groups[spec.command] = log_group.name
         size = config.services.get(spec.command, TOPICS_TASK_SIZE)
         container = pulumi.Output.all(
-            environment=environment.environment(spec.settings),
+            environment=environment.environment(spec.settings, spec.secrets),
             secrets=environment.secrets(spec.secrets),
             log_group=log_group.name,
         ).apply(lambda parts: [self._container(spec, parts)])
@@ -293,8 +356,9 @@ class Compute(pulumi.ComponentResource):
                 {"containerPort": port, "protocol": "tcp"} for port in spec.ports
             ]
         if spec.command != shared.TOPICS_COMMAND:  # a one-off task that exits when done
+            check = ADMIN_HEALTH_CHECK if spec.command == shared.ADMIN else HEALTH_CHECK
             container["healthCheck"] = {
-                "command": ["CMD-SHELL", HEALTH_CHECK],
+                "command": ["CMD-SHELL", check],
                 "interval": 15,
                 "timeout": 5,
                 "retries": 3,
@@ -311,14 +375,28 @@ class Compute(pulumi.ComponentResource):
     ) -> None:
         config, name = self._config, self._name
         size = config.services[spec.command]
+        groups = ingress.target_groups if spec.command == shared.INGEST else spec.target_groups
         load_balancers: list[aws.ecs.ServiceLoadBalancerArgsDict] = [
             {
-                "target_group_arn": ingress.target_groups[port],
+                "target_group_arn": groups[port],
                 "container_name": spec.command,
                 "container_port": port,
             }
             for port in spec.ports
+            if port in groups
         ]
+        registry = aws.servicediscovery.Service(
+            f"{name}-{spec.command}",
+            name=spec.command,
+            dns_config={
+                "namespace_id": self._namespace_id,
+                "dns_records": [{"ttl": 10, "type": "A"}],
+                "routing_policy": "MULTIVALUE",
+            },
+            health_check_custom_config={"failure_threshold": 1},
+            force_destroy=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         service = aws.ecs.Service(
             f"{name}-{spec.command}",
             name=spec.command,
@@ -332,6 +410,7 @@ class Compute(pulumi.ComponentResource):
                 "assign_public_ip": False,
             },
             load_balancers=load_balancers,
+            service_registries={"registry_arn": registry.arn},
             health_check_grace_period_seconds=120 if load_balancers else None,
             deployment_circuit_breaker={"enable": True, "rollback": True},
             deployment_minimum_healthy_percent=100,

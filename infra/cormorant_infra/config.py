@@ -76,6 +76,12 @@ with that partition count (router: msg.all; device_persist and app_delivery: the
 keyed by client id)."""
 
 
+RFC_1918 = tuple(
+    ipaddress.IPv4Network(block) for block in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
+"""The private IPv4 address ranges (RFC 1918): where operators and a Prometheus may be."""
+
+
 class ConfigError(pulumi.RunError):
     """A configuration value is invalid; the message names each key and what is wrong.
 
@@ -170,6 +176,8 @@ class StackConfig(_Model):
     # --- ingress -----------------------------------------------------------------------
     tls_mode: Literal["terminate", "passthrough"] = "terminate"
     certificate_arn: str | None = None
+    tls_certificate_secret_arn: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:secretsmanager:")
+    tls_client_auth: Literal["none", "optional", "required"] = "none"
     plain_mqtt: bool = True
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
     nlb_idle_timeout_seconds: int = Field(350, ge=60, le=6000)
@@ -177,6 +185,11 @@ class StackConfig(_Model):
     proxy_protocol_v2: bool = False
     deregistration_delay_seconds: int = Field(30, ge=0, le=3600)
     nlb_deletion_protection: bool = False
+
+    # --- operations ----------------------------------------------------------------------
+    admin_certificate_arn: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:acm:")
+    admin_allowed_cidrs: list[str] = Field(default_factory=list)
+    metrics_allowed_cidrs: list[str] = Field(default_factory=list)
 
     # --- analytics ---------------------------------------------------------------------
     emr_release_label: str = shared.EMR_RELEASE_LABEL
@@ -203,6 +216,24 @@ class StackConfig(_Model):
     def _allowed_cidrs(cls, value: list[str]) -> list[str]:
         for cidr in value:
             ipaddress.ip_network(cidr, strict=True)
+        return value
+
+    @field_validator("admin_allowed_cidrs", "metrics_allowed_cidrs")
+    @classmethod
+    def _private_cidrs(cls, value: list[str]) -> list[str]:
+        # The admin API and the metrics endpoints are never on the internet: only addresses
+        # of the VPC and of networks joined to it (VPN, peering, Direct Connect) get in.
+        for cidr in value:
+            try:
+                network = ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not a network in CIDR notation ({exc})") from None
+            if not (network.version == 4 and any(network.subnet_of(r) for r in RFC_1918)):
+                raise ValueError(
+                    f"{cidr} is not a private IPv4 range (RFC 1918): the admin API and the "
+                    "metrics are reached from the VPC and the networks joined to it (VPN, "
+                    "peering, Direct Connect) only, never from the internet"
+                )
         return value
 
     @field_validator("log_retention_days")
@@ -244,6 +275,21 @@ class StackConfig(_Model):
             )
         if self.tls_mode == "terminate" and not self.certificate_arn:
             raise ValueError("tlsMode terminate needs certificateArn (an ACM certificate)")
+        if self.admin_allowed_cidrs and not self.admin_certificate_arn:
+            raise ValueError(
+                "adminAllowedCidrs needs adminCertificateArn: without a certificate there is "
+                "no admin load balancer to let them in (bearer tokens never cross in clear)"
+            )
+        if self.tls_mode == "passthrough" and not self.tls_certificate_secret_arn:
+            raise ValueError(
+                "tlsMode passthrough needs tlsCertificateSecretArn (a Secrets Manager secret "
+                "with the ingest tasks' certificate and key)"
+            )
+        if self.tls_client_auth != "none" and self.tls_mode != "passthrough":
+            raise ValueError(
+                "tlsClientAuth needs tlsMode passthrough: the tasks verify client "
+                "certificates, so TLS must reach them"
+            )
         if self.db_max_allocated_storage_gib < self.db_allocated_storage_gib:
             raise ValueError("dbMaxAllocatedStorageGib is below dbAllocatedStorageGib")
         if self.archive_expiration_days is not None and (

@@ -11,7 +11,7 @@ the service would refuse fails ``pulumi up`` instead of a task start. Secret set
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pulumi
@@ -39,21 +39,26 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def environment(settings: Mapping[str, pulumi.Input[Any]]) -> pulumi.Output[list[EnvironmentEntry]]:
+def environment(
+    settings: Mapping[str, pulumi.Input[Any]], secret_settings: Iterable[str] = ()
+) -> pulumi.Output[list[EnvironmentEntry]]:
     """The ECS ``environment`` of ``settings`` (setting name → value, values may be
     outputs), sorted by name.
 
     Raises ``KeyError`` for a name that is no setting and ``ValueError`` for a secret
     setting (those go through :func:`secrets`). Once every value is known, the set is
-    validated as the service will read it (``pydantic.ValidationError`` fails the update).
+    validated as the service will read it (``pydantic.ValidationError`` fails the update),
+    with the settings named in ``secret_settings`` (ECS secrets, unknown here) present.
     """
     for name in settings:
         shared.setting_env(name)
         if is_secret_setting(name):
             raise ValueError(f"{name} is a secret: pass it as an ECS secret, not a value")
 
+    present = {name: "<from Secrets Manager>" for name in secret_settings}
+
     def entries(resolved: dict[str, Any]) -> list[EnvironmentEntry]:
-        shared.settings_for(**resolved)
+        shared.settings_for(**present, **resolved)
         return [
             {"name": shared.setting_env(name), "value": _text(value)}
             for name, value in sorted(resolved.items())

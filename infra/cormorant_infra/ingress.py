@@ -3,10 +3,10 @@
 Listeners: MQTT on 1883 (TCP, ``cormorant:plainMqtt``) and MQTT over TLS on 8883, either
 terminated at the NLB with an ACM certificate (``tlsMode: terminate``: the tasks see plain
 MQTT on 1883) or passed through to the tasks' own TLS listener (``tlsMode: passthrough``,
-for mutual TLS; it needs the ingest TLS listener of issue 12). Targets are the ingest
-tasks' IP addresses, in every zone (cross-zone load balancing on), checked with TCP
-connects; a task leaving is drained for ``deregistrationDelaySeconds`` and its remaining
-connections are then closed so their clients reconnect to another task.
+for mutual TLS: the tasks verify client certificates, which X509 credentials match).
+Targets are the ingest tasks' IP addresses, in every zone (cross-zone load balancing on),
+checked with TCP connects; a task leaving is drained for ``deregistrationDelaySeconds``
+and its remaining connections are then closed so their clients reconnect to another task.
 
 MQTT connections are long-lived and idle between PINGREQs: the listeners' idle timeout and
 the broker's largest Keep Alive are kept consistent by :mod:`cormorant_infra.config`.
@@ -65,9 +65,13 @@ class Ingress(pulumi.ComponentResource):
                 proxy_protocol_v2=config.proxy_protocol_v2,
                 deregistration_delay=config.deregistration_delay_seconds,
                 connection_termination=True,
+                # A task takes new clients while its /ready says so (Kafka answers, state
+                # replayed); when every task fails it, the NLB sends to all (fail open).
                 health_check=aws.lb.TargetGroupHealthCheckArgs(
-                    protocol="TCP",
-                    port="traffic-port",
+                    protocol="HTTP",
+                    port=str(shared.HTTP_PORT),
+                    path="/ready",
+                    matcher="200",
                     interval=10,
                     healthy_threshold=3,
                     unhealthy_threshold=3,

@@ -3,7 +3,10 @@
 Public subnets hold the load balancer and the NAT gateways; everything else (ECS tasks,
 MSK brokers, Redis, PostgreSQL, EMR Serverless workers) lives in private subnets with no
 public address. Who may reach whom is written down here, in one place: only the NLB takes
-traffic from outside, on the MQTT ports; each tier accepts its clients' security groups.
+traffic from the internet, on the MQTT ports; the admin service's internal load balancer
+takes HTTPS from ``adminAllowedCidrs`` (the VPC by default), and the tasks' metrics
+endpoints take ``metricsAllowedCidrs`` (nobody by default), both private ranges only; each
+tier accepts its clients' security groups.
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ KAFKA_SCRAM_PORT = 9096
 KAFKA_IAM_PORT = 9098
 """MSK's port for TLS with IAM (SASL/OAUTHBEARER) clients."""
 
-TIERS = ("nlb", "ingest", "stages", "kafka", "cache", "database", "analytics")
+TIERS = (
+    "nlb", "ingest", "stages", "admin", "adminlb", "kafka", "cache", "database", "analytics"
+)  # fmt: skip
 """One security group each: the load balancer, the ingest tasks, the Kafka-reading stages
-(router, device_persist, app_delivery and the topics task), MSK, ElastiCache, RDS and EMR
-Serverless."""
+(router, device_persist, app_delivery and the topics task), the admin service's tasks and
+its internal load balancer, MSK, ElastiCache, RDS and EMR Serverless."""
+
+ADMIN_LB_PORT = HTTPS_PORT
+"""The admin load balancer's HTTPS port."""
 
 
 @dataclass(frozen=True)
@@ -233,27 +241,46 @@ class Network(pulumi.ComponentResource):
                 opts=child,
             )
 
-        for port in mqtt_listener_ports(config):
-            for index, cidr in enumerate(config.allowed_cidrs):
-                aws.vpc.SecurityGroupIngressRule(
-                    f"{name}-nlb-mqtt-{port}-{index}",
-                    security_group_id=groups["nlb"].id,
-                    cidr_ipv4=cidr,
-                    ip_protocol="tcp",
-                    from_port=port,
-                    to_port=port,
-                    description="MQTT clients",
-                    opts=child,
-                )
+        def from_cidrs(tier: str, label: str, cidrs: list[str], ports: list[int]) -> None:
+            """Let ``cidrs`` (``label``: who they are) in on ``ports`` of ``tier``."""
+            for port in ports:
+                for index, cidr in enumerate(cidrs):
+                    aws.vpc.SecurityGroupIngressRule(
+                        f"{name}-{tier}-{label}-{port}-{index}",
+                        security_group_id=groups[tier].id,
+                        cidr_ipv4=cidr,
+                        ip_protocol="tcp",
+                        from_port=port,
+                        to_port=port,
+                        description=f"{label} from {cidr}",
+                        opts=child,
+                    )
+
+        from_cidrs("nlb", "mqtt", config.allowed_cidrs, mqtt_listener_ports(config))
         for port in ingest_target_ports(config):
             between("nlb", "ingest", port)
-        for client in ("ingest", "stages", "analytics"):
+        # /ready (the NLB's target health), and /health, /ready and /metrics for the admin
+        # service's cluster view, on every task's HTTP port.
+        between("nlb", "ingest", shared.HTTP_PORT)
+        for tier in ("ingest", "stages"):
+            between("admin", tier, shared.HTTP_PORT)
+        between("adminlb", "admin", shared.ADMIN_PORT)
+        if config.admin_certificate_arn:
+            # Operators reach the admin load balancer from the VPC itself unless told who.
+            admins = config.admin_allowed_cidrs or [config.vpc_cidr]
+            from_cidrs("adminlb", "operators", admins, [ADMIN_LB_PORT])
+        # A Prometheus in the VPC (or in a network joined to it) scrapes every task.
+        from_cidrs("ingest", "prometheus", config.metrics_allowed_cidrs, [shared.HTTP_PORT])
+        from_cidrs("stages", "prometheus", config.metrics_allowed_cidrs, [shared.HTTP_PORT])
+        from_cidrs("admin", "prometheus", config.metrics_allowed_cidrs, [shared.ADMIN_PORT])
+        for client in ("ingest", "stages", "admin", "analytics"):
             between(client, "kafka", self.kafka_port)
-        between("stages", "cache", REDIS_PORT)
-        between("stages", "database", POSTGRES_PORT)
+        for client in ("stages", "admin"):
+            between(client, "cache", REDIS_PORT)
+            between(client, "database", POSTGRES_PORT)
         # AWS APIs the tasks need (ECR, Secrets Manager, CloudWatch Logs, STS), through the
         # NAT gateways: HTTPS out only.
-        for tier in ("ingest", "stages", "analytics"):
+        for tier in ("ingest", "stages", "admin", "analytics"):
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-{tier}-https",
                 security_group_id=groups[tier].id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from services.cli import SERVICE_COMMANDS, TOPICS_COMMAND
+from services.cli import ADMIN_COMMAND, SERVICE_COMMANDS, TOPICS_COMMAND
 from services.common.kafka.admin import core_topic_specs
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.keep_alive import max_keep_alive_for_idle_timeout
@@ -26,8 +26,11 @@ from services.common.versions import (
 )
 
 __all__ = [
+    "ADMIN",
+    "ADMIN_PORT",
     "EMR_RELEASE_LABEL",
     "EMR_RELEASE_SPARK",
+    "HTTP_PORT",
     "INGEST",
     "KAFKA_VERSION",
     "MQTT_PORT",
@@ -48,6 +51,15 @@ __all__ = [
 INGEST = "ingest"
 """The one service that holds MQTT sockets: the only target of the load balancer."""
 assert INGEST in SERVICE_COMMANDS
+
+ADMIN = ADMIN_COMMAND
+"""The operators' REST API and console: behind its own internal HTTPS load balancer."""
+
+HTTP_PORT: int = Settings.model_fields["http_port"].default
+"""Every service task's /health, /ready and /metrics port (``http_port``'s default)."""
+
+ADMIN_PORT: int = Settings.model_fields["admin_port"].default
+"""The admin task's API and console port (``admin_port``'s default)."""
 
 EMR_RELEASE_SPARK: dict[str, str] = {
     "emr-7.8.0": "3.5.4",

@@ -11,6 +11,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from cormorant_infra.admin_access import AdminAccess
 from cormorant_infra.analytics import Analytics
 from cormorant_infra.cache import Cache
 from cormorant_infra.compute import Compute
@@ -33,8 +34,11 @@ def build(config: StackConfig) -> dict[str, Any]:
     cloud status`` checks (``region``, ``ecsCluster``, ``ecsServices``,
     ``targetGroupArns``, ``mskClusterArn``, ``redisReplicationGroupId``,
     ``dbInstanceIdentifier``) and what ``cormorant cloud create-topics`` runs
-    (``topicsTaskDefinition``, ``taskSubnetIds``, ``taskSecurityGroupId``, ``logGroups``).
-    They parse as :class:`services.cloud.outputs.StackOutputs`. None is secret.
+    (``topicsTaskDefinition``, ``taskSubnetIds``, ``taskSecurityGroupId``, ``logGroups``);
+    for operators, ``adminCredentialsSecretArn`` (the first admin login: the ARN, never the
+    password), ``adminUrl`` (with ``adminCertificateArn``) and ``serviceDnsNamespace``
+    (where a Prometheus finds the tasks: ``<service>.<namespace>``). They parse as
+    :class:`services.cloud.outputs.StackOutputs`. None is secret.
     """
     name = f"cormorant-{pulumi.get_stack()}"
     region = aws.get_region().region
@@ -43,7 +47,8 @@ def build(config: StackConfig) -> dict[str, Any]:
     cache = Cache(name, config, network)
     database = Database(name, config, network)
     ingress = Ingress(name, config, network)
-    compute = Compute(name, config, region, network, kafka, cache, database, ingress)
+    admin = AdminAccess(name, config, network)
+    compute = Compute(name, config, region, network, kafka, cache, database, ingress, admin)
     analytics = Analytics(name, config, network, kafka)
     alarms = Observability(name, config, kafka, cache, database, ingress, compute)
     outputs: dict[str, Any] = {
@@ -65,7 +70,11 @@ def build(config: StackConfig) -> dict[str, Any]:
         "taskSecurityGroupId": compute.task_security_group,
         "logGroups": compute.log_groups,
         "alarmTopicArn": alarms.topic_arn,
+        "serviceDnsNamespace": compute.dns_namespace,
+        "adminCredentialsSecretArn": admin.credentials_secret_arn,
     }
+    if admin.url is not None:
+        outputs["adminUrl"] = admin.url
     if kafka.scram_secret_arn is not None:
         outputs["kafkaScramSecretArn"] = kafka.scram_secret_arn
     return outputs

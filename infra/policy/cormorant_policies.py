@@ -5,11 +5,12 @@ the program declares; the tests call each ``validate`` function directly. Proper
 the providers' camelCase inputs. During a preview some values are not known yet (ARNs,
 JSON built from them); a rule then checks what is known and reports nothing for the rest.
 
-Rules: MQTT is the only thing open to the internet; encryption at rest and in transit on
-MSK, ElastiCache, RDS, S3 and SNS; failover for Redis, Multi-AZ for RDS (advisory: off in
-dev); no public database; IAM policies never allow ``*`` on ``*``; every ECS service logs
-and autoscales; the EMR release runs the Spark line the jobs pin; the NLB's idle timeouts
-and the broker's largest Keep Alive agree.
+Rules: MQTT is the only thing open to the internet, the admin API's load balancer is
+internal; encryption at rest and in transit on MSK, ElastiCache, RDS, S3, SNS and the load
+balancers' listeners (HTTPS, TLS 1.3 policies); failover for Redis, Multi-AZ for RDS
+(advisory: off in dev); no public database; IAM policies never allow ``*`` on ``*``; every
+ECS service logs and autoscales; the EMR release runs the Spark line the jobs pin; the
+NLB's idle timeouts and the broker's largest Keep Alive agree.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ BUCKET_SSE = (
 BUCKET_PUBLIC = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 SNS = "aws:sns/topic:Topic"
 LISTENER = "aws:lb/listener:Listener"
+LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
 ECS_SERVICE = "aws:ecs/service:Service"
 TASK_DEFINITION = "aws:ecs/taskDefinition:TaskDefinition"
 SCALING_TARGET = "aws:appautoscaling/target:Target"
@@ -161,12 +163,27 @@ def validate_encryption(args: ResourceValidationArgs, report: ReportViolation) -
             report("RDS: PostgreSQL must refuse connections without TLS (rds.force_ssl = 1)", None)
     elif kind == SNS and not props.get("kmsMasterKeyId"):
         report("SNS: the topic must be encrypted (kmsMasterKeyId)", None)
+    elif kind == LISTENER and props.get("protocol") == "HTTP":
+        report("load balancer: HTTP listeners carry bearer tokens in clear: use HTTPS", None)
     elif (
         kind == LISTENER
-        and props.get("protocol") == "TLS"
+        and props.get("protocol") in ("TLS", "HTTPS")
         and not str(props.get("sslPolicy", "")).startswith("ELBSecurityPolicy-TLS13")
     ):
-        report("NLB: TLS listeners must use a TLS 1.3 security policy", None)
+        report("load balancer: TLS and HTTPS listeners must use a TLS 1.3 security policy", None)
+
+
+def validate_internal_application_balancers(
+    args: ResourceValidationArgs, report: ReportViolation
+) -> None:
+    """Application load balancers (the admin API and console's) are internal: operators
+    reach them from the VPC and networks joined to it, never from the internet."""
+    if (
+        args.resource_type == LOAD_BALANCER
+        and args.props.get("loadBalancerType") == "application"
+        and args.props.get("internal") is not True
+    ):
+        report("application load balancer: must be internal (the admin API is private)", None)
 
 
 def validate_high_availability(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -337,6 +354,11 @@ POLICIES: list[Policy] = [
         name="encryption-everywhere",
         description="MSK, ElastiCache, RDS and SNS encrypt at rest and in transit.",
         validate=validate_encryption,
+    ),
+    ResourceValidationPolicy(
+        name="private-admin-load-balancer",
+        description="Application load balancers (the admin API's) are internal.",
+        validate=validate_internal_application_balancers,
     ),
     ResourceValidationPolicy(
         name="redis-failover",

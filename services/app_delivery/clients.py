@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from services.app_delivery.feed import ClientFeed, SharedKey
 from services.common.faust_app import SendRecord
@@ -55,6 +57,10 @@ RETRY_SECONDS = 1.0
 #: Acknowledgement records kept per client while it has no feed.
 EARLY_ACKS_MAX = 1000
 
+#: Connection ids remembered per client once taken over: a record of one landing later is
+#: stale (it lands right after the takeover, so a few suffice).
+SUPERSEDED_KEPT = 8
+
 
 class AppClients:
     """The clients of the assigned partitions, their feeds and their topics' life.
@@ -81,6 +87,7 @@ class AppClients:
         self._expiring: set[str] = set()
         self._dirty: set[str] = set()
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._superseded: dict[str, deque[bytes]] = {}  # connection ids taken over
 
     def partition(self, client_id: str) -> int:
         """The partition of ``client_id``'s records in the state topics."""
@@ -137,6 +144,36 @@ class AppClients:
         )
         await self._admin.start()
 
+    async def kafka_reachable(self) -> None:
+        """Return once Kafka answers a metadata request (a readiness check); raises
+        ``KafkaError`` otherwise."""
+        assert self._admin is not None, "start() first"
+        await self._admin.describe_cluster()
+
+    def families(self) -> Iterable[Metric]:
+        """``cormorant_app_clients{state}`` (the persistent APPLICATION sessions this
+        instance owns) and ``cormorant_app_client_lag_records{client_id}`` (each connected
+        one's records not yet acknowledged in its own topic)."""
+        connected = sum(1 for session in self.sessions.values() if session.connected)
+        clients = GaugeMetricFamily(
+            "cormorant_app_clients",
+            "Persistent APPLICATION sessions this instance owns, by connected state.",
+            labels=["state"],
+        )
+        clients.add_metric(["connected"], connected)
+        clients.add_metric(["disconnected"], len(self.sessions) - connected)
+        yield clients
+        lag = GaugeMetricFamily(
+            "cormorant_app_client_lag_records",
+            "Records of a connected APPLICATION client's topic it has not acknowledged.",
+            labels=["client_id"],
+        )
+        for client_id, feed in sorted(self.feeds.items()):
+            behind = feed.lag()
+            if behind is not None:
+                lag.add_metric([client_id], behind)
+        yield lag
+
     async def close(self) -> None:
         """Stop every feed and close the admin client (at shutdown)."""
         for worker in list(self._workers.values()):
@@ -168,7 +205,27 @@ class AppClients:
         elif topic == self.names.client_acks and value is not None:
             self._apply_ack(partition, *parse_client_acks(key, value))
 
+    def _stale(self, client_id: str, record: SessionRecord | None) -> bool:
+        """Whether ``record`` is an older connection's, landed after a newer connection of
+        the same session took it over (its ingest node then stores its own record again:
+        ``restate_session``). Acting on it would stop the feed and start it again on the
+        same connection, which would then get PUBLISH and PUBREL packets a second time
+        (MQTT 4.4: resent on a new connection only)."""
+        current = self.sessions.get(client_id)
+        if record is None or current is None or record.session_id != current.session_id:
+            self._superseded.pop(client_id, None)
+            return False
+        seen = self._superseded.setdefault(client_id, deque(maxlen=SUPERSEDED_KEPT))
+        if record.connection_id in seen:
+            return True
+        if record.connection_id != current.connection_id:
+            seen.append(current.connection_id)
+        return False
+
     def _apply_session(self, partition: int, client_id: str, record: SessionRecord | None) -> None:
+        if self._stale(client_id, record):
+            log.debug("client %r: an older connection's session record, ignored", client_id)
+            return
         previous = self.sessions.pop(client_id, None)
         if delivery_path(record) is DeliveryPath.APPLICATION:
             assert record is not None

@@ -132,6 +132,21 @@ class ClientFeed:
         # never sent to the next (it gets everything unacknowledged again, in order).
         self._connection = 0
 
+    def lag(self) -> int | None:
+        """Records of the client's own topic below its high watermark (as of the last
+        fetch) that it has not acknowledged; None before the first fetch."""
+        if self._own is None:
+            return None
+        points = self.window.commit_points()
+        total = None
+        for tp in self._own.assignment():
+            end = self._own.highwater(tp)
+            point = points.get(tp)
+            if end is None or point is None:
+                continue
+            total = (total or 0) + max(0, end - point.low)
+        return total
+
     def _limit(self, session: SessionRecord) -> int:
         return max(1, min(session.receive_maximum, self.settings.app_inflight_max))
 

@@ -18,6 +18,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from services.app_delivery.clients import AppClients
 from services.app_delivery.ownership import Ownership
+from services.common import metrics
 from services.common.clock import now_ms
 from services.common.faust_app import (
     every,
@@ -29,8 +30,8 @@ from services.common.faust_app import (
 )
 from services.common.kafka.consumer import make_consumer
 from services.common.kafka.names import TopicNames
-from services.common.readiness import clear_ready, mark_ready
 from services.common.settings import Settings
+from services.common.web import serve_http
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,13 @@ def build_app(settings: Settings) -> faust.App:
     """Build app_delivery's Faust app: the ownership consumer, the feeds, the expiry timer."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, "app-delivery")
+    readiness = serve_http(app, "app-delivery", settings.ready_file)
 
     send = sender(app)
 
     clients = AppClients(settings, send)
+    readiness.add("kafka", clients.kafka_reachable)
+    metrics.register(clients.families)
 
     async def serve() -> None:
         await clients.start()
@@ -58,7 +62,7 @@ def build_app(settings: Settings) -> faust.App:
         reading = asyncio.create_task(ownership.run(), name="app-delivery-ownership")
         try:
             await ready.wait()
-            mark_ready(settings.ready_file, "app_delivery")
+            readiness.serving("app_delivery")
             await reading
         finally:
             reading.cancel()
@@ -70,7 +74,7 @@ def build_app(settings: Settings) -> faust.App:
         await asyncio.gather(*await clients.expire_sessions(now_ms()))
 
     async def stop() -> None:
-        clear_ready(settings.ready_file)
+        readiness.stopping()
 
     run_task(app, serve)
     every(app, settings.session_expiry_check_seconds, expire_sessions, "session expiry check")

@@ -73,6 +73,7 @@ class Ownership:
             on_assigned=self.assigned,
             on_revoked=self.revoked,
             after_fetch=self.check_replays,
+            stage="app-delivery",
         )
 
     async def handle(self, records: list[Record]) -> list[Awaitable[object]]:

@@ -2,8 +2,9 @@
 
 Each service is a faust-streaming app (DESIGN.md); this module keeps their Kafka settings in
 one place: raw bytes serializers (records are encoded by :mod:`services.common.records`),
-``acks=all`` production, an in-memory table store (no service keeps Faust tables) and no
-Faust web server.
+``acks=all`` production, an in-memory table store (no service keeps Faust tables), and
+Faust's web server on ``http_host:http_port`` with only Cormorant's pages
+(:mod:`services.common.web`: ``/health``, ``/ready``, ``/metrics``).
 
 Every producer is idempotent (Kafka's ``enable.idempotence``, KIP-98): the broker drops a
 batch it already has, so a retry after a lost answer writes nothing twice, and a batch is
@@ -43,10 +44,11 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.core import HeadersArg
 from faust.types.tuples import RecordMetadata
 
+from services.common import metrics
 from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
 from services.common.kafka.consumer import close_producer, current_transaction
-from services.common.kafka.names import TopicNames
+from services.common.kafka.names import TopicNames, kind_of_topic
 from services.common.kafka.security import client_security, faust_credentials
 from services.common.records import Headers
 from services.common.settings import Settings, get_settings
@@ -165,17 +167,49 @@ def sender(app: faust.App) -> SendRecord:
     ) -> Awaitable[object]:
         transaction = current_transaction()
         listed = None if headers is None else list(headers)
+        acknowledged: asyncio.Future[Any]
         if transaction is not None:
-            in_transaction: Awaitable[object] = await transaction.send(
-                topic, value, key=key, headers=listed
+            acknowledged = asyncio.ensure_future(
+                await transaction.send(topic, value, key=key, headers=listed)
             )
-            return in_transaction
-        acknowledged: Awaitable[object] = await app.producer.send(
-            topic, key, value, None, None, listed
-        )
+        else:
+            acknowledged = asyncio.ensure_future(
+                await app.producer.send(topic, key, value, None, None, listed)
+            )
+        watch_produce(acknowledged, topic)
         return acknowledged
 
     return send
+
+
+def watch_produce(acknowledged: asyncio.Future[Any], topic: str) -> None:
+    """Count the record of ``topic`` whose acknowledgement is ``acknowledged`` in
+    :data:`services.common.metrics.KAFKA` when Kafka answers: its latency, or a failure."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    def answered(future: asyncio.Future[Any]) -> None:
+        label = topic_label(topic)
+        if future.cancelled() or future.exception() is not None:
+            metrics.KAFKA.failed(label)
+        else:
+            metrics.KAFKA.produced(label, loop.time() - started)
+
+    acknowledged.add_done_callback(answered)
+
+
+_LABELS: dict[str, str] = {}
+
+
+def topic_label(topic: str) -> str:
+    """The ``topic`` label of a record's metrics: the topic's kind, without the prefix or
+    the client, node or group its name carries (``msg.app``, ``msg.downlink``)."""
+    label = _LABELS.get(topic)
+    if label is None:
+        label = kind_of_topic(topic)
+        if len(_LABELS) < 10_000:  # msg.app topics are one per client: keep the cache small
+            _LABELS[topic] = label
+    return label
 
 
 def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
@@ -192,7 +226,15 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
         "broker": [f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
         "broker_credentials": faust_credentials(settings),
         "store": "memory://",
-        "web_enabled": False,
+        "web_enabled": True,
+        "web_bind": settings.http_host,
+        "web_host": settings.http_host,
+        "web_port": settings.http_port,
+        # Faust's own pages (its router, tables, graph, statistics) are not served.
+        "web_router_enabled": False,
+        "web_tables_enabled": False,
+        "web_graph_enabled": False,
+        "web_stats_enabled": False,
         "autodiscover": False,
         "key_serializer": "raw",
         "value_serializer": "raw",

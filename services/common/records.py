@@ -14,7 +14,9 @@ Topic → key / value / headers:
 - ``msg.downlink.<node_id>``: key = publisher client id; value = payload; header ``m`` =
   :class:`PublishMeta`, header ``t`` = the node's targets (:func:`encode_targets`). A record
   with header ``r`` instead (value empty) asks the node to send PUBREL for each
-  (client id, Packet Identifier) of :func:`encode_releases` (QoS 2 resumed, MQTT 4.4).
+  (client id, Packet Identifier) of :func:`encode_releases` (QoS 2 resumed, MQTT 4.4). A
+  record with header ``c`` instead (value empty, key = the client id) is an administrator's
+  command to the node: disconnect one connection of a client (:class:`AdminDisconnect`).
 - ``msg.persisted``: key = subscriber client id; value = payload; headers ``m`` and ``t``
   as in a downlink record, ``t`` holding that one subscriber.
 - ``msg.app.<client>`` (one topic per persistent APPLICATION client,
@@ -67,6 +69,7 @@ HEADER_TARGETS = "t"
 HEADER_RELEASES = "r"
 HEADER_RETAINED_REQUEST = "q"
 HEADER_SESSION = "s"
+HEADER_COMMAND = "c"
 
 _VERSION = 1
 
@@ -625,6 +628,11 @@ class DisconnectCause(IntEnum):
     """The server closed the connection for a malformed packet or a protocol violation."""
     SERVER_SHUTDOWN = 6
     """The ingest node stopped (Reason Code 0x8B)."""
+    ADMINISTRATIVE_ACTION = 7
+    """An administrator acted on the client: disconnected it through the admin API, or
+    disabled or deleted its credential (Reason Code 0x98)."""
+    NOT_AUTHORIZED = 8
+    """A re-authentication (MQTT 5.0 4.12.1) failed (Reason Code 0x87)."""
 
 
 _EVENT = struct.Struct(">BBBBBBQI16s")
@@ -923,12 +931,60 @@ def release_record(
     return KafkaRecord(names.downlink(node_id), client_id.encode("utf-8"), b"", headers)
 
 
-def parse_downlink(value: bytes | None, headers: Headers | None) -> Downlink | Releases:
+@dataclass(frozen=True, slots=True)
+class AdminDisconnect:
+    """An administrator's command to an ingest node: disconnect ``client_id``'s connection
+    ``connection_id`` (16 bytes; a newer connection of the client is left alone) with
+    Reason Code 0x98 Administrative action, and with ``end_session`` end its session too
+    (as a v5 DISCONNECT with Session Expiry Interval 0 would)."""
+
+    client_id: str
+    connection_id: bytes
+    end_session: bool = False
+
+
+_COMMAND = struct.Struct(">BBB16s")  # version, kind (1: disconnect), flags, connection id
+
+
+def admin_disconnect_record(
+    names: TopicNames, node_id: str, command: AdminDisconnect
+) -> KafkaRecord:
+    """The downlink record carrying ``command`` to node ``node_id`` (key: the client id;
+    header ``c``: version u8 · kind u8 (1) · flags u8 (bit 0 end session) · connection id
+    16 bytes · client id str16). Raises ``ValueError`` if the connection id is not 16
+    bytes."""
+    if len(command.connection_id) != 16:
+        raise ValueError("connection_id must be 16 bytes")
+    header = _COMMAND.pack(_VERSION, 1, int(command.end_session), command.connection_id)
+    key = command.client_id.encode("utf-8")
+    return KafkaRecord(
+        names.downlink(node_id), key, b"", [(HEADER_COMMAND, header + _str16(command.client_id))]
+    )
+
+
+def _decode_command(data: bytes) -> AdminDisconnect:
+    _check_version(data, "command")
+    if len(data) < _COMMAND.size:
+        raise RecordError("truncated command")
+    _, kind, flags, connection_id = _COMMAND.unpack_from(data, 0)
+    if kind != 1:
+        raise RecordError(f"unknown command kind {kind}")
+    client_id, end = _read_str(data, _COMMAND.size, ">H")
+    if end != len(data):
+        raise RecordError("trailing bytes after command")
+    return AdminDisconnect(client_id, connection_id, bool(flags & 0x01))
+
+
+def parse_downlink(
+    value: bytes | None, headers: Headers | None
+) -> Downlink | Releases | AdminDisconnect:
     """Parse a downlink record. Raises :class:`RecordError`."""
     meta_raw = targets = None
     for name, data in headers or ():
         if name == HEADER_RELEASES:
             return Releases(decode_releases(data))
+        if name == HEADER_COMMAND:
+            return _decode_command(data)
         if name == HEADER_META:
             meta_raw = data
         elif name == HEADER_TARGETS:

@@ -66,22 +66,29 @@ NEVER_EXPIRES = 0xFFFF_FFFF
 """The Session Expiry Interval that means the session does not expire (MQTT 5.0 3.1.2.11.2)."""
 
 
-def session_expired(record: SessionRecord, now_ms: int, max_seconds: int | None = None) -> bool:
-    """Whether a disconnected session outlived its Session Expiry Interval (MQTT 5.0 3.1.2.11.2).
+def kept_seconds(record: SessionRecord, max_seconds: int | None = None) -> int | None:
+    """How long a persistent session is kept once disconnected, in seconds; None: for ever.
 
-    Only an interval between 1 and 0xFFFFFFFE seconds expires, counted from the record's
-    ``updated_at_ms`` (when the session was last marked disconnected); a connected session,
-    an interval of 0 (v3.1.1 and TBMQ's Clean Start 0 rule) or of 0xFFFFFFFF never does,
+    An interval between 1 and 0xFFFFFFFE seconds is kept that long (MQTT 5.0 3.1.2.11.2);
+    an interval of 0 (v3.1.1 and TBMQ's Clean Start 0 rule) or of 0xFFFFFFFF for ever,
     unless ``max_seconds`` (the server's maximum, ``session_expiry_max_seconds``) is set: a
-    persistent session then expires after at most that many seconds.
+    persistent session is then kept at most that many seconds.
     """
     expiry = record.session_expiry_interval
     capped = not 0 < expiry < NEVER_EXPIRES or (max_seconds is not None and expiry > max_seconds)
     if max_seconds is not None and record.persistent and capped:
         expiry = max_seconds
-    if record.connected or not 0 < expiry < NEVER_EXPIRES:
+    return expiry if 0 < expiry < NEVER_EXPIRES else None
+
+
+def session_expired(record: SessionRecord, now_ms: int, max_seconds: int | None = None) -> bool:
+    """Whether a disconnected session outlived :func:`kept_seconds`, counted from the
+    record's ``updated_at_ms`` (when the session was last marked disconnected); a connected
+    session never did."""
+    kept = kept_seconds(record, max_seconds)
+    if record.connected or kept is None:
         return False
-    return now_ms >= record.updated_at_ms + expiry * 1000
+    return now_ms >= record.updated_at_ms + kept * 1000
 
 
 def new_connection_id() -> bytes:

@@ -13,8 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.common.auth.authorize import parse_rules
 
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_SSL"]
 """Kafka's ``security.protocol`` values Cormorant's clients speak (services' aiokafka
@@ -23,6 +25,40 @@ clients: :mod:`services.common.kafka.security`; the Spark jobs: :mod:`spark_emr.
 KafkaSaslMechanism = Literal["SCRAM-SHA-512", "OAUTHBEARER"]
 """SASL mechanisms with ``SASL_SSL``: SCRAM-SHA-512 (MSK port 9096) or OAUTHBEARER (MSK IAM,
 port 9098)."""
+
+
+ListenerKind = Literal["mqtt", "mqtts", "ws", "wss"]
+"""What an ingest listener speaks: MQTT over TCP, over TLS, over WebSocket (``/mqtt``), over
+WebSocket on TLS."""
+
+TlsClientAuth = Literal["none", "optional", "required"]
+"""Client certificates on the TLS listeners: not asked for, verified when sent, or required."""
+
+
+class Listener(BaseModel):
+    """One more MQTT listener of an ingest node (besides ``mqtt_port``), on ``mqtt_host``.
+
+    ``kind``: :data:`ListenerKind`; ``port``: its TCP port; ``proxy_protocol``: every
+    connection must start with a PROXY protocol header (v1 or v2) naming the client's
+    address, as a load balancer sends it (HAProxy ``send-proxy-v2``, an NLB target group's
+    ``proxy_protocol_v2``); one without it is closed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ListenerKind
+    port: int = Field(ge=0, le=65535)
+    proxy_protocol: bool = False
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listener speaks TLS (mqtts, wss)."""
+        return self.kind in ("mqtts", "wss")
+
+    @property
+    def websocket(self) -> bool:
+        """Whether MQTT travels in WebSocket frames (ws, wss)."""
+        return self.kind in ("ws", "wss")
 
 
 def _default_state_dir() -> Path:
@@ -193,12 +229,48 @@ class Settings(BaseSettings):
         "otherwise).",
     )
 
+    # --- authentication and authorization (services/common/auth) ----------------------
+    allow_anonymous: bool = Field(
+        False,
+        description="Let clients that present no User Name, Password or client certificate "
+        "(and whose client id has no credential) connect, with anonymous_rules. Off by "
+        "default; the local cluster turns it on for its loopback listener.",
+    )
+    anonymous_rules: list[str] = Field(
+        default_factory=list,
+        description="Authorization rules of anonymous clients, in order, as a JSON list of "
+        "'<allow|deny> <publish|subscribe|all> <topic filter>': "
+        'CORMORANT_ANONYMOUS_RULES=\'["deny subscribe admin/#", "allow all #"]\'. Empty: '
+        "everything allowed.",
+    )
+    auth_hash_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Threads of an ingest node that verify passwords (argon2id, about 20 ms "
+        "of a core each), beside the event loop.",
+    )
+    auth_max_pending: int = Field(
+        1000,
+        ge=1,
+        description="Password checks that may wait for those threads; past it a CONNECT is "
+        "refused with Server busy (v5 0x89, v3.1.1 return code 3), so a storm of wrong "
+        "passwords queues in bounded memory.",
+    )
+
+    @field_validator("anonymous_rules")
+    @classmethod
+    def _valid_rules(cls, rules: list[str]) -> list[str]:
+        parse_rules(rules)  # RuleError is a ValueError: pydantic reports it with the field
+        return rules
+
     # --- APPLICATION clients (app_delivery) -------------------------------------------
     application_client_ids: list[str] = Field(
         default_factory=list,
         description="Client Identifier patterns of APPLICATION clients, shell-style globs "
-        "(fnmatch: * ? [seq]); every other client is a DEVICE. In the environment a JSON "
-        'list: CORMORANT_APPLICATION_CLIENT_IDS=\'["app-*", "analytics"]\'.',
+        "(fnmatch: * ? [seq]): the kind of anonymous clients (an authenticated client's "
+        "comes from its credential); every other anonymous client is a DEVICE. In the "
+        'environment a JSON list: CORMORANT_APPLICATION_CLIENT_IDS=\'["app-*", "analytics"]\'.',
     )
     app_topic_partitions: int = Field(
         1,
@@ -244,6 +316,109 @@ class Settings(BaseSettings):
     node_id: str = Field("node1", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Ingest node id.")
     mqtt_host: str = Field("127.0.0.1", description="Address the ingest MQTT listener binds.")
     mqtt_port: int = Field(1884, ge=0, le=65535, description="Port of the ingest MQTT listener.")
+    listeners: list[Listener] = Field(
+        default_factory=list,
+        description="More listeners besides mqtt_port (which is plain MQTT over TCP without "
+        "PROXY protocol), as a JSON list of {kind: mqtt|mqtts|ws|wss, port, proxy_protocol}: "
+        'CORMORANT_LISTENERS=\'[{"kind": "mqtts", "port": 8883, "proxy_protocol": true}, '
+        '{"kind": "ws", "port": 8083}]\'. mqtts and wss need the TLS certificate; ws and wss '
+        "serve MQTT over WebSocket on /mqtt (subprotocol mqtt).",
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="Server certificate chain (PEM) of the TLS listeners (mqtts, wss); "
+        "re-read with tls_key_file on SIGHUP (new connections get it, open ones keep theirs).",
+    )
+    tls_key_file: Path | None = Field(
+        None, description="Private key (PEM, unencrypted) of tls_cert_file."
+    )
+    tls_cert_pem: str | None = Field(
+        None,
+        description="The server certificate chain itself (PEM text), instead of "
+        "tls_cert_file: how ECS hands it over from Secrets Manager.",
+    )
+    tls_key_pem: SecretStr | None = Field(
+        None, description="The private key itself (PEM text), instead of tls_key_file."
+    )
+    tls_client_auth: TlsClientAuth = Field(
+        "none",
+        description="Client certificates (mutual TLS): none; optional (verified when the "
+        "client sends one); required (a connection without a valid one fails its TLS "
+        "handshake). Verified against tls_client_ca_file / tls_client_ca_pem.",
+    )
+    tls_client_ca_file: Path | None = Field(
+        None, description="CA bundle (PEM) that signs the client certificates accepted."
+    )
+    tls_client_ca_pem: str | None = Field(
+        None, description="The client CA bundle itself (PEM text), instead of the file."
+    )
+    close_grace_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=30,
+        description="After the server sends DISCONNECT or a refusing CONNACK it writes no "
+        "more, reads and discards what the client still sends for at most this long, then "
+        "closes: the client reads the Reason Code instead of a connection reset.",
+    )
+
+    # --- ingest limits (refusals are counted, and logged once per client per minute) ----------
+    max_connections: int = Field(
+        100_000,
+        ge=1,
+        description="Open MQTT connections per ingest node; beyond it a CONNECT is refused: "
+        "v5 CONNACK 0x97 Quota exceeded, v3.1.1 0x03 Server unavailable.",
+    )
+    max_connection_rate: float = Field(
+        1000.0,
+        ge=0,
+        description="New connections per second per ingest node (a token bucket holding one "
+        "second's worth); beyond it: CONNACK 0x9F Connection rate exceeded (v3.1.1: 0x03). "
+        "0: no limit.",
+    )
+    max_connection_rate_per_address: float = Field(
+        500.0,
+        ge=0,
+        description="New connections per second per client IP address (from the PROXY "
+        "header behind a load balancer), per ingest node; beyond it: CONNACK 0x9F (v3.1.1: "
+        "0x03). Devices behind one NAT share an address: keep it well above their "
+        "reconnect rate. 0: no limit.",
+    )
+    client_max_messages_per_second: float = Field(
+        5000.0,
+        ge=0,
+        description="Inbound PUBLISH packets per second per client (a token bucket holding "
+        "one second's worth); beyond it the node stops reading from that client until the "
+        "bucket refills (TCP backpressure, as TBMQ does: nothing is lost). 0: no limit.",
+    )
+    client_max_bytes_per_second: float = Field(
+        8 * 1024 * 1024,
+        ge=0,
+        description="Inbound bytes per second per client (MQTT bytes, as read); beyond it "
+        "reading from that client pauses likewise. 0: no limit.",
+    )
+    max_inflight_qos2: int = Field(
+        1000,
+        ge=1,
+        le=65535,
+        description="Inbound QoS 2 messages per client not yet released (PUBREL), stored ones "
+        "included; a QoS 2 PUBLISH beyond it is refused: v5 PUBREC 0x97 Quota exceeded, "
+        "v3.1.1 the connection is closed (no negative acknowledgement). v5 clients are "
+        "bounded by receive_maximum first.",
+    )
+    max_subscriptions: int = Field(
+        1000,
+        ge=1,
+        description="Subscriptions per client (its whole set is one client.subscriptions "
+        "record); a new Topic Filter beyond it gets SUBACK 0x97 Quota exceeded (v3.1.1: "
+        "0x80 Failure).",
+    )
+    max_topic_levels: int = Field(
+        32,
+        ge=1,
+        le=65535,
+        description="Topic levels of a Topic Filter in SUBSCRIBE; a deeper one gets SUBACK "
+        "0x97 Quota exceeded (v3.1.1: 0x80 Failure).",
+    )
     ready_file: Path | None = Field(
         None,
         description="A service writes this file once it serves (Kafka reached, state restored) "
@@ -251,12 +426,60 @@ class Settings(BaseSettings):
     )
 
     # --- every service ---------------------------------------------------------------------
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address a service's HTTP endpoints bind (/health, /ready, /metrics): "
+        "loopback unless asked (0.0.0.0 in a container, where the load balancer and "
+        "Prometheus reach it).",
+    )
+    http_port: int = Field(
+        9180,
+        ge=0,
+        le=65535,
+        description="Port of a service's HTTP endpoints (/health, /ready, /metrics); one "
+        "per process (the local cluster gives each process its own).",
+    )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
         description="Data directory: each service's Faust data dir, and the local cluster's "
         "data, logs and pid files ($XDG_STATE_HOME/cormorant).",
     )
     log_level: str = Field("INFO", description="Python logging level of the services.")
+
+    # --- admin (the operators' REST API and web console) -----------------------------------
+    admin_host: str = Field(
+        "127.0.0.1",
+        description="Address the admin API and console bind: loopback unless asked (0.0.0.0 "
+        "behind the deployment's internal load balancer).",
+    )
+    admin_port: int = Field(9170, ge=1, le=65535, description="Port of the admin API and console.")
+    admin_token_ttl_seconds: int = Field(
+        12 * 3600, ge=60, description="How long an admin user's bearer token is valid (seconds)."
+    )
+    admin_bootstrap_user: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._@-]{1,64}$",
+        description="An admin user the admin service creates at start if it does not exist "
+        "(with admin_bootstrap_password): the first login of a fresh deployment. An "
+        "existing user is left as it is.",
+    )
+    admin_bootstrap_password: SecretStr | None = Field(
+        None,
+        description="admin_bootstrap_user's password (ECS fills it from the Secrets Manager "
+        "secret the deployment generates).",
+    )
+    cluster_endpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description="The admin service's view of the cluster: process name -> base URL of "
+        'its HTTP endpoints, as a JSON object (\'{"router": "http://10.0.0.5:9180"}\'); '
+        "the local cluster sets it.",
+    )
+    cluster_dns_namespace: str | None = Field(
+        None,
+        description="In AWS: the private DNS namespace where each service's tasks are "
+        "registered (<service>.<namespace>, A records); the admin service finds them there, "
+        "on http_port.",
+    )
 
     # --- device_persist store --------------------------------------------------------------
     store_backend: Literal["redis", "postgres"] = Field(
@@ -336,6 +559,26 @@ class Settings(BaseSettings):
     store_timeout_seconds: float = Field(
         5.0, gt=0, description="How long one message store operation may take (seconds)."
     )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        """TLS settings that contradict each other, or a TLS listener without a certificate."""
+        for name in ("cert", "key", "client_ca"):
+            if getattr(self, f"tls_{name}_file") and getattr(self, f"tls_{name}_pem"):
+                raise ValueError(f"set tls_{name}_file or tls_{name}_pem, not both")
+        has_cert = bool(self.tls_cert_file or self.tls_cert_pem)
+        if has_cert != bool(self.tls_key_file or self.tls_key_pem):
+            raise ValueError("the TLS certificate and its key go together")
+        if any(listener.tls for listener in self.listeners) and not has_cert:
+            raise ValueError("an mqtts or wss listener needs tls_cert_file and tls_key_file")
+        has_ca = bool(self.tls_client_ca_file or self.tls_client_ca_pem)
+        if self.tls_client_auth != "none" and not has_ca:
+            raise ValueError(f"tls_client_auth {self.tls_client_auth} needs tls_client_ca_file")
+        ports = [self.mqtt_port, *(listener.port for listener in self.listeners)]
+        taken = {port for port in ports if port and ports.count(port) > 1}
+        if taken:
+            raise ValueError(f"two listeners on port {min(taken)}")
+        return self
 
 
 @lru_cache(maxsize=1)

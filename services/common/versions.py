@@ -29,3 +29,22 @@ def release_line(version: str) -> str:
     if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
         raise ValueError(f"not a major.minor[.patch] version: {version!r}")
     return f"{parts[0]}.{parts[1]}"
+
+
+def cormorant_version() -> str:
+    """Cormorant's own version: the installed distribution's, or ``pyproject.toml``'s when
+    run from a checkout that is not installed (``0.0.0`` if neither says)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cormorant")
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        return str(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "0.0.0"

@@ -18,6 +18,7 @@ import faust
 from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
+from services.common import metrics
 from services.common.clock import now_ms
 from services.common.faust_app import (
     every,
@@ -31,11 +32,11 @@ from services.common.kafka.consumer import Record, consume_batches, make_consume
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.readiness import clear_ready, mark_ready
 from services.common.records import Headers
 from services.common.settings import Settings
 from services.common.stores import open_store
-from services.device_persist.persister import DevicePersister
+from services.common.web import serve_http
+from services.device_persist.persister import DevicePersister, StoreGauges
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,15 @@ def build_app(settings: Settings) -> faust.App:
     """Build device_persist's Faust app: session reader, store, consumer and timers."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, "device-persist")
+    readiness = serve_http(app, "device-persist", settings.ready_file)
     store = open_store(settings)
 
     send = sender(app)
 
     persister = DevicePersister(settings, store, send)
+    gauges = StoreGauges(persister)
+    metrics.register(gauges.families)
+    metrics.on_scrape(gauges.refresh)
 
     def apply_session(
         topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
@@ -64,6 +69,9 @@ def build_app(settings: Settings) -> faust.App:
         apply_session,
         security=client_security(settings),
     )
+
+    readiness.add("kafka", reader.end_offsets)
+    readiness.add("store", store.ping)
 
     async def handle(records: list[Record]) -> list[Awaitable[object]]:
         # Session records stored before these records were are applied first: a message
@@ -86,7 +94,7 @@ def build_app(settings: Settings) -> faust.App:
         await consumer.start()
         dirty = asyncio.create_task(persister.run_dirty(), name="device-persist-dirty")
         try:
-            mark_ready(settings.ready_file, "device_persist")
+            readiness.serving("device_persist")
             await consume_batches(
                 consumer,
                 handle,
@@ -94,6 +102,7 @@ def build_app(settings: Settings) -> faust.App:
                 max_records=BATCH_MAX,
                 on_assigned=assigned,
                 first=[names.client_acks],  # they free the windows the messages wait for
+                stage="device-persist",
             )
         finally:
             dirty.cancel()
@@ -103,7 +112,7 @@ def build_app(settings: Settings) -> faust.App:
         await asyncio.gather(*await persister.expire_sessions(now_ms()))
 
     async def stop() -> None:
-        clear_ready(settings.ready_file)
+        readiness.stopping()
         await reader.stop()
         await store.close()
 

@@ -33,6 +33,8 @@ import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
+from prometheus_client.core import GaugeMetricFamily, Metric
+
 from services.common import clock
 from services.common.faust_app import SendRecord
 from services.common.kafka.consumer import Record, log_undecodable
@@ -62,6 +64,7 @@ from services.common.stores.base import (
     MessageState,
     MessageStore,
     StoredMessage,
+    StoreError,
     WindowRequest,
 )
 
@@ -405,6 +408,55 @@ class DevicePersister:
             for record in session_expired_records(self.names, client_id, session, now_ms):
                 acks.append(await self._send(*record))
         return acks
+
+
+class StoreGauges:
+    """``cormorant_device_store_messages`` and ``cormorant_device_store_sessions``: the
+    persistent DEVICE sessions this instance owns (by connected state) and the messages
+    the store holds for them, counted again at most every ``interval`` seconds (one
+    pipelined round trip to the store for all of them)."""
+
+    def __init__(self, persister: DevicePersister, interval: float = 10.0) -> None:
+        self.persister = persister
+        self.interval = interval
+        self.sessions = {"connected": 0, "disconnected": 0}
+        self.messages = 0
+        self._counted_at = -interval
+
+    async def refresh(self) -> None:
+        """Count again if the last count is older than ``interval`` (store errors logged)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._counted_at < self.interval:
+            return
+        self._counted_at = loop.time()
+        persister = self.persister
+        owned = [
+            (client_id, session)
+            for client_id, session in persister.sessions.items()
+            if _stored_for(session) and persister.owns(client_id)
+        ]
+        connected = sum(1 for _, session in owned if session.connected)
+        self.sessions = {"connected": connected, "disconnected": len(owned) - connected}
+        try:
+            self.messages = sum(await persister.store.counts([c for c, _ in owned]))
+        except StoreError as exc:
+            log.warning("could not count the stored messages: %r", exc)
+
+    def families(self) -> Iterable[Metric]:
+        """The two gauges, as of the last :meth:`refresh`."""
+        sessions = GaugeMetricFamily(
+            "cormorant_device_store_sessions",
+            "Persistent DEVICE sessions this instance owns, by connected state.",
+            labels=["state"],
+        )
+        for state, count in self.sessions.items():
+            sessions.add_metric([state], count)
+        yield sessions
+        yield GaugeMetricFamily(
+            "cormorant_device_store_messages",
+            "Messages the DEVICE store holds for the sessions this instance owns.",
+            value=self.messages,
+        )
 
 
 def _stored_for(session: SessionRecord) -> bool:

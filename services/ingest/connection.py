@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import logging
 
+from services.common.auth.certificates import CertificateIdentity
+from services.common.auth.principal import Outcome, Principal
 from services.common.mqtt.codec import StreamDecoder
-from services.common.mqtt.errors import MQTTError
+from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.keep_alive import silence_allowed
 from services.common.mqtt.packets import (
+    Auth,
     Connect,
     Disconnect,
     Packet,
@@ -35,6 +38,7 @@ from services.common.records import DisconnectCause, SessionRecord, Target
 from services.ingest import (
     delivery,
     events,
+    handle_auth,
     handle_connect,
     handle_publish,
     handle_subscribe,
@@ -63,10 +67,13 @@ class ServerConnection:
 
     ``server`` is what the node's connections share (limits, node id, session lookup,
     clock, client id generator); ``connection_id`` (16 bytes) names this network
-    connection. Feed bytes with :meth:`receive_data`, report store outcomes with
+    connection; ``certificate`` is the client's verified TLS certificate, given by a TLS
+    transport (X509 credentials). Feed bytes with :meth:`receive_data`, report store outcomes with
     :meth:`stored` / :meth:`store_failed`, deliver downlink messages with
     :meth:`deliver_routed`, :meth:`deliver` and :meth:`release`, and the client's session
-    records read from Kafka with :meth:`session_record_seen`; each returns the effects to
+    records read from Kafka with :meth:`session_record_seen`, the outcome of an
+    ``Authenticate`` effect with :meth:`authenticated`, and changes of the client's
+    credential with :meth:`revoked` / :meth:`principal_changed`; each returns the effects to
     carry out, in order. The acknowledgements of store-assigned deliveries and the session
     record of QoS 2 changes gathered during one call leave as one record each, at the end
     of its effects.
@@ -74,8 +81,13 @@ class ServerConnection:
 
     __slots__ = ("_decoder", "state")
 
-    def __init__(self, server: ServerContext, connection_id: bytes) -> None:
-        self.state = ConnectionState(server, connection_id)
+    def __init__(
+        self,
+        server: ServerContext,
+        connection_id: bytes,
+        certificate: CertificateIdentity | None = None,
+    ) -> None:
+        self.state = ConnectionState(server, connection_id, certificate=certificate)
         self._decoder = StreamDecoder(max_packet_size=server.limits.max_packet_size)
 
     @property
@@ -97,9 +109,10 @@ class ServerConnection:
     def keep_alive_timeout(self) -> float | None:
         """Seconds of silence after which the client is gone (1.5 times Keep Alive, MQTT 3.1.2.10).
 
-        Before CONNECT, the server's connect timeout; None when keep alive is off (0).
+        Before CONNECT and while its credentials are checked, the server's connect
+        timeout; None when keep alive is off (0).
         """
-        if self.state.phase is Phase.AWAIT_CONNECT:
+        if self.state.phase is Phase.AWAIT_CONNECT or self.state.phase is Phase.AUTHENTICATING:
             return self.state.limits.connect_timeout_seconds
         return silence_allowed(self.state.keep_alive) if self.state.keep_alive else None
 
@@ -135,7 +148,14 @@ class ServerConnection:
             assert isinstance(packet, Connect), "the decoder admits CONNECT first"
             self._decoder.protocol_version = packet.protocol_version
             return handle_connect.handle_connect(state, packet)
-        if state.phase is Phase.CONNECTING:
+        if state.phase is Phase.AUTHENTICATING:
+            if isinstance(packet, Auth):
+                return handle_auth.handle_auth(state, packet)
+            if state.auth_method is not None and not isinstance(packet, Disconnect):
+                raise ProtocolError(
+                    "only AUTH or DISCONNECT before CONNACK in enhanced authentication"
+                )
+        if state.phase is not Phase.CONNECTED:
             # MQTT 3.1.4: a client may send packets before CONNACK; handle them after it.
             state.early_packets.append(packet)
             return []
@@ -161,7 +181,47 @@ class ServerConnection:
             return handle_subscribe.handle_unsubscribe(state, packet)
         if isinstance(packet, Disconnect):
             return handle_connect.handle_disconnect(state, packet)
+        if isinstance(packet, Auth):
+            return handle_auth.handle_auth(state, packet)
         raise MQTTError(f"unexpected {type(packet).__name__}", ReasonCode.PROTOCOL_ERROR)
+
+    def authenticated(self, outcome: Outcome) -> list[Effect]:
+        """Report the outcome of this connection's ``Authenticate`` effect: before CONNACK,
+        CONNACK (refused: with the outcome's Reason Code) or the next AUTH challenge; on a
+        re-authentication, AUTH (Success or Continue), or DISCONNECT 0x87 and close."""
+        state = self.state
+        if self.closed:
+            return []
+        try:
+            if state.phase is Phase.AUTHENTICATING:
+                return self._finish(handle_auth.connect_outcome(state, outcome))
+            if state.reauthenticating:
+                return self._finish(handle_auth.reauth_outcome(state, outcome))
+        except handle_auth.ReauthenticationFailed as exc:
+            events.ending(state, DisconnectCause.NOT_AUTHORIZED, exc.reason_code)
+            return [
+                events.auth_failed(state, exc.reason_code),
+                *self.disconnect_and_close(exc.reason_code, exc.message),
+            ]
+        except MQTTError as exc:
+            return self.protocol_violation(exc)
+        return []
+
+    def revoked(self, reason: str) -> list[Effect]:
+        """The client's credential was disabled or deleted: v5 DISCONNECT 0x98
+        Administrative action, then close (before CONNACK: close only)."""
+        log.info("client %r: %s", self.state.client_id, reason)
+        events.ending(self.state, DisconnectCause.ADMINISTRATIVE_ACTION,
+                      ReasonCode.ADMINISTRATIVE_ACTION)  # fmt: skip
+        return self.disconnect_and_close(ReasonCode.ADMINISTRATIVE_ACTION, reason)
+
+    def principal_changed(self, principal: Principal) -> list[Effect]:
+        """The client's credential changed (rules, kind): the new rules apply to the next
+        PUBLISH and SUBSCRIBE, and subscriptions they no longer grant are dropped
+        (:func:`handle_auth.apply_principal`)."""
+        if self.state.phase is not Phase.CONNECTED:
+            return []
+        return handle_auth.apply_principal(self.state, principal)
 
     def stored(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` reached Kafka (acks=all), or
@@ -296,9 +356,22 @@ class ServerConnection:
         return delivery.release(self.state, packet_id)
 
     def keep_alive_expired(self) -> list[Effect]:
-        """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D)."""
-        if self.state.phase is Phase.AWAIT_CONNECT:
+        """The client was silent past :attr:`keep_alive_timeout` (v5: DISCONNECT 0x8D).
+
+        Before CONNACK the connect timeout: no CONNECT (or no answer to an AUTH challenge)
+        closes the connection; a CONNECT whose credentials the node did not check in time
+        (password checks queued behind a storm) gets CONNACK 0x89 Server busy (v3.1.1:
+        0x03 Server unavailable), so the client learns to come back later.
+        """
+        state = self.state
+        if state.phase is Phase.AWAIT_CONNECT:
             return self.close("no CONNECT within the connect timeout")
+        if state.phase is Phase.AUTHENTICATING:
+            if state.auth_state is not None:
+                return self.close("no answer to the AUTH challenge within the connect timeout")
+            busy = MQTTError("credentials not checked within the connect timeout",
+                             ReasonCode.SERVER_BUSY)  # fmt: skip
+            return self.protocol_violation(busy)
         events.ending(self.state, DisconnectCause.KEEP_ALIVE_TIMEOUT, ReasonCode.KEEP_ALIVE_TIMEOUT)
         return self.protocol_violation(
             MQTTError("keep alive timeout", ReasonCode.KEEP_ALIVE_TIMEOUT)
@@ -327,6 +400,24 @@ class ServerConnection:
             *handle_connect.end_session(self.state),
             *events.disconnected(self.state),
         ]
+
+    def disconnected_by_administrator(self, end_session: bool) -> list[Effect]:
+        """An administrator disconnects this connection (the admin API): v5 DISCONNECT
+        0x98 Administrative action, then close; the Will Message is published, as after
+        any disconnect the client did not ask for (MQTT 3.1.2.5). With ``end_session``
+        the session ends with the connection, as after a v5 DISCONNECT with Session
+        Expiry Interval 0 (its subscriptions and stored messages are deleted)."""
+        if self.closed:
+            return []
+        if end_session:
+            self.state.session_expiry_interval = 0
+            self.state.persistent = False
+        events.ending(
+            self.state, DisconnectCause.ADMINISTRATIVE_ACTION, ReasonCode.ADMINISTRATIVE_ACTION
+        )
+        return self.disconnect_and_close(
+            ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator"
+        )
 
     def shutting_down(self) -> list[Effect]:
         """The node stops: v5 DISCONNECT 0x8B Server shutting down, then close."""
@@ -368,7 +459,7 @@ class ServerConnection:
     def protocol_violation(self, exc: MQTTError) -> list[Effect]:
         """The MQTT-mandated reaction to ``exc`` (MQTT 4.13): CONNACK or DISCONNECT, then close."""
         log.info("client %r: %r", self.state.client_id, exc)
-        if self.state.phase is Phase.AWAIT_CONNECT:
+        if self.state.phase is Phase.AWAIT_CONNECT or self.state.phase is Phase.AUTHENTICATING:
             return handle_connect.refuse(self.state, exc)
         events.ending(self.state, DisconnectCause.PROTOCOL_ERROR, exc.reason_code)
         return self.disconnect_and_close(exc.reason_code, exc.message)

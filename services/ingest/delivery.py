@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from services.common.metrics import MQTT
 from services.common.mqtt.errors import ProtocolError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
 from services.common.mqtt.reason_codes import ReasonCode
@@ -84,10 +85,10 @@ def deliver_routed(state: ConnectionState, message: FanOut, target: Target) -> l
         return []
     aliases = _aliases(state)
     if aliases is None:
-        return _send(state, message.qos0_bytes(target, version, 0, False))
+        return _send(state, message.qos0_bytes(target, version, 0, False), 0)
     topic = message.meta.topic
     alias, known = aliases.choose(topic)
-    effects = _send(state, message.qos0_bytes(target, version, alias, known))
+    effects = _send(state, message.qos0_bytes(target, version, alias, known), 0)
     if not effects and not known:
         aliases.forget(topic)
     return effects
@@ -141,19 +142,21 @@ def _send_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     packet that is not sent is given back."""
     aliases = _aliases(state)
     if aliases is None:
-        return _send(state, state.encode(packet))
+        return _send(state, state.encode(packet), packet.qos)
     topic = packet.topic
     alias, known = aliases.choose(topic)
     packet.properties.topic_alias = alias
     if known:
         packet.topic = ""
-    effects = _send(state, state.encode(packet))
+    effects = _send(state, state.encode(packet), packet.qos)
     if not effects and not known:
         aliases.forget(topic)
     return effects
 
 
-def _send(state: ConnectionState, data: bytes) -> list[Effect]:
+def _send(state: ConnectionState, data: bytes, qos: int) -> list[Effect]:
+    """Send the encoded PUBLISH ``data`` of QoS ``qos`` unless it exceeds the client's
+    Maximum Packet Size (counted in ``cormorant_mqtt_publish_sent_total``)."""
     if len(data) > state.client_maximum_packet_size:
         log.info(
             "client %r: dropped a %d-byte PUBLISH over its Maximum Packet Size",
@@ -161,6 +164,7 @@ def _send(state: ConnectionState, data: bytes) -> list[Effect]:
             len(data),
         )
         return []
+    MQTT.publish_sent[qos] += 1
     return [Send(data)]
 
 

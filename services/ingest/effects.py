@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.auth.principal import AuthRequest, ScramState
 from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
 from services.common.subscription import Subscription
+from services.ingest.limits import Refusal
 
 
 @dataclass(slots=True)
@@ -146,12 +148,34 @@ class SyncState:
 
 
 @dataclass(slots=True)
+class Authenticate:
+    """Check the client's credentials (a CONNECT, or an AUTH of MQTT 5 enhanced
+    authentication) off the event loop's hot path, and report the outcome with
+    ``ServerConnection.authenticated(outcome)``
+    (:meth:`services.common.auth.authenticate.Authenticator.authenticate`). ``state`` is the
+    SCRAM exchange the request answers, if any."""
+
+    request: AuthRequest
+    state: ScramState | None = None
+
+
+@dataclass(slots=True)
 class RecordEvent:
     """Append ``event`` to ``client.events`` for the analysts (key: ``client_id``): written
     off the hot path, nobody waits for it, a failure is only logged."""
 
     client_id: str
     event: EventRecord
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRefused:
+    """A limit refused this client something (``detail`` says what, for the log): the
+    shell counts it and logs it once per client per minute (:mod:`services.ingest.refusals`).
+    What the client is told travels in the effects beside it (SUBACK, PUBREC, CONNACK)."""
+
+    refusal: Refusal
+    detail: str
 
 
 StoreEffect = (
@@ -166,5 +190,14 @@ StoreEffect = (
 """The effects that write one Kafka record and report back through their ``token``."""
 
 Effect = (
-    Send | Close | StoreEffect | CreateAppTopic | Connected | WatchSession | SyncState | RecordEvent
+    Send
+    | Close
+    | StoreEffect
+    | CreateAppTopic
+    | Connected
+    | WatchSession
+    | SyncState
+    | Authenticate
+    | RecordEvent
+    | LimitRefused
 )

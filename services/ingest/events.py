@@ -17,7 +17,7 @@ from services.ingest.state import ConnectionState
 
 #: CONNACK Reason Codes that refuse a client for its credentials (MQTT 5.0 3.2.2.2).
 AUTH_FAILURES = frozenset(
-    (ReasonCode.BAD_USER_NAME_OR_PASSWORD, ReasonCode.NOT_AUTHORIZED,
+    (ReasonCode.BAD_USER_NAME_OR_PASSWORD, ReasonCode.NOT_AUTHORIZED, ReasonCode.BANNED,
      ReasonCode.BAD_AUTHENTICATION_METHOD)
 )  # fmt: skip
 
@@ -59,6 +59,12 @@ def refused(state: ConnectionState, reason_code: int) -> list[RecordEvent]:
     if reason_code not in AUTH_FAILURES:
         return []
     return [_event(state, EventKind.AUTH_FAILED, reason_code)]
+
+
+def auth_failed(state: ConnectionState, reason_code: int) -> RecordEvent:
+    """A re-authentication (MQTT 5.0 4.12.1) refused: AUTH_FAILED with the DISCONNECT's
+    ``reason_code``."""
+    return _event(state, EventKind.AUTH_FAILED, reason_code)
 
 
 def ending(state: ConnectionState, cause: DisconnectCause, reason_code: int = 0) -> None:

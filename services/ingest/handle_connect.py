@@ -5,8 +5,13 @@ store the session record in ``client.sessions``; :func:`connect_stored` sends CO
 Kafka has it, so every node sees the session (and takes over an older connection) before the
 client is told it is connected.
 
-A persistent APPLICATION client (its kind comes from ``application_client_ids`` until
-authentication lands) has its ``msg.app.<client>`` topic made sure of first
+Between the two, the client's credentials are checked: :func:`handle_connect` asks the
+shell to authenticate (:class:`~services.ingest.effects.Authenticate`), and :func:`admit`
+takes the accepted client in (its kind and rules from its credential, the Will Topic
+authorized, a resumed session's subscriptions checked against its rules).
+
+A persistent APPLICATION client (its kind comes from its credential; an anonymous client's
+from ``application_client_ids``) has its ``msg.app.<client>`` topic made sure of first
 (:class:`CreateAppTopic`), and only then its session record stored: a CONNACK implies that
 the topic the router writes its messages to exists.
 
@@ -18,17 +23,22 @@ says which ones each record lists.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable
 
+from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.principal import AuthRequest, Principal
+from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
-from services.common.records import ClientKind, DisconnectCause, SessionRecord
+from services.common.records import ClientKind, DisconnectCause, EventKind, SessionRecord
 from services.common.sessions import client_kind, is_persistent, session_expired
 from services.common.topics.validation import validate_topic_name
 from services.ingest import events, will
 from services.ingest.effects import (
+    Authenticate,
     Close,
     Connected,
     CreateAppTopic,
@@ -47,17 +57,23 @@ from services.ingest.state import (
     RecordWaiters,
 )
 
+log = logging.getLogger(__name__)
+
 
 def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
-    """Validate ``connect``, set up the connection state and store the session record.
+    """Validate ``connect``, set up the connection state and ask the shell to check the
+    credentials (:class:`Authenticate`); :func:`admit` goes on once they are accepted.
 
     A v5 client that sent no Client Identifier gets one from the server's generator
     (``ServerContext.new_client_id``; MQTT 5.0 3.1.3.1, Assigned Client Identifier).
-    Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: 0x85
-    Client Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8),
-    0x90 for an invalid Will Topic.
+    Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: the
+    shell's refusal (``state.refusal``: a connection limit, 0x97 or 0x9F), 0x85 Client
+    Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8), 0x90 for
+    an invalid Will Topic.
     """
     state.protocol_version = connect.protocol_version
+    if state.refusal is not None:
+        raise state.refusal
     props = connect.properties
     client_id = connect.client_id
     assigned = False
@@ -84,7 +100,6 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
     state.persistent = is_persistent(
         connect.protocol_version, connect.clean_start, state.session_expiry_interval
     )
-    state.kind = client_kind(client_id, limits.application_client_ids)
     if props.receive_maximum is not None:
         state.client_receive_maximum = props.receive_maximum
     if props.maximum_packet_size is not None:
@@ -111,12 +126,57 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         if limits.topic_alias_maximum:
             connack_props.topic_alias_maximum = limits.topic_alias_maximum
     state.keep_alive = keep_alive
+    state.connack_properties = connack_props
+    state.auth_method = props.authentication_method
+    state.phase = Phase.AUTHENTICATING
+    request = AuthRequest(
+        client_id,
+        connect.username,
+        connect.password,
+        state.certificate,
+        props.authentication_method,
+        props.authentication_data,
+    )
+    return [Authenticate(request)]
+
+
+def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
+    """The compiled rules of ``principal`` on the connection of ``client_id``."""
+    if not principal.rules:
+        return ALLOW_ALL
+    return Authorizer(principal.rules, client_id, principal.username)
+
+
+def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None) -> list[Effect]:
+    """The client is authenticated as ``principal``: take its kind and rules, authorize
+    its Will Topic, and store the session record CONNACK waits for (a resumed session keeps
+    only the subscriptions its rules still grant). ``auth_data`` is the Authentication
+    Data CONNACK carries (enhanced authentication, MQTT 5.0 4.12).
+
+    Raises :class:`MQTTError` 0x87 Not authorized when the Will Topic is not allowed.
+    """
+    client_id = state.client_id
+    limits = state.limits
+    state.principal = principal
+    state.authorizer = authorizer_of(principal, client_id)
+    if principal.kind is None:
+        state.kind = client_kind(client_id, limits.application_client_ids)
+    else:
+        state.kind = principal.kind
+    if state.will is not None and not state.authorizer.may_publish(state.will.topic):
+        raise MQTTError("Will Topic not authorized", ReasonCode.NOT_AUTHORIZED)
+    connack_props = state.connack_properties or Properties()
+    state.connack_properties = None
+    if state.auth_method is not None:
+        # MQTT-4.12.0-5: a successful CONNACK names the method the CONNECT used.
+        connack_props.authentication_method = state.auth_method
+        connack_props.authentication_data = auth_data
 
     previous, previous_subs = state.server.previous_session(client_id)
     if previous is not None:
         state.previous_connection_id = previous.connection_id
     session_present = (
-        not connect.clean_start
+        not state.clean_start
         and previous is not None
         and previous.persistent
         and not session_expired(previous, state.now_ms(), limits.session_expiry_max_seconds)
@@ -125,6 +185,7 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
     if session_present:
         assert previous is not None
         state.subscriptions = {s.topic_filter: s for s in previous_subs}
+        effects += keep_authorized_subscriptions(state)
         state.session_id = previous.session_id
         # QoS 2 messages stored but not released: a resend is acknowledged, not published
         # again, whichever node stored it (MQTT 4.3.3).
@@ -153,6 +214,25 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         token = state.new_token(AwaitingConnAck(connack))
         effects.append(StoreSession(token, session_record(state, connected=True)))
     return effects
+
+
+def keep_authorized_subscriptions(state: ConnectionState) -> list[Effect]:
+    """Drop the subscriptions the connection's rules no longer grant (a session resumed
+    by another credential, or rules changed since): the new set is stored, and an
+    UNSUBSCRIBED event records the dropped filters. [] when all are granted."""
+    authorizer = state.authorizer
+    if authorizer.allows_all:
+        return []
+    dropped = [f for f in state.subscriptions if not authorizer.may_subscribe(f)]
+    if not dropped:
+        return []
+    log.info("client %r: subscriptions no longer authorized, dropped: %s", state.client_id, dropped)
+    state.subscriptions = {f: s for f, s in state.subscriptions.items() if f not in dropped}
+    store = StoreSubscriptions(state.new_token(), list(state.subscriptions.values()))
+    return [
+        store,
+        *events.subscriptions_changed(state, EventKind.UNSUBSCRIBED, [(f, 0) for f in dropped]),
+    ]
 
 
 def record_seen_while_connecting(
@@ -239,7 +319,7 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
 
 def _recorded_unreleased(state: ConnectionState) -> tuple[int, ...]:
     ids = set(state.unreleased_qos2)
-    ids.update(p.packet_id for p in state.pending_acks if p.qos == 2 and not p.failed)
+    ids.update(p.packet_id for p in state.pending_acks if p.unreleased_qos2)
     ids.difference_update(_releasing(state))
     return tuple(sorted(ids))
 
@@ -254,6 +334,7 @@ def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effe
     """The session record is in Kafka: send CONNACK; the shell registers the client."""
     state.phase = Phase.CONNECTED
     state.accepted = True
+    MQTT.connect_outcome(state.listener, ReasonCode.SUCCESS)
     return [Send(state.encode(waiter.connack)), Connected(state.client_id), events.connected(state)]
 
 
@@ -274,6 +355,7 @@ def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
     (3.2.2.2).
     """
     state.phase = Phase.CLOSED
+    MQTT.connect_outcome(state.listener, exc.reason_code)
     effects: list[Effect] = []
     if isinstance(exc, UnsupportedProtocolVersion):
         effects.append(Send(ConnAckBytes.unsupported_version))
@@ -293,11 +375,15 @@ _V3_REFUSALS = frozenset(
         ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
         ReasonCode.BAD_USER_NAME_OR_PASSWORD,
         ReasonCode.NOT_AUTHORIZED,
+        ReasonCode.BANNED,
         ReasonCode.SERVER_UNAVAILABLE,
         ReasonCode.SERVER_BUSY,
+        ReasonCode.QUOTA_EXCEEDED,
+        ReasonCode.CONNECTION_RATE_EXCEEDED,
     )
 )
-"""Refusals an MQTT 3.1.1 CONNACK return code can express (3.2.2.3)."""
+"""Refusals an MQTT 3.1.1 CONNACK return code can express (3.2.2.3); the connection limits
+become 0x03 Server unavailable, the nearest (the client retries later)."""
 
 
 class ConnAckBytes:

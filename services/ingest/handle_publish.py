@@ -4,6 +4,12 @@ A QoS 1/2 PUBLISH is acknowledged (PUBACK / PUBREC) only after Kafka stored it w
 ``acks=all``, and acknowledgements leave in the order the PUBLISHes arrived (MQTT 4.6), even
 when Kafka answers out of order.
 
+A PUBLISH the client's rules do not allow (:mod:`services.common.auth.authorize`) is not
+stored: a v5 client gets PUBACK/PUBREC 0x87 Not authorized, in its place among the
+acknowledgements; a v3.1.1 client, which has no negative acknowledgement, gets the normal
+positive one (MQTT-3.3.5-2 allows it or a close; Mosquitto's and EMQX's default); QoS 0 is
+dropped. Either way the refusal is logged.
+
 QoS 2 is exactly once across reconnects (MQTT 4.3.3): the Packet Identifier of a stored
 PUBLISH stays "unreleased" until PUBREL, and a resend of it is acknowledged without being
 published again. For a persistent session the unreleased ids live in the session record, so
@@ -17,7 +23,9 @@ with its connection.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
+from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import PacketType, PubAck, PubComp, Publish, PubRec, PubRel
 from services.common.mqtt.properties import Properties, encode_properties
@@ -27,14 +35,18 @@ from services.common.topics.validation import validate_topic_name
 from services.ingest.effects import (
     Close,
     Effect,
+    LimitRefused,
     Send,
     StorePublish,
     StoreRetained,
     StoreSession,
 )
 from services.ingest.handle_connect import session_record
+from services.ingest.limits import Refusal
 from services.ingest.state import ConnectionState, PendingAck, Phase, RecordWaiters
 from services.ingest.topic_alias import resolve_inbound
+
+log = logging.getLogger(__name__)
 
 
 def forwarded_properties(props: Properties) -> bytes:
@@ -54,9 +66,11 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     A PUBLISH with RETAIN is also written to ``msg.retained`` (an empty payload deletes the
     topic's retained message, MQTT 3.3.1.3), and its PUBACK/PUBREC waits for both records:
     a retained message acknowledged is seen by every later SUBSCRIBE.
+    A PUBLISH the client may not make is refused (see the module).
     Raises :class:`MQTTError`: 0x90 Topic Name invalid, 0x94 Topic Alias invalid, 0x93
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
-    a client (3.3.4-6).
+    a client (3.3.4-6), 0x97 for a v3.1.1 QoS 2 PUBLISH over ``max_inflight_qos2`` (a v5
+    one gets PUBREC 0x97 instead).
     """
     topic = resolve_inbound(
         state.topic_aliases,
@@ -83,6 +97,10 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum
         ):
             raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    if not state.authorizer.may_publish(topic):
+        return _refuse(state, packet, topic)
+    if packet.qos == 2 and _inflight_qos2(state) >= state.limits.max_inflight_qos2:
+        return _refuse_qos2(state, packet)
     meta = PublishMeta(
         topic=topic,
         qos=packet.qos,
@@ -96,6 +114,7 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     if packet.qos:
         assert packet.packet_id is not None
         pending = PendingAck(packet.packet_id, packet.qos)
+    MQTT.publish_received[packet.qos] += 1
     effects: list[Effect] = [StorePublish(state.new_token(pending), meta, packet.payload)]
     if packet.retain:
         effects.append(StoreRetained(state.new_token(pending), meta, packet.payload))
@@ -106,6 +125,39 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             pending.outstanding += 1
             state.unsaved.acks.append(pending)
     return effects
+
+
+def _refuse(state: ConnectionState, packet: Publish, topic: str) -> list[Effect]:
+    """A PUBLISH to ``topic`` the client's rules do not allow: answered in order (v5 0x87,
+    v3.1.1 positively), not stored."""
+    log.info("client %r may not publish to %r: refused", state.client_id, topic)
+    if not packet.qos:
+        return []
+    assert packet.packet_id is not None
+    refused = ReasonCode.NOT_AUTHORIZED if state.protocol_version == 5 else 0
+    state.pending_acks.append(PendingAck(packet.packet_id, packet.qos, 0, refused=refused))
+    return _release_acks(state)
+
+
+def _inflight_qos2(state: ConnectionState) -> int:
+    """Inbound QoS 2 messages of the session not yet released: stored ones and those being
+    stored."""
+    return len(state.unreleased_qos2) + sum(1 for p in state.pending_acks if p.unreleased_qos2)
+
+
+def _refuse_qos2(state: ConnectionState, packet: Publish) -> list[Effect]:
+    """A QoS 2 PUBLISH over ``max_inflight_qos2``: v5 PUBREC 0x97 Quota exceeded in its
+    turn (nothing stored, the Packet Identifier free again); v3.1.1 has no negative
+    acknowledgement, so :class:`MQTTError` closes the connection."""
+    assert packet.packet_id is not None
+    limit = state.limits.max_inflight_qos2
+    refused = LimitRefused(Refusal.INFLIGHT_QOS2, f"more than {limit} QoS 2 messages unreleased")
+    if state.protocol_version < 5:
+        raise MQTTError(refused.detail, ReasonCode.QUOTA_EXCEEDED)
+    state.pending_acks.append(
+        PendingAck(packet.packet_id, 2, outstanding=0, refused=ReasonCode.QUOTA_EXCEEDED)
+    )
+    return [refused, *_release_acks(state)]
 
 
 def publish_outcome(state: ConnectionState, pending: PendingAck, ok: bool) -> list[Effect]:
@@ -124,6 +176,13 @@ def _answered(state: ConnectionState, pending: PendingAck, ok: bool) -> None:
             state.session_dirty = True
 
 
+_REASON_STRINGS: dict[int, str] = {
+    ReasonCode.NOT_AUTHORIZED: "not authorized to publish to this topic",
+    ReasonCode.QUOTA_EXCEEDED: "too many QoS 2 messages in flight",
+}
+"""The Reason String of a refused PUBLISH's acknowledgement, by its Reason Code."""
+
+
 def _release_acks(state: ConnectionState) -> list[Effect]:
     out: list[bytes] = []
     acks = state.pending_acks
@@ -138,14 +197,17 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
             state.phase = Phase.CLOSED
             effects: list[Effect] = [Send(b"".join(out))] if out else []
             return [*effects, Close("a PUBLISH could not be stored in Kafka")]
-        reason = ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        reason = pending.refused or (
+            ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS
+        )
         props = Properties()
-        if pending.failed and state.request_problem_information:
-            props.reason_string = "the message could not be stored"
+        if reason != ReasonCode.SUCCESS and state.request_problem_information:
+            props.reason_string = _REASON_STRINGS.get(reason, "the message could not be stored")
         if pending.qos == 1:
             out.append(state.encode(PubAck(pending.packet_id, reason, props)))
         else:
-            if not pending.failed:
+            if reason == ReasonCode.SUCCESS:
+                # (a v3.1.1 refusal too: its PUBREL then gets PUBCOMP as usual)
                 state.unreleased_qos2.add(pending.packet_id)
             out.append(state.encode(PubRec(pending.packet_id, reason, props)))
     del acks[:released]

@@ -7,9 +7,16 @@ acknowledged is seen by every router.
 Retained messages (MQTT 3.3.1.3, 5.0 3.8.3.1 Retain Handling) are kept and sent by the
 router; a SUBSCRIBE asks for them with one ``msg.all`` record listing the new subscriptions
 that want them, and its SUBACK also waits for that record.
+
+A Topic Filter the client's rules do not grant (:mod:`services.common.auth.authorize`) fails
+its own entry: 0x87 Not authorized (v5), 0x80 Failure (v3.1.1); it asks for no retained
+messages. A filter is granted only when every topic it can match may be read, so every
+retained message sent for a granted filter is one the client may read.
 """
 
 from __future__ import annotations
+
+import logging
 
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
@@ -18,8 +25,17 @@ from services.common.records import EventKind
 from services.common.subscription import Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
 from services.ingest import events
-from services.ingest.effects import Effect, Send, StoreRetainedRequest, StoreSubscriptions
+from services.ingest.effects import (
+    Effect,
+    LimitRefused,
+    Send,
+    StoreRetainedRequest,
+    StoreSubscriptions,
+)
+from services.ingest.limits import Refusal
 from services.ingest.state import ConnectionState, PendingSubAck
+
+log = logging.getLogger(__name__)
 
 MAX_GRANTED_QOS = 2
 """The highest QoS granted to a subscription (MQTT 3.8.4): every QoS is delivered."""
@@ -46,13 +62,19 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
     """Add or replace subscriptions; SUBACK carries one return/Reason Code per filter.
 
     Raises :class:`ProtocolError` for No Local on a Shared Subscription (MQTT 5.0 3.8.3-4).
-    An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1).
+    An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1), and so
+    does one the client may not subscribe to (0x87 in v5, 0x80 in v3.1.1), and one over the
+    server's limits (``max_topic_levels`` levels, a new filter beyond ``max_subscriptions``):
+    0x97 Quota exceeded in v5, 0x80 in v3.1.1, with a :class:`LimitRefused` effect per limit for
+    the node's counters.
     """
     ids = packet.properties.subscription_identifiers
     identifier = ids[0] if ids else None
     updated = dict(state.subscriptions)
     retained: dict[str, Subscription] = {}
     codes: list[int] = []
+    refused: dict[Refusal, LimitRefused] = {}
+    limits = state.limits
     for request in packet.subscriptions:
         try:
             validate_topic_filter(request.topic_filter)
@@ -62,6 +84,21 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             continue
         if shared is not None and request.no_local:
             raise ProtocolError("No Local is not allowed on a Shared Subscription")
+        if not state.authorizer.may_subscribe(request.topic_filter):
+            log.info("client %r may not subscribe to %r: refused", state.client_id,
+                     request.topic_filter)  # fmt: skip
+            codes.append(_failure(state, MQTTError("not authorized", ReasonCode.NOT_AUTHORIZED)))
+            continue
+        inner = request.topic_filter if shared is None else shared.topic_filter
+        over = None
+        if inner.count("/") >= limits.max_topic_levels:
+            over = LimitRefused(Refusal.TOPIC_LEVELS, f"more than {limits.max_topic_levels} levels")
+        elif request.topic_filter not in updated and len(updated) >= limits.max_subscriptions:
+            over = LimitRefused(Refusal.SUBSCRIPTIONS, f"more than {limits.max_subscriptions}")
+        if over is not None:
+            refused.setdefault(over.refusal, over)
+            codes.append(_failure(state, MQTTError(over.detail, ReasonCode.QUOTA_EXCEEDED)))
+            continue
         granted = min(request.qos, MAX_GRANTED_QOS)
         subscription = Subscription(
             client_id=state.client_id,
@@ -81,9 +118,11 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
         codes.append(granted)
     accepted = [(r.topic_filter, c) for r, c in zip(packet.subscriptions, codes, strict=True)
                 if c < 0x80]  # fmt: skip
-    return _store(
-        state, updated, SubAck(packet.packet_id, codes), list(retained.values())
-    ) + events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted)
+    return [
+        *refused.values(),
+        *_store(state, updated, SubAck(packet.packet_id, codes), list(retained.values())),
+        *events.subscriptions_changed(state, EventKind.SUBSCRIBED, accepted),
+    ]
 
 
 def handle_unsubscribe(state: ConnectionState, packet: Unsubscribe) -> list[Effect]:

@@ -8,9 +8,32 @@ source: the values and their meaning are the settings' of the same names.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from services.common.settings import Settings
+
+
+class Refusal(enum.StrEnum):
+    """What a node refused a client, by the limit or check that refused it.
+
+    Each refusal is counted per node and logged once per client per minute
+    (:mod:`services.ingest.refusals`); the names are the counters' and the metrics' (their
+    ``limit`` label). The sans-IO core reports its own with a
+    :class:`~services.ingest.effects.LimitRefused` effect; the shell counts the transport's.
+    """
+
+    CONNECTIONS = "connections"  # max_connections: CONNACK 0x97
+    CONNECTION_RATE = "connection_rate"  # max_connection_rate: CONNACK 0x9F
+    ADDRESS_CONNECTION_RATE = "address_connection_rate"  # ...per_address: CONNACK 0x9F
+    MESSAGE_RATE = "message_rate"  # client_max_messages_per_second: reading paused
+    BYTE_RATE = "byte_rate"  # client_max_bytes_per_second: reading paused
+    INFLIGHT_QOS2 = "inflight_qos2"  # max_inflight_qos2: PUBREC 0x97 (v3.1.1: close)
+    SUBSCRIPTIONS = "subscriptions"  # max_subscriptions: SUBACK 0x97 (v3.1.1: 0x80)
+    TOPIC_LEVELS = "topic_levels"  # max_topic_levels: SUBACK 0x97 (v3.1.1: 0x80)
+    PROXY_HEADER = "proxy_header"  # no valid PROXY header where required: closed
+    TLS_HANDSHAKE = "tls_handshake"  # failed TLS handshake (a refused client certificate)
+    WEBSOCKET_HANDSHAKE = "websocket_handshake"  # not a WebSocket upgrade on /mqtt
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +47,10 @@ class Limits:
     ``max_keep_alive`` (seconds) the keep alive granted (3.2.2.3.14);
     ``connect_timeout_seconds`` how long a socket may stay silent before CONNECT;
     ``session_expiry_max_seconds`` the longest a disconnected session is kept;
-    ``application_client_ids`` the client id patterns of APPLICATION clients.
+    ``application_client_ids`` the client id patterns of APPLICATION clients;
+    ``max_inflight_qos2`` inbound QoS 2 messages not yet released per client;
+    ``max_subscriptions`` subscriptions per client; ``max_topic_levels`` levels of one
+    Topic Filter.
     """
 
     max_packet_size: int
@@ -36,6 +62,9 @@ class Limits:
     connect_timeout_seconds: float
     session_expiry_max_seconds: int | None
     application_client_ids: tuple[str, ...]
+    max_inflight_qos2: int = 65535
+    max_subscriptions: int = 1_000_000
+    max_topic_levels: int = 65535
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -50,4 +79,7 @@ class Limits:
             connect_timeout_seconds=settings.connect_timeout_seconds,
             session_expiry_max_seconds=settings.session_expiry_max_seconds,
             application_client_ids=tuple(settings.application_client_ids),
+            max_inflight_qos2=settings.max_inflight_qos2,
+            max_subscriptions=settings.max_subscriptions,
+            max_topic_levels=settings.max_topic_levels,
         )

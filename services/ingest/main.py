@@ -7,6 +7,8 @@ group) and writes each message to the target sockets, or sends the PUBRELs a rec
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
 in full for session takeover, session resumption and Will Messages waiting out their delay;
 another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
+Credentials come from PostgreSQL through a cache that the store's change notifications
+keep right (:mod:`services.common.auth.cache`); a task follows them.
 
 At start, once the state is read and before the listener opens, the sessions still shown
 connected to this node are ended (their connections died with the previous process); at
@@ -18,11 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable
 
 import faust
 from aiokafka import TopicPartition
 
+from services.common import metrics
+from services.common.auth.authenticate import Authenticator
+from services.common.auth.authorize import parse_rules
+from services.common.auth.cache import CredentialCache
+from services.common.auth.store import Change, CredentialStore
 from services.common.faust_app import (
     make_app,
     on_shutdown,
@@ -47,11 +55,17 @@ from services.common.kafka.consumer import (
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.readiness import clear_ready, mark_ready
-from services.common.records import Downlink, KafkaRecord, RecordError, parse_downlink
+from services.common.records import (
+    AdminDisconnect,
+    Downlink,
+    KafkaRecord,
+    RecordError,
+    parse_downlink,
+)
 from services.common.settings import Settings
+from services.common.web import serve_http
+from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
-from services.ingest.server import start_server
 from services.ingest.wills import WillOwnership
 
 log = logging.getLogger(__name__)
@@ -61,6 +75,7 @@ def build_app(settings: Settings) -> faust.App:
     """Build the ingest node's Faust app: listener, state reader and downlink reader."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, f"ingest-{settings.node_id}")
+    readiness = serve_http(app, "ingest", settings.ready_file, settings.node_id)
 
     send = sender(app)
 
@@ -88,16 +103,47 @@ def build_app(settings: Settings) -> faust.App:
         tp = TopicPartition(names.client_wills, partition)
         await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
 
-    node = IngestNode(settings, send, sync_state, ensure_app_topic, commit_will=commit_will)
+    cache = CredentialCache(CredentialStore.from_settings(settings))
+    authenticator = Authenticator(
+        cache,
+        allow_anonymous=settings.allow_anonymous,
+        anonymous_rules=parse_rules(settings.anonymous_rules),
+        hash_workers=settings.auth_hash_workers,
+        max_pending_hashes=settings.auth_max_pending,
+    )
+    node = IngestNode(
+        settings,
+        send,
+        sync_state,
+        ensure_app_topic,
+        authenticator=authenticator,
+        fetch_credential=cache.get,
+        commit_will=commit_will,
+    )
+
+    def credential_changed(change: Change) -> None:
+        cache.changed(change)
+        node.credential_changed(change)
+
+    def credentials_resynced() -> None:
+        cache.clear()
+        node.credentials_resynced()
+
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
         [names.client_sessions, names.client_subscriptions],
         node.apply_state,
         security=client_security(settings),
     )
-    servers: list[asyncio.Server] = []
-    background: list[asyncio.Task[None]] = []
+    listeners: list[Listeners] = []
+    tasks: list[asyncio.Task[None]] = []
     downlink = names.downlink(settings.node_id)
+    readiness.add("kafka", reader.end_offsets)
+    metrics.register(
+        lambda: metrics.mqtt_families(
+            metrics.MQTT, node.connections, node.pending_records, node.refusals.counts.items()
+        )
+    )
 
     async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
         for record in records:
@@ -105,6 +151,8 @@ def build_app(settings: Settings) -> faust.App:
                 parsed = parse_downlink(record.value, record.headers)
                 if isinstance(parsed, Downlink):
                     node.deliver(parsed)
+                elif isinstance(parsed, AdminDisconnect):
+                    node.administer(parsed)
                 else:
                     node.release(parsed.releases)
             except RecordError as exc:
@@ -126,9 +174,14 @@ def build_app(settings: Settings) -> faust.App:
 
     async def serve() -> None:
         await reader.start()
+        tasks.append(
+            asyncio.create_task(cache.store.listen(credential_changed, credentials_resynced))
+        )
+        if settings.allow_anonymous:
+            log.warning("node %s: anonymous clients may connect", settings.node_id)
         # Sessions the state shows connected here died with the previous process.
         await node.reconcile()
-        background.append(asyncio.create_task(own_wills(), name="ingest-wills"))
+        tasks.append(asyncio.create_task(own_wills(), name="ingest-wills"))
         # The downlink topic is read from its end, outside any consumer group: its records
         # are for the connections of this process's life only (a restarted node has none).
         # The position is fixed before the listener opens, so no client misses a record.
@@ -137,20 +190,25 @@ def build_app(settings: Settings) -> faust.App:
         try:
             async with asyncio.timeout(60):
                 await assign_whole_topics(consumer, [downlink], from_end=True)
-            servers.append(await start_server(node))
-            mark_ready(settings.ready_file, f"ingest {settings.node_id} {settings.mqtt_port}")
-            await consume_batches(consumer, deliver_batch)
+            opened = await start_listeners(node)
+            listeners.append(opened)
+            # SIGHUP: new TLS connections get the certificate files' current content.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, opened.reload_tls)
+            readiness.serving(f"ingest {settings.node_id} {settings.mqtt_port}")
+            await consume_batches(consumer, deliver_batch, stage="ingest")
         finally:
             await consumer.stop()
 
     async def stop() -> None:
-        clear_ready(settings.ready_file)
-        for server in servers:
-            server.close()
+        readiness.stopping()
+        for opened in listeners:
+            opened.close()
         await node.shut_down()  # wills and end records, while the producer still runs
-        for task in background:
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        authenticator.close()
+        await cache.store.close()
         await reader.stop()
 
     run_task(app, serve)

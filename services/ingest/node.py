@@ -3,12 +3,15 @@
 :class:`IngestNode` wires the node's parts together and carries out the effects of every
 connection (:meth:`IngestNode.run`): bytes go to the client's socket, store effects to
 Kafka (:mod:`~services.ingest.store_pipeline`; a delayed Will Message among them, to
-``client.wills``), a registration to the client registry (:mod:`~services.ingest.registry`).
-It follows ``client.sessions`` and ``client.subscriptions`` (session lookup at CONNECT;
-each record is shown to the client's connection here, which decides on a session takeover,
-and to the waiting Will Messages of the ``client.wills`` partitions this node owns,
-:mod:`~services.ingest.wills`), and
-hands downlink records to the target connections (:meth:`IngestNode.deliver`). Every MQTT
+``client.wills``), a registration to the client registry (:mod:`~services.ingest.registry`),
+a credential check to the authenticator (:mod:`services.common.auth.authenticate`, off the
+event loop's hot path). It follows ``client.sessions`` and ``client.subscriptions`` (session
+lookup at CONNECT; each record is shown to the client's connection here, which decides on a
+session takeover, and to the waiting Will Messages of the ``client.wills`` partitions this
+node owns, :mod:`~services.ingest.wills`), hands downlink records to the target connections
+(:meth:`IngestNode.deliver`), and applies credential changes announced by PostgreSQL to the
+connections they concern (:meth:`IngestNode.credential_changed`: a disabled or deleted
+credential disconnects its clients, a changed one gives them its new rules). Every MQTT
 decision is the sans-IO core's (:mod:`~services.ingest.connection` and its modules); start
 and stop are in :mod:`~services.ingest.shutdown`.
 """
@@ -17,12 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 
+from services.common import metrics
+from services.common.auth.authenticate import Authenticator
+from services.common.auth.credentials import Credential
+from services.common.auth.principal import (
+    Accepted,
+    Refused,
+    outcome_name,
+    presented,
+    principal_of,
+)
+from services.common.auth.store import Change
 from services.common.clock import now_ms
 from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
 from services.common.records import (
+    AdminDisconnect,
     Downlink,
     SessionRecord,
     client_event_record,
@@ -34,10 +51,12 @@ from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest import shutdown
 from services.ingest.effects import (
+    Authenticate,
     Close,
     Connected,
     CreateAppTopic,
     Effect,
+    LimitRefused,
     RecordEvent,
     Send,
     StoreEffect,
@@ -45,14 +64,23 @@ from services.ingest.effects import (
     SyncState,
     WatchSession,
 )
+from services.ingest.events import AUTH_FAILURES
 from services.ingest.fan_out import FanOut
-from services.ingest.limits import Limits
+from services.ingest.limits import Limits, Refusal
+from services.ingest.rate_limits import Admission
+from services.ingest.refusals import Refusals
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.state import ServerContext
 from services.ingest.store_pipeline import StorePipeline
 from services.ingest.wills import Commit, WillTimers
 
 log = logging.getLogger(__name__)
+
+FetchCredential = Callable[[uuid.UUID], Awaitable[Credential | None]]
+"""``await fetch(id)``: the credential as PostgreSQL has it now (None: deleted)."""
+
+#: Credential changes remembered for authentications in flight (older ones are forgotten).
+_CHANGES_KEPT = 10_000
 
 EnsureAppTopic = Callable[[str], Awaitable[None]]
 """``await ensure(client_id)`` returns once the client's ``msg.app.<client>`` topic exists
@@ -64,7 +92,9 @@ class IngestNode:
 
     ``send`` produces a record (see :data:`SendRecord`); ``sync_state`` returns once the
     state topics have been applied up to their current end; ``ensure_app_topic`` makes
-    sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`); ``settings``
+    sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`);
+    ``authenticator`` checks credentials and ``fetch_credential`` reads one that changed
+    (:data:`FetchCredential`); ``settings``
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
     ``ensure_app_topic``. ``commit_will`` writes records in one transaction of a
@@ -80,6 +110,8 @@ class IngestNode:
         ensure_app_topic: EnsureAppTopic,
         *,
         commit_will: Commit,
+        authenticator: Authenticator,
+        fetch_credential: FetchCredential,
         clock: Callable[[], int] = now_ms,
         new_client_id: Callable[[], str] = assigned_client_id,
     ) -> None:
@@ -108,6 +140,28 @@ class IngestNode:
             self._store_failed,
         )
         self.wills = WillTimers(self.names, commit_will, sync_state, self.latest_session, clock)
+        self.authenticator = authenticator
+        self._fetch_credential = fetch_credential
+        # the connections authenticated with each credential (disconnected when it is
+        # disabled or deleted); credential changes by epoch, for checks in flight
+        self.by_credential: dict[uuid.UUID, set[Client]] = {}
+        self._epoch = 0
+        self._changed_at: dict[uuid.UUID, int] = {}
+        self.auth_failures = 0
+        self.refusals = Refusals()
+        self.admission = Admission(
+            settings.max_connections,
+            settings.max_connection_rate,
+            settings.max_connection_rate_per_address,
+        )
+
+    def admit(self, host: str) -> Refusal | None:
+        """A new connection from IP address ``host`` opens: None if the connection limits
+        let it proceed, else the one that refuses it (its CONNECT gets the CONNACK that
+        says so). Counted as open until ``admission.closed()``."""
+        refusal = self.admission.admit(host, time.monotonic())
+        self.admission.opened()
+        return refusal
 
     @property
     def pending_records(self) -> int:
@@ -173,15 +227,110 @@ class IngestNode:
                 )
             elif isinstance(effect, WatchSession):
                 self.registry.watch(client, effect.client_id)
+            elif isinstance(effect, Authenticate):
+                self.pipeline.background(self._authenticate(client, effect))
             elif isinstance(effect, SyncState):
                 synced = self.sync_state()
                 self.pipeline.background(self._report(client, effect.token, synced, "state"))
+            elif isinstance(effect, LimitRefused):
+                connection = client.connection
+                who = connection.client_id or connection.state.client_address
+                self.refusals.note(effect.refusal, who, effect.detail)
             elif isinstance(effect, RecordEvent):
                 # Nothing waits for it: off the hot path (a failure is only logged).
                 record = client_event_record(self.names, effect.client_id, effect.event)
                 self.pipeline.write_logged(record)
             else:
                 self.pipeline.enqueue(client, effect)
+
+    # ----------------------------------------------------------------------------------------
+    # authentication
+
+    async def _authenticate(self, client: Client, effect: Authenticate) -> None:
+        """Check ``effect``'s credentials and report the outcome to the connection. A check
+        that accepted a credential changed while it ran is made again, so a credential
+        disabled meanwhile never lets a client in."""
+        for _attempt in range(3):
+            epoch = self._epoch
+            outcome = await self.authenticator.authenticate(effect.request, effect.state)
+            credential_id = (
+                outcome.principal.credential_id if isinstance(outcome, Accepted) else None
+            )
+            if credential_id is None or self._changed_at.get(credential_id, -1) < epoch:
+                break
+        metrics.authentication(presented(effect.request), outcome_name(outcome))
+        connection = client.connection
+        if connection.closed:
+            return
+        if isinstance(outcome, Refused) and outcome.reason_code in AUTH_FAILURES:
+            self.auth_failures += 1
+            log.info(
+                "authentication failure from %s (%d on this node)",
+                connection.state.client_address,
+                self.auth_failures,
+            )
+        before = connection.state.principal
+        self.run(client, connection.authenticated(outcome))
+        self._track(client, before.credential_id if before else None)
+
+    def _track(self, client: Client, old: uuid.UUID | None) -> None:
+        """Keep :attr:`by_credential` right after ``client``'s principal may have changed
+        from credential ``old``."""
+        principal = client.connection.state.principal
+        new = None if principal is None or client.connection.closed else principal.credential_id
+        if old == new:
+            return
+        if old is not None:
+            clients = self.by_credential.get(old)
+            if clients is not None:
+                clients.discard(client)
+                if not clients:
+                    del self.by_credential[old]
+        if new is not None:
+            self.by_credential.setdefault(new, set()).add(client)
+
+    def credential_changed(self, change: Change) -> None:
+        """A credential was added, changed or deleted (PostgreSQL's notification; the
+        credential cache has forgotten it already): its live connections here are
+        disconnected (disabled, deleted: v5 DISCONNECT 0x98) or get its new rules."""
+        self._epoch += 1
+        if len(self._changed_at) >= _CHANGES_KEPT:
+            self._changed_at.clear()
+        self._changed_at[change.id] = self._epoch
+        if change.id not in self.by_credential:
+            return
+        if change.op == "DELETE":
+            self._apply(change.id, None)
+        else:
+            self.pipeline.background(self._refresh(change.id))
+
+    def credentials_resynced(self) -> None:
+        """Changes may have been missed (the notifications were not followed for a
+        while; the cache was emptied): check every credential with live connections here."""
+        for credential_id in list(self.by_credential):
+            self.pipeline.background(self._refresh(credential_id))
+
+    async def _refresh(self, credential_id: uuid.UUID) -> None:
+        try:
+            credential = await self._fetch_credential(credential_id)
+        except Exception as exc:  # PostgreSQL unreachable: the resync after it reconnects
+            log.warning("credential %s could not be read: %r", credential_id, exc)
+            return
+        self._apply(credential_id, credential)
+
+    def _apply(self, credential_id: uuid.UUID, credential: Credential | None) -> None:
+        """Apply the credential as it now is (None: deleted) to its connections here."""
+        for client in list(self.by_credential.get(credential_id, ())):
+            connection = client.connection
+            principal = connection.state.principal
+            if credential is None or not credential.enabled:
+                what = "deleted" if credential is None else "disabled"
+                self.run(client, connection.revoked(f"credential {what}"))
+                self._track(client, credential_id)
+            elif principal is not None and credential.revision != principal.revision:
+                self.run(client, connection.principal_changed(
+                    principal_of(credential, principal.username)
+                ))  # fmt: skip
 
     def _stored(self, client: Client, effect: StoreEffect, metadata: object) -> None:
         connection = client.connection
@@ -216,6 +365,13 @@ class IngestNode:
         """Forget ``client`` (its socket closed) unless a newer connection replaced it."""
         self.pipeline.forget(client)
         self.registry.unregister(client)
+        principal = client.connection.state.principal
+        if principal is not None and principal.credential_id is not None:
+            clients = self.by_credential.get(principal.credential_id)
+            if clients is not None:
+                clients.discard(client)
+                if not clients:
+                    del self.by_credential[principal.credential_id]
 
     # ----------------------------------------------------------------------------------------
     # downlink
@@ -233,6 +389,26 @@ class IngestNode:
                 self.run(client, client.connection.deliver_routed(message, target))
                 delivered += 1
         return delivered
+
+    def administer(self, command: AdminDisconnect) -> bool:
+        """Carry out an administrator's command: disconnect the client's connection it
+        names, if that connection is here (a newer one is left alone). Returns whether
+        it was."""
+        client = self.registry.get(command.client_id)
+        if client is None or client.connection.state.connection_id != command.connection_id:
+            return False
+        log.info("client %r: disconnected by an administrator", command.client_id)
+        self.run(client, client.connection.disconnected_by_administrator(command.end_session))
+        return True
+
+    def connections(self) -> dict[tuple[str, int], int]:
+        """The connected clients by (listener, protocol level): ``cormorant_mqtt_connections``."""
+        counts: dict[tuple[str, int], int] = {}
+        for client in self.registry.clients():
+            state = client.connection.state
+            key = (state.listener, state.protocol_version)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def release(self, releases: list[tuple[str, int]]) -> None:
         """Send PUBREL for each (client id, Packet Identifier) whose client is connected

@@ -9,8 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.certificates import CertificateIdentity
+from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
+from services.common.mqtt.errors import MQTTError
 from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
+from services.common.mqtt.properties import Properties
 from services.common.records import AckKind, ClientKind, DisconnectCause, SessionRecord, Target
 from services.common.subscription import Subscription
 from services.ingest.fan_out import FanOut
@@ -45,6 +50,7 @@ class Phase(enum.Enum):
     """Where a connection is in its life (MQTT 3.1.4 / 4.1)."""
 
     AWAIT_CONNECT = "await-connect"
+    AUTHENTICATING = "authenticating"  # CONNECT valid, its credentials being checked
     CONNECTING = "connecting"  # CONNECT accepted, session record being stored
     CONNECTED = "connected"
     CLOSED = "closed"
@@ -56,17 +62,26 @@ class PendingAck:
 
     ``outstanding`` counts the stores it still waits for: its ``msg.all`` record and, for a
     QoS 2 PUBLISH of a persistent session, a session record listing its Packet Identifier.
+    ``refused``: the Reason Code of a refused PUBLISH (nothing stored; 0: none): 0x87 Not
+    authorized by the client's rules, 0x97 Quota exceeded by ``max_inflight_qos2`` (v5).
     """
 
     packet_id: int
     qos: int
     outstanding: int = 1
     failed: bool = False
+    refused: int = 0
 
     @property
     def done(self) -> bool:
         """True once every store it waited for has answered."""
         return self.outstanding == 0
+
+    @property
+    def unreleased_qos2(self) -> bool:
+        """A QoS 2 PUBLISH neither failed nor refused: its Packet Identifier is unreleased
+        once acknowledged (MQTT 4.3.3)."""
+        return self.qos == 2 and not self.failed and not self.refused
 
 
 @dataclass(slots=True)
@@ -181,6 +196,19 @@ class ConnectionState:
     connected_at_ms: int = 0
     request_problem_information: bool = True
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    # authentication (services/common/auth): the verified TLS client certificate (mutual
+    # TLS; set by the transport when the socket opens, None without one), who the client
+    # is once authenticated and its compiled rules; the Authentication Method of enhanced
+    # authentication (MQTT 5.0 4.12), the SCRAM exchange waiting for the client's answer,
+    # and whether a re-authentication is under way
+    certificate: CertificateIdentity | None = None
+    principal: Principal | None = None
+    authorizer: Authorizer = ALLOW_ALL
+    auth_method: str | None = None
+    auth_state: ScramState | None = None
+    reauthenticating: bool = False
+    # CONNACK's properties, worked out at CONNECT and sent once authentication accepts it
+    connack_properties: Properties | None = None
     # the connection whose session record was the latest at CONNECT: its late records are
     # not a takeover (MQTT 3.1.4-3 is about newer connections only)
     previous_connection_id: bytes | None = None
@@ -226,6 +254,10 @@ class ConnectionState:
     outbound_aliases: OutboundAliases | None = None
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
+    # the listener the connection came through (its metrics' label)
+    listener: str = "mqtt"
+    # set by the shell before CONNECT: the CONNACK Reason Code that refuses it (a limit)
+    refusal: MQTTError | None = None
     end_cause: DisconnectCause = DisconnectCause.NONE
     end_reason_code: int = 0
     disconnect_recorded: bool = False

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
+from services.common.metrics import MQTT
 from services.common.records import (
     KafkaRecord,
     client_acks_record,
@@ -163,6 +164,7 @@ class StorePipeline:
             client.pause_reading()
             self._paused.add(client)
             if len(self._paused) == 1:
+                MQTT.backpressure_pauses += 1
                 log.info("%d records wait for Kafka: pausing reads", self.pending_records)
 
     def forget(self, client: Client) -> None:

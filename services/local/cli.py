@@ -1,32 +1,118 @@
 """``cormorant up / status / down / fetch-kafka``: the local cluster from the command line.
 
 Thin wrappers over :mod:`services.local.cluster`; every option comes from the settings
-(``CORMORANT_*`` variables or the settings file).
+(``CORMORANT_*`` variables or the settings file). ``status`` adds each service's live
+figures, read from its ``/metrics`` twice, ``--interval`` seconds apart.
 """
 
 from __future__ import annotations
 
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
 import click
 
-from services.local import cluster, haproxy, kafka, layout
+from services.common.metrics import Samples, parse_exposition, total
+from services.local import cluster, haproxy, kafka, layout, progress
 from services.local.processes import StartError
 from services.local.settings import LocalSettings
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A service's live figures: connected clients, PUBLISH packets per second in and out
+    (ingest nodes), records its consumers are behind (every stage)."""
+
+    connections: int | None
+    msg_in: float | None
+    msg_out: float | None
+    lag: int | None
+
+
+def scrape(port: int) -> Samples | None:
+    """The metrics of the process serving ``/metrics`` on ``port``; None if it does not
+    answer within 2 s."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return parse_exposition(response.read().decode("utf-8"))
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def figures(first: Samples, second: Samples, seconds: float) -> Figures:
+    """The figures of two scrapes of one process taken ``seconds`` apart."""
+    connections = lag = None
+    msg_in = msg_out = None
+    if "cormorant_mqtt_connections" in second:
+        connections = int(total(second, "cormorant_mqtt_connections"))
+        received, sent = (
+            "cormorant_mqtt_publish_received_total",
+            "cormorant_mqtt_publish_sent_total",
+        )
+        msg_in = max(0.0, total(second, received) - total(first, received)) / seconds
+        msg_out = max(0.0, total(second, sent) - total(first, sent)) / seconds
+    if second.get("cormorant_kafka_consumer_lag_records"):
+        lag = int(total(second, "cormorant_kafka_consumer_lag_records"))
+    return Figures(connections, msg_in, msg_out, lag)
+
+
+def live_figures(rows: list[cluster.ComponentStatus], interval: float) -> dict[str, Figures]:
+    """Each service's :class:`Figures`, from two scrapes ``interval`` seconds apart."""
+    ports = {row.name: row.http_port for row in rows if row.http_port and row.pid}
+    first = {name: scrape(port) for name, port in ports.items()}
+    started = time.monotonic()
+    time.sleep(interval)
+    second = {name: scrape(port) for name, port in ports.items()}
+    elapsed = time.monotonic() - started
+    found = {}
+    for name in ports:
+        before, after = first[name], second[name]
+        if before is not None and after is not None:
+            found[name] = figures(before, after, elapsed)
+    return found
+
+
+def _number(value: float | None, rate: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if rate else f"{int(value):,}"
+
 
 _INFRA_ONLY = click.option(
     "--infra-only", is_flag=True, help="Only Kafka, Redis and PostgreSQL, not the services."
 )
 
 
-def _print_table(rows: list[cluster.ComponentStatus]) -> None:
-    table = [("NAME", "PID", "PORT", "HEALTH")] + [
-        (
+def _print_table(
+    rows: list[cluster.ComponentStatus], live: dict[str, Figures] | None = None
+) -> None:
+    head: tuple[str, ...] = ("NAME", "PID", "PORT", "HEALTH")
+    if live is not None:
+        head += ("HTTP", "CONNS", "MSG/S IN", "MSG/S OUT", "LAG")
+    table: list[tuple[str, ...]] = [head]
+    for row in rows:
+        line: tuple[str, ...] = (
             row.name,
             "-" if row.pid is None else str(row.pid),
             "-" if row.port is None else str(row.port),
             row.health,
         )
-        for row in rows
-    ]
+        if live is not None:
+            got = live.get(row.name)
+            line += ("-" if row.http_port is None else str(row.http_port),)
+            line += (
+                ("-",) * 4
+                if got is None
+                else (
+                    _number(got.connections),
+                    _number(got.msg_in, rate=True),
+                    _number(got.msg_out, rate=True),
+                    _number(got.lag),
+                )
+            )
+        table.append(line)
     widths = [max(len(line[col]) for line in table) for col in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
@@ -80,6 +166,7 @@ def up(
     if redis_replicas is not None:
         asked["redis_replicas"] = redis_replicas
     settings = _layout_to_run(LocalSettings(), asked)
+    progress.listen(lambda line: click.echo(line, err=True))
     try:
         if infra_only:
             cluster.up_infrastructure(settings)
@@ -92,6 +179,29 @@ def up(
     if not infra_only:
         ports = ", ".join(str(p) for p in haproxy.node_ports(settings))
         click.echo(f"MQTT: mqtt://127.0.0.1:{settings.listen_port} (ingest nodes on {ports})")
+        if cluster.anonymous_allowed(settings):
+            click.echo(
+                "Anonymous MQTT clients are allowed (loopback only; "
+                "CORMORANT_LOCAL_ANONYMOUS=false requires credentials)"
+            )
+        click.echo(f"MQTT over TLS: mqtts://localhost:{settings.tls_listen_port}")
+        click.echo(
+            f"MQTT over WebSocket: ws://localhost:{settings.ws_listen_port}/mqtt, "
+            f"wss://localhost:{settings.wss_listen_port}/mqtt"
+        )
+        if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+            tls = cluster.tls_dir(cluster.local_settings(settings))
+            click.echo(f"CA certificate: {tls / 'ca.pem'} (a client's: {tls / 'client.pem'})")
+        click.echo(
+            f"Console and admin API: http://127.0.0.1:{settings.admin_port}/ (API docs: /docs); "
+            "first user: cormorant admin-users add <name>"
+        )
+        http = ", ".join(
+            f"{name} {port}"
+            for name, port in cluster.http_ports(settings).items()
+            if name != cluster.ADMIN
+        )
+        click.echo(f"Metrics: http://127.0.0.1:<port>/metrics ({http})")
     click.echo(f"Logs: {settings.state_dir / 'logs'}")
 
 
@@ -104,10 +214,19 @@ def down() -> None:
 
 @click.command()
 @_INFRA_ONLY
-def status(infra_only: bool) -> None:
-    """Show each part's pid, port and health; exit with status 1 if any part is down."""
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between the two reads of each service's /metrics (the rates' window).",
+)
+def status(infra_only: bool, interval: float) -> None:
+    """Show each part's pid, port and health, and each service's live figures (connected
+    clients, PUBLISH packets per second in and out, Kafka consumer lag); exit with status 1
+    if any part is down."""
     rows = cluster.status(layout.current(LocalSettings()), infrastructure_only=infra_only)
-    _print_table(rows)
+    _print_table(rows, None if infra_only else live_figures(rows, interval))
     if not all(row.healthy for row in rows):
         raise SystemExit(1)
 

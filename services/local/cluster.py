@@ -9,10 +9,13 @@ running process.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
+import socket
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +27,16 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import haproxy, kafka, layout, postgres, processes, redis
+from services.local import (
+    certificates,
+    haproxy,
+    kafka,
+    layout,
+    postgres,
+    processes,
+    progress,
+    redis,
+)
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -39,6 +51,11 @@ INFRA_STOP_TIMEOUT = 30.0
 ROUTER = "router"
 DEVICE_PERSIST = "device-persist"
 APP_DELIVERY = "app-delivery"
+ADMIN = "admin"
+
+#: The stages' blocks of HTTP ports after ``http_base_port``: instance j (from 1) of a stage
+#: on ``http_base_port + haproxy.PORT_BLOCK * block + j`` (ingest node i: base + i).
+STAGE_HTTP_BLOCKS = {ROUTER: 1, DEVICE_PERSIST: 2, APP_DELIVERY: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,7 @@ class Component:
     port: int | None
     start: Callable[[], int]
     ready_file: Path | None = None
+    http_port: int | None = None
     stop_signal: signal.Signals = signal.SIGTERM
     stop_timeout: float = INFRA_STOP_TIMEOUT
 
@@ -62,6 +80,7 @@ class ComponentStatus:
     port: int | None
     port_open: bool | None
     ready: bool | None
+    http_port: int | None = None
 
     @property
     def healthy(self) -> bool:
@@ -83,9 +102,12 @@ class ComponentStatus:
 def local_settings(settings: LocalSettings) -> LocalSettings:
     """``settings`` as the local cluster runs them: local Kafka (every broker, topics
     replicated as the brokers allow), Redis (through its Sentinels, waiting for a replica,
-    when it has replicas) and PostgreSQL, absolute directories."""
+    when it has replicas) and PostgreSQL, absolute directories, anonymous clients allowed
+    when :func:`anonymous_allowed` (or ``allow_anonymous``) says so (every ingest node,
+    extra ones included)."""
     return settings.model_copy(
         update={
+            "allow_anonymous": anonymous_allowed(settings) or settings.allow_anonymous,
             "kafka_bootstrap": kafka.bootstrap(settings),
             "replication_factor": kafka.replication_factor(settings),
             "redis_url": redis.url(settings),
@@ -108,7 +130,7 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     """The environment of a child process: this one's, plus every field of ``settings`` as
     CORMORANT_* (a service gets :func:`runtime_settings`, a launcher command all of them).
 
-    Unset optional settings (None) are left out; lists are written as JSON, the form
+    Unset optional settings (None) are left out; lists and mappings are written as JSON, the form
     pydantic-settings reads them in. ``overrides`` (setting name → value) win.
     The settings file is switched off (``CORMORANT_SETTINGS_FILE=/dev/null``) so that the
     child sees exactly the launcher's resolved settings, not a file read from its own cwd.
@@ -123,7 +145,7 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
     )
     values.update(overrides)
     for name, value in values.items():
-        text = json.dumps(value) if isinstance(value, list) else str(value)
+        text = json.dumps(value) if isinstance(value, list | dict) else str(value)
         env[f"CORMORANT_{name.upper()}"] = text
     env["CORMORANT_SETTINGS_FILE"] = os.devnull
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach the log file as they are written
@@ -136,6 +158,28 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
 def ready_file(settings: LocalSettings, name: str) -> Path:
     """The ready file of service ``name``: ``<state_dir>/run/<name>.ready``."""
     return processes.run_dir(settings.state_dir) / f"{name}.ready"
+
+
+def instance_counts(settings: LocalSettings) -> dict[str, int]:
+    """How many instances of each stage the cluster runs (``router_instances``...)."""
+    return {
+        ROUTER: settings.router_instances,
+        DEVICE_PERSIST: settings.device_persist_instances,
+        APP_DELIVERY: settings.app_delivery_instances,
+    }
+
+
+def http_ports(settings: LocalSettings) -> dict[str, int]:
+    """Each service process's HTTP port (``/health``, ``/ready``, ``/metrics``; the admin
+    API's ``admin_port``), by process name: ingest node i on ``http_base_port + i``,
+    instance j of a stage in its block (:data:`STAGE_HTTP_BLOCKS`)."""
+    base = settings.http_base_port
+    ports = {f"ingest-node{i}": port for i, port in enumerate(haproxy.node_http_ports(settings), 1)}
+    for stage, count in instance_counts(settings).items():
+        block = base + haproxy.PORT_BLOCK * STAGE_HTTP_BLOCKS[stage]
+        ports |= {name: block + j for j, name in enumerate(instance_names(stage, count), 1)}
+    ports[ADMIN] = settings.admin_port
+    return ports
 
 
 def _start_service(
@@ -197,14 +241,66 @@ def infrastructure(settings: LocalSettings) -> list[Component]:
 def _service(
     settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
 ) -> Component:
-    """The component of service ``name``, run as ``cormorant <command>``."""
+    """The component of service ``name``, run as ``cormorant <command>`` with its own HTTP
+    port (:func:`http_ports`)."""
+    http_port = http_ports(settings)[name]
+    overrides.setdefault("http_port", str(http_port))
     return Component(
         name,
         port,
         partial(_start_service, settings, name, command, port, **overrides),
         ready_file=ready_file(settings, name),
         stop_timeout=SERVICE_STOP_TIMEOUT,
+        http_port=http_port,
     )
+
+
+def anonymous_allowed(settings: LocalSettings) -> bool:
+    """Whether the local cluster lets anonymous clients in: ``local_anonymous`` on, and
+    the ingest nodes listening on a loopback address only (HAProxy always does)."""
+    if not settings.local_anonymous:
+        return False
+    host = settings.mqtt_host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_dir(settings: LocalSettings) -> Path:
+    """Where ``cormorant up`` keeps the local CA and certificates: ``<state_dir>/tls``."""
+    return settings.state_dir / "tls"
+
+
+def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
+    """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
+    its direct port, its HTTP port (:func:`http_ports`), its listeners behind HAProxy
+    (:func:`haproxy.node_listeners`) and,
+    unless ``tls_cert_file`` is set, the local CA's server certificate
+    (:mod:`services.local.certificates`, made on first use) with client certificates
+    verified when sent (``tls_client_auth`` optional, unless set)."""
+    port = haproxy.node_ports(settings)[node - 1]
+    listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
+    overrides = {
+        "node_id": f"node{node}",
+        "mqtt_port": str(port),
+        "http_port": str(haproxy.node_http_ports(settings)[node - 1]),
+        "listeners": json.dumps(listeners),
+    }
+    if settings.tls_cert_file is None and settings.tls_cert_pem is None:
+        pki = certificates.ensure_local_pki(tls_dir(settings))
+        overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
+        if "tls_client_auth" not in settings.model_fields_set:
+            overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+    return overrides
+
+
+def _start_ingest(settings: LocalSettings, node: int) -> int:
+    port = haproxy.node_ports(settings)[node - 1]
+    overrides = ingest_overrides(settings, node)
+    return _start_service(settings, f"ingest-node{node}", "ingest", port, **overrides)
 
 
 def services_of(settings: LocalSettings) -> list[Component]:
@@ -212,22 +308,36 @@ def services_of(settings: LocalSettings) -> list[Component]:
     (``router_instances``... of each) and HAProxy, in start order."""
     settings = local_settings(settings)
     nodes = [
-        _service(
-            settings, f"ingest-node{i}", "ingest", port, node_id=f"node{i}", mqtt_port=str(port)
+        Component(
+            f"ingest-node{i}",
+            port,
+            partial(_start_ingest, settings, i),
+            ready_file=ready_file(settings, f"ingest-node{i}"),
+            stop_timeout=SERVICE_STOP_TIMEOUT,
+            http_port=http,
         )
-        for i, port in enumerate(haproxy.node_ports(settings), start=1)
+        for i, (port, http) in enumerate(
+            zip(haproxy.node_ports(settings), haproxy.node_http_ports(settings), strict=True),
+            start=1,
+        )
     ]
     stages = [
         _service(settings, name, command, group_instance_id=name)
-        for command, count in (
-            (ROUTER, settings.router_instances),
-            (DEVICE_PERSIST, settings.device_persist_instances),
-            (APP_DELIVERY, settings.app_delivery_instances),
-        )
+        for command, count in instance_counts(settings).items()
         for name in instance_names(command, count)
     ]
+    admin = _service(
+        settings, ADMIN, "admin", settings.admin_port, cluster_endpoints=_endpoints(settings)
+    )
     proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
-    return [*nodes, *stages, proxy]
+    return [*nodes, *stages, admin, proxy]
+
+
+def _endpoints(settings: LocalSettings) -> str:
+    """The admin service's ``cluster_endpoints``: every service process's HTTP address."""
+    ports = http_ports(settings)
+    del ports[ADMIN]
+    return json.dumps({name: f"http://127.0.0.1:{port}" for name, port in ports.items()})
 
 
 def instance_names(stage: str, count: int) -> list[str]:
@@ -243,8 +353,19 @@ def components(settings: LocalSettings) -> list[Component]:
     return infrastructure(settings) + services_of(settings)
 
 
-def _start_all(parts: list[Component]) -> dict[str, int]:
-    return {part.name: part.start() for part in parts}
+def _start_all(settings: LocalSettings, parts: list[Component]) -> dict[str, int]:
+    """Start each of ``parts`` in order (running ones are left alone), telling progress."""
+    state_dir = local_settings(settings).state_dir
+    pids = {}
+    for part in parts:
+        if processes.find(state_dir, part.name) is not None:
+            pids[part.name] = part.start()  # running: only its readiness is checked
+            continue
+        progress.report(f"starting {part.name}, waiting until it is ready...")
+        started = time.monotonic()
+        pids[part.name] = part.start()
+        progress.report(f"{part.name} ready in {time.monotonic() - started:.1f} s")
+    return pids
 
 
 def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
@@ -256,7 +377,7 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     layout.record(settings)
     if settings.kafka_brokers > 1:
         kafka.launch(local_settings(settings))  # a quorum forms only once they all run
-    return _start_all(infrastructure(settings))
+    return _start_all(settings, infrastructure(settings))
 
 
 def up_services(settings: LocalSettings) -> dict[str, int]:
@@ -265,7 +386,7 @@ def up_services(settings: LocalSettings) -> dict[str, int]:
     Needs the infrastructure up. Raises :class:`~services.local.processes.StartError`
     naming the failing part's log file.
     """
-    return _start_all(services_of(settings))
+    return _start_all(settings, services_of(settings))
 
 
 def up(settings: LocalSettings) -> dict[str, int]:
@@ -276,20 +397,42 @@ def up(settings: LocalSettings) -> dict[str, int]:
     return up_infrastructure(settings) | up_services(settings)
 
 
+def start_extra(
+    settings: LocalSettings, name: str, command: str, port: int | None = None, **overrides: str
+) -> int:
+    """Start one more process ``name`` running ``cormorant <command>`` with the cluster's
+    settings and ``overrides`` (setting name → value as its environment variable holds
+    it; another app_delivery instance, an ingest node with settings of its own), and wait
+    until it is ready (and listens on ``port``, if given); return its pid. ``down`` stops
+    it with the rest. Its HTTP port (``/metrics``) is ``overrides``' ``http_port``, else one
+    the kernel picks. Raises :class:`~services.local.processes.StartError`."""
+    overrides.setdefault("http_port", str(free_port()))
+    return _start_service(local_settings(settings), name, command, port, **overrides)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the kernel's pick, from the ephemeral range: clear
+    of every port the cluster is configured with)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def start_instance(settings: LocalSettings, stage: str, name: str) -> int:
     """Start one more instance of ``stage`` (``router``, ``device-persist`` or
-    ``app-delivery``) as process ``name``, beside those the settings ask for (its instances
-    share the stage's partitions through their consumer group), and wait until it is ready;
-    return its pid. ``down`` stops it with the rest. Raises ``ValueError`` for another
-    stage and :class:`~services.local.processes.StartError`."""
+    ``app-delivery``) as process ``name``, a static member of the stage's consumer group
+    beside those the settings ask for (they share the stage's partitions), with
+    :func:`start_extra`; return its pid. Stop it with :func:`stop_extra`. Raises
+    ``ValueError`` for another stage and :class:`~services.local.processes.StartError`."""
     if stage not in (ROUTER, DEVICE_PERSIST, APP_DELIVERY):
         raise ValueError(f"{stage!r} is not a stage with instances")
-    return _start_service(local_settings(settings), name, stage, None, group_instance_id=name)
+    return start_extra(settings, name, stage, group_instance_id=name)
 
 
-def stop_instance(settings: LocalSettings, name: str) -> bool:
-    """Stop the instance ``name`` that :func:`start_instance` started; True if it was
-    running."""
+def stop_extra(settings: LocalSettings, name: str) -> bool:
+    """Stop the process ``name`` that :func:`start_extra` or :func:`start_instance` started;
+    True if it was running."""
     settings = local_settings(settings)
     stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
     clear_ready(ready_file(settings, name))
@@ -382,6 +525,7 @@ def _probe(settings: LocalSettings, part: Component) -> ComponentStatus:
         port=part.port,
         port_open=None if part.port is None else processes.port_open(part.port),
         ready=None if part.ready_file is None else part.ready_file.exists(),
+        http_port=part.http_port,
     )
 
 

@@ -1,7 +1,13 @@
-"""The local load balancer: HAProxy in TCP mode on 127.0.0.1:<listen_port> before the nodes.
+"""The local load balancer: HAProxy in TCP mode on 127.0.0.1 before the ingest nodes.
 
-It plays the part of the cloud's Network Load Balancer: plain TCP pass-through, round robin
-over the ingest nodes, health checks that take a dead node out of rotation.
+It plays the part of the cloud's Network Load Balancer: TCP pass-through on the MQTT
+ports (``listen_port`` 1883, ``tls_listen_port`` 8883, ``ws_listen_port`` 8083,
+``wss_listen_port`` 8084; TLS passes through to the nodes, so mutual TLS works), round
+robin over the ingest nodes, each connection opened with a PROXY protocol v2 header
+(``send-proxy-v2``, as an NLB target group with ``proxy_protocol_v2``) so the nodes see the
+clients' real addresses, and health checks (``GET /ready`` on each node's HTTP port) that
+take a node out of rotation when it is dead or not ready (Kafka unreachable, still
+starting).
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from services.common.settings import Listener, ListenerKind
 from services.local import processes
 from services.local.settings import LocalSettings
 
@@ -18,17 +25,71 @@ NAME = "haproxy"
 START_TIMEOUT = 30.0
 
 
+KINDS: tuple[ListenerKind, ...] = ("mqtt", "mqtts", "ws", "wss")
+"""The listeners HAProxy fronts, in the order of their node port blocks."""
+
+PORT_BLOCK = 16
+"""Node listener ports of one kind are ``PORT_BLOCK`` apart (16 nodes at most)."""
+
+
 def node_ports(settings: LocalSettings) -> list[int]:
-    """The MQTT port of each ingest node: node i (from 1) on ``ingest_base_port + i``."""
+    """The direct MQTT port of each ingest node (plain, no PROXY header): node i (from 1) on
+    ``ingest_base_port + i``. Tools and tests reach one given node there."""
     return [settings.ingest_base_port + i for i in range(1, settings.ingest_nodes + 1)]
 
 
+def node_http_ports(settings: LocalSettings) -> list[int]:
+    """The HTTP port (``/ready``) of each ingest node: node i on ``http_base_port + i``."""
+    return [settings.http_base_port + i for i in range(1, settings.ingest_nodes + 1)]
+
+
+def node_listeners(settings: LocalSettings, node: int) -> list[Listener]:
+    """The listeners of node ``node`` (from 1) that HAProxy forwards to, PROXY protocol
+    required: MQTT, TLS, WebSocket, WebSocket on TLS, ``PORT_BLOCK`` ports apart."""
+    base = settings.ingest_base_port + node
+    return [
+        Listener(kind=kind, port=base + PORT_BLOCK * (k + 1), proxy_protocol=True)
+        for k, kind in enumerate(KINDS)
+    ]
+
+
+def all_node_ports(settings: LocalSettings) -> list[int]:
+    """Every port the ingest nodes listen on (direct ones and those behind HAProxy)."""
+    nodes = range(1, settings.ingest_nodes + 1)
+    return node_ports(settings) + [
+        listener.port for node in nodes for listener in node_listeners(settings, node)
+    ]
+
+
+def frontend_ports(settings: LocalSettings) -> dict[ListenerKind, int]:
+    """HAProxy's port for each kind of listener."""
+    return {
+        "mqtt": settings.listen_port,
+        "mqtts": settings.tls_listen_port,
+        "ws": settings.ws_listen_port,
+        "wss": settings.wss_listen_port,
+    }
+
+
 def render_config(settings: LocalSettings) -> str:
-    """haproxy.cfg for ``settings`` (listen port and ingest nodes)."""
-    servers = "\n".join(
-        f"    server node{i} 127.0.0.1:{port} check inter 2s fall 2 rise 1"
-        for i, port in enumerate(node_ports(settings), start=1)
-    )
+    """haproxy.cfg for ``settings`` (listen ports and ingest nodes)."""
+    sections = []
+    for kind, port in frontend_ports(settings).items():
+        servers = "\n".join(
+            f"    server node{node} 127.0.0.1:{listener.port} send-proxy-v2 "
+            f"check port {http} inter 2s fall 2 rise 1"
+            for node, http in enumerate(node_http_ports(settings), start=1)
+            for listener in node_listeners(settings, node)
+            if listener.kind == kind
+        )
+        sections.append(
+            f"frontend {kind}\n    bind 127.0.0.1:{port}\n    default_backend ingest_{kind}\n\n"
+            f"backend ingest_{kind}\n    balance roundrobin\n"
+            # A node takes clients while its /ready says 200 (Kafka answers, state replayed).
+            "    option httpchk\n    http-check send meth GET uri /ready\n"
+            f"    http-check expect status 200\n{servers}\n"
+        )
+    body = "\n".join(sections)
     return f"""\
 global
     log stdout format raw local0 info
@@ -46,14 +107,7 @@ defaults
     retries 2
     option redispatch
 
-frontend mqtt
-    bind 127.0.0.1:{settings.listen_port}
-    default_backend ingest_nodes
-
-backend ingest_nodes
-    balance roundrobin
-{servers}
-"""
+{body}"""
 
 
 def write_config(settings: LocalSettings) -> Path:

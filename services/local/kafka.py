@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
 from services.common.kafka.security import client_security
-from services.local import maven, processes
+from services.local import maven, processes, progress
 from services.local.maven import FetchError
 from services.local.settings import LocalSettings
 
@@ -318,6 +318,10 @@ def prepare(settings: LocalSettings, node: int = 1) -> tuple[str, str, Path, Pat
     :class:`FetchError` when jars or Java are missing and
     :class:`~services.local.processes.StartError` when formatting fails.
     """
+    if not libs_dir(settings).exists():
+        progress.report(
+            f"fetching Kafka {settings.kafka_version}'s jars with Maven (first run only)..."
+        )
     libs = fetch_jars(settings)
     java = _java()
     server, log4j = _write_config(settings, node)
@@ -404,9 +408,13 @@ def _ensure_core_topics(settings: LocalSettings, security: Mapping[str, Any]) ->
         if not enough_brokers():
             return False
         try:
-            _run(ensure_topics(address, specs, replication_factor(settings), security=security))
+            made = _run(
+                ensure_topics(address, specs, replication_factor(settings), security=security)
+            )
         except (KafkaError, OSError):
             return False  # a broker still joining: asked again
+        if made:
+            progress.report(f"created {len(made)} of {len(specs)} Kafka topics")
         return True
 
     processes.wait_until(created, START_TIMEOUT, "the core topics")

@@ -5,6 +5,11 @@ The layout comes from the settings (``kafka_brokers``, ``redis_replicas``,
 (``<state_dir>/run/layout.json``) when the cluster starts, until ``cormorant down``: later
 commands (``status``, ``down``, a plain ``up`` bringing dead parts back) then act on the
 cluster that runs, whatever their own settings say.
+
+A layout changes the infrastructure only: every layout runs the same services
+(:func:`services.local.cluster.services_of`), each with its HTTP port (``/health``,
+``/ready``, ``/metrics``), HAProxy health-checking the ingest nodes' ``/ready``, and the
+admin service; device_persist's readiness check reaches Redis through the Sentinels.
 """
 
 from __future__ import annotations

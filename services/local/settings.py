@@ -67,6 +67,18 @@ class LocalSettings(Settings):
     )
     postgres_port: int = Field(5432, ge=1, le=65535, description="Local PostgreSQL port.")
     listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
+    tls_listen_port: int = Field(
+        8883, ge=1, le=65535, description="HAProxy's MQTT over TLS port (the nodes' TLS)."
+    )
+    ws_listen_port: int = Field(
+        8083, ge=1, le=65535, description="HAProxy's MQTT over WebSocket port (ws://…/mqtt)."
+    )
+    wss_listen_port: int = Field(
+        8084,
+        ge=1,
+        le=65535,
+        description="HAProxy's MQTT over WebSocket on TLS port (wss://…/mqtt).",
+    )
     ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
     router_instances: int = Field(
         1, ge=1, le=12, description="Routers (processes router, router-2...) sharing msg.all."
@@ -91,7 +103,26 @@ class LocalSettings(Settings):
         1.0, gt=0, description="Consumer group heartbeat interval of the local cluster's stages."
     )
     ingest_base_port: int = Field(
-        11883, ge=1, le=65500, description="Ingest node i listens on base port + i."
+        11883,
+        ge=1,
+        le=65400,
+        description="Ingest node i listens on base port + i (plain MQTT, for direct "
+        "connections), and behind HAProxy (PROXY protocol v2) on base + 16 + i (MQTT), "
+        "+ 32 + i (TLS), + 48 + i (WebSocket), + 64 + i (WebSocket on TLS).",
+    )
+    local_anonymous: bool = Field(
+        True,
+        description="The local cluster lets anonymous MQTT clients in (allow_anonymous on its "
+        "ingest nodes) while they listen on loopback only (mqtt_host 127.0.0.1, HAProxy on "
+        "127.0.0.1); cormorant up says so. false: credentials are required locally too.",
+    )
+    http_base_port: int = Field(
+        9180,
+        ge=1,
+        le=65500,
+        description="The services' HTTP ports (/health, /ready, /metrics): ingest node i on "
+        "base + i, router instance j on base + 16 + j, device_persist instance j on "
+        "base + 32 + j, app_delivery instance j on base + 48 + j.",
     )
     local_tls_cert_file: Path | None = Field(
         None,

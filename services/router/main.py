@@ -31,10 +31,13 @@ at least once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
+from time import perf_counter
 
 import faust
+from prometheus_client.core import CounterMetricFamily, Metric
 
+from services.common import metrics
 from services.common.clock import now_ms
 from services.common.faust_app import (
     make_app,
@@ -55,7 +58,6 @@ from services.common.kafka.consumer import (
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
-from services.common.readiness import clear_ready, mark_ready
 from services.common.records import (
     Headers,
     KafkaRecord,
@@ -69,6 +71,7 @@ from services.common.records import (
     persisted_record,
 )
 from services.common.settings import Settings
+from services.common.web import serve_http
 from services.router.routing import Routes, RoutingTable
 
 log = logging.getLogger(__name__)
@@ -91,7 +94,10 @@ def build_app(settings: Settings) -> faust.App:
     """Build the router's Faust app: the state reader and the ``msg.all`` routing task."""
     names = TopicNames.from_settings(settings)
     app = make_app(settings, "router")
+    readiness = serve_http(app, "router", settings.ready_file)
     table = RoutingTable()
+    counters = RouterCounters()
+    metrics.register(counters.families)
 
     def apply_state(
         topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
@@ -116,11 +122,12 @@ def build_app(settings: Settings) -> faust.App:
     # write, since a write to a missing topic waits for it for the whole request timeout.
     app_topics: set[str] = set()
 
+    readiness.add("kafka", reader.end_offsets)
     send = sender(app)
 
     async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
         now = now_ms()
-        batch = [out for record in records for out in outputs(table, names, record, now)]
+        batch = [out for record in records for out in outputs(table, names, record, now, counters)]
         specs = {
             spec.name: spec
             for topic, *_ in batch
@@ -162,7 +169,7 @@ def build_app(settings: Settings) -> faust.App:
         )
         await consumer.start()
         try:
-            mark_ready(settings.ready_file, "router")
+            readiness.serving("router")
             await consume_batches(
                 consumer,
                 route_batch,
@@ -173,12 +180,13 @@ def build_app(settings: Settings) -> faust.App:
                 # subscription acknowledged before a PUBLISH applies to it.
                 prepare=reader.barrier,
                 transactions=transactions,
+                stage="router",
             )
         finally:
             await consumer.stop()
 
     async def stop() -> None:
-        clear_ready(settings.ready_file)
+        readiness.stopping()
         await reader.stop()
 
     run_task(app, route)
@@ -186,10 +194,54 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
+class RouterCounters:
+    """What the router did: the match time of each message (seconds, subscription trie
+    and delivery paths), and the records it wrote per delivery path."""
+
+    PATHS = ("downlink", "persisted", "app", "app_shared")
+
+    def __init__(self) -> None:
+        self.match = metrics.Histogram(metrics.MATCH_BUCKETS)
+        self.routed = dict.fromkeys(self.PATHS, 0)
+
+    def count(self, routes: Routes) -> None:
+        """Count the records ``routes`` makes, per path."""
+        routed = self.routed
+        routed["downlink"] += len(routes.by_node)
+        if routes.persisted:
+            routed["persisted"] += len(routes.persisted)
+        if routes.app:
+            routed["app"] += len(routes.app)
+        if routes.app_shared:
+            routed["app_shared"] += len(routes.app_shared)
+
+    def families(self) -> Iterable[Metric]:
+        """``cormorant_router_match_seconds`` and ``cormorant_router_routed_records_total``."""
+        yield metrics.histogram_family(
+            "cormorant_router_match_seconds",
+            "Time to find one message's subscribers and their delivery paths.",
+            {"msg.all": self.match},
+            "topic",
+        )
+        routed = CounterMetricFamily(
+            "cormorant_router_routed_records",
+            "Records the router wrote, by delivery path (downlink: one per node per message).",
+            labels=["path"],
+        )
+        for path, count in self.routed.items():
+            routed.add_metric([path], count)
+        yield routed
+
+
 def outputs(
-    table: RoutingTable, names: TopicNames, record: Record, now_ms: int
+    table: RoutingTable,
+    names: TopicNames,
+    record: Record,
+    now_ms: int,
+    counters: RouterCounters | None = None,
 ) -> list[KafkaRecord]:
-    """The records to produce for one ``msg.all`` record; ``now_ms`` is Unix time in ms.
+    """The records to produce for one ``msg.all`` record; ``now_ms`` is Unix time in ms;
+    ``counters`` (if given) count the match time and the records.
 
     A record that does not decode is logged and yields none (it must not block the
     partition).
@@ -210,7 +262,13 @@ def outputs(
             out += _outputs_of(names, key, message, routes)
         return out
     message = parsed.message
-    return _outputs_of(names, key, message, table.route(parsed.client_id, message.meta))
+    if counters is None:
+        return _outputs_of(names, key, message, table.route(parsed.client_id, message.meta))
+    started = perf_counter()
+    routes = table.route(parsed.client_id, message.meta)
+    counters.match.observe(perf_counter() - started)
+    counters.count(routes)
+    return _outputs_of(names, key, message, routes)
 
 
 def _outputs_of(

@@ -9,14 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 from spark_emr.render import render
-
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
+from tests.browser import chromium
 
 TABLES = {
     "traffic_by_hour": "hour,messages,bytes\n2026-11-23 10:00:00,120,4800\n"
@@ -40,12 +36,8 @@ TABLES = {
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Debian's Chromium, headless, driven by Playwright."""
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS
-        )
-        yield chromium
-        chromium.close()
+    with chromium() as found:
+        yield found
 
 
 def _report(directory: Path) -> Path:

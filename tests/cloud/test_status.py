@@ -225,12 +225,12 @@ def test_missing_parts_and_targets(
     boto3.client("rds", REGION).delete_db_instance(
         DBInstanceIdentifier="cormorant-prod-0001", SkipFinalSnapshot=True
     )
-    outputs["ecsServices"] = [*SERVICE_COMMANDS, "admin"]
+    outputs["ecsServices"] = [*SERVICE_COMMANDS, "gateway"]
     result = run_status(outputs, tmp_path, "--json")
     assert result.exit_code == 1
     checks = {(c["part"], c["name"]): c for c in json.loads(result.output)}
-    assert checks[("ecs", "admin")] == {
-        "part": "ecs", "name": "admin", "ok": False, "state": "MISSING",
+    assert checks[("ecs", "gateway")] == {
+        "part": "ecs", "name": "gateway", "ok": False, "state": "MISSING",
         "detail": "not in cluster cormorant-prod",
     }  # fmt: skip
     nlb = next(c for c in checks.values() if c["part"] == "nlb")

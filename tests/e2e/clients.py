@@ -47,9 +47,16 @@ def unique(prefix: str) -> str:
 
 
 def aio_client(
-    port: int, identifier: str, version: int = 5, max_inflight_messages: int | None = None
+    port: int,
+    identifier: str,
+    version: int = 5,
+    max_inflight_messages: int | None = None,
+    *,
+    username: str | None = None,
+    password: str | None = None,
 ) -> aiomqtt.Client:
-    """An aiomqtt client of MQTT ``version`` (4 = 3.1.1, 5) for ``127.0.0.1:port``."""
+    """An aiomqtt client of MQTT ``version`` (4 = 3.1.1, 5) for ``127.0.0.1:port``, with a
+    User Name and Password when given."""
     protocol = aiomqtt.ProtocolVersion.V5 if version == 5 else aiomqtt.ProtocolVersion.V311
     return aiomqtt.Client(
         HOST,
@@ -58,6 +65,8 @@ def aio_client(
         protocol=protocol,
         timeout=TIMEOUT,
         max_inflight_messages=max_inflight_messages,
+        username=username,
+        password=password,
     )
 
 
@@ -110,9 +119,14 @@ class PahoClient:
     codes of the connection's ends (a v5 DISCONNECT's, or "Unspecified error" for a lost
     socket); ``messages`` queues received messages. It never reconnects by itself.
     ``clean_start`` and ``session_expiry`` (seconds, v5) go into CONNECT, as do
-    ``receive_maximum`` and ``topic_alias_maximum`` (v5); with ``manual_ack`` received QoS
+    ``receive_maximum`` and ``topic_alias_maximum`` (v5), and ``username`` / ``password``
+    (bytes: any) when set; with ``manual_ack`` received QoS
     1/2 messages are acknowledged only by :meth:`ack`. (paho does not resolve the Topic
     Aliases it receives: a message sent with an alias alone has the topic "".)
+    ``transport`` ``"websockets"`` speaks MQTT over WebSocket (path /mqtt); ``ca_file``
+    turns TLS on (the host name checked against ``host``), ``cert`` adds a client
+    certificate (PEM certificate and key); ``keep_alive`` is asked for in CONNECT and
+    :attr:`connack_properties` keeps the CONNACK's (v5).
     """
 
     port: int
@@ -123,6 +137,14 @@ class PahoClient:
     receive_maximum: int | None = None
     topic_alias_maximum: int | None = None
     manual_ack: bool = False
+    username: str | None = None
+    password: bytes | None = None
+    transport: str = "tcp"
+    host: str = HOST
+    ca_file: Path | None = None
+    cert: tuple[Path, Path] | None = None
+    keep_alive: int = 60
+    connack_properties: Properties | None = None
     connack: queue.Queue[ReasonCode] = field(default_factory=queue.Queue)
     pubacks: dict[int, ReasonCode] = field(default_factory=dict)
     disconnects: list[ReasonCode] = field(default_factory=list)
@@ -138,13 +160,33 @@ class PahoClient:
             client_id=self.client_id,
             protocol=protocol,
             clean_session=None if self.version == 5 else self.clean_start,
+            transport=self.transport,  # type: ignore[arg-type]
         )
-        self.client.on_connect = lambda _c, _u, _f, rc, _p: self.connack.put(rc)
+        if self.ca_file is not None:
+            certfile, keyfile = self.cert if self.cert is not None else (None, None)
+            self.client.tls_set(
+                ca_certs=str(self.ca_file),
+                certfile=None if certfile is None else str(certfile),
+                keyfile=None if keyfile is None else str(keyfile),
+            )
+        self.client.on_connect = self._on_connect
         self.client.on_publish = self._on_publish
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = lambda _c, _u, message: self.messages.put(message)
         self.client.on_subscribe = lambda _c, _u, _mid, codes, _p: self.subacks.put(codes)
         self.client.manual_ack_set(self.manual_ack)
+        # Every write on the network thread: without an "external event loop" registered,
+        # paho writes from the caller's thread too, concurrently with the network thread's
+        # loop(), and its writes are not thread-safe (over WebSocket a frame went out twice).
+        self.client.on_socket_register_write = lambda _client, _userdata, _sock: None
+        if self.username is not None or self.password is not None:
+            self.client.username_pw_set(self.username, self.password)  # type: ignore[arg-type]
+
+    def _on_connect(
+        self, _c: object, _u: object, _f: object, rc: ReasonCode, props: Properties | None
+    ) -> None:
+        self.connack_properties = props
+        self.connack.put(rc)
 
     def _on_publish(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
         with self._lock:
@@ -167,10 +209,14 @@ class PahoClient:
             if self.topic_alias_maximum is not None:
                 props.TopicAliasMaximum = self.topic_alias_maximum
             self.client.connect(
-                HOST, self.port, keepalive=60, clean_start=self.clean_start, properties=props
+                self.host,
+                self.port,
+                keepalive=self.keep_alive,
+                clean_start=self.clean_start,
+                properties=props,
             )
         else:
-            self.client.connect(HOST, self.port, keepalive=60)
+            self.client.connect(self.host, self.port, keepalive=self.keep_alive)
         self._thread = threading.Thread(target=self._network, daemon=True)
         self._thread.start()
         return self.connack.get(timeout=TIMEOUT)
@@ -240,7 +286,14 @@ class MosquittoSub:
     """
 
     def __init__(
-        self, port: int, topic_filter: str, *, qos: int, count: int, version: int = 4
+        self,
+        port: int,
+        topic_filter: str,
+        *,
+        qos: int,
+        count: int,
+        version: int = 4,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.output: list[str] = []
         self._subscribed = threading.Event()
@@ -249,7 +302,7 @@ class MosquittoSub:
             _mosquitto("stdbuf"), "-oL",
             _mosquitto("mosquitto_sub"), "-h", HOST, "-p", str(port), "-t", topic_filter,
             "-q", str(qos), "-C", str(count), "-W", str(int(TIMEOUT * 2)), "-d", "-v",
-            "-i", unique("mosq-sub"), "-V", "mqttv5" if version == 5 else "mqttv311",
+            "-i", unique("mosq-sub"), "-V", "mqttv5" if version == 5 else "mqttv311", *extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -280,13 +333,22 @@ class MosquittoSub:
 
 
 def mosquitto_pub(
-    port: int, topic: str, message: str, *, qos: int, version: int = 4
+    port: int,
+    topic: str,
+    message: str,
+    *,
+    qos: int,
+    version: int = 4,
+    client_id: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process."""
+    """Run ``mosquitto_pub`` once (debug output captured); returns the finished process.
+    ``extra`` are more options (``-u``, ``-P``, ``--will-topic``, ``--cafile``,
+    ``--cert``...)."""
     argv = [
         _mosquitto("mosquitto_pub"), "-h", HOST, "-p", str(port), "-t", topic, "-m", message,
-        "-q", str(qos), "-d", "-i", unique("mosq-pub"),
-        "-V", "mqttv5" if version == 5 else "mqttv311",
+        "-q", str(qos), "-d", "-i", client_id or unique("mosq-pub"),
+        "-V", "mqttv5" if version == 5 else "mqttv311", *extra,
     ]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT * 2, check=False)
 
@@ -314,12 +376,22 @@ def packet(first_byte: int, body: bytes) -> bytes:
 
 
 def connect_packet(
-    client_id: str, *, level: int = 4, flags: int = 0x02, name: bytes = b"MQTT"
+    client_id: str,
+    *,
+    level: int = 4,
+    flags: int = 0x02,
+    name: bytes = b"MQTT",
+    username: bytes | None = None,
+    password: bytes | None = None,
 ) -> bytes:
-    """A CONNECT (keep alive 60): protocol ``name`` and ``level`` (4 = 3.1.1, 5), ``flags``."""
+    """A CONNECT (keep alive 60): protocol ``name`` and ``level`` (4 = 3.1.1, 5), ``flags``,
+    and the raw User Name and Password bytes when given (their flags are set)."""
+    flags |= (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
     props = b"\x00" if level == 5 else b""
     body = _utf8(name) + bytes([level, flags]) + struct.pack(">H", 60) + props
-    return packet(0x10, body + _utf8(client_id.encode()))
+    body += _utf8(client_id.encode())
+    body += b"".join(_utf8(field) for field in (username, password) if field is not None)
+    return packet(0x10, body)
 
 
 def session_connect_packet(
@@ -381,6 +453,42 @@ def disconnect_packet(session_expiry: int | None = None) -> bytes:
         return b"\xe0\x00"
     props = b"\x11" + struct.pack(">I", session_expiry)
     return packet(0xE0, b"\x00" + _vbi(len(props)) + props)
+
+
+def enhanced_connect_packet(client_id: str, method: str, data: bytes) -> bytes:
+    """A v5 CONNECT (Clean Start, keep alive 60) starting enhanced authentication (MQTT 5.0
+    4.12) with Authentication ``method`` and ``data`` (properties encoded by paho)."""
+    props = Properties(PacketTypes.CONNECT)
+    props.AuthenticationMethod = method
+    props.AuthenticationData = data
+    body = _utf8(b"MQTT") + bytes([5, 0x02]) + struct.pack(">H", 60) + props.pack()
+    return packet(0x10, body + _utf8(client_id.encode()))
+
+
+def auth_packet(reason_code: int, method: str, data: bytes | None = None) -> bytes:
+    """A v5 AUTH (MQTT 5.0 3.15) with ``reason_code``, Authentication ``method`` and ``data``."""
+    props = Properties(PacketTypes.AUTH)
+    props.AuthenticationMethod = method
+    if data is not None:
+        props.AuthenticationData = data
+    return packet(0xF0, bytes([reason_code]) + props.pack())
+
+
+def reason_and_properties(first: int, body: bytes) -> tuple[int, Properties]:
+    """The Reason Code and properties (decoded by paho) of a v5 CONNACK, AUTH or DISCONNECT
+    whose first byte and body :meth:`RawSocket.read_packet` returned."""
+    kind = first >> 4
+    if kind == 2:
+        code, rest, packet_type = body[1], body[2:], PacketTypes.CONNACK
+    elif kind == 15:
+        code, rest, packet_type = body[0], body[1:], PacketTypes.AUTH
+    else:
+        assert kind == 14, f"not a CONNACK, AUTH or DISCONNECT: {first:#x}"
+        code, rest, packet_type = (body[0] if body else 0), body[1:], PacketTypes.DISCONNECT
+    props = Properties(packet_type)
+    if rest:
+        props.unpack(rest)
+    return code, props
 
 
 def publish_topic(body: bytes) -> str:
@@ -569,3 +677,101 @@ class RawPublishers:
             self.errors.append(f"publisher {index}: {exc!r}")
         finally:
             writer.close()
+
+
+# --------------------------------------------------------------------------------------------
+# WebSocket by hand (RFC 6455), for MQTT split across frames and several packets per frame
+
+
+def ws_frame(payload: bytes, opcode: int = 0x2) -> bytes:
+    """One final, masked client frame (RFC 6455 5.2)."""
+    size = len(payload)
+    if size < 126:
+        head = bytes([0x80 | opcode, 0x80 | size])
+    elif size < 65536:
+        head = bytes([0x80 | opcode, 0x80 | 126]) + struct.pack(">H", size)
+    else:
+        head = bytes([0x80 | opcode, 0x80 | 127]) + struct.pack(">Q", size)
+    mask = uuid.uuid4().bytes[:4]
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+class RawWebSocket:
+    """MQTT over WebSocket on a plain (or given) socket: the opening handshake on /mqtt with
+    subprotocol mqtt, then frames written as the test wants and MQTT packets read back
+    across whatever frames the server used."""
+
+    def __init__(self, sock: socket.socket, host: str = "localhost") -> None:
+        self.sock = sock
+        self.sock.settimeout(TIMEOUT)
+        key = "dGhlIHNhbXBsZSBub25jZQ=="
+        self.sock.sendall(
+            (
+                f"GET /mqtt HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+            ).encode()
+        )
+        response = b""
+        while b"\r\n\r\n" not in response:
+            chunk = self.sock.recv(4096)
+            assert chunk, f"closed during the handshake: {response!r}"
+            response += chunk
+        self.response, self._raw = response.split(b"\r\n\r\n", 1)
+        self._mqtt = b""
+
+    def send_frames(self, *payloads: bytes) -> None:
+        """Each of ``payloads`` as one binary frame, all in one write."""
+        self.sock.sendall(b"".join(ws_frame(p) for p in payloads))
+
+    def _frame(self) -> bool:
+        """Take one complete server frame off the bytes read, if there is one."""
+        raw = self._raw
+        if len(raw) < 2:
+            return False
+        size, at = raw[1] & 0x7F, 2
+        if size == 126:
+            if len(raw) < 4:
+                return False
+            size, at = struct.unpack(">H", raw[2:4])[0], 4
+        elif size == 127:
+            if len(raw) < 10:
+                return False
+            size, at = struct.unpack(">Q", raw[2:10])[0], 10
+        if len(raw) < at + size:
+            return False
+        opcode, payload = raw[0] & 0x0F, raw[at : at + size]
+        assert opcode in (0x0, 0x2), f"server sent opcode {opcode}: {payload!r}"
+        self._raw = raw[at + size :]
+        self._mqtt += payload
+        return True
+
+    def _more(self) -> None:
+        """Read until one more server frame is complete; its payload joins the MQTT stream."""
+        while not self._frame():
+            chunk = self.sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            self._raw += chunk
+
+    def read_packet(self) -> tuple[int, bytes]:
+        """The next MQTT control packet: its first byte and its body."""
+        while True:
+            data = self._mqtt
+            if len(data) >= 2:
+                length, multiplier, at = 0, 1, 1
+                while at < len(data):
+                    length += (data[at] & 0x7F) * multiplier
+                    multiplier *= 128
+                    at += 1
+                    if not data[at - 1] & 0x80:
+                        break
+                else:
+                    at = -1
+                if at > 0 and len(data) >= at + length:
+                    self._mqtt = data[at + length :]
+                    return data[0], data[at : at + length]
+            self._more()
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()

@@ -249,7 +249,7 @@ def test_app_delivery_instances_share_clients_and_a_third_rebalances_them(
         for sub in subs:
             sub.stop()
         for instance in extra:
-            cluster.stop_instance(instance)
+            cluster.stop_extra(instance)
     for sub in subs:
         assert set(sub.payloads()) == set(payloads)
         # Per-publisher order of first arrivals (MQTT 4.6), across the rebalance.

@@ -123,6 +123,6 @@ async def test_a_killed_instances_partitions_move_to_the_other_without_a_restart
         times = await _probe(cluster, extra, path=path, restart=False)
         assert cluster.pid(extra) is None  # resumed through the other instance alone
     finally:
-        cluster.stop_instance(extra)
+        cluster.stop_extra(extra)
     assert times.lost == 0, times
     assert times.reordered == 0, times

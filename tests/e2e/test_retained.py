@@ -152,5 +152,10 @@ async def test_a_persistent_subscriber_gets_retained_messages_through_its_store(
     )
     async with client as sub:
         await sub.subscribe(topic, qos=1)
-        [message] = await collect(sub, 1)
-    assert (message.payload, message.retain, message.qos) == (b"for the store", True, 1)
+        received = await collect(sub, 1)
+        if not received[0].retain:
+            # The router may read the new subscription before it routes the PUBLISH: the
+            # message then also arrives live (RETAIN 0), ahead of the retained copy.
+            received += await collect(sub, 1)
+    assert [(m.payload, m.qos) for m in received] == [(b"for the store", 1)] * len(received)
+    assert received[-1].retain

@@ -1,8 +1,9 @@
 """The stacks under test, each declared once per session under Pulumi's mocks.
 
 ``dev`` and ``prod`` are the repository's own stack files; ``serverless`` is prod with MSK
-Serverless (IAM), TLS passed through to the tasks, PROXY protocol and the PostgreSQL
-message store: the other branch of every configuration choice.
+Serverless (IAM), TLS passed through to the tasks, PROXY protocol, the PostgreSQL message
+store, operators and a Prometheus let in from given ranges: the other branch of every
+configuration choice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ import pytest
 
 from tests.infra.mocks import Deployment, deploy, stack_file_values
 
+ADMIN_CIDRS = ["172.16.8.0/22", "10.200.0.0/24"]
+"""The serverless stack's operators (a client VPN's ranges)."""
+
+METRICS_CIDRS = ["192.168.50.0/24"]
+"""The serverless stack's Prometheus (a peered monitoring VPC)."""
+
+TLS_SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:cormorant-mqtt-tls-AbCdEf"
+"""The Secrets Manager secret of the ingest tasks' certificate in the passthrough stack."""
+
 
 def serverless_values() -> dict[str, Any]:
     """The prod stack file with every alternative switched on."""
@@ -21,12 +31,16 @@ def serverless_values() -> dict[str, Any]:
     values |= {
         "cormorant:kafkaMode": "serverless",
         "cormorant:tlsMode": "passthrough",
+        "cormorant:tlsCertificateSecretArn": TLS_SECRET_ARN,
+        "cormorant:tlsClientAuth": "optional",
         "cormorant:proxyProtocolV2": True,
         "cormorant:storeBackend": "postgres",
         "cormorant:plainMqtt": False,
         "cormorant:nlbIdleTimeoutSeconds": 600,
         "cormorant:maxKeepAlive": 390,
         "cormorant:topicPrefix": "mqtt.",
+        "cormorant:adminAllowedCidrs": ADMIN_CIDRS,
+        "cormorant:metricsAllowedCidrs": METRICS_CIDRS,
     }
     return values
 

@@ -58,6 +58,24 @@ def test_more_nat_gateways_than_zones() -> None:
     )
 
 
+TLS_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:mqtt-tls-AbCdEf"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tlsMode": "passthrough"}, "tlsMode passthrough needs tlsCertificateSecretArn"),
+        ({"tlsClientAuth": "required"}, "tlsClientAuth needs tlsMode passthrough"),
+        (
+            {"tlsMode": "passthrough", "tlsCertificateSecretArn": "mqtt-tls"},
+            "tlsCertificateSecretArn",
+        ),
+    ],
+)
+def test_tls_passthrough_needs_the_tasks_certificate(values: dict[str, str], message: str) -> None:
+    assert message in refused(**values)
+
+
 def test_keep_alive_above_the_nlb_idle_rule() -> None:
     message = refused(maxKeepAlive=300)
     assert "maxKeepAlive 300 s is too long for the load balancer's 350 s idle timeout" in message
@@ -68,6 +86,7 @@ def test_keep_alive_rule_follows_the_tcp_idle_timeout_without_a_tls_listener() -
     values = {
         **REQUIRED,
         "tlsMode": "passthrough",
+        "tlsCertificateSecretArn": TLS_SECRET,
         "nlbIdleTimeoutSeconds": 120,
         "maxKeepAlive": 100,
     }
@@ -92,7 +111,7 @@ def test_wrong_types_and_ranges() -> None:
 def test_fargate_sizes() -> None:
     message = refused(services={"router": {"cpu": 256, "memory": 4096}})
     assert "cormorant:services.router: memory 4096 MiB is not allowed with cpu 256" in message
-    assert "unknown services ['admin']" in refused(services={"admin": {}})
+    assert "unknown services ['gateway']" in refused(services={"gateway": {}})
 
 
 def test_more_tasks_than_partitions() -> None:
@@ -124,6 +143,45 @@ def test_network_values() -> None:
     assert "cormorant:logRetentionDays: 8 is not a CloudWatch Logs retention" in refused(
         logRetentionDays=8
     )
+
+
+ADMIN_CERTIFICATE = "arn:aws:acm:eu-west-1:123456789012:certificate/admin"
+
+
+def test_operators_and_prometheus_come_from_private_ranges_only() -> None:
+    for key in ("adminAllowedCidrs", "metricsAllowedCidrs"):
+        message = refused(adminCertificateArn=ADMIN_CERTIFICATE, **{key: ["0.0.0.0/0"]})
+        assert (
+            f"cormorant:{key}: 0.0.0.0/0 is not a private IPv4 range (RFC 1918): the admin "
+            "API and the metrics are reached from the VPC and the networks joined to it "
+            "(VPN, peering, Direct Connect) only, never from the internet"
+        ) in message
+        for outside in ("52.16.0.0/16", "100.64.0.0/10", "10.0.0.0/7", "fd00::/8"):
+            assert f"{outside} is not a private IPv4 range" in refused(
+                adminCertificateArn=ADMIN_CERTIFICATE, **{key: ["10.1.0.0/16", outside]}
+            )
+        assert f"cormorant:{key}: 'vpn' is not a network in CIDR notation" in refused(
+            adminCertificateArn=ADMIN_CERTIFICATE, **{key: ["vpn"]}
+        )
+        # Host bits set: a typo that would let in another range than meant.
+        assert "10.8.0.1/16 has host bits set" in refused(
+            adminCertificateArn=ADMIN_CERTIFICATE, **{key: ["10.8.0.1/16"]}
+        )
+    parsed = config(
+        adminCertificateArn=ADMIN_CERTIFICATE,
+        adminAllowedCidrs=["10.8.0.0/16", "172.16.0.0/12"],
+        metricsAllowedCidrs=["192.168.1.0/24"],
+    )
+    assert parsed.admin_allowed_cidrs == ["10.8.0.0/16", "172.16.0.0/12"]
+    assert parsed.metrics_allowed_cidrs == ["192.168.1.0/24"]
+
+
+def test_admin_ranges_need_the_admin_load_balancer() -> None:
+    assert "adminAllowedCidrs needs adminCertificateArn" in refused(
+        adminAllowedCidrs=["10.8.0.0/16"]
+    )
+    assert "cormorant:adminCertificateArn" in refused(adminCertificateArn="not-an-arn")
+    assert config().admin_certificate_arn is None
 
 
 def test_emr_release_must_run_the_pinned_spark_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -116,7 +116,16 @@ def test_the_pack_catches_a_stack_gone_wrong(prod: Deployment) -> None:
             broken.resources[index] = Registered(
                 resource.typ, resource.name, inputs, resource.outputs
             )
-    assert set(run_pack(broken)) == {"private-database", "encryption-everywhere"}
+        if resource.typ == rules.LOAD_BALANCER and resource.inputs["internal"]:
+            inputs = {**resource.inputs, "internal": False}
+            broken.resources[index] = Registered(
+                resource.typ, resource.name, inputs, resource.outputs
+            )
+    assert set(run_pack(broken)) == {
+        "private-database",
+        "encryption-everywhere",
+        "private-admin-load-balancer",
+    }
 
 
 # --- each rule ---------------------------------------------------------------------------
@@ -198,10 +207,25 @@ def test_encryption_rules() -> None:
     assert check(rules.validate_encryption, rules.SNS, {}) == [
         "SNS: the topic must be encrypted (kmsMasterKeyId)"
     ]
-    old_tls = {"protocol": "TLS", "sslPolicy": "ELBSecurityPolicy-2016-08"}
-    assert check(rules.validate_encryption, rules.LISTENER, old_tls) == [
-        "NLB: TLS listeners must use a TLS 1.3 security policy"
+    for protocol in ("TLS", "HTTPS"):
+        old_tls = {"protocol": protocol, "sslPolicy": "ELBSecurityPolicy-2016-08"}
+        assert check(rules.validate_encryption, rules.LISTENER, old_tls) == [
+            "load balancer: TLS and HTTPS listeners must use a TLS 1.3 security policy"
+        ]
+    assert check(rules.validate_encryption, rules.LISTENER, {"protocol": "HTTP"}) == [
+        "load balancer: HTTP listeners carry bearer tokens in clear: use HTTPS"
     ]
+
+
+def test_application_load_balancers_are_internal() -> None:
+    validate = rules.validate_internal_application_balancers
+    public = {"loadBalancerType": "application", "internal": False}
+    assert check(validate, rules.LOAD_BALANCER, public) == [
+        "application load balancer: must be internal (the admin API is private)"
+    ]
+    assert check(validate, rules.LOAD_BALANCER, {**public, "internal": True}) == []
+    # The MQTT NLB is public on purpose.
+    assert check(validate, rules.LOAD_BALANCER, {"loadBalancerType": "network"}) == []
 
 
 def test_redis_failover_rule() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cormorant_infra import compute, kafka, shared
 from cormorant_infra.config import NLB_TLS_IDLE_TIMEOUT_SECONDS
@@ -21,7 +22,15 @@ from services.common.settings import Settings
 from services.common.versions import SPARK_VERSION, release_line
 from spark_emr import emr
 from spark_emr.settings import AnalyticsSettings
-from tests.infra.mocks import ZONES, Deployment, is_secret_wrapper, walk
+from tests.infra.conftest import ADMIN_CIDRS, METRICS_CIDRS, TLS_SECRET_ARN
+from tests.infra.mocks import (
+    ZONES,
+    Deployment,
+    Registered,
+    is_secret_wrapper,
+    stack_file_values,
+    walk,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +41,7 @@ EGRESS_RULE = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 LISTENER = "aws:lb/listener:Listener"
 TARGET_GROUP = "aws:lb/targetGroup:TargetGroup"
+LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
 SCALING_TARGET = "aws:appautoscaling/target:Target"
 SCALING_POLICY = "aws:appautoscaling/policy:Policy"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -67,6 +77,24 @@ def group_tier(deployment: Deployment) -> dict[str, str]:
         str(group.outputs["__id"]): group.name.rsplit("-", 1)[-1]
         for group in deployment.of_type(SECURITY_GROUP)
     }
+
+
+def nlb_listeners(deployment: Deployment) -> dict[int, dict[str, Any]]:
+    """The MQTT load balancer's listeners by port (not the admin load balancer's)."""
+    [nlb] = [
+        b for b in deployment.of_type(LOAD_BALANCER) if b.inputs["loadBalancerType"] == "network"
+    ]
+    return {
+        int(listener.inputs["port"]): listener.inputs
+        for listener in deployment.of_type(LISTENER)
+        if listener.inputs["loadBalancerArn"] == nlb.outputs["arn"]
+    }
+
+
+def mqtt_target_group(deployment: Deployment) -> Registered:
+    """The ingest tasks' target group (TCP)."""
+    [group] = [g for g in deployment.of_type(TARGET_GROUP) if g.inputs["protocol"] == "TCP"]
+    return group
 
 
 def policy_documents(deployment: Deployment) -> dict[str, dict[str, Any]]:
@@ -129,9 +157,20 @@ def test_only_the_nlb_is_open_to_the_internet_and_only_on_mqtt_ports(
     open_rules = [r for r in deployment.of_type(INGRESS_RULE) if "cidrIpv4" in r.inputs]
     assert open_rules
     for rule in open_rules:
-        assert tiers[rule.inputs["securityGroupId"]] == "nlb"
+        tier, port = tiers[rule.inputs["securityGroupId"]], rule.inputs["fromPort"]
         assert rule.inputs["fromPort"] == rule.inputs["toPort"]
-        assert rule.inputs["fromPort"] in (shared.MQTT_PORT, shared.MQTT_TLS_PORT)
+        if tier == "nlb":
+            assert port in (shared.MQTT_PORT, shared.MQTT_TLS_PORT)
+            continue
+        # Operators (the admin load balancer) and a Prometheus (the tasks' metrics): from
+        # private ranges only.
+        assert ipaddress.ip_network(rule.inputs["cidrIpv4"]).is_private, rule.name
+        assert (tier, port) in {
+            ("adminlb", 443),
+            ("ingest", shared.HTTP_PORT),
+            ("stages", shared.HTTP_PORT),
+            ("admin", shared.ADMIN_PORT),
+        }, rule.name
     # Every other ingress rule names the client tier's security group, never an address.
     for rule in deployment.of_type(INGRESS_RULE):
         assert ("cidrIpv4" in rule.inputs) != ("referencedSecurityGroupId" in rule.inputs)
@@ -140,6 +179,32 @@ def test_only_the_nlb_is_open_to_the_internet_and_only_on_mqtt_ports(
         for group in deployment.of_type(SECURITY_GROUP)
         for rule in group.inputs.get("ingress", [])
     )
+
+
+def address_rules(deployment: Deployment, tier: str) -> set[tuple[str, int]]:
+    """(CIDR, port) of every ingress rule of ``tier`` that names addresses."""
+    tiers = group_tier(deployment)
+    return {
+        (r.inputs["cidrIpv4"], int(r.inputs["fromPort"]))
+        for r in deployment.of_type(INGRESS_RULE)
+        if "cidrIpv4" in r.inputs and tiers[r.inputs["securityGroupId"]] == tier
+    }
+
+
+def test_operators_and_prometheus_get_in_only_where_configured(
+    dev: Deployment, prod: Deployment, serverless: Deployment
+) -> None:
+    # dev: no admin certificate, so no load balancer and no way in; no Prometheus.
+    for tier in ("adminlb", "admin", "ingest", "stages"):
+        assert address_rules(dev, tier) == set(), tier
+    # prod: operators from the VPC itself (the default).
+    vpc = prod.one("aws:ec2/vpc:Vpc").inputs["cidrBlock"]
+    assert address_rules(prod, "adminlb") == {(vpc, 443)}
+    # serverless: the ranges its configuration lists, and nothing else.
+    assert address_rules(serverless, "adminlb") == {(cidr, 443) for cidr in ADMIN_CIDRS}
+    assert address_rules(serverless, "ingest") == {(c, shared.HTTP_PORT) for c in METRICS_CIDRS}
+    assert address_rules(serverless, "stages") == {(c, shared.HTTP_PORT) for c in METRICS_CIDRS}
+    assert address_rules(serverless, "admin") == {(c, shared.ADMIN_PORT) for c in METRICS_CIDRS}
 
 
 def test_tiers_reach_only_their_servers(dev: Deployment) -> None:
@@ -153,13 +218,22 @@ def test_tiers_reach_only_their_servers(dev: Deployment) -> None:
         for r in dev.of_type(INGRESS_RULE)
         if "referencedSecurityGroupId" in r.inputs
     }
+    http, admin = shared.HTTP_PORT, shared.ADMIN_PORT
     assert paths == {
         ("nlb", "ingest", 1883),
+        ("nlb", "ingest", http),  # the target group's health check: /ready
         ("ingest", "kafka", 9096),
         ("stages", "kafka", 9096),
         ("analytics", "kafka", 9096),
         ("stages", "cache", 6379),
         ("stages", "database", 5432),
+        # The admin service: its load balancer's way in, and what it reads.
+        ("adminlb", "admin", admin),
+        ("admin", "ingest", http),
+        ("admin", "stages", http),
+        ("admin", "kafka", 9096),
+        ("admin", "cache", 6379),
+        ("admin", "database", 5432),
     }
     # Data stores send nothing out on their own.
     egress_tiers = {tiers[r.inputs["securityGroupId"]] for r in dev.of_type(EGRESS_RULE)}
@@ -355,8 +429,10 @@ def test_task_environment_is_cormorants_settings(
         assert env["CORMORANT_KAFKA_BOOTSTRAP"] == deployment.outputs["kafkaBootstrap"]
         assert env["CORMORANT_REPLICATION_FACTOR"] == "3"
         assert env["CORMORANT_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
-        # What the service will read, validated as the service validates it.
-        read = read_as_the_service(env, monkeypatch)
+        # What the service will read, validated as the service validates it (ECS adds
+        # the secrets' values at task start).
+        injected = {s["name"]: "<from Secrets Manager>" for s in container.get("secrets", [])}
+        read = read_as_the_service({**env, **injected}, monkeypatch)
         assert read.kafka_bootstrap == deployment.outputs["kafkaBootstrap"]
         assert read.application_client_ids == []
         assert container["image"].endswith(
@@ -368,7 +444,10 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     ingest = containers(dev)["ingest"]
     env = environment(ingest)
     assert env["CORMORANT_MQTT_HOST"] == "0.0.0.0"
-    assert env["CORMORANT_MQTT_PORT"] == str(shared.MQTT_PORT)
+    assert json.loads(env["CORMORANT_LISTENERS"]) == [
+        {"kind": "mqtt", "port": shared.MQTT_PORT, "proxy_protocol": False}
+    ]
+    assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
     assert ingest["command"] == ["--node-id-from-ecs-task"]
     assert ingest["portMappings"] == [{"containerPort": 1883, "protocol": "tcp"}]
@@ -380,12 +459,17 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
 
 def test_health_check_is_the_images(dev: Deployment) -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    assert compute.HEALTH_CHECK.replace('"', '\\"') in dockerfile
+    assert compute.HEALTH_CHECK in dockerfile
+    assert compute.ADMIN_HEALTH_CHECK in dockerfile
     for command, container in containers(dev).items():
         if command == shared.TOPICS_COMMAND:
             assert "healthCheck" not in container
         else:
-            assert container["healthCheck"]["command"] == ["CMD-SHELL", compute.HEALTH_CHECK]
+            check = compute.ADMIN_HEALTH_CHECK if command == shared.ADMIN else compute.HEALTH_CHECK
+            assert container["healthCheck"]["command"] == ["CMD-SHELL", check]
+        if command != shared.TOPICS_COMMAND:
+            # Every service serves /health, /ready and /metrics beyond its own loopback.
+            assert environment(container)["CORMORANT_HTTP_HOST"] == "0.0.0.0"
     assert compute.RDS_CA_BUNDLE in dockerfile
 
 
@@ -398,21 +482,26 @@ def test_secrets_reach_tasks_only_as_secrets_manager_references(deployment: Depl
             assert secret["valueFrom"].startswith("arn:aws:secretsmanager:")
 
 
-def test_store_secrets_only_in_device_persist(dev: Deployment, serverless: Deployment) -> None:
+def test_store_secrets_only_where_the_store_is_read(
+    dev: Deployment, serverless: Deployment
+) -> None:
+    # device_persist writes the DEVICE store; the admin service counts a session's messages.
+    readers = {"device-persist", shared.ADMIN}
     redis = {c: [s["name"] for s in v.get("secrets", [])] for c, v in containers(dev).items()}
-    assert "CORMORANT_REDIS_PASSWORD" in redis["device-persist"]
-    assert all(
-        "CORMORANT_REDIS_PASSWORD" not in v for c, v in redis.items() if c != "device-persist"
-    )
+    for command, names in redis.items():
+        assert ("CORMORANT_REDIS_PASSWORD" in names) == (command in readers), command
+        # PostgreSQL: the admin service's users and audit trail (and the postgres store).
+        assert ("CORMORANT_POSTGRES_PASSWORD" in names) == (command == shared.ADMIN), command
     env = environment(containers(dev)["device-persist"])
     assert env["CORMORANT_REDIS_URL"].startswith("rediss://master.")
-    postgres = containers(serverless)["device-persist"]
-    env = environment(postgres)
-    assert env["CORMORANT_STORE_BACKEND"] == "postgres"
-    assert env["CORMORANT_POSTGRES_SSLMODE"] == "verify-full"
-    assert env["CORMORANT_POSTGRES_SSLROOTCERT"] == compute.RDS_CA_BUNDLE
-    [password] = [s for s in postgres["secrets"] if s["name"] == "CORMORANT_POSTGRES_PASSWORD"]
-    assert password["valueFrom"].endswith(":password::")
+    for command in readers:
+        postgres = containers(serverless)[command]
+        env = environment(postgres)
+        assert env["CORMORANT_STORE_BACKEND"] == "postgres"
+        assert env["CORMORANT_POSTGRES_SSLMODE"] == "verify-full"
+        assert env["CORMORANT_POSTGRES_SSLROOTCERT"] == compute.RDS_CA_BUNDLE
+        [password] = [s for s in postgres["secrets"] if s["name"] == "CORMORANT_POSTGRES_PASSWORD"]
+        assert password["valueFrom"].endswith(":password::")
     # Each execution role reads exactly its own service's secrets.
     documents = policy_documents(dev)
     for command, names in redis.items():
@@ -429,20 +518,25 @@ def test_store_secrets_only_in_device_persist(dev: Deployment, serverless: Deplo
 
 
 def test_nlb_listeners_and_target_groups(dev: Deployment) -> None:
-    nlb = dev.one("aws:lb/loadBalancer:LoadBalancer").inputs
+    nlb = dev.one(LOAD_BALANCER).inputs  # dev has no admin load balancer
     assert nlb["loadBalancerType"] == "network" and nlb["internal"] is False
     assert nlb["enableCrossZoneLoadBalancing"] is True
-    listeners = {
-        int(listener.inputs["port"]): listener.inputs for listener in dev.of_type(LISTENER)
-    }
+    listeners = nlb_listeners(dev)
+    assert list(listeners) == [1883, 8883]
     assert listeners[1883]["protocol"] == "TCP"
     assert listeners[8883]["protocol"] == "TLS"
     assert listeners[8883]["certificateArn"].startswith("arn:aws:acm:")
     assert listeners[8883]["sslPolicy"].startswith("ELBSecurityPolicy-TLS13")
-    [group] = dev.of_type(TARGET_GROUP)
+    group = mqtt_target_group(dev)
     assert group.inputs["targetType"] == "ip" and group.inputs["protocol"] == "TCP"
     assert group.inputs["port"] == 1883
-    assert group.inputs["healthCheck"]["protocol"] == "TCP"
+    # A task takes clients while its /ready says so (Kafka reached, state replayed).
+    health = group.inputs["healthCheck"]
+    assert (health["protocol"], health["port"], health["path"]) == (
+        "HTTP",
+        str(shared.HTTP_PORT),
+        "/ready",
+    )
     assert group.inputs["deregistrationDelay"] == 30
     assert group.inputs["proxyProtocolV2"] is False
     assert listeners[8883]["defaultActions"][0]["targetGroupArn"] == group.outputs["arn"]
@@ -453,16 +547,24 @@ def test_nlb_listeners_and_target_groups(dev: Deployment) -> None:
 
 
 def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:
-    listeners = {
-        int(listener.inputs["port"]): listener.inputs for listener in serverless.of_type(LISTENER)
-    }
+    listeners = nlb_listeners(serverless)
     assert list(listeners) == [8883]
     assert listeners[8883]["protocol"] == "TCP" and "certificateArn" not in listeners[8883]
-    [group] = serverless.of_type(TARGET_GROUP)
+    group = mqtt_target_group(serverless)
     assert group.inputs["port"] == 8883 and group.inputs["proxyProtocolV2"] is True
-    assert containers(serverless)["ingest"]["portMappings"] == [
-        {"containerPort": 8883, "protocol": "tcp"}
+    ingest = containers(serverless)["ingest"]
+    assert ingest["portMappings"] == [{"containerPort": 8883, "protocol": "tcp"}]
+    env = environment(ingest)
+    assert json.loads(env["CORMORANT_LISTENERS"]) == [
+        {"kind": "mqtts", "port": 8883, "proxy_protocol": True}  # as the target group sends
     ]
+    assert env["CORMORANT_TLS_CLIENT_AUTH"] == "optional"
+    secrets = {s["name"]: s["valueFrom"] for s in ingest["secrets"]}
+    assert {name: secrets[name] for name in secrets if "TLS" in name} == {
+        "CORMORANT_TLS_CERT_PEM": f"{TLS_SECRET_ARN}:certificate::",
+        "CORMORANT_TLS_KEY_PEM": f"{TLS_SECRET_ARN}:privateKey::",
+        "CORMORANT_TLS_CLIENT_CA_PEM": f"{TLS_SECRET_ARN}:clientCa::",
+    }
     assert serverless.outputs["mqttEndpoints"] == [
         f"mqtts://{serverless.outputs['nlbDnsName']}:8883"
     ]
@@ -471,12 +573,129 @@ def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:
 def test_idle_timeout_and_keep_alive_agree(deployment: Deployment) -> None:
     timeouts = [
         NLB_TLS_IDLE_TIMEOUT_SECONDS
-        if listener.inputs["protocol"] == "TLS"
-        else listener.inputs["tcpIdleTimeoutSeconds"]
-        for listener in deployment.of_type(LISTENER)
+        if listener["protocol"] == "TLS"
+        else listener["tcpIdleTimeoutSeconds"]
+        for listener in nlb_listeners(deployment).values()
     ]
     keep_alive = int(environment(containers(deployment)["ingest"])["CORMORANT_MAX_KEEP_ALIVE"])
     assert keep_alive * GRACE_FACTOR + IDLE_MARGIN_SECONDS <= min(timeouts)
+
+
+# --- admin access ------------------------------------------------------------------------
+
+
+def test_admin_api_behind_an_internal_https_load_balancer(prod: Deployment) -> None:
+    [alb] = [b for b in prod.of_type(LOAD_BALANCER) if b.inputs["loadBalancerType"] != "network"]
+    assert alb.inputs["loadBalancerType"] == "application"
+    assert alb.inputs["internal"] is True
+    assert alb.inputs["dropInvalidHeaderFields"] is True
+    private = {
+        str(s.outputs["__id"])
+        for s in prod.of_type("aws:ec2/subnet:Subnet")
+        if "-private-" in s.name
+    }
+    assert set(alb.inputs["subnets"]) == private
+    assert group_tier(prod)[alb.inputs["securityGroups"][0]] == "adminlb"
+    [listener] = [
+        each.inputs
+        for each in prod.of_type(LISTENER)
+        if each.inputs["loadBalancerArn"] == alb.outputs["arn"]
+    ]
+    certificate = stack_file_values("prod")["cormorant:adminCertificateArn"]
+    assert (listener["port"], listener["protocol"]) == (443, "HTTPS")
+    assert listener["certificateArn"] == certificate
+    assert listener["sslPolicy"].startswith("ELBSecurityPolicy-TLS13")
+    [group] = [g for g in prod.of_type(TARGET_GROUP) if g.inputs["protocol"] == "HTTP"]
+    assert listener["defaultActions"] == [
+        {"type": "forward", "targetGroupArn": group.outputs["arn"]}
+    ]
+    assert (group.inputs["port"], group.inputs["targetType"]) == (shared.ADMIN_PORT, "ip")
+    assert group.inputs["healthCheck"]["path"] == "/ready"
+    [service] = [s for s in prod.of_type(SERVICE) if s.inputs["name"] == shared.ADMIN]
+    assert service.inputs["loadBalancers"] == [
+        {
+            "targetGroupArn": group.outputs["arn"],
+            "containerName": shared.ADMIN,
+            "containerPort": shared.ADMIN_PORT,
+        }
+    ]
+    assert prod.outputs["adminUrl"] == f"https://{alb.outputs['dnsName']}/"
+
+
+def test_no_admin_load_balancer_without_a_certificate(dev: Deployment) -> None:
+    assert [b.inputs["loadBalancerType"] for b in dev.of_type(LOAD_BALANCER)] == ["network"]
+    assert "adminUrl" not in dev.outputs
+    [service] = [s for s in dev.of_type(SERVICE) if s.inputs["name"] == shared.ADMIN]
+    assert service.inputs["loadBalancers"] == []
+    # The service still runs, serving on its port to its own security group only.
+    admin = containers(dev)[shared.ADMIN]
+    assert admin["portMappings"] == [{"containerPort": shared.ADMIN_PORT, "protocol": "tcp"}]
+    assert group_tier(dev)[service.inputs["networkConfiguration"]["securityGroups"][0]] == "admin"
+
+
+def test_admin_credentials_come_from_secrets_manager(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [secret] = [
+        s for s in deployment.of_type("aws:secretsmanager/secret:Secret") if "admin" in s.name
+    ]
+    arn = secret.outputs["arn"]
+    assert deployment.outputs["adminCredentialsSecretArn"] == arn
+    [version] = [
+        v
+        for v in deployment.of_type("aws:secretsmanager/secretVersion:SecretVersion")
+        if v.inputs["secretId"] == secret.outputs["__id"]
+    ]
+    # The stack's state keeps the login as a Pulumi secret (encrypted), never in clear.
+    assert is_secret_wrapper(version.inputs["secretString"])
+    login = json.loads(version.props["secretString"])
+    assert login["username"] == "admin"
+    assert login["password"] in deployment.generated_secrets
+    admin = containers(deployment)[shared.ADMIN]
+    env = environment(admin)
+    assert env["CORMORANT_ADMIN_BOOTSTRAP_USER"] == "admin"
+    [password] = [s for s in admin["secrets"] if s["name"] == "CORMORANT_ADMIN_BOOTSTRAP_PASSWORD"]
+    assert password["valueFrom"] == f"{arn}:password::"
+    # Only the admin task's execution role may read it.
+    for name, document in policy_documents(deployment).items():
+        readable = json.dumps(document)
+        assert (arn in readable) == name.endswith(f"-{shared.ADMIN}-execution"), name
+    # What the service reads from that environment: the user, the namespace of the tasks.
+    settings = read_as_the_service(env, monkeypatch)
+    assert settings.admin_bootstrap_user == "admin"
+    assert settings.admin_host == "0.0.0.0"
+    assert settings.cluster_dns_namespace == deployment.outputs["serviceDnsNamespace"]
+
+
+def test_every_service_registers_its_tasks_in_dns(deployment: Deployment) -> None:
+    namespace = deployment.one("aws:servicediscovery/privateDnsNamespace:PrivateDnsNamespace")
+    assert namespace.inputs["name"] == deployment.outputs["serviceDnsNamespace"]
+    assert namespace.inputs["vpc"] == deployment.one("aws:ec2/vpc:Vpc").outputs["__id"]
+    registries = {
+        r.outputs["arn"]: r.inputs
+        for r in deployment.of_type("aws:servicediscovery/service:Service")
+    }
+    for service in deployment.of_type(SERVICE):
+        registry = registries[service.inputs["serviceRegistries"]["registryArn"]]
+        # <service>.<namespace>: what the admin service's cluster view resolves.
+        assert registry["name"] == service.inputs["name"]
+        assert registry["dnsConfig"]["namespaceId"] == namespace.outputs["__id"]
+        assert registry["dnsConfig"]["dnsRecords"] == [{"ttl": 10, "type": "A"}]
+    assert sorted(r["name"] for r in registries.values()) == sorted(SERVICE_COMMANDS)
+
+
+def test_the_ecs_scrape_configuration_names_the_stacks_tasks(prod: Deployment) -> None:
+    # monitoring/prometheus/ecs.yml is written for the stack `prod`.
+    config = yaml.safe_load((ROOT / "monitoring/prometheus/ecs.yml").read_text(encoding="utf-8"))
+    namespace = prod.outputs["serviceDnsNamespace"]
+    for job in config["scrape_configs"]:
+        [discovery] = job["dns_sd_configs"]
+        service = job["job_name"]
+        assert discovery["names"] == [f"{service}.{namespace}"]
+        assert discovery["type"] == "A"
+        expected = shared.ADMIN_PORT if service == shared.ADMIN else shared.HTTP_PORT
+        assert discovery["port"] == expected
+    assert sorted(j["job_name"] for j in config["scrape_configs"]) == sorted(SERVICE_COMMANDS)
 
 
 # --- analytics and observability ---------------------------------------------------------
@@ -661,15 +880,20 @@ def test_the_topics_task_creates_the_projects_own_topics(
 def test_components_are_component_resources(dev: Deployment) -> None:
     components = [r.typ for r in dev.resources if r.typ.startswith("cormorant:")]
     assert sorted(components) == sorted(
-        f"cormorant:{kind}:{kind.capitalize()}"
-        for kind in (
-            "network",
-            "kafka",
-            "cache",
-            "database",
-            "ingress",
-            "compute",
-            "analytics",
-            "observability",
-        )
+        [
+            *(
+                f"cormorant:{kind}:{kind.capitalize()}"
+                for kind in (
+                    "network",
+                    "kafka",
+                    "cache",
+                    "database",
+                    "ingress",
+                    "compute",
+                    "analytics",
+                    "observability",
+                )
+            ),
+            "cormorant:admin:AdminAccess",
+        ]
     )

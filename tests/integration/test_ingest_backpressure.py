@@ -11,6 +11,7 @@ from collections.abc import Awaitable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from services.common.auth.authenticate import Authenticator, NoCredentials
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Connect, Publish
@@ -92,7 +93,15 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
         raise AssertionError("the flooder has no Will Message")
 
     try:
-        node = IngestNode(own, send, synced, no_app_topics, commit_will=no_wills)
+        node = IngestNode(
+            own,
+            send,
+            synced,
+            no_app_topics,
+            authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+            fetch_credential=NoCredentials().get,
+            commit_will=no_wills,
+        )
         shell = SocketShell(node)
         node.run(shell, shell.connection.receive_data(encode(Connect(4, "flooder", True, 60), 4)))
         await wait_for(lambda: shell.written, "CONNACK", TIMEOUT)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,22 +27,13 @@ from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.security import client_security
 from services.common.stores import StoreError, StoreUnavailable, open_store
 from services.local import cluster as local_cluster
+from services.local import ports
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
-from tests.servers import SECOND_CLUSTER_OFFSET, TEST_PORTS, LocalCluster
+from tests.servers import LocalCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +43,17 @@ def secured(
     """The secured cluster, up; its settings (what the services were given)."""
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
-    ports = {name: getattr(settings, name) + SECOND_CLUSTER_OFFSET for name in TEST_PORTS}
-    wanted = [*ports.values(), ports["ingest_base_port"] + 1]  # and its one ingest node
-    taken = [port for port in wanted if not _bindable(port)]
+    # The session's block was chosen with these free too, at the session's start.
+    slot = ports.SECURED
+    block = ports.SESSION.block(settings)
+    taken = [p for p in ports.listening_ports(slot.settings(block)) if not ports.bindable(p)]
     assert not taken, f"ports of the secured test cluster are taken: {taken}"
     value = LocalSettings(
         **{
             **settings.model_dump(exclude={"kafka_bootstrap", "redis_url", "postgres_dsn"}),
-            **ports,
+            **slot.ports(block),
             "state_dir": base / "state",
-            "ingest_nodes": 1,
+            "ingest_nodes": slot.ingest_nodes,
             "kafka_security_protocol": "SASL_SSL",
             "kafka_sasl_mechanism": "SCRAM-SHA-512",
             "kafka_sasl_username": "cormorant",

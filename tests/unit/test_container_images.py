@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import SERVICE_COMMANDS, TOPICS_COMMAND, main
+from services.common.settings import Settings
 from tests.commands import run_cormorant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,18 +181,33 @@ def test_final_stages_are_slim_and_unprivileged(stages: list[Stage]) -> None:
     runs = " ".join(runtime.values("RUN"))
     assert "build-essential" not in runs and "apt-get install" not in runs
     assert "build-essential" in " ".join(named["builder"].values("RUN"))
-    # The service targets add nothing but their entry point, ports and health check.
+    # The service targets add nothing but their entry point, ports, where they listen and
+    # their health check.
     for command in SERVICE_COMMANDS:
         stage = named[command]
         assert stage.base == "runtime"
-        assert {key for key, _ in stage.instructions} <= {"ENTRYPOINT", "EXPOSE", "HEALTHCHECK"}
+        allowed = {"ENTRYPOINT", "EXPOSE", "HEALTHCHECK", "ENV"}
+        assert {key for key, _ in stage.instructions} <= allowed
 
 
-def test_services_have_a_health_check_on_their_ready_file(stages: list[Stage]) -> None:
-    runtime = by_name(stages)["runtime"]
-    [check] = runtime.values("HEALTHCHECK")
+def health_check(stage: Stage) -> str:
+    """The shell command of the stage's HEALTHCHECK (``CMD ["sh", "-c", "<command>"]``)."""
+    [check] = stage.values("HEALTHCHECK")
     command = json.loads(check.partition(" CMD ")[2])
-    assert command == ["sh", "-c", 'test -f "$CORMORANT_READY_FILE"']
-    env = " ".join(runtime.values("ENV"))
-    assert "CORMORANT_READY_FILE=/tmp/cormorant.ready" in env
-    assert by_name(stages)["topics"].values("HEALTHCHECK") == ["NONE"]
+    assert command[:2] == ["sh", "-c"]
+    found: str = command[2]
+    return found
+
+
+def test_services_have_a_health_check_on_their_health_endpoint(stages: list[Stage]) -> None:
+    named = by_name(stages)
+    runtime, admin = named["runtime"], named["admin"]
+    assert health_check(runtime) == "python -m services.common.probe /health"
+    assert health_check(admin) == "python -m services.common.probe --admin /health"
+    assert named["topics"].values("HEALTHCHECK") == ["NONE"]
+    # Each listens beyond its loopback, on the ports it exposes (the settings' defaults).
+    defaults = Settings.model_fields
+    assert "CORMORANT_HTTP_HOST=0.0.0.0" in " ".join(runtime.values("ENV"))
+    assert runtime.values("EXPOSE") == [str(defaults["http_port"].default)]
+    assert admin.values("ENV") == ["CORMORANT_ADMIN_HOST=0.0.0.0"]
+    assert admin.values("EXPOSE") == [str(defaults["admin_port"].default)]

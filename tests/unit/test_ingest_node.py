@@ -20,6 +20,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from test_ingest_support import make_settings
 
+from services.common.auth.authenticate import Authenticator, NoCredentials
 from services.common.mqtt.codec import StreamDecoder, encode
 from services.common.mqtt.packets import (
     ConnAck,
@@ -186,6 +187,8 @@ def _node(
         sync_state,
         no_app_topics,
         commit_will=commits or WillCommits(),
+        authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+        fetch_credential=NoCredentials().get,
         clock=lambda: NOW_MS,
     )
 
@@ -286,7 +289,7 @@ async def test_a_session_its_holder_ended_before_the_new_connect_record_is_not_r
     node.apply_state("t.client.sessions", b"c1", encode_session(held), 50)
     shell = Shell(node)
     shell.send(Connect(5, "c1", False, 30, properties=Properties(session_expiry_interval=60)))
-    assert node.registry.watching("c1") is shell
+    await wait_for(lambda: node.registry.watching("c1") is shell, "the connection watching")
     await wait_for(lambda: producer.on("t.client.sessions"), "the connect record")
     if ended_at is not None:  # the holder's DISCONNECT (Session Expiry Interval 0) landed
         node.apply_state("t.client.sessions", b"c1", None, ended_at)

@@ -9,11 +9,13 @@ against the codec's rules. Other ``test_ingest_*`` modules import it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import pytest
 
+from services.common.auth.certificates import CertificateIdentity
+from services.common.auth.principal import Accepted, Outcome, Principal
 from services.common.mqtt.codec import StreamDecoder, encode
 from services.common.mqtt.packets import ConnAck, Connect, Packet, PacketType
 from services.common.mqtt.properties import Properties, encode_properties
@@ -22,6 +24,7 @@ from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import (
+    Authenticate,
     Close,
     Connected,
     Effect,
@@ -50,6 +53,15 @@ LATER = SESSION_OFFSET + 1
 _ASSIGNED = itertools.count(1)
 
 
+ANONYMOUS = Principal(None, None, None, (), None)
+"""An anonymous client with no rules: everything allowed."""
+
+
+def accept_anonymous(_request: Authenticate) -> Outcome:
+    """The shell's answer to every credential check of an anonymous-only node."""
+    return Accepted(ANONYMOUS)
+
+
 def make_settings(**overrides: Any) -> Settings:
     """Settings with their defaults and ``overrides``; never read from the environment."""
     return Settings.model_construct(**overrides)
@@ -62,6 +74,9 @@ class Client:
     subscriptions). Every effect the connection returns is also kept in :attr:`log`, except
     the ``client.events`` records (:class:`RecordEvent`), which go to :attr:`events` only:
     they ride along every connect, subscription and disconnect, and are checked on their own.
+    ``authenticate`` plays the shell's credential check: each
+    :class:`~services.ingest.effects.Authenticate` effect is answered with its outcome at
+    once (kept in :attr:`auth_requests`); None leaves them in the effects.
     """
 
     def __init__(
@@ -69,8 +84,12 @@ class Client:
         version: int = 5,
         settings: Settings | None = None,
         previous: tuple[SessionRecord | None, list[Subscription]] = (None, []),
+        authenticate: Callable[[Authenticate], Outcome] | None = accept_anonymous,
+        certificate: CertificateIdentity | None = None,
     ) -> None:
         self.version = version
+        self.authenticate = authenticate
+        self.auth_requests: list[Authenticate] = []
         self.settings = settings or make_settings()
         self.previous = previous
         self.looked_up: list[str] = []
@@ -82,7 +101,7 @@ class Client:
             lambda: self.now,
             lambda: f"assigned-{next(_ASSIGNED)}",
         )
-        self.conn = ServerConnection(server, CONNECTION_ID)
+        self.conn = ServerConnection(server, CONNECTION_ID, certificate)
         self.decoder = StreamDecoder(protocol_version=version)
         self.log: list[Effect] = []
         self.events: list[RecordEvent] = []
@@ -105,7 +124,24 @@ class Client:
 
     def send_bytes(self, data: bytes) -> list[Effect]:
         """Feed raw bytes to the connection."""
-        return self._keep(self.conn.receive_data(data))
+        return self._keep(self._answered(self.conn.receive_data(data)))
+
+    def _answered(self, effects: list[Effect]) -> list[Effect]:
+        """``effects`` with each credential check replaced by what its outcome brings."""
+        if self.authenticate is None:
+            return effects
+        out: list[Effect] = []
+        for effect in effects:
+            if isinstance(effect, Authenticate):
+                self.auth_requests.append(effect)
+                out += self._answered(self.conn.authenticated(self.authenticate(effect)))
+            else:
+                out.append(effect)
+        return out
+
+    def authenticated(self, outcome: Outcome) -> list[Effect]:
+        """Report the outcome of a credential check the test answers itself."""
+        return self._keep(self._answered(self.conn.authenticated(outcome)))
 
     def lost(self) -> list[Effect]:
         """The socket closed (``ServerConnection.connection_lost``)."""

@@ -56,7 +56,7 @@ def test_tls_verifies_the_brokers_certificate_and_name(cafile: Path) -> None:
     assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
     assert context.minimum_version is ssl.TLSVersion.TLSv1_2
     assert [c["subject"] for c in context.get_ca_certs()] == [
-        ((("commonName", "Cormorant test CA"),),)
+        ((("organizationName", "Cormorant local cluster"),), (("commonName", "Cormorant test CA"),))
     ]
     credentials = faust_credentials(
         Settings(kafka_security_protocol="SSL", kafka_ssl_cafile=cafile)

@@ -465,7 +465,7 @@ def _subscriptions(draw: st.DrawFn) -> Subscription:
 _topics = st.lists(st.sampled_from(_TOPIC_LEVELS), min_size=1, max_size=5).map("/".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     st.lists(_subscriptions(), max_size=25),
     st.lists(st.integers(0, 24), max_size=8),

@@ -36,7 +36,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -50,7 +50,9 @@ from aiokafka import (
 )
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from services.common import metrics
 from services.common.kafka.security import client_security
 from services.common.settings import Settings
 
@@ -315,6 +317,69 @@ async def _first_error(acks: Sequence[Awaitable[object]]) -> BaseException | Non
     return None
 
 
+@dataclass(frozen=True)
+class _Watched:
+    """A running :func:`consume_batches`: ``done`` holds, per partition, the next offset
+    of what the stage handled and had acknowledged (or committed, in transactions)."""
+
+    stage: str
+    consumer: AIOKafkaConsumer
+    done: Mapping[TopicPartition, int]
+
+
+_WATCHED: list[_Watched] = []
+_LAG: dict[tuple[str, str, int], int] = {}
+
+
+@contextlib.contextmanager
+def _watching(watched: _Watched) -> Iterator[None]:
+    """Count ``watched`` in :func:`refresh_lag` while the block runs."""
+    _WATCHED.append(watched)
+    try:
+        yield
+    finally:
+        _WATCHED.remove(watched)
+
+
+async def refresh_lag() -> None:
+    """Bring :func:`lag_families` up to date: for every partition a running
+    :func:`consume_batches` reads, the records between its high watermark (from the last
+    fetch) and what the stage has handled and had acknowledged, or else its position."""
+    lags: dict[tuple[str, str, int], int] = {}
+    for watched in list(_WATCHED):
+        consumer = watched.consumer
+        for tp in consumer.assignment():
+            end = consumer.highwater(tp)
+            done = watched.done.get(tp)
+            if done is None:
+                try:
+                    done = await asyncio.wait_for(consumer.position(tp), 1.0)
+                except Exception:  # a partition moving away, or Kafka unreachable
+                    continue
+            if end is not None:
+                lags[(watched.stage, tp.topic, tp.partition)] = max(0, end - done)
+    _LAG.clear()
+    _LAG.update(lags)
+
+
+def lag_families() -> Iterable[Metric]:
+    """``cormorant_kafka_consumer_lag_records{stage, topic, partition}`` as of the last
+    :func:`refresh_lag`."""
+    family = GaugeMetricFamily(
+        "cormorant_kafka_consumer_lag_records",
+        "Records in a partition the stage has not handled yet (high watermark minus what "
+        "it handled and had acknowledged).",
+        labels=["stage", "topic", "partition"],
+    )
+    for (stage, topic, partition), lag in sorted(_LAG.items()):
+        family.add_metric([stage, topic, str(partition)], lag)
+    yield family
+
+
+metrics.register(lag_families)
+metrics.on_scrape(refresh_lag)
+
+
 async def consume_batches(
     consumer: AIOKafkaConsumer,
     handle: BatchHandler,
@@ -327,6 +392,7 @@ async def consume_batches(
     on_revoked: PartitionsHook | None = None,
     after_fetch: Callable[[], Awaitable[None]] | None = None,
     first: Sequence[str] = (),
+    stage: str = "",
     prepare: Callable[[], Awaitable[None]] | None = None,
     transactions: PartitionTransactions | None = None,
 ) -> None:
@@ -347,6 +413,7 @@ async def consume_batches(
     nothing comes). Records of the ``first`` topics already
     fetched go into a batch before any other: a backlog elsewhere does not hold them up
     (device_persist reads acknowledgements before the messages that wait for them).
+    ``stage`` names the reader in ``cormorant_kafka_consumer_lag_records``.
     ``prepare`` runs once per fetched batch, before ``handle`` sees it (a failure fails
     the batch).
 
@@ -360,46 +427,49 @@ async def consume_batches(
     """
     if transactions is not None:
         assert topics, "transactions need a consumer group: give topics"
-        await _TransactionalLoop(
+        loop = _TransactionalLoop(
             consumer, handle, transactions, on_assigned, on_revoked, after_fetch, prepare
-        ).run(topics, first, max_records, commit_interval)
+        )
+        with _watching(_Watched(stage, consumer, loop.committed)):
+            await loop.run(topics, first, max_records, commit_interval)
         return
     committer = _Committer(consumer, bool(topics), on_assigned, on_revoked)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
     last_commit = time.monotonic()
-    try:
-        while True:
-            batches = await _next_batch(consumer, first, max_records)
-            limit = max_in_flight - 1 if batches else 0
-            if batches:
-                records = [record for part in batches.values() for record in part]
-                batch = _Batch({tp: part[-1].offset + 1 for tp, part in batches.items()}, ())
-                try:
-                    if prepare is not None:
-                        await prepare()
-                    batch.acks = await handle(records)
-                except Exception as exc:
-                    batch.error = exc
-                    # Read again before any later batch is handled: a later one handled
-                    # first could make the stage take the failed records for seen ones
-                    # (device_persist's store skips offsets below the highest it stored).
-                    limit = 0
-                committer.in_flight.append(batch)
-            if after_fetch is not None:
-                await after_fetch()
-            if not await committer.settle(limit):
-                await committer.rewind()
-                await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka or a store is down
-                continue
-            now = time.monotonic()
-            if now - last_commit >= commit_interval:
-                last_commit = now
-                await committer.flush()
-    finally:
-        with contextlib.suppress(Exception):
-            if await committer.settle(0):
-                await committer.flush()
+    with _watching(_Watched(stage, consumer, committer.committable)):
+        try:
+            while True:
+                batches = await _next_batch(consumer, first, max_records)
+                limit = max_in_flight - 1 if batches else 0
+                if batches:
+                    records = [record for part in batches.values() for record in part]
+                    batch = _Batch({tp: part[-1].offset + 1 for tp, part in batches.items()}, ())
+                    try:
+                        if prepare is not None:
+                            await prepare()
+                        batch.acks = await handle(records)
+                    except Exception as exc:
+                        batch.error = exc
+                        # Read again before any later batch is handled: a later one handled
+                        # first could make the stage take the failed records for seen ones
+                        # (device_persist's store skips offsets below the highest it stored).
+                        limit = 0
+                    committer.in_flight.append(batch)
+                if after_fetch is not None:
+                    await after_fetch()
+                if not await committer.settle(limit):
+                    await committer.rewind()
+                    await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka or a store is down
+                    continue
+                now = time.monotonic()
+                if now - last_commit >= commit_interval:
+                    last_commit = now
+                    await committer.flush()
+        finally:
+            with contextlib.suppress(Exception):
+                if await committer.settle(0):
+                    await committer.flush()
 
 
 class PartitionTransactions:
@@ -603,6 +673,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rebalances = 0
         # Where partitions were last read again from (their committed offsets).
         self.rewound: dict[TopicPartition, int] = {}
+        # The offsets committed by this loop's transactions, per partition (for the lag).
+        self.committed: dict[TopicPartition, int] = {}
 
     async def run(
         self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
@@ -690,7 +762,9 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 failed.add(tp)
         await self._abort(failed)
         offsets = {tp: p.offset for tp, p in todo.items() if tp not in failed}
-        return failed | set(await self.transactions.commit(offsets))
+        failed |= set(await self.transactions.commit(offsets))
+        self.committed.update({tp: o for tp, o in offsets.items() if tp not in failed})
+        return failed
 
     async def _abort(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
@@ -727,6 +801,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             self.rebalances += 1
             self.rewound = {}
             await self._commit(set(self.pending))
+            for tp in revoked:
+                self.committed.pop(tp, None)
         if self.on_revoked is not None:
             await self.on_revoked(set(revoked))
 
@@ -741,5 +817,6 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             new = partitions - self.transactions.partitions
             await fence(self.transactions, partitions)
             self.rewound = await self._rewind(new)
+            self.committed.update(self.rewound)
         if self.on_assigned is not None:
             await self.on_assigned(partitions)

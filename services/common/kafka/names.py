@@ -74,6 +74,20 @@ def fitted(head: str, escaped: str) -> str:
     return head + cut + _DIGEST_MARK + digest
 
 
+def kind_of_topic(topic: str) -> str:
+    """The kind of a Cormorant topic, whatever its prefix: ``msg.all``, ``client.sessions``...,
+    and ``msg.downlink``, ``msg.app`` or ``msg.app-shared`` for the topics named after a
+    node, client or group; ``other`` for a topic that is none of Cormorant's."""
+    for kind in (MSG_ALL, MSG_PERSISTED, MSG_RETAINED, CLIENT_SESSIONS, CLIENT_SUBSCRIPTIONS,
+                 CLIENT_ACKS, CLIENT_EVENTS):  # fmt: skip
+        if topic.endswith(kind):
+            return kind
+    for head in (DOWNLINK_PREFIX, APP_SHARED_PREFIX, APP_PREFIX):
+        if head in topic:
+            return head[:-1]
+    return "other"
+
+
 @dataclass(frozen=True, slots=True)
 class TopicNames:
     """Resolved topic names for one deployment (one ``topic_prefix``)."""

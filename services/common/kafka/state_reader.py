@@ -124,16 +124,22 @@ class CompactedTopicReader:
         costs about two round trips to Kafka, not one each. Raises
         ``aiokafka.errors.KafkaError`` if Kafka does not answer.
         """
+        ends = await self.end_offsets()
+        async with self._progress:
+            await self._progress.wait_for(
+                lambda: all(self._positions[tp] >= end for tp, end in ends.items())
+            )
+
+    async def end_offsets(self) -> dict[TopicPartition, int]:
+        """The topics' end offsets, asked of Kafka now (shared with concurrent callers and
+        :meth:`barrier`, as it says): a service's readiness check that Kafka answers.
+        Raises ``aiokafka.errors.KafkaError`` if Kafka does not answer."""
         assert self._probe is not None, "start() first"
         if self._next_round is None:
             self._next_round = asyncio.get_running_loop().create_future()
             if self._rounds is None or self._rounds.done():
                 self._rounds = asyncio.create_task(self._send_rounds())
-        ends = await asyncio.shield(self._next_round)
-        async with self._progress:
-            await self._progress.wait_for(
-                lambda: all(self._positions[tp] >= end for tp, end in ends.items())
-            )
+        return await asyncio.shield(self._next_round)
 
     async def _send_rounds(self) -> None:
         """Answer each round of :meth:`barrier` callers with one end-offsets request."""

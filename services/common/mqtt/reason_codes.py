@@ -67,8 +67,9 @@ class ConnectReturnCode(IntEnum):
 def v3_connack_code(reason: int) -> ConnectReturnCode:
     """Map a v5 CONNACK Reason Code to the closest MQTT 3.1.1 return code.
 
-    The mapping follows the pairs the 5.0 specification lists as equivalent (3.2.2.2); any
-    other failure becomes Server unavailable (0x03), the generic v3.1.1 refusal.
+    The mapping follows the pairs the 5.0 specification lists as equivalent (3.2.2.2), with
+    0x8A Banned as Not authorized (a disabled credential); any other failure becomes Server
+    unavailable (0x03), the generic v3.1.1 refusal.
     """
     mapping = {
         ReasonCode.SUCCESS: ConnectReturnCode.ACCEPTED,
@@ -76,5 +77,6 @@ def v3_connack_code(reason: int) -> ConnectReturnCode:
         ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: ConnectReturnCode.IDENTIFIER_REJECTED,
         ReasonCode.BAD_USER_NAME_OR_PASSWORD: ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
         ReasonCode.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+        ReasonCode.BANNED: ConnectReturnCode.NOT_AUTHORIZED,
     }
     return mapping.get(ReasonCode(reason), ConnectReturnCode.SERVER_UNAVAILABLE)

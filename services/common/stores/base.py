@@ -256,6 +256,16 @@ class MessageStore(abc.ABC):
     async def stats(self, client_id: str) -> StoreStats:
         """``client_id``'s stored count and the number of messages the cap dropped."""
 
+    async def counts(self, client_ids: Sequence[str]) -> list[int]:
+        """:meth:`count` of each client, in order (the device_persist metrics and the admin
+        API). Backends override this to ask once; this default asks one by one."""
+        return [await self.count(client_id) for client_id in client_ids]
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Return once the backend answers a trivial request (a readiness check);
+        :class:`StoreUnavailable` if it does not."""
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release the store's connections. The store is unusable afterwards."""

@@ -1,4 +1,4 @@
-"""The PostgreSQL schema migration runner of the message store.
+"""The PostgreSQL schema migration runner (the message store, the credentials).
 
 The schema is the SQL files ``migrations/NNNN_<name>.sql`` beside this module (package
 data), applied in version order. Applied versions are recorded in ``schema_migrations``.

@@ -16,16 +16,12 @@ the lock and takes it only to delete expired messages.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool
 from pydantic import SecretStr
 
 from services.common.stores.base import (
@@ -39,15 +35,13 @@ from services.common.stores.base import (
     StoredMessage,
     StoreError,
     StoreStats,
-    StoreUnavailable,
     check_append,
     check_max_messages,
 )
-from services.common.stores.migrate import migrate
+from services.common.stores.postgres_pool import Connection, MigratedPool
 
 T = TypeVar("T")
 R = TypeVar("R")
-Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 #: Appends or acknowledgements per transaction in the batched calls (``append_many``,
 #: ``acknowledge_many``): few enough that a chunk commits well within the store's timeout
@@ -132,28 +126,6 @@ def client_key(client_id: str) -> bytes:
     return hashlib.sha256(client_id.encode("utf-8")).digest()
 
 
-def _public_address(dsn: str) -> str:
-    """``host:port/dbname`` of ``dsn``, without user or password, for error messages."""
-    params = conninfo_to_dict(dsn)
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
-
-
-def _connection_options(
-    timeout: float, password: SecretStr | None, sslmode: str | None, sslrootcert: Path | None
-) -> dict[str, Any]:
-    """libpq connection parameters added to the DSN: timeout, password and TLS."""
-    # libpq takes whole seconds and treats values below 2 as 2.
-    options: dict[str, Any] = {"connect_timeout": max(2, math.ceil(timeout))}
-    if password is not None:
-        options["password"] = password.get_secret_value()
-    if sslmode is not None:
-        options["sslmode"] = sslmode
-    if sslrootcert is not None:
-        options["sslrootcert"] = str(sslrootcert)
-    return options
-
-
 class PostgresMessageStore(MessageStore):
     """:class:`MessageStore` on PostgreSQL 12+ (``psycopg`` 3, ``psycopg_pool``).
 
@@ -178,58 +150,24 @@ class PostgresMessageStore(MessageStore):
         sslrootcert: Path | None = None,
     ) -> None:
         self._max_messages = check_max_messages(max_messages)
-        self._timeout = timeout
-        self._address = _public_address(dsn)
-        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+        self._pool = MigratedPool(
             dsn,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
+            name="message store",
             timeout=timeout,
-            # The pool retries a lost connection with a doubling delay (1, 2, 4... s): after
-            # a restart it could wait tens of seconds more than needed. Giving up after the
-            # store's own timeout instead, it starts afresh (at 1 s) for the next caller.
-            reconnect_timeout=timeout,
-            kwargs=_connection_options(timeout, password, sslmode, sslrootcert),
-            name="message-store",
+            pool_size=pool_size,
+            password=password,
+            sslmode=sslmode,
+            sslrootcert=sslrootcert,
         )
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
-
-    async def _ensure_ready(self) -> None:
-        """Open the pool and migrate the schema, once (again after a failed attempt)."""
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if self._ready:
-                return
-            await self._pool.open(wait=False)
-            async with self._pool.connection() as conn:
-                await migrate(conn)
-            self._ready = True
 
     async def _run(self, what: str, body: Callable[[Connection], Awaitable[T]]) -> T:
         """Run ``body`` in one transaction within the timeout, mapping psycopg's errors."""
         try:
-            async with asyncio.timeout(self._timeout):
-                await self._ensure_ready()
-                async with self._pool.connection() as conn, conn.transaction():
-                    return await body(conn)
-        except TimeoutError as exc:
-            # Also when the server refuses connections: the pool keeps retrying in the
-            # background (its log, psycopg.pool, has each attempt's error) until we give up.
-            raise StoreUnavailable(
-                f"PostgreSQL store at {self._address} is unavailable ({what}): no connection "
-                f"or no answer within {self._timeout} s"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            # Connection refused or lost, no pooled connection in time (PoolTimeout),
-            # server shutting down, statement cancelled.
-            raise StoreUnavailable(
-                f"PostgreSQL store at {self._address} is unavailable ({what}): {exc}"
-            ) from exc
+            return await self._pool.run(what, body)
         except psycopg.Error as exc:
-            raise StoreError(f"PostgreSQL store at {self._address}: {what} failed: {exc}") from exc
+            raise StoreError(
+                f"PostgreSQL message store at {self._pool.address}: {what} failed: {exc}"
+            ) from exc
 
     @staticmethod
     async def _lock(conn: Connection, key: bytes) -> tuple[Any, ...] | None:
@@ -445,6 +383,28 @@ class PostgresMessageStore(MessageStore):
     async def stats(self, client_id: str) -> StoreStats:
         """See :meth:`MessageStore.stats`. One SELECT of the client's row."""
         return await self._counters("stats", client_id)
+
+    async def counts(self, client_ids: Sequence[str]) -> list[int]:
+        """See :meth:`MessageStore.counts`. One SELECT of the clients' rows."""
+        keys = [client_key(client_id) for client_id in client_ids]
+
+        async def body(conn: Connection) -> list[int]:
+            cursor = await conn.execute(
+                "SELECT client_key, stored FROM persisted_clients WHERE client_key = ANY(%s)",
+                (keys,),
+            )
+            stored = {bytes(key): int(count) for key, count in await cursor.fetchall()}
+            return [stored.get(key, 0) for key in keys]
+
+        return await self._run("counts", body) if keys else []
+
+    async def ping(self) -> None:
+        """See :meth:`MessageStore.ping`. One ``SELECT 1`` (the schema migrated first)."""
+
+        async def body(conn: Connection) -> None:
+            await conn.execute("SELECT 1")
+
+        await self._run("ping", body)
 
     async def _counters(self, what: str, client_id: str) -> StoreStats:
         key = client_key(client_id)

@@ -480,6 +480,19 @@ class RedisMessageStore(MessageStore):
         stored: Any = await self._run("count", lambda: self._redis.zcard(key))
         return int(stored)
 
+    async def counts(self, client_ids: Sequence[str]) -> list[int]:
+        """See :meth:`MessageStore.counts`. One pipeline of ZCARDs."""
+
+        async def queue(pipe: Pipeline) -> None:
+            for client_id in client_ids:
+                pipe.zcard(self._keys(client_id)[0])
+
+        return [int(n) for n in await self._pipeline("counts", queue)] if client_ids else []
+
+    async def ping(self) -> None:
+        """See :meth:`MessageStore.ping`. One PING."""
+        await self._run("ping", self._redis.ping)
+
     async def stats(self, client_id: str) -> StoreStats:
         """See :meth:`MessageStore.stats`. One EVALSHA; O(1)."""
         q, _, _, c = self._keys(client_id)

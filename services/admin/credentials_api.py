@@ -1,0 +1,261 @@
+"""The MQTT credentials API and their rules (``/api/credentials``): list, create, show,
+change, enable or disable, delete.
+
+The same code as ``cormorant credentials`` (:class:`~services.common.auth.manage.
+CredentialAdmin`): checked as the CLI checks, passwords hashed with argon2id (SCRAM: salted
+keys), stored in PostgreSQL, and every change reaches the ingest nodes within a second (a
+disabled or deleted credential's clients are disconnected with Reason Code 0x98). Answers
+never hold a secret (:func:`~services.common.auth.credentials.public_view`); every change
+is audited, without its password or key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+
+from services.admin import models
+from services.admin.auth import ERRORS, User
+from services.admin.users import AdminUsers
+from services.common.auth.authorize import RuleError
+from services.common.auth.certificates import CertificateMatch
+from services.common.auth.credentials import (
+    Credential,
+    CredentialError,
+    CredentialType,
+    public_view,
+)
+from services.common.auth.jwt_auth import JwtSettings
+from services.common.auth.manage import (
+    CredentialAdmin,
+    CredentialChanges,
+    CredentialNotFound,
+    CredentialSpec,
+)
+from services.common.auth.store import CredentialConflict
+from services.common.records import ClientKind
+from services.common.stores.base import StoreUnavailable
+
+router = APIRouter(prefix="/api/credentials", tags=["credentials"])
+"""Included by :func:`services.admin.api.create_app`."""
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": models.Problem, "description": "No such credential."}
+}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": models.Problem,
+        "description": "The name, or the identity (user name and client id, certificate), "
+        "is another credential's.",
+    },
+}
+_UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": models.Problem, "description": "PostgreSQL did not answer."}
+}
+
+Ref = Annotated[
+    str,
+    Path(
+        pattern=models.CREDENTIAL_NAME_PATTERN,
+        description="The credential's name (or its id).",
+    ),
+]
+
+
+def _admin(request: Request) -> CredentialAdmin:
+    admin: CredentialAdmin = request.app.state.context.credentials
+    return admin
+
+
+def _users(request: Request) -> AdminUsers:
+    users: AdminUsers = request.app.state.context.users
+    return users
+
+
+def view(credential: Credential) -> models.CredentialView:
+    """``credential`` as the API shows it: :func:`public_view`, rules as objects."""
+    shown = public_view(credential)
+    shown["rules"] = [rule.to_json() for rule in credential.rules]
+    return models.CredentialView(**shown)
+
+
+def _rules(rules: list[models.RuleBody]) -> list[dict[str, str]]:
+    return [rule.model_dump() for rule in rules]
+
+
+def _certificate(body: models.CertificateBody | None) -> CertificateMatch | None:
+    if body is None:
+        return None
+    fingerprint = body.fingerprint
+    if fingerprint is not None:
+        fingerprint = fingerprint.replace(":", "").lower()
+    return CertificateMatch(fingerprint, body.common_name, body.san)
+
+
+def _jwt(body: models.JwtBody | None) -> JwtSettings | None:
+    if body is None:
+        return None
+    return JwtSettings(
+        tuple(body.algorithms),
+        body.key,
+        body.audience,
+        body.issuer,
+        body.client_id_claim,
+        body.username_claim,
+        body.leeway_seconds,
+    )
+
+
+def _password(value: str | None) -> bytes | None:
+    """The password's UTF-8 bytes (JSON text can hold lone surrogates, which have none)."""
+    if value is None:
+        return None
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPException(422, "the password is not valid UTF-8 text") from None
+
+
+async def _audited(
+    request: Request,
+    user: str,
+    action: str,
+    target: str,
+    detail: dict[str, Any],
+    change: Callable[[], Awaitable[Credential]],
+    status: int = 200,
+) -> Credential:
+    """Carry out ``change`` on the credentials, answering its errors with 422 (not valid),
+    404 or 409, and audit it with the status it ends with, ``status`` when it succeeds
+    (``detail`` never holds a secret)."""
+    code = status
+    try:
+        return await change()
+    except (CredentialError, RuleError) as exc:
+        code = 422
+        raise HTTPException(422, str(exc)) from None
+    except (UnicodeEncodeError, psycopg.DataError) as exc:
+        # Text PostgreSQL cannot keep (a lone surrogate) that no check above named.
+        code = 422
+        raise HTTPException(422, f"a value cannot be stored: {exc}") from None
+    except CredentialNotFound as exc:
+        code = 404
+        raise HTTPException(404, str(exc)) from None
+    except CredentialConflict as exc:
+        code = 409
+        raise HTTPException(409, str(exc)) from None
+    except StoreUnavailable:
+        code = 503
+        raise
+    except Exception:
+        code = 500
+        raise
+    finally:
+        await _users(request).audit(user, action, target, detail, code)
+
+
+@router.get("", response_model=models.CredentialList, responses={**ERRORS, **_UNAVAILABLE})
+async def list_credentials(
+    request: Request,
+    user: User,
+    type: Annotated[models.CredentialTypeName | None, Query(description="Only this type.")] = None,
+) -> models.CredentialList:
+    """Every credential (of one type, if given), by name, with its rules."""
+    found = await _admin(request).list(None if type is None else CredentialType(type))
+    return models.CredentialList(credentials=[view(c) for c in found])
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=models.CredentialView,
+    responses={**ERRORS, **_CONFLICT, **_UNAVAILABLE},
+)
+async def add_credential(
+    request: Request, body: models.NewCredential, user: User
+) -> models.CredentialView:
+    """Create a credential; MQTT clients may connect with it within a second."""
+    spec = CredentialSpec(
+        name=body.name,
+        type=CredentialType(body.type),
+        kind=ClientKind[body.kind],
+        rules=_rules(body.rules),
+        client_id=body.client_id,
+        username=body.username,
+        password=_password(body.password),
+        certificate=_certificate(body.certificate),
+        jwt=_jwt(body.jwt),
+        enabled=body.enabled,
+    )
+    detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules)}
+    created = await _audited(
+        request, user, "add-credential", body.name, detail, lambda: _admin(request).add(spec), 201
+    )
+    return view(created)
+
+
+@router.get(
+    "/{ref}",
+    response_model=models.CredentialView,
+    responses={**ERRORS, **_NOT_FOUND, **_UNAVAILABLE},
+)
+async def show_credential(request: Request, ref: Ref, user: User) -> models.CredentialView:
+    """One credential, with its rules."""
+    try:
+        return view(await _admin(request).get(ref))
+    except CredentialNotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.patch(
+    "/{ref}",
+    response_model=models.CredentialView,
+    responses={**ERRORS, **_NOT_FOUND, **_CONFLICT, **_UNAVAILABLE},
+)
+async def change_credential(
+    request: Request, ref: Ref, body: models.CredentialChangesBody, user: User
+) -> models.CredentialView:
+    """Change a credential: its rules, kind, identity, password, or whether it is enabled
+    (disabling disconnects its clients, MQTT 5 Reason Code 0x98, and refuses their next
+    CONNECT with 0x8A Banned)."""
+    changes = CredentialChanges(
+        kind=None if body.kind is None else ClientKind[body.kind],
+        rules=None if body.rules is None else _rules(body.rules),
+        client_id=body.client_id,
+        username=body.username,
+        password=_password(body.password),
+        remove_password=body.remove_password,
+        certificate=_certificate(body.certificate),
+        jwt=_jwt(body.jwt),
+        enabled=body.enabled,
+    )
+    # What changed, never a password or key.
+    detail = {
+        name: (value if name in ("kind", "enabled") else True)
+        for name, value in body.model_dump(exclude_unset=True).items()
+    }
+    changed = await _audited(
+        request,
+        user,
+        "change-credential",
+        ref,
+        detail,
+        lambda: _admin(request).update(ref, changes),
+    )
+    return view(changed)
+
+
+@router.delete(
+    "/{ref}",
+    status_code=204,
+    responses={**ERRORS, **_NOT_FOUND, **_UNAVAILABLE},
+)
+async def delete_credential(request: Request, ref: Ref, user: User) -> Response:
+    """Delete a credential; its connected clients are disconnected (Reason Code 0x98)."""
+    await _audited(
+        request, user, "delete-credential", ref, {}, lambda: _admin(request).delete(ref), 204
+    )
+    return Response(status_code=204)

@@ -1,0 +1,305 @@
+"""Authentication of one CONNECT (or AUTH exchange): the entry point of an ingest node.
+
+The sans-IO connection asks (an ``Authenticate`` effect with an :class:`AuthRequest`); the
+node's shell calls :meth:`Authenticator.authenticate` and reports the :data:`Outcome` back:
+:class:`Accepted` (with the client's :class:`Principal`), :class:`Refused` (with the MQTT 5
+Reason Code for CONNACK), or :class:`Challenge` (SCRAM: send AUTH 0x18 and wait).
+
+Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
+
+1. an Authentication Method (v5 enhanced authentication): ``SCRAM-SHA-256`` or
+   ``SCRAM-SHA-512`` with a SCRAM credential of the user name the client-first-message
+   names; any other method is refused with 0x8C Bad authentication method;
+2. a verified TLS client certificate (``AuthRequest.certificate``, mutual TLS on the TLS
+   and WSS listeners) that an X509 credential matches
+   (:func:`~.certificates.match_certificate`);
+3. an MQTT_BASIC credential of the User Name (with this client id or none), else of the
+   Client Identifier alone; its password, if it has one, must match (argon2id, in a
+   bounded thread pool; an unknown user name is checked against a dummy hash, so the time
+   of the answer does not tell whether it exists);
+4. a Password that is a JWT one of the JWT credentials verifies;
+5. a certificate no X509 credential matches, and no User Name or Password: refused, as an
+   unknown user name is, even where anonymous access is on (a certificate is an identity
+   this server does not know);
+6. no User Name, Password or certificate at all: anonymous, when allowed.
+
+Refusals: 0x86 Bad User Name or Password (unknown user, wrong password, a token or SCRAM
+proof that does not verify), 0x87 Not authorized (anonymous access off, a certificate no
+credential matches, a token claim that does not match the client), 0x8A Banned (a
+disabled credential, said only to a client that proved it holds it), 0x8C Bad
+authentication method, 0x88 Server unavailable (PostgreSQL unreachable), 0x89 Server busy
+(too many password checks waiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from services.common.auth.authorize import Rule
+from services.common.auth.certificates import CertificateIdentity, match_certificate
+from services.common.auth.credentials import Credential, CredentialType
+from services.common.auth.jwt_auth import (
+    NotThisIssuer,
+    TokenError,
+    looks_like_token,
+    verify_token,
+)
+from services.common.auth.passwords import verify_against_dummy, verify_password
+from services.common.auth.principal import (
+    Accepted,
+    AuthRequest,
+    Challenge,
+    Outcome,
+    Principal,
+    Refused,
+    ScramState,
+    principal_of,
+)
+from services.common.auth.scram import (
+    MECHANISMS,
+    ScramError,
+    ScramExchange,
+    unknown_user_secret,
+)
+from services.common.mqtt.reason_codes import ReasonCode
+from services.common.stores.base import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class CredentialSource(Protocol):
+    """Where credentials are found: the node's :class:`~.cache.CredentialCache` (or a test's
+    own). Every method may raise :class:`~services.common.stores.base.StoreUnavailable`."""
+
+    async def by_username(self, username: str) -> Sequence[Credential]:
+        """The MQTT_BASIC and SCRAM credentials naming ``username``."""
+
+    async def by_client_id(self, client_id: str) -> Sequence[Credential]:
+        """The MQTT_BASIC credentials naming ``client_id`` and no user name."""
+
+    async def by_fingerprint(self, fingerprint: str) -> Sequence[Credential]:
+        """The X509 credential of that certificate fingerprint."""
+
+    async def unkeyed(self) -> Sequence[Credential]:
+        """The X509 credentials matched by pattern and the JWT issuers."""
+
+
+class Authenticator:
+    """Authenticates CONNECTs and AUTH exchanges against ``source`` (see the module).
+
+    ``allow_anonymous``: whether a client presenting nothing gets in, with
+    ``anonymous_rules``. ``hash_workers``: threads that verify passwords (argon2id: about
+    20 ms of a core each); ``max_pending_hashes``: verifications allowed to wait for them
+    before CONNECTs are refused with 0x89 Server busy, so a storm of wrong passwords
+    queues in bounded memory and leaves the event loop to everyone else's traffic.
+    """
+
+    def __init__(
+        self,
+        source: CredentialSource,
+        *,
+        allow_anonymous: bool = False,
+        anonymous_rules: Sequence[Rule] = (),
+        hash_workers: int = 1,
+        max_pending_hashes: int = 1000,
+    ) -> None:
+        self.source = source
+        self.allow_anonymous = allow_anonymous
+        self.anonymous = Principal(None, None, None, tuple(anonymous_rules), None)
+        self._executor = ThreadPoolExecutor(hash_workers, thread_name_prefix="password-check")
+        self._max_pending = max_pending_hashes
+        self.pending_hashes = 0
+
+    async def authenticate(self, request: AuthRequest, state: ScramState | None = None) -> Outcome:
+        """The outcome of ``request``; ``state`` is the :class:`Challenge`'s exchange when
+        ``request`` answers one. Never raises: PostgreSQL trouble is a :class:`Refused`
+        with 0x88 Server unavailable (logged)."""
+        try:
+            if request.method is not None:
+                return await self._enhanced(request, state)
+            return await self._plain(request)
+        except StoreUnavailable as exc:
+            log.warning("credentials unavailable: %s", exc)
+            return Refused(ReasonCode.SERVER_UNAVAILABLE, "credentials unavailable")
+        except _Busy:
+            return Refused(ReasonCode.SERVER_BUSY, "too many password checks waiting")
+
+    async def _plain(self, request: AuthRequest) -> Outcome:
+        if request.certificate is not None:
+            credential = await self._certificate_credential(request.certificate)
+            if credential is not None:
+                return self._admitted(credential, request.username)
+        username, password = request.username, request.password
+        basic = await self._basic_credential(request)
+        if basic is not None:
+            checked = basic.password_hash is None or (
+                password is not None and await self._hashed(verify_password, basic, password)
+            )
+            if not checked:
+                return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "wrong password")
+            return self._admitted(basic, username)
+        if password is not None and looks_like_token(password):
+            issuers = [c for c in await self.source.unkeyed() if c.type is CredentialType.JWT]
+            if issuers:
+                return self._token(request, password, issuers)
+        if username is not None or password is not None:
+            await self._hashed(lambda _hash, given: verify_against_dummy(given), None, password)
+            return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "unknown user name")
+        if request.certificate is not None:
+            identity = request.certificate
+            return Refused(
+                ReasonCode.NOT_AUTHORIZED,
+                f"no X509 credential matches the client certificate {identity.subject!r} "
+                f"(SHA-256 {identity.fingerprint})",
+            )
+        if self.allow_anonymous:
+            return Accepted(self.anonymous)
+        return Refused(ReasonCode.NOT_AUTHORIZED, "anonymous access is off")
+
+    async def _certificate_credential(self, identity: CertificateIdentity) -> Credential | None:
+        candidates = list(await self.source.by_fingerprint(identity.fingerprint))
+        candidates += [c for c in await self.source.unkeyed() if c.type is CredentialType.X509]
+        by_name = {c.name: c for c in candidates if c.certificate is not None}
+        name = match_certificate(
+            identity, ((n, c.certificate) for n, c in by_name.items() if c.certificate)
+        )
+        return None if name is None else by_name[name]
+
+    async def _basic_credential(self, request: AuthRequest) -> Credential | None:
+        """The MQTT_BASIC credential of the request: user name and this client id, then
+        user name alone, then client id alone."""
+        if request.username is not None:
+            found = [
+                c
+                for c in await self.source.by_username(request.username)
+                if c.type is CredentialType.MQTT_BASIC and c.client_id in (None, request.client_id)
+            ]
+            if found:
+                return max(found, key=lambda c: c.client_id is not None)
+        if request.client_id:
+            by_id = await self.source.by_client_id(request.client_id)
+            if by_id:
+                return by_id[0]
+        return None
+
+    async def _hashed(
+        self,
+        check: Callable[[str, bytes], bool],
+        credential: Credential | None,
+        password: bytes | None,
+    ) -> bool:
+        """Run the argon2id ``check`` in the bounded pool. Raises :class:`_Busy` when
+        too many wait."""
+        if self.pending_hashes >= self._max_pending:
+            raise _Busy()
+        encoded = "" if credential is None else credential.password_hash or ""
+        self.pending_hashes += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, check, encoded, password or b"")
+        finally:
+            self.pending_hashes -= 1
+
+    def _token(self, request: AuthRequest, token: bytes, issuers: Sequence[Credential]) -> Outcome:
+        for issuer in issuers:
+            assert issuer.jwt is not None
+            try:
+                claims = verify_token(token, issuer.jwt)
+            except NotThisIssuer:
+                continue
+            except TokenError as exc:
+                return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, str(exc))
+            settings = issuer.jwt
+            username = request.username
+            if settings.client_id_claim is not None and (
+                str(claims.get(settings.client_id_claim)) != request.client_id
+            ):
+                return Refused(
+                    ReasonCode.NOT_AUTHORIZED,
+                    f"client id is not the token's {settings.client_id_claim!r} claim",
+                )
+            if settings.username_claim is not None:
+                claimed = claims.get(settings.username_claim)
+                if claimed is None or (username is not None and str(claimed) != username):
+                    return Refused(
+                        ReasonCode.NOT_AUTHORIZED,
+                        f"user name is not the token's {settings.username_claim!r} claim",
+                    )
+                username = str(claimed)
+            return self._admitted(issuer, username)
+        return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "token signature does not verify")
+
+    def _admitted(self, credential: Credential, username: str | None) -> Outcome:
+        if not credential.enabled:
+            return Refused(ReasonCode.BANNED, f"credential {credential.name!r} is disabled")
+        return Accepted(principal_of(credential, username))
+
+    async def _enhanced(self, request: AuthRequest, state: ScramState | None) -> Outcome:
+        method = request.method or ""
+        if method not in MECHANISMS:
+            return Refused(ReasonCode.BAD_AUTHENTICATION_METHOD, f"unsupported method {method!r}")
+        data = request.data or b""
+        try:
+            if state is None:
+                exchange = ScramExchange(method)
+                username = exchange.client_first(data)
+                found = [
+                    c
+                    for c in await self.source.by_username(username)
+                    if c.type is CredentialType.SCRAM
+                ]
+                credential = found[0] if found else None
+                secret = None if credential is None else credential.scram_secret(method)
+                if secret is None:
+                    secret = unknown_user_secret(method, username)
+                first = exchange.server_first(secret)
+                return Challenge(first, ScramState(exchange, credential))
+            final = state.exchange.client_final(data)
+        except ScramError as exc:
+            reason = ReasonCode.BAD_USER_NAME_OR_PASSWORD if state else ReasonCode.NOT_AUTHORIZED
+            return Refused(reason, f"SCRAM: {exc}")
+        if state.credential is None:
+            return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "SCRAM: unknown user name")
+        outcome = self._admitted(state.credential, state.exchange.username)
+        if isinstance(outcome, Accepted):
+            return Accepted(outcome.principal, final)
+        return outcome
+
+    def close(self) -> None:
+        """Stop the password-check threads (waiting for none)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Busy(Exception):
+    """Too many password checks wait for the pool (answered 0x89 Server busy)."""
+
+
+class NoCredentials:
+    """A :class:`CredentialSource` without any credential: an authenticator over it lets in
+    anonymous clients only (when allowed). For nodes without PostgreSQL: the sans-IO tests
+    and benchmarks of the ingest shell."""
+
+    async def by_username(self, username: str) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def by_client_id(self, client_id: str) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def by_fingerprint(self, fingerprint: str) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def unkeyed(self) -> Sequence[Credential]:
+        """None."""
+        return ()
+
+    async def get(self, credential_id: uuid.UUID) -> Credential | None:
+        """None (the node's ``fetch_credential``)."""
+        return None

@@ -1,0 +1,207 @@
+"""The credential model: what a client may connect with, as its kind and its rules.
+
+Every credential has an ``id`` (UUID), a unique ``name``, a :class:`CredentialType`, an
+``enabled`` flag, the client's :class:`~services.common.records.ClientKind` (DEVICE or
+APPLICATION: the delivery path of its sessions) and its authorization rules
+(:mod:`.authorize`). What identifies the client depends on the type:
+
+- ``MQTT_BASIC``: a Client Identifier and/or a User Name (at least one), and optionally a
+  password (its argon2id hash only: :mod:`.passwords`);
+- ``X509``: a verified TLS client certificate (:class:`~.certificates.CertificateMatch`:
+  fingerprint, or CN / SAN pattern);
+- ``JWT``: a token issuer whose tokens come in the Password field (:mod:`.jwt_auth`);
+- ``SCRAM``: a User Name and its salted SCRAM secrets for SCRAM-SHA-256 and SCRAM-SHA-512,
+  used through MQTT 5 enhanced authentication (:mod:`.scram`).
+
+:func:`check_credential` validates one; :func:`public_view` is what may be shown (never a
+password hash, an HMAC secret or a SCRAM key).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from services.common.auth.authorize import Rule
+from services.common.auth.certificates import CertificateMatch
+from services.common.auth.jwt_auth import JwtSettings, check_settings
+from services.common.auth.scram import ScramSecret
+from services.common.records import ClientKind
+
+MAX_IDENTIFIER_BYTES = 1024
+"""Longest Client Identifier or User Name a credential may name, in UTF-8 bytes (MQTT
+allows 65,535; PostgreSQL indexes hold about 2.7 kB). A CONNECT with a longer one matches
+no credential."""
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+"""A credential's name: 1 to 128 letters, digits and ``_ . : @ -``, starting with a letter or
+digit (it is typed on command lines and appears in URLs of the admin API)."""
+
+_FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
+
+
+class CredentialError(ValueError):
+    """A credential that is invalid as given; the message names the field and the problem."""
+
+
+class CredentialType(enum.Enum):
+    """How a client proves who it is."""
+
+    MQTT_BASIC = "MQTT_BASIC"
+    X509 = "X509"
+    JWT = "JWT"
+    SCRAM = "SCRAM"
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """One credential (see the module). ``created_at`` / ``updated_at`` are set by the store;
+    ``revision`` grows by one with every change (the store's trigger)."""
+
+    id: uuid.UUID
+    name: str
+    type: CredentialType
+    kind: ClientKind = ClientKind.DEVICE
+    enabled: bool = True
+    rules: tuple[Rule, ...] = ()
+    client_id: str | None = None
+    username: str | None = None
+    password_hash: str | None = None
+    certificate: CertificateMatch | None = None
+    jwt: JwtSettings | None = None
+    scram: tuple[ScramSecret, ...] = field(default=())
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    revision: int = 0
+
+    def scram_secret(self, mechanism: str) -> ScramSecret | None:
+        """The SCRAM secret for ``mechanism`` (``SCRAM-SHA-256`` / ``SCRAM-SHA-512``), if any."""
+        for secret in self.scram:
+            if secret.mechanism == mechanism:
+                return secret
+        return None
+
+
+def _check_identifier(value: str | None, what: str) -> None:
+    if value is None:
+        return
+    if not value:
+        raise CredentialError(f"{what} must not be empty")
+    if "\x00" in value or len(value.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
+        raise CredentialError(f"{what} must be at most {MAX_IDENTIFIER_BYTES} bytes, no U+0000")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CredentialError(f"{what} is not valid UTF-8") from None
+
+
+def _check_certificate(match: CertificateMatch | None) -> None:
+    if match is None:
+        raise CredentialError("an X509 credential needs a certificate fingerprint, CN or SAN")
+    given = [v for v in (match.fingerprint, match.common_name, match.san) if v is not None]
+    if len(given) != 1:
+        raise CredentialError("give exactly one of certificate fingerprint, CN pattern or SAN")
+    if match.fingerprint is not None and not _FINGERPRINT.match(match.fingerprint):
+        raise CredentialError("a certificate fingerprint is 64 lowercase hex digits (SHA-256)")
+    if not given[0]:
+        raise CredentialError("a certificate pattern must not be empty")
+
+
+def check_credential(credential: Credential) -> None:
+    """Raise :class:`CredentialError` if ``credential`` is not valid for its type.
+
+    MQTT_BASIC: a Client Identifier or a User Name (or both), an optional password hash, no
+    certificate, token or SCRAM fields. X509: a certificate match only. JWT: token settings
+    PyJWT accepts (:func:`~.jwt_auth.check_settings`). SCRAM: a User Name and secrets for
+    its mechanisms. Every type: a valid name.
+    """
+    if not NAME_PATTERN.match(credential.name):
+        raise CredentialError(
+            f"name {credential.name!r} must be 1-128 letters, digits or _.:@- "
+            "(starting with a letter or digit)"
+        )
+    _check_identifier(credential.client_id, "client id")
+    _check_identifier(credential.username, "user name")
+    kind = credential.type
+    extra = {
+        "client id": credential.client_id is not None and kind is not CredentialType.MQTT_BASIC,
+        "user name": credential.username is not None
+        and kind not in (CredentialType.MQTT_BASIC, CredentialType.SCRAM),
+        "password": credential.password_hash is not None and kind is not CredentialType.MQTT_BASIC,
+        "certificate": credential.certificate is not None and kind is not CredentialType.X509,
+        "JWT settings": credential.jwt is not None and kind is not CredentialType.JWT,
+        "SCRAM secrets": bool(credential.scram) and kind is not CredentialType.SCRAM,
+    }
+    for what, present in extra.items():
+        if present:
+            raise CredentialError(f"a {kind.value} credential has no {what}")
+    if kind is CredentialType.MQTT_BASIC:
+        if credential.client_id is None and credential.username is None:
+            raise CredentialError("an MQTT_BASIC credential needs a client id or a user name")
+    elif kind is CredentialType.X509:
+        _check_certificate(credential.certificate)
+    elif kind is CredentialType.JWT:
+        if credential.jwt is None:
+            raise CredentialError("a JWT credential needs its token settings")
+        try:
+            check_settings(credential.jwt)
+        except ValueError as exc:
+            raise CredentialError(str(exc)) from None
+    elif kind is CredentialType.SCRAM:
+        if credential.username is None:
+            raise CredentialError("a SCRAM credential needs a user name")
+        if not credential.scram:
+            raise CredentialError("a SCRAM credential needs a password")
+
+
+def public_view(credential: Credential) -> dict[str, Any]:
+    """``credential`` as JSON-ready data without secrets: ``password`` says only whether one
+    is set, an HMAC key is masked, SCRAM keys are left out (their mechanisms and iteration
+    counts are shown)."""
+    view: dict[str, Any] = {
+        "id": str(credential.id),
+        "name": credential.name,
+        "type": credential.type.value,
+        "enabled": credential.enabled,
+        "kind": credential.kind.name,
+        "rules": [str(rule) for rule in credential.rules],
+    }
+    if credential.type is CredentialType.MQTT_BASIC:
+        view["client_id"] = credential.client_id
+        view["username"] = credential.username
+        view["password"] = "set" if credential.password_hash is not None else "none"
+    elif credential.type is CredentialType.SCRAM:
+        view["username"] = credential.username
+        view["scram"] = [
+            {"mechanism": s.mechanism, "iterations": s.iterations} for s in credential.scram
+        ]
+    elif credential.type is CredentialType.X509 and credential.certificate is not None:
+        match = credential.certificate
+        view["certificate"] = {
+            k: v
+            for k, v in (
+                ("fingerprint", match.fingerprint),
+                ("common_name", match.common_name),
+                ("san", match.san),
+            )
+            if v is not None
+        }
+    elif credential.type is CredentialType.JWT and credential.jwt is not None:
+        settings = credential.jwt
+        view["jwt"] = {
+            "algorithms": list(settings.algorithms),
+            "key": "**********" if settings.hmac else settings.key,
+            "audience": settings.audience,
+            "issuer": settings.issuer,
+            "client_id_claim": settings.client_id_claim,
+            "username_claim": settings.username_claim,
+            "leeway_seconds": settings.leeway_seconds,
+        }
+    for stamp in ("created_at", "updated_at"):
+        value = getattr(credential, stamp)
+        view[stamp] = None if value is None else value.isoformat()
+    return view

@@ -1,0 +1,127 @@
+"""JWT credentials: the Password field of CONNECT carries a JSON Web Token (RFC 7519),
+verified with PyJWT against the keys a JWT credential holds.
+
+A JWT credential stands for one token issuer: its verification key (an HMAC secret, or an
+RSA / EC / Ed25519 public key in PEM), the algorithms it signs with, and optionally the
+audience (``aud``) and issuer (``iss``) its tokens must name. ``exp`` is required and, with
+``nbf``, checked against the clock (with :attr:`JwtSettings.leeway_seconds`). The claims
+named by ``client_id_claim`` / ``username_claim`` must equal the CONNECT's Client
+Identifier / User Name (:mod:`.authenticate`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+
+HMAC_ALGORITHMS = frozenset(("HS256", "HS384", "HS512"))
+PUBLIC_KEY_ALGORITHMS = frozenset(
+    ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+)
+
+_SHAPE = re.compile(rb"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+
+MAX_TOKEN_BYTES = 16_384
+"""Longer passwords are not taken for tokens (a JWT of a few claims is well under 2 KiB)."""
+
+
+class TokenError(ValueError):
+    """A token that does not verify: malformed, wrong signature, expired, not yet valid,
+    wrong audience or issuer, or a required claim missing. The message says which."""
+
+
+class NotThisIssuer(TokenError):
+    """The token is not signed with this credential's key or algorithms: another JWT
+    credential may verify it."""
+
+
+@dataclass(frozen=True, slots=True)
+class JwtSettings:
+    """What a JWT credential verifies tokens with.
+
+    ``algorithms``: the JWS algorithms accepted, all HMAC (``HS*``, ``key`` is the shared
+    secret) or all public-key (``RS*``, ``PS*``, ``ES*``, ``EdDSA``; ``key`` is a PEM public
+    key): never both, so a public key can never be used as an HMAC secret. ``audience`` /
+    ``issuer``: the ``aud`` / ``iss`` tokens must carry (None: not checked).
+    ``client_id_claim`` / ``username_claim``: claims that must equal the CONNECT's Client
+    Identifier / User Name (None: not checked). ``leeway_seconds``: clock skew allowed on
+    ``exp`` and ``nbf``.
+    """
+
+    algorithms: tuple[str, ...]
+    key: str
+    audience: str | None = None
+    issuer: str | None = None
+    client_id_claim: str | None = None
+    username_claim: str | None = None
+    leeway_seconds: int = 0
+
+    @property
+    def hmac(self) -> bool:
+        """True when the key is a shared secret (HS* algorithms), which is never shown."""
+        return bool(self.algorithms) and self.algorithms[0] in HMAC_ALGORITHMS
+
+
+def check_settings(settings: JwtSettings) -> None:
+    """Raise ``ValueError`` naming the problem if ``settings`` cannot verify tokens: no or
+    unknown algorithms, HMAC and public-key algorithms mixed, an empty secret, or a key
+    that PyJWT cannot load for the algorithms."""
+    algorithms = set(settings.algorithms)
+    if not algorithms:
+        raise ValueError("a JWT credential needs at least one algorithm")
+    unknown = algorithms - HMAC_ALGORITHMS - PUBLIC_KEY_ALGORITHMS
+    if unknown:
+        raise ValueError(f"unknown JWT algorithms: {', '.join(sorted(unknown))}")
+    if algorithms & HMAC_ALGORITHMS and algorithms & PUBLIC_KEY_ALGORITHMS:
+        raise ValueError("JWT algorithms mix HMAC (HS*) and public-key ones")
+    if not settings.key:
+        raise ValueError("a JWT credential needs a key")
+    if settings.leeway_seconds < 0:
+        raise ValueError("JWT leeway must be >= 0 seconds")
+    for name in algorithms:
+        algorithm = jwt.get_algorithm_by_name(name)
+        try:
+            algorithm.prepare_key(settings.key)
+        except (jwt.InvalidKeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"the JWT key does not suit {name}: {exc}") from None
+
+
+def looks_like_token(password: bytes) -> bool:
+    """Whether ``password`` has a compact JWS's shape (three base64url parts)."""
+    return len(password) <= MAX_TOKEN_BYTES and _SHAPE.match(password) is not None
+
+
+def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
+    """The claims of ``token`` if it verifies with ``settings`` at the current time.
+
+    Raises :class:`NotThisIssuer` when the signature or algorithm is not this credential's
+    (checked first), else :class:`TokenError` naming the reason (never the token itself).
+    """
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token.decode("ascii"),
+            settings.key,
+            algorithms=list(settings.algorithms),
+            audience=settings.audience,
+            issuer=settings.issuer,
+            leeway=settings.leeway_seconds,
+            options={"require": ["exp"], "verify_aud": settings.audience is not None},
+        )
+    except jwt.ExpiredSignatureError:
+        raise TokenError("token expired (exp)") from None
+    except jwt.ImmatureSignatureError:
+        raise TokenError("token not valid yet (nbf)") from None
+    except jwt.InvalidAudienceError:
+        raise TokenError("token audience (aud) is not the credential's") from None
+    except jwt.InvalidIssuerError:
+        raise TokenError("token issuer (iss) is not the credential's") from None
+    except jwt.MissingRequiredClaimError as exc:
+        raise TokenError(f"token lacks the {exc.claim!r} claim") from None
+    except (jwt.InvalidSignatureError, jwt.InvalidAlgorithmError):
+        raise NotThisIssuer("token signature does not verify") from None
+    except (jwt.InvalidTokenError, UnicodeDecodeError) as exc:
+        raise TokenError(f"malformed token ({type(exc).__name__})") from None
+    return claims

@@ -1,0 +1,118 @@
+"""Who a connection is, and what authentication answers: the data the sans-IO ingest core
+and the authentication shell (:mod:`.authenticate`) exchange."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from services.common.auth.authorize import Rule
+from services.common.auth.certificates import CertificateIdentity
+from services.common.auth.credentials import Credential
+from services.common.auth.scram import ScramExchange
+from services.common.metrics import reason_name
+from services.common.records import ClientKind
+
+
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """What a CONNECT (or AUTH) presents: ``client_id`` (the assigned one for a v5 client
+    that sent none), ``username`` and ``password`` as sent (None if absent), the verified
+    TLS ``certificate`` of the connection (None on plain TCP), and for enhanced
+    authentication the Authentication ``method`` and ``data`` of the packet."""
+
+    client_id: str
+    username: str | None = None
+    password: bytes | None = None
+    certificate: CertificateIdentity | None = None
+    method: str | None = None
+    data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a connection is, once authenticated: its credential (``credential_id``,
+    ``credential_name``, ``revision``; None for an anonymous client), its ``kind`` (None:
+    anonymous, the ``application_client_ids`` setting decides), its ``rules``, and the
+    user name ``${username}`` stands for."""
+
+    credential_id: uuid.UUID | None
+    credential_name: str | None
+    kind: ClientKind | None
+    rules: tuple[Rule, ...]
+    username: str | None
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """Authenticated as ``principal``; ``data`` is the Authentication Data CONNACK (or the
+    closing AUTH of a re-authentication) carries: SCRAM's server-final-message."""
+
+    principal: Principal
+    data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Refused with ``reason_code`` (an MQTT 5.0 CONNACK Reason Code); ``reason`` is for the
+    log, the client.events record and the v5 Reason String: never a password or token."""
+
+    reason_code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """Enhanced authentication goes on: send AUTH 0x18 Continue authentication with
+    ``data``, and hand ``exchange`` back with the client's answer."""
+
+    data: bytes
+    exchange: ScramState
+
+
+Outcome = Accepted | Refused | Challenge
+"""What :meth:`Authenticator.authenticate` answers."""
+
+
+@dataclass(slots=True)
+class ScramState:
+    """A SCRAM exchange between its two client messages: the sans-IO exchange and the
+    credential it is for (None: the user name has none; the proof will fail)."""
+
+    exchange: ScramExchange
+    credential: Credential | None
+
+
+def principal_of(credential: Credential, username: str | None) -> Principal:
+    """The principal of a client authenticated with ``credential`` as ``username``."""
+    return Principal(
+        credential.id,
+        credential.name,
+        credential.kind,
+        credential.rules,
+        username,
+        credential.revision,
+    )
+
+
+def presented(request: AuthRequest) -> str:
+    """What ``request`` presents, as the metrics' ``method`` label: its Authentication
+    Method lower-cased (``scram-sha-256``), else ``password`` (a User Name or Password,
+    a JWT included), else ``certificate`` (a verified TLS client certificate alone), else
+    ``anonymous``."""
+    if request.method is not None:
+        return request.method.lower()
+    if request.username is not None or request.password is not None:
+        return "password"
+    return "certificate" if request.certificate is not None else "anonymous"
+
+
+def outcome_name(outcome: Outcome) -> str:
+    """``outcome`` as the metrics' ``outcome`` label: ``success``, ``challenge``, or the
+    refusal's Reason Code in the specification's words (``not_authorized``)."""
+    if isinstance(outcome, Accepted):
+        return "success"
+    if isinstance(outcome, Challenge):
+        return "challenge"
+    return reason_name(outcome.reason_code)

@@ -1,0 +1,134 @@
+"""A PostgreSQL connection pool that migrates the schema on first use: what the message store
+(:mod:`.postgres_store`) and the credential store (:mod:`services.common.auth.store`) share.
+
+Every operation is one transaction within a timeout; losing the server, or no answer in
+time, raises :class:`~.base.StoreUnavailable` naming the server without user or password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
+from pydantic import SecretStr
+
+from services.common.stores.base import StoreUnavailable
+from services.common.stores.migrate import migrate
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+def public_address(dsn: str) -> str:
+    """``host:port/dbname`` of ``dsn``, without user or password, for error messages."""
+    params = conninfo_to_dict(dsn)
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
+
+
+def connection_options(
+    timeout: float, password: SecretStr | None, sslmode: str | None, sslrootcert: Path | None
+) -> dict[str, Any]:
+    """libpq connection parameters added to the DSN: timeout, password and TLS."""
+    # libpq takes whole seconds and treats values below 2 as 2.
+    options: dict[str, Any] = {"connect_timeout": max(2, math.ceil(timeout))}
+    if password is not None:
+        options["password"] = password.get_secret_value()
+    if sslmode is not None:
+        options["sslmode"] = sslmode
+    if sslrootcert is not None:
+        options["sslrootcert"] = str(sslrootcert)
+    return options
+
+
+class MigratedPool:
+    """A psycopg pool of at most ``pool_size`` connections to ``dsn`` (a libpq connection
+    string or URL; ``password``, ``sslmode``, ``sslrootcert``: :func:`connection_options`),
+    named ``name`` in psycopg's pool log and in errors (``"message store"``); ``timeout``
+    (seconds) bounds each operation, waiting for a connection included. The pool opens and
+    the schema is migrated (:func:`~.migrate.migrate`) on first use, so the constructor does
+    no I/O. :attr:`address` is the server as ``host:port/dbname``, without credentials."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str,
+        timeout: float,
+        pool_size: int,
+        password: SecretStr | None = None,
+        sslmode: str | None = None,
+        sslrootcert: Path | None = None,
+    ) -> None:
+        self._dsn = dsn
+        self.name = name
+        self.timeout = timeout
+        self.address = public_address(dsn)
+        self._options = connection_options(timeout, password, sslmode, sslrootcert)
+        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            timeout=timeout,
+            # The pool retries a lost connection with a doubling delay (1, 2, 4... s): after
+            # a restart it could wait tens of seconds more than needed. Giving up after the
+            # store's own timeout instead, it starts afresh (at 1 s) for the next caller.
+            reconnect_timeout=timeout,
+            kwargs=self._options,
+            name=name,
+        )
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+
+    async def ensure_ready(self) -> None:
+        """Open the pool and migrate the schema, once (again after a failed attempt)."""
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if self._ready:
+                return
+            await self._pool.open(wait=False)
+            async with self._pool.connection() as conn:
+                await migrate(conn)
+            self._ready = True
+
+    async def run(self, what: str, body: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run ``body`` in one transaction within the timeout. Raises
+        :class:`~.base.StoreUnavailable` when the server cannot be reached or does not
+        answer in time; any other ``psycopg.Error`` goes to the caller."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.ensure_ready()
+                async with self._pool.connection() as conn, conn.transaction():
+                    return await body(conn)
+        except TimeoutError as exc:
+            # Also when the server refuses connections: the pool keeps retrying in the
+            # background (its log, psycopg.pool, has each attempt's error) until we give up.
+            raise StoreUnavailable(
+                f"PostgreSQL {self.name} at {self.address} is unavailable ({what}): no "
+                f"connection or no answer within {self.timeout} s"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            # Connection refused or lost, no pooled connection in time (PoolTimeout),
+            # server shutting down, statement cancelled.
+            raise StoreUnavailable(
+                f"PostgreSQL {self.name} at {self.address} is unavailable ({what}): {exc}"
+            ) from exc
+
+    async def connect_unpooled(self) -> Connection:
+        """A new autocommit connection with the pool's options, outside the pool, for the
+        caller to close: one held for long (LISTEN) would starve the pool. Raises
+        ``psycopg.OperationalError`` when the server cannot be reached within the connect
+        timeout (at least 2 s, libpq's floor)."""
+        return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._options)
+
+    async def close(self) -> None:
+        """Close the pool's connections."""
+        await self._pool.close()

@@ -1,0 +1,340 @@
+"""``cormorant credentials add|list|show|update|enable|disable|delete``: manage the credentials
+MQTT clients connect with.
+
+A thin shell over :class:`services.common.auth.manage.CredentialAdmin` (the admin API calls
+the same): PostgreSQL is the one of the settings (``CORMORANT_POSTGRES_DSN`` and the
+PostgreSQL settings); every change reaches the ingest nodes within a second. ``--json``
+prints JSON for machines; secrets (passwords, HMAC keys, SCRAM keys) are never printed.
+Errors exit with status 1 and one line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import ssl
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from services.common.auth.authorize import RuleError
+from services.common.auth.certificates import CertificateMatch
+from services.common.auth.credentials import (
+    Credential,
+    CredentialError,
+    CredentialType,
+    public_view,
+)
+from services.common.auth.jwt_auth import JwtSettings
+from services.common.auth.manage import (
+    CredentialAdmin,
+    CredentialChanges,
+    CredentialNotFound,
+    CredentialSpec,
+)
+from services.common.auth.store import CredentialConflict, CredentialStore
+from services.common.records import ClientKind
+from services.common.stores.base import StoreUnavailable
+
+T = TypeVar("T")
+
+_TYPES = click.Choice([t.value.lower() for t in CredentialType], case_sensitive=False)
+_KINDS = click.Choice(["device", "application"], case_sensitive=False)
+
+
+def _run(action: Callable[[CredentialAdmin], Awaitable[T]]) -> T:
+    """Run ``action`` with a :class:`CredentialAdmin` on the settings' PostgreSQL, turning
+    every expected error into a one-line ``click`` error."""
+    from services.common.settings import get_settings
+
+    async def main() -> T:
+        admin = CredentialAdmin(CredentialStore.from_settings(get_settings()))
+        try:
+            return await action(admin)
+        finally:
+            await admin.close()
+
+    try:
+        return asyncio.run(main())
+    except (
+        CredentialError,
+        RuleError,
+        CredentialNotFound,
+        CredentialConflict,
+        StoreUnavailable,
+    ) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _password(value: str | None, file: Path | None) -> bytes | None:
+    """The password of ``--password`` or ``--password-file`` (``-``: standard input; one
+    trailing newline dropped)."""
+    if value is not None and file is not None:
+        raise click.UsageError("--password and --password-file exclude each other")
+    if value is not None:
+        return value.encode("utf-8")
+    if file is None:
+        return None
+    data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    return data[:-1] if data.endswith(b"\n") else data
+
+
+def _certificate(
+    fingerprint: str | None, cert_file: Path | None, cn: str | None, san: str | None
+) -> CertificateMatch | None:
+    if cert_file is not None:
+        if fingerprint is not None:
+            raise click.UsageError("--cert-file and --cert-fingerprint exclude each other")
+        try:
+            der = ssl.PEM_cert_to_DER_cert(cert_file.read_text())
+        except (ValueError, OSError) as exc:
+            message = f"--cert-file {cert_file}: not a PEM certificate ({exc})"
+            raise click.UsageError(message) from None
+        fingerprint = hashlib.sha256(der).hexdigest()
+    if fingerprint is None and cn is None and san is None:
+        return None
+    if fingerprint is not None:
+        fingerprint = fingerprint.replace(":", "").lower()
+    return CertificateMatch(fingerprint, cn, san)
+
+
+def _jwt(options: dict[str, Any], current: JwtSettings | None = None) -> JwtSettings | None:
+    """JWT settings from the ``--jwt-*`` options, on top of ``current`` (an update)."""
+    given = {k: v for k, v in options.items() if k.startswith("jwt_") and v not in (None, ())}
+    if not given:
+        return None
+    secret, public = options.get("jwt_secret_file"), options.get("jwt_public_key_file")
+    if secret is not None and public is not None:
+        raise click.UsageError("--jwt-secret-file and --jwt-public-key-file exclude each other")
+    key = current.key if current else ""
+    if secret is not None:
+        key = Path(secret).read_text().strip()
+    elif public is not None:
+        key = Path(public).read_text()
+    algorithms = tuple(options.get("jwt_algorithm") or ())
+    if not algorithms:
+        if current is not None and secret is None and public is None:
+            algorithms = current.algorithms
+        else:
+            algorithms = ("HS256",) if public is None else ("RS256",)
+    previous = current or JwtSettings(algorithms, key)
+
+    def pick(name: str, option: str) -> Any:
+        value = options.get(option)
+        return getattr(previous, name) if value is None else value
+
+    return JwtSettings(
+        algorithms=algorithms,
+        key=key,
+        audience=pick("audience", "jwt_audience"),
+        issuer=pick("issuer", "jwt_issuer"),
+        client_id_claim=pick("client_id_claim", "jwt_client_id_claim"),
+        username_claim=pick("username_claim", "jwt_username_claim"),
+        leeway_seconds=pick("leeway_seconds", "jwt_leeway"),
+    )
+
+
+def _print(credential: Credential, as_json: bool) -> None:
+    view = public_view(credential)
+    if as_json:
+        click.echo(json.dumps(view, indent=2))
+        return
+    for key, value in view.items():
+        if key == "rules":
+            click.echo("rules:" + ("" if value else " (none: everything allowed)"))
+            for rule in value:
+                click.echo(f"  {rule}")
+        elif isinstance(value, dict | list):
+            click.echo(f"{key}: {json.dumps(value)}")
+        elif value is not None:
+            click.echo(f"{key}: {value}")
+
+
+def _identity(view: dict[str, Any]) -> str:
+    parts = []
+    for key in ("username", "client_id"):
+        if view.get(key):
+            parts.append(f"{key}={view[key]}")
+    for key, value in (view.get("certificate") or {}).items():
+        parts.append(f"{key}={value}")
+    if "jwt" in view:
+        jwt = view["jwt"]
+        parts.append(f"issuer={jwt['issuer'] or '-'} audience={jwt['audience'] or '-'}")
+    return " ".join(parts)
+
+
+_TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option("--kind", type=_KINDS, help="DEVICE (default) or APPLICATION."),
+    click.option("--client-id", help="MQTT_BASIC: the Client Identifier it is for."),
+    click.option("--username", help="MQTT_BASIC, SCRAM: the User Name it is for."),
+    click.option("--password",
+                 help="MQTT_BASIC, SCRAM: the password (`ps` shows it: prefer --password-file)."),
+    click.option("--password-file", type=click.Path(path_type=Path, allow_dash=True),
+                 help="Read the password from this file ('-': standard input)."),
+    click.option("--rule", "rules", multiple=True,
+                 help="'<allow|deny> <publish|subscribe|all> <topic filter>', repeatable, in "
+                 "order; ${client_id} and ${username} stand for whole topic levels."),
+    click.option("--cert-fingerprint", help="X509: SHA-256 of the DER certificate (hex)."),
+    click.option("--cert-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+                 help="X509: the client's certificate (PEM); its SHA-256 fingerprint is kept."),
+    click.option("--cert-cn", help="X509: a pattern (* ? [..]) over the certificate's CN."),
+    click.option("--cert-san", help="X509: a pattern over its Subject Alternative Names."),
+    click.option("--jwt-secret-file", type=click.Path(exists=True, dir_okay=False),
+                 help="JWT: the HMAC secret (HS256/384/512), from a file."),
+    click.option("--jwt-public-key-file", type=click.Path(exists=True, dir_okay=False),
+                 help="JWT: the issuer's RSA/EC/Ed25519 public key (PEM)."),
+    click.option("--jwt-algorithm", multiple=True,
+                 help="JWT: accepted algorithms (default HS256 with a secret, RS256 with a key)."),
+    click.option("--jwt-audience", help="JWT: the 'aud' tokens must carry."),
+    click.option("--jwt-issuer", help="JWT: the 'iss' tokens must carry."),
+    click.option("--jwt-client-id-claim", help="JWT: the claim that must equal the client id."),
+    click.option("--jwt-username-claim", help="JWT: the claim that must equal the user name."),
+    click.option("--jwt-leeway", type=int, help="JWT: clock skew allowed on exp/nbf, seconds."),
+    click.option("--json", "as_json", is_flag=True, help="Print JSON."),
+]  # fmt: skip
+
+
+def _type_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_TYPE_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _kind(value: str | None) -> ClientKind | None:
+    return None if value is None else ClientKind[value.upper()]
+
+
+@click.group()
+def credentials() -> None:
+    """Manage MQTT credentials (PostgreSQL of the settings; changes reach every node)."""
+
+
+@credentials.command()
+@click.argument("name")
+@click.option("--type", "credential_type", type=_TYPES, default="mqtt_basic", show_default=True)
+@click.option("--disabled", is_flag=True, help="Create it disabled.")
+@_type_options
+def add(name: str, credential_type: str, disabled: bool, **options: Any) -> None:
+    """Create credential NAME.
+
+    \b
+    cormorant credentials add sensor-1 --client-id sensor-1 --username sensor-1 \\
+        --password-file - --rule 'allow publish sensors/${client_id}/#'
+    """
+    spec = CredentialSpec(
+        name=name,
+        type=CredentialType(credential_type.upper()),
+        kind=_kind(options["kind"]) or ClientKind.DEVICE,
+        rules=options["rules"],
+        client_id=options["client_id"],
+        username=options["username"],
+        password=_password(options["password"], options["password_file"]),
+        certificate=_certificate(
+            options["cert_fingerprint"],
+            options["cert_file"],
+            options["cert_cn"],
+            options["cert_san"],
+        ),
+        jwt=_jwt(options),
+        enabled=not disabled,
+    )
+    _print(_run(lambda admin: admin.add(spec)), options["as_json"])
+
+
+@credentials.command("list")
+@click.option("--type", "credential_type", type=_TYPES, help="Only credentials of this type.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_command(credential_type: str | None, as_json: bool) -> None:
+    """List every credential, by name."""
+    kind = None if credential_type is None else CredentialType(credential_type.upper())
+    found = _run(lambda admin: admin.list(kind))
+    views = [public_view(c) for c in found]
+    if as_json:
+        click.echo(json.dumps(views, indent=2))
+        return
+    rows = [("NAME", "TYPE", "KIND", "ENABLED", "RULES", "IDENTITY")] + [
+        (v["name"], v["type"], v["kind"], "yes" if v["enabled"] else "no",
+         str(len(v["rules"])), _identity(v))
+        for v in views
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@credentials.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def show(name: str, as_json: bool) -> None:
+    """Show credential NAME (by name or id), without its secrets."""
+    _print(_run(lambda admin: admin.get(name)), as_json)
+
+
+@credentials.command()
+@click.argument("name")
+@click.option("--no-rules", is_flag=True, help="Remove every rule (everything allowed).")
+@click.option("--no-password", is_flag=True, help="MQTT_BASIC: remove the password.")
+@_type_options
+def update(name: str, no_rules: bool, no_password: bool, **options: Any) -> None:
+    """Change credential NAME: the options given replace what it has (--rule replaces
+    every rule). A client connected with it gets the new rules at once."""
+    if no_rules and options["rules"]:
+        raise click.UsageError("--rule and --no-rules exclude each other")
+    rules: Sequence[object] | None = () if no_rules else (options["rules"] or None)
+    password = _password(options["password"], options["password_file"])
+
+    async def change(admin: CredentialAdmin) -> Credential:
+        current = await admin.get(name)
+        changes = CredentialChanges(
+            kind=_kind(options["kind"]),
+            rules=rules,
+            client_id=options["client_id"],
+            username=options["username"],
+            password=password,
+            remove_password=no_password,
+            certificate=_certificate(
+                options["cert_fingerprint"],
+                options["cert_file"],
+                options["cert_cn"],
+                options["cert_san"],
+            ),
+            jwt=_jwt(options, current.jwt),
+        )
+        return await admin.update(name, changes)
+
+    _print(_run(change), options["as_json"])
+
+
+def _toggle(enabled: bool) -> Callable[[str, bool], None]:
+    def command(name: str, as_json: bool) -> None:
+        _print(_run(lambda admin: admin.set_enabled(name, enabled)), as_json)
+
+    return command
+
+
+_NAME = click.argument("name")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+credentials.command("enable", help="Enable credential NAME: its clients may connect again.")(
+    _NAME(_JSON(_toggle(True)))
+)
+credentials.command(
+    "disable",
+    help="Disable credential NAME: its live clients are disconnected (v5 DISCONNECT 0x98) "
+    "and its CONNECTs refused (v5 0x8A Banned, v3.1.1 return code 5).",
+)(_NAME(_JSON(_toggle(False))))
+
+
+@credentials.command()
+@_NAME
+@_JSON
+def delete(name: str, as_json: bool) -> None:
+    """Delete credential NAME; its live clients are disconnected (v5 DISCONNECT 0x98)."""
+    gone = _run(lambda admin: admin.delete(name))
+    if as_json:
+        click.echo(json.dumps({"deleted": public_view(gone)}, indent=2))
+    else:
+        click.echo(f"deleted {gone.name} ({gone.id})")

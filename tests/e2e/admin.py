@@ -1,0 +1,76 @@
+"""The admin API of the test cluster, for the admin, console and fuzzing tests: an admin user
+made with ``cormorant admin-users add`` and a logged-in HTTP session."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from services.local import cluster as local_cluster
+from services.local.settings import LocalSettings
+from tests.commands import run_cormorant
+
+PASSWORD = "correct horse battery staple"
+
+
+@dataclass
+class AdminApi:
+    """The test cluster's admin API: its base URL, a user and that user's bearer token."""
+
+    url: str
+    username: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header of the logged-in user."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def get(self, path: str, **params: Any) -> Any:
+        """GET ``path`` as the user; the JSON body (``AssertionError`` unless 200)."""
+        response = requests.get(self.url + path, params=params, headers=self.headers, timeout=30)
+        assert response.status_code == 200, (response.status_code, response.text)
+        return response.json()
+
+    def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """Any call as the user."""
+        return requests.request(method, self.url + path, headers=self.headers, timeout=30, **kwargs)
+
+
+def running(settings: LocalSettings) -> LocalSettings:
+    """``settings``, once its whole test cluster runs (only what is down is started: a
+    module-scoped fixture's way to the shared cluster)."""
+    if not all(row.healthy for row in local_cluster.status(settings)):
+        local_cluster.up(settings)
+    return settings
+
+
+def add_user(settings: LocalSettings, username: str, password: str = PASSWORD) -> None:
+    """``cormorant admin-users add <username> --password-stdin`` against the test cluster."""
+    env = local_cluster.child_environment(local_cluster.local_settings(settings))
+    result = run_cormorant(
+        "admin-users", "add", username, "--password-stdin", env=env, input=password
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"admin user {username} created" in result.stdout
+
+
+def login(url: str, username: str, password: str = PASSWORD) -> str:
+    """A bearer token from ``POST /api/login``."""
+    response = requests.post(
+        url + "/api/login", json={"username": username, "password": password}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    token: str = response.json()["token"]
+    return token
+
+
+def admin_api(settings: LocalSettings) -> AdminApi:
+    """A new admin user of the running test cluster, logged in."""
+    url = f"http://127.0.0.1:{settings.admin_port}"
+    username = f"admin-{uuid.uuid4().hex[:8]}"
+    add_user(settings, username)
+    return AdminApi(url, username, login(url, username))

@@ -1,0 +1,206 @@
+"""Credentials in the real PostgreSQL: the store, its change notifications and the node's cache,
+the management API, and ``cormorant credentials`` as an operator runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from services.common.auth.authenticate import Authenticator
+from services.common.auth.cache import CredentialCache
+from services.common.auth.credentials import CredentialError, CredentialType
+from services.common.auth.manage import (
+    CredentialAdmin,
+    CredentialChanges,
+    CredentialNotFound,
+    CredentialSpec,
+)
+from services.common.auth.principal import Accepted, AuthRequest, Refused
+from services.common.auth.store import Change, CredentialConflict, CredentialStore
+from tests.commands import run_cormorant
+from tests.waiting import wait_for
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def admin(postgres_server: str) -> AsyncIterator[CredentialAdmin]:
+    """The management API on the test session's PostgreSQL."""
+    manager = CredentialAdmin(CredentialStore(postgres_server))
+    yield manager
+    await manager.close()
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_credential_is_stored_changed_and_deleted(admin: CredentialAdmin) -> None:
+    name = _name("basic")
+    added = await admin.add(
+        CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, password=b"pw",
+                       rules=["allow publish a/${username}/#"])
+    )  # fmt: skip
+    assert added.revision == 1 and added.password_hash and added.created_at is not None
+    assert await admin.get(name) == added
+    assert await admin.get(str(added.id)) == added
+    changed = await admin.update(name, CredentialChanges(rules=["deny all #"]))
+    assert changed.revision == 2 and [str(r) for r in changed.rules] == ["deny all #"]
+    assert changed.password_hash == added.password_hash  # kept
+    disabled = await admin.set_enabled(name, False)
+    assert not disabled.enabled and disabled.revision == 3
+    assert name in [c.name for c in await admin.list(CredentialType.MQTT_BASIC)]
+    assert (await admin.delete(name)).id == added.id
+    with pytest.raises(CredentialNotFound):
+        await admin.get(name)
+
+
+async def test_conflicts_and_bad_input_are_refused_with_their_reason(
+    admin: CredentialAdmin,
+) -> None:
+    name = _name("dup")
+    await admin.add(CredentialSpec(name, CredentialType.MQTT_BASIC, username=name))
+    with pytest.raises(CredentialConflict, match="with this name"):
+        await admin.add(CredentialSpec(name, CredentialType.MQTT_BASIC, username="other"))
+    with pytest.raises(CredentialConflict, match="user name and client id"):
+        await admin.add(CredentialSpec(_name("dup"), CredentialType.MQTT_BASIC, username=name))
+    with pytest.raises(CredentialError, match="needs a client id or a user name"):
+        await admin.add(CredentialSpec(_name("x"), CredentialType.MQTT_BASIC))
+    with pytest.raises(CredentialError, match="has no password"):
+        await admin.add(CredentialSpec(_name("x"), CredentialType.X509, password=b"p"))
+    with pytest.raises(CredentialError, match="at most 1024 bytes"):
+        await admin.add(CredentialSpec(_name("x"), CredentialType.MQTT_BASIC, username="u" * 2000))
+    with pytest.raises(ValueError, match="permission must be allow or deny"):
+        await admin.add(CredentialSpec(_name("x"), CredentialType.MQTT_BASIC, username="r",
+                                       rules=["maybe publish a"]))  # fmt: skip
+    await admin.delete(name)
+
+
+async def test_every_change_is_announced_and_the_cache_forgets_it(
+    admin: CredentialAdmin, postgres_server: str
+) -> None:
+    changes: list[Change] = []
+    connected = asyncio.Event()
+    listener = CredentialStore(postgres_server)
+    cache = CredentialCache(listener)
+
+    def on_change(change: Change) -> None:
+        cache.changed(change)
+        changes.append(change)
+
+    task = asyncio.create_task(listener.listen(on_change, connected.set))
+    try:
+        await asyncio.wait_for(connected.wait(), 10)
+        name = _name("late")
+        auth = Authenticator(cache)
+        refused = await auth.authenticate(AuthRequest("c", name, b"pw"))
+        assert isinstance(refused, Refused) and len(cache) == 2  # both misses remembered
+        added = await admin.add(
+            CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, password=b"pw")
+        )
+        await wait_for(lambda: any(c.id == added.id for c in changes), "the INSERT notification")
+        assert changes[-1].op == "INSERT" and changes[-1].types == {CredentialType.MQTT_BASIC}
+        assert isinstance(await auth.authenticate(AuthRequest("c", name, b"pw")), Accepted)
+        await admin.set_enabled(name, False)
+        await wait_for(lambda: changes[-1].op == "UPDATE", "the UPDATE notification")
+        assert (await auth.authenticate(AuthRequest("c", name, b"pw"))).reason_code == 0x8A  # type: ignore[union-attr]
+        await admin.delete(name)
+        await wait_for(lambda: changes[-1].op == "DELETE", "the DELETE notification")
+        assert isinstance(await auth.authenticate(AuthRequest("c", name, b"pw")), Refused)
+    finally:
+        task.cancel()
+        await listener.close()
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+def _env(postgres_server: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CORMORANT_POSTGRES_DSN": postgres_server,
+        "CORMORANT_SETTINGS_FILE": os.devnull,
+    }
+
+
+def test_the_cli_manages_credentials_and_never_prints_secrets(
+    postgres_server: str, tmp_path: Path
+) -> None:
+    env = _env(postgres_server)
+    name = _name("cli")
+    password = tmp_path / "password"
+    password.write_text("never-shown-s3cret\n")
+    added = run_cormorant(
+        "credentials", "add", name, "--username", name, "--password-file", str(password),
+        "--kind", "application", "--rule", "allow publish d/${client_id}/#",
+        "--rule", "deny all #", "--json", env=env,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    view = json.loads(added.stdout)
+    assert view["kind"] == "APPLICATION" and view["password"] == "set"
+    assert view["rules"] == ["allow publish d/${client_id}/#", "deny all #"]
+    listed = run_cormorant("credentials", "list", "--json", env=env)
+    assert name in [c["name"] for c in json.loads(listed.stdout)]
+    table = run_cormorant("credentials", "list", env=env)
+    assert table.stdout.startswith("NAME") and f"username={name}" in table.stdout
+    shown = run_cormorant("credentials", "show", name, env=env)
+    assert "rules:\n  allow publish d/${client_id}/#\n  deny all #" in shown.stdout
+    updated = run_cormorant("credentials", "update", name, "--no-rules", "--json", env=env)
+    assert json.loads(updated.stdout)["rules"] == []
+    disabled = run_cormorant("credentials", "disable", name, "--json", env=env)
+    assert json.loads(disabled.stdout)["enabled"] is False
+    gone = run_cormorant("credentials", "delete", name, env=env)
+    assert gone.stdout.startswith(f"deleted {name} (")
+    everything = added.stdout + listed.stdout + table.stdout + shown.stdout + updated.stdout
+    assert "never-shown-s3cret" not in everything and "argon2" not in everything
+
+
+def test_the_cli_shows_jwt_and_scram_credentials_without_their_keys(
+    postgres_server: str, tmp_path: Path
+) -> None:
+    env = _env(postgres_server)
+    secret = tmp_path / "hmac"
+    secret.write_text("an HMAC secret the CLI must never print!!\n")
+    issuer = _name("issuer")
+    added = run_cormorant(
+        "credentials", "add", issuer, "--type", "jwt", "--jwt-secret-file", str(secret),
+        "--jwt-audience", "mqtt", "--jwt-client-id-claim", "sub", "--json", env=env,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    jwt_view = json.loads(added.stdout)["jwt"]
+    assert jwt_view["key"] == "**********" and jwt_view["algorithms"] == ["HS256"]
+    scram = _name("scram")
+    made = run_cormorant(
+        "credentials", "add", scram, "--type", "scram", "--username", scram,
+        "--password", "pw", "--json", env=env,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["scram"] == [
+        {"mechanism": "SCRAM-SHA-256", "iterations": 4096},
+        {"mechanism": "SCRAM-SHA-512", "iterations": 4096},
+    ]
+    for ref in (issuer, scram):
+        assert run_cormorant("credentials", "delete", ref, env=env).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["show", "no-such-credential"], "no credential named 'no-such-credential'"),
+        (["add", "bad rule", "--username", "u"], "name 'bad rule' must be"),
+        (["add", "r1", "--username", "u", "--rule", "allow publish a/#/b"], "'#'"),
+        (["add", "x1", "--type", "x509", "--cert-fingerprint", "abc"], "64 lowercase hex"),
+        (["add", "j1", "--type", "jwt"], "needs its token settings"),
+        (["add", "s1", "--type", "scram", "--username", "s"], "needs a password"),
+    ],
+)
+def test_bad_input_is_one_clear_line(postgres_server: str, args: list[str], message: str) -> None:
+    result = run_cormorant("credentials", *args, env=_env(postgres_server))
+    assert result.returncode == 1
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,247 @@
+"""The checks of each credential type, without a network: argon2id passwords, SCRAM against
+an independent client (scramp), JWTs made with PyJWT, and the X509 lookup over identities of
+real certificates (tests/pki.py)."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import time
+from pathlib import Path
+
+import jwt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from scramp import ScramClient
+
+from services.common.auth.certificates import (
+    CertificateIdentity,
+    CertificateMatch,
+    match_certificate,
+)
+from services.common.auth.jwt_auth import (
+    JwtSettings,
+    NotThisIssuer,
+    TokenError,
+    check_settings,
+    looks_like_token,
+    verify_token,
+)
+from services.common.auth.passwords import (
+    hash_password,
+    verify_against_dummy,
+    verify_password,
+)
+from services.common.auth.scram import (
+    MECHANISMS,
+    ScramError,
+    ScramExchange,
+    derive_secret,
+    unknown_user_secret,
+)
+from tests.pki import make_pki
+
+# ---------------------------------------------------------------------- passwords
+
+
+def test_a_password_is_stored_as_an_argon2id_hash_only() -> None:
+    password = bytes(range(256))  # an MQTT password is any bytes
+    encoded = hash_password(password)
+    assert encoded.startswith("$argon2id$v=19$m=19456,t=2,p=1$")
+    assert password not in encoded.encode("latin-1")
+    assert verify_password(encoded, password)
+    assert not verify_password(encoded, password[:-1])
+    assert not verify_password("not a hash", password)  # logged, never raised
+    assert not verify_against_dummy(password)
+
+
+# ---------------------------------------------------------------------- SCRAM
+
+
+def _exchange(mechanism: str, username: str, password: str, stored: str) -> bytes:
+    """A full exchange between scramp's client (``password``) and the server holding the
+    secret of ``stored``; returns the server-final-message (the client checks it)."""
+    client = ScramClient([mechanism], username, password)
+    server = ScramExchange(mechanism)
+    assert server.client_first(client.get_client_first().encode()) == username
+    client.set_server_first(server.server_first(derive_secret(mechanism, stored.encode())).decode())
+    final = server.client_final(client.get_client_final().encode())
+    client.set_server_final(final.decode())  # raises unless the server proved the secret
+    return final
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_scram_completes_with_an_independent_client(mechanism: str) -> None:
+    assert _exchange(mechanism, "dev,1=x", "s3cret", "s3cret").startswith(b"v=")
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_a_wrong_scram_proof_is_refused(mechanism: str) -> None:
+    with pytest.raises(ScramError, match="proof does not verify"):
+        _exchange(mechanism, "dev-1", "wrong", "s3cret")
+
+
+def test_an_unknown_user_gets_the_same_salt_every_time() -> None:
+    first = unknown_user_secret("SCRAM-SHA-256", "ghost")
+    assert first.salt == unknown_user_secret("SCRAM-SHA-256", "ghost").salt
+    assert first.salt != unknown_user_secret("SCRAM-SHA-256", "other").salt
+    assert first.iterations == derive_secret("SCRAM-SHA-256", b"x").iterations
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (b"p=tls-unique,,n=u,r=abc", "channel binding"),
+        (b"n,a=admin,n=u,r=abc", "authorization identity"),
+        (b"n,,r=abc,n=u", "must start with n= and r="),
+        (b"n,,n=u,r=abc,m=ext", "extensions"),
+        (b"n,,n=u=2,r=abc", "malformed"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"n,,n=,r=abc", "empty"),
+    ],
+)
+def test_a_malformed_client_first_message_is_refused(message: bytes, error: str) -> None:
+    with pytest.raises(ScramError, match=error):
+        ScramExchange("SCRAM-SHA-256").client_first(message)
+
+
+def test_scram_messages_out_of_order_are_refused() -> None:
+    exchange = ScramExchange("SCRAM-SHA-256", nonce="server")
+    with pytest.raises(ScramError, match="before client-first"):
+        exchange.server_first(derive_secret("SCRAM-SHA-256", b"p"))
+    with pytest.raises(ScramError, match="before server-first"):
+        exchange.client_final(b"c=biws,r=xserver,p=AAAA")
+    exchange.client_first(b"n,,n=u,r=x")
+    exchange.server_first(derive_secret("SCRAM-SHA-256", b"p"))
+    with pytest.raises(ScramError, match="nonce"):
+        exchange.client_final(b"c=biws,r=other,p=AAAA")
+    with pytest.raises(ScramError, match="channel binding"):
+        exchange.client_final(b"c=eSws,r=xserver,p=AAAA")
+    with pytest.raises(ScramError, match="unsupported"):
+        ScramExchange("SCRAM-SHA-1")
+
+
+# ---------------------------------------------------------------------- JWT
+
+SECRET = "an HMAC secret of the issuer, 32+ bytes long"
+
+
+def _token(key: object = SECRET, algorithm: str = "HS256", **claims: object) -> bytes:
+    now = int(time.time())
+    body = {"sub": "dev-1", "exp": now + 60, **claims}
+    return jwt.encode({k: v for k, v in body.items() if v is not None}, key, algorithm).encode()
+
+
+def test_a_valid_token_gives_its_claims() -> None:
+    token = _token(aud="mqtt")
+    assert looks_like_token(token) and not looks_like_token(b"plain password")
+    claims = verify_token(token, JwtSettings(("HS256",), SECRET, audience="mqtt"))
+    assert claims["sub"] == "dev-1"
+
+
+@pytest.mark.parametrize(
+    ("claims", "error"),
+    [
+        ({"exp": int(time.time()) - 120}, "expired"),
+        ({"nbf": int(time.time()) + 3600}, "not valid yet"),
+        ({"aud": "another"}, "audience"),
+        ({"exp": None}, "lacks the 'exp' claim"),
+        ({"iss": "evil"}, "issuer"),
+    ],
+)
+def test_a_token_is_refused_with_its_reason(claims: dict[str, object], error: str) -> None:
+    settings = JwtSettings(("HS256",), SECRET, audience="mqtt", issuer="us")
+    body = {"aud": "mqtt", "iss": "us", **claims}
+    with pytest.raises(TokenError, match=error):
+        verify_token(_token(**body), settings)
+
+
+def test_a_token_of_another_issuer_or_algorithm_is_not_this_issuers() -> None:
+    settings = JwtSettings(("HS256",), SECRET)
+    with pytest.raises(NotThisIssuer):
+        verify_token(_token(key="another secret of 32 bytes or more!!"), settings)
+    with pytest.raises(NotThisIssuer):
+        verify_token(_token(algorithm="HS512"), settings)
+    with pytest.raises(TokenError, match="malformed"):
+        verify_token(b"abc.def.ghi", settings)
+
+
+def test_a_public_key_verifies_and_is_never_an_hmac_secret() -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    settings = JwtSettings(("ES256",), public)
+    check_settings(settings)
+    assert verify_token(_token(key, "ES256"), settings)["sub"] == "dev-1"
+    with pytest.raises(ValueError, match="mix HMAC"):
+        check_settings(JwtSettings(("HS256", "ES256"), public))
+    with pytest.raises(ValueError, match="does not suit HS256"):
+        check_settings(JwtSettings(("HS256",), public))  # PyJWT refuses a PEM as secret
+    with pytest.raises(ValueError, match="unknown JWT algorithms: none"):
+        check_settings(JwtSettings(("none",), SECRET))
+
+
+# ---------------------------------------------------------------------- X509
+
+
+#: Python ssl's names of the subject attributes the test certificates hold.
+_SSL_NAMES = {NameOID.COMMON_NAME: "commonName", NameOID.ORGANIZATION_NAME: "organizationName"}
+
+
+def _identity(pem: Path) -> CertificateIdentity:
+    """The identity as the TLS listener makes it, from what ``ssl`` gives of a peer."""
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    decoded = {
+        "subject": tuple(
+            tuple((_SSL_NAMES[a.oid], a.value) for a in rdn) for rdn in cert.subject.rdns
+        ),
+        "subjectAltName": tuple(
+            ("DNS", name) for name in cert.extensions.get_extension_for_class(
+                x509.SubjectAlternativeName
+            ).value.get_values_for_type(x509.DNSName)
+        ),
+    }  # fmt: skip
+    return CertificateIdentity.from_peer_certificate(
+        decoded, ssl.PEM_cert_to_DER_cert(pem.read_text())
+    )
+
+
+def test_a_certificate_is_matched_by_fingerprint_before_patterns(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    identity = _identity(pki.cert)
+    assert len(identity.fingerprint) == 64 and "localhost" in identity.subject_alt_names
+    assert identity.subject == "CN=localhost,O=Cormorant local cluster"
+    assert identity.common_name == "localhost"
+    candidates = [
+        ("any-host", CertificateMatch(san="*")),
+        ("by-cn", CertificateMatch(common_name=f"{identity.common_name}")),
+        ("by-san", CertificateMatch(san="local*")),
+        ("exact", CertificateMatch(fingerprint=identity.fingerprint)),
+        ("other", CertificateMatch(fingerprint="0" * 64)),
+    ]
+    assert match_certificate(identity, candidates) == "exact"
+    assert match_certificate(identity, candidates[:3]) in ("by-cn", "by-san")
+    assert match_certificate(identity, candidates[:1]) == "any-host"
+    assert match_certificate(identity, candidates[4:]) is None
+
+
+def test_equally_specific_patterns_are_chosen_the_same_way_everywhere() -> None:
+    identity = CertificateIdentity("dev-7.fleet", ("dev-7.fleet",), "f" * 64, "CN=dev-7.fleet")
+    candidates = [("b", CertificateMatch(common_name="dev-?.fleet")),
+                  ("a", CertificateMatch(san="dev-?.fleet"))]  # fmt: skip
+    assert match_certificate(identity, candidates) == "a"
+    assert match_certificate(identity, list(reversed(candidates))) == "a"
+    nameless = CertificateIdentity(None, (), "f" * 64, "O=nameless")
+    assert match_certificate(nameless, candidates) is None
+
+
+def test_scram_secrets_round_trip_base64() -> None:
+    secret = derive_secret("SCRAM-SHA-512", b"p", salt=b"salt" * 4, iterations=4096)
+    assert base64.b64decode(base64.b64encode(secret.stored_key)) == secret.stored_key
+    assert len(secret.stored_key) == 64
