@@ -51,6 +51,7 @@ from services.common.mqtt.properties import (
     decode_properties,
     encode_properties,
 )
+from services.common.mqtt.reason_codes import CONNACK_REASON_CODES
 from services.common.mqtt.utf8 import decode_binary, decode_utf8, encode_binary, encode_utf8
 from services.common.mqtt.vbi import VBI_MAX, encode_vbi
 
@@ -79,10 +80,6 @@ _FIXED_FLAGS: Final[dict[int, int]] = {
 }
 
 # Reason Codes each 5.0 packet may carry (5.0 3.2.2.2, 3.4.2.1 ... 3.15.2.1).
-_CONNACK_REASONS: Final = frozenset(
-    (0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
-     0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F)
-)  # fmt: skip
 _PUBACK_REASONS: Final = frozenset((0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99))
 _PUBREL_REASONS: Final = frozenset((0x00, 0x92))
 _SUBACK_REASONS: Final = frozenset(
@@ -275,7 +272,7 @@ def _decode_connack(view: memoryview, v5: bool) -> ConnAck:
     code = view[1]
     props = Properties()
     if v5:
-        _reason(code, _CONNACK_REASONS, "CONNACK")
+        _reason(code, CONNACK_REASON_CODES, "CONNACK")
         props, pos = decode_properties(view, 2, PacketType.CONNACK)
         _expect_end(view, pos, "CONNACK")
     else:
