@@ -57,12 +57,26 @@ def test_a_block_moves_every_port_setting() -> None:
         assert settings.ingest_nodes == slot.ingest_nodes
 
 
-def test_a_block_with_a_taken_port_is_passed_over() -> None:
-    first = ports.free_block((ports.SESSION,))
-    taken = ports.listening_ports(ports.SESSION.settings(first))[0]
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", taken))
+def _hold_a_free_blocks_port() -> tuple[dict[str, int], int, socket.socket]:
+    """(block offsets, port, listening socket) for the first port of a free block; another test
+    session may take a block between the search and the bind, so search again then."""
+    for _ in range(20):
+        first = ports.free_block((ports.SESSION,))
+        taken = ports.listening_ports(ports.SESSION.settings(first))[0]
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", taken))
+        except OSError:
+            holder.close()
+            continue
         holder.listen()
+        return first, taken, holder
+    raise AssertionError("every free block found was taken before its first port could be bound")
+
+
+def test_a_block_with_a_taken_port_is_passed_over() -> None:
+    first, taken, holder = _hold_a_free_blocks_port()
+    with holder:
         assert not ports.bindable(taken)
         later = ports.free_block((ports.SESSION,))
     assert later != first
