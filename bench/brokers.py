@@ -109,10 +109,10 @@ def cormorant(
     Raises:
         BrokerUnavailable: a process of the cluster is down (run ``bash scripts/up.sh``).
     """
-    from services.local import cluster
+    from services.local import cluster, layout
     from services.local.settings import LocalSettings
 
-    settings = LocalSettings() if settings is None else settings
+    settings = layout.current(LocalSettings() if settings is None else settings)
     rows = cluster.status(settings)
     down = [f"{r.name}: {r.health}" for r in rows if not r.healthy]
     if down:

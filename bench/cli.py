@@ -1,5 +1,5 @@
-"""Command line: ``python -m bench run|compare|transactions|summary|list`` (and
-``python -m bench.loadgen``).
+"""Command line: ``python -m bench run|compare|transactions|summary|list|chaos|soak``
+(and ``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report
 (``run kafka-floor``: the two Kafka hops of a p2p message alone, :mod:`bench.kafka_floor`);
@@ -7,8 +7,10 @@
 floor in every round, and writes ``bench/results/<label>.{jsonl,md,png}``;
 ``transactions <scenario>`` runs it against the cluster with its routers in Kafka
 transactions and without, alternately (:mod:`bench.transactions`); ``summary`` gathers the
-latest comparison of every label into ``bench/results/summary.{md,png}``. See
-bench/README.md for the scenarios.
+latest comparison of every label into ``bench/results/summary.{md,png}``; ``chaos`` kills
+each process of the local cluster in turn under load (``bench.chaos``); ``soak`` runs a
+long steady load and samples the cluster's resources (``bench.soak``). See bench/README.md
+for the scenarios.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from bench import brokers, kafka_floor, results, summary
+from bench import brokers, chaos, kafka_floor, results, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import KAFKA_FLOOR, SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
 from bench.transactions import compare_transactions
+from services.local import cluster, layout, redis
+from services.local.settings import LocalSettings
 
 VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
 
@@ -255,6 +259,162 @@ def _alternate(
     _log(f"wrote {jsonl}, {md} and {png}")
 
 
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    """``--own-cluster`` and ``--production``: which cluster a run disrupts or measures."""
+    parser.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="start a cluster of its own on free ports in a temporary directory",
+    )
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
+    )
+
+
+def _cluster(args: argparse.Namespace, stack: contextlib.ExitStack) -> LocalSettings:
+    """The settings of the cluster ``args`` name: one of its own (stopped when ``stack``
+    closes), or the one ``cormorant up`` started; the cluster is brought up (whatever is
+    not running is started)."""
+    if args.own_cluster:
+        settings = stack.enter_context(chaos.own_cluster(args.production))
+    else:
+        settings = layout.current(LocalSettings())
+    cluster.up(settings)
+    return settings
+
+
+def chaos_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``chaos``."""
+    parser.add_argument(
+        "--processes",
+        help="comma-separated processes to kill, in order (default: every process of the "
+        f"cluster; {chaos.REDIS_PRIMARY} = the Redis node that is primary then)",
+    )
+    parser.add_argument("--publishers", type=int, default=20, help="QoS 1 publishers")
+    parser.add_argument("--rate", type=float, default=500.0, help="msg/s over all publishers")
+    parser.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the first kill")
+    parser.add_argument("--down", type=float, default=1.0, help="seconds a process stays dead")
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="seconds of load after recovery, per kill"
+    )
+    parser.add_argument("--recovery-timeout", type=float, default=120.0)
+    parser.add_argument("--drain", type=float, default=120.0, help="max seconds to drain")
+    _cluster_options(parser)
+    parser.add_argument("--output", type=Path, default=results.RESULTS_DIR / "chaos.jsonl")
+
+
+def default_processes(settings: LocalSettings) -> list[str]:
+    """Every process of the cluster once, the services first in the issue's order. The
+    Redis node that is primary now goes first among the Redis nodes: its kill is a
+    failover (and with one replica, so is the next node's: it is primary by then)."""
+    names = [part.name for part in cluster.components(settings)]
+    first = ["router", "ingest-node1", "device-persist"]
+    infra = [n for n in names if n.startswith(("kafka", "redis", "postgres"))]
+    primary = redis.primary(settings) if settings.redis_replicas else None
+    if primary is not None:
+        nodes = [infra.index(redis.node_name(settings, n)) for n in redis.node_ids(settings)]
+        leader = infra.index(redis.node_name(settings, primary))
+        infra[nodes[0]], infra[leader] = infra[leader], infra[nodes[0]]
+    rest = [n for n in names if n not in first and n not in infra]
+    return [*first, *infra, *rest]
+
+
+def do_chaos(args: argparse.Namespace) -> None:
+    """``chaos``: kill each process in turn under load; print and record the result."""
+    timing = chaos.Timing(
+        warmup=args.warmup,
+        down=args.down,
+        settle=args.settle,
+        recovery_timeout=args.recovery_timeout,
+        drain=args.drain,
+    )
+    with contextlib.ExitStack() as stack:
+        settings = _cluster(args, stack)
+        names = args.processes.split(",") if args.processes else default_processes(settings)
+        _log(f"chaos over {', '.join(names)} ({layout.of(settings).describe()})")
+        result = chaos.run(
+            settings,
+            names,
+            publishers=args.publishers,
+            rate=args.rate,
+            version=VERSIONS[args.mqtt],
+            timing=timing,
+            log=_log,
+        )
+    rec = results.record(
+        label="chaos",
+        scenario="chaos",
+        broker="cormorant",
+        round_=1,
+        options={**vars(args), "layout": layout.of(settings).describe()},
+        report=result.as_dict(),
+    )
+    results.append(args.output, rec)
+    print(chaos.table(result))
+    _log(f"appended to {args.output}")
+    if result.report is None or result.report.lost:
+        raise SystemExit(1)
+
+
+def soak_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``soak``."""
+    parser.add_argument("--minutes", type=float, default=30.0, help="measured minutes")
+    parser.add_argument("--rate", type=float, default=2000.0, help="msg/s over all publishers")
+    parser.add_argument("--clients", type=int, default=5000, help="connected clients (pairs x 2)")
+    parser.add_argument(
+        "--persistent-every",
+        type=int,
+        default=10,
+        help="every n-th pair is persistent (clean_session=false); 0: none",
+    )
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
+    parser.add_argument("--workers", type=int, default=2, help="load generator processes")
+    _cluster_options(parser)
+    parser.add_argument(
+        "--out", type=Path, help="directory for samples.csv, soak.png, summary.md "
+        "(default: bench/results/soak-<date>)"
+    )  # fmt: skip
+
+
+def do_soak(args: argparse.Namespace) -> None:
+    """``soak``: a long steady load; samples, chart and summary."""
+    out = args.out or results.RESULTS_DIR / f"soak-{time.strftime('%Y%m%d-%H%M')}"
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        settings = _cluster(args, stack)
+        load = soak.plan(
+            "127.0.0.1",
+            settings.listen_port,
+            clients=args.clients,
+            rate=args.rate,
+            minutes=args.minutes,
+            persistent_every=args.persistent_every,
+        )
+        _log(
+            f"soak: {args.clients} clients, {args.rate:g} msg/s, {args.minutes:g} min "
+            f"({layout.of(settings).describe()}); samples every {args.interval:g} s"
+        )
+        result = soak.run(settings, load, interval=args.interval, workers=args.workers, log=_log)
+    soak.write_csv(result.samples, out / "samples.csv")
+    title = f"{args.clients} clients, {args.rate:g} msg/s, {args.minutes:g} min"
+    soak.chart(result.samples, out / "soak.png", title)
+    (out / "summary.md").write_text(soak.markdown(result) + "\n", encoding="utf-8")
+    rec = results.record(
+        label="soak",
+        scenario="soak",
+        broker="cormorant",
+        round_=1,
+        options={**vars(args), "out": str(out), "layout": layout.of(settings).describe()},
+        report={"load": result.report, "summary": result.rows},
+    )
+    results.append(results.RESULTS_DIR / "soak.jsonl", rec)
+    print(soak.markdown(result))
+    _log(f"wrote {out}/samples.csv, soak.png and summary.md")
+
+
 def do_compare(args: argparse.Namespace) -> None:
     """``compare``: Cormorant vs Mosquitto, A B A B …"""
     _alternate(
@@ -279,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser(sub.add_parser("run", help="one scenario against one broker"))
     compare_parser(sub.add_parser("compare", help="Cormorant vs Mosquitto, alternating"))
+    chaos_parser(sub.add_parser("chaos", help="kill each process in turn under load"))
+    soak_parser(sub.add_parser("soak", help="a long steady load; are resources flat?"))
     compare_parser(
         sub.add_parser(
             "transactions", help="the router with and without Kafka transactions, alternating"
@@ -299,11 +461,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             _log(f"wrote {md} and {png}")
         elif args.command == "run":
             do_run(args)
+        elif args.command == "chaos":
+            do_chaos(args)
+        elif args.command == "soak":
+            do_soak(args)
         elif args.command == "transactions":
             do_transactions(args)
         else:
             do_compare(args)
-    except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
+    except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:
         raise SystemExit(f"bench: {exc}") from None
     except KeyboardInterrupt:
         raise SystemExit("bench: interrupted") from None
@@ -316,7 +482,7 @@ def run_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         do_run(args)
-    except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
+    except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:
         raise SystemExit(f"bench: {exc}") from None
     except KeyboardInterrupt:
         raise SystemExit("bench: interrupted") from None

@@ -18,7 +18,8 @@ stay connected: it measures the stages and Kafka, not an ingest node that holds 
 
 ``python -m bench.recovery <process> [--restart] [--path ...]`` measures one process of the
 local cluster (``cormorant up``'s, or the one ``CORMORANT_*`` settings point to). The chaos
-command reuses :func:`measure_recovery` with its own ``kill`` and ``restart``.
+run (``python -m bench chaos``, :mod:`bench.chaos`) kills every process in turn under a
+heavier load of its own and times recovery over that load (:mod:`bench.resumption`).
 """
 
 from __future__ import annotations

@@ -3,39 +3,25 @@
 The cluster runs in a temporary state dir on its own ports, so a developer's cluster
 (1883, 9092...) keeps running beside it; the Kafka jars come from the user's cache dir so
 that they are downloaded once per machine, not once per session.
+
+A session takes a block of ports (:mod:`services.local.ports`): its shared cluster in the
+block's ``SESSION`` slot, and, should its tests start them, the secured cluster
+(tests/integration/test_secured_cluster.py) in the ``SECURED`` slot and the
+production-layout cluster (tests/topology/) in the ``PRODUCTION`` slot. All three are free
+when the block is chosen, so another session on the same machine takes another block.
 """
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.common.metrics import parse_exposition
-from services.local import cluster, haproxy, kafka, processes
+from services.local import cluster, haproxy, kafka, ports, processes
 from services.local.settings import LocalSettings
-
-#: Default test ports; the whole block moves by PORT_STEP while any of them is taken. The
-#: services' HTTP ports have a range of their own (ingest node i on http_base + i, the
-#: stages' instances from http_base + 17, 33, 49; :func:`services.local.cluster.http_ports`),
-#: above every other port of the PORT_TRIES blocks, with the admin service after them.
-TEST_PORTS = {
-    "kafka_port": 19092,
-    "kafka_controller_port": 19093,
-    "redis_port": 16379,
-    "postgres_port": 15432,
-    "listen_port": 21883,
-    "tls_listen_port": 21884,
-    "ws_listen_port": 21885,
-    "wss_listen_port": 21886,
-    "ingest_base_port": 21900,
-    "http_base_port": 24000,
-    "admin_port": 24080,
-}
-PORT_STEP = 100
-PORT_TRIES = 20
 
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
@@ -44,75 +30,35 @@ KAFKA_REQUEST_TIMEOUT = 5.0
 APPLICATION_IDS = "app-*"
 
 
-#: The secured cluster's ports (tests/integration/test_secured_cluster.py): the session's
-#: block moved by this much, into the gaps between the session cluster's own ports (its
-#: ingest nodes' listeners are ``haproxy.PORT_BLOCK`` apart from ``ingest_base_port + 1``).
-SECURED_PORT_OFFSET = 8
-
-#: Ingest nodes of the secured cluster.
-SECURED_INGEST_NODES = 1
-
-
-def cluster_ports(ports: dict[str, int], ingest_nodes: int) -> list[int]:
-    """Every port a test cluster of ``ports`` (TEST_PORTS' names) and ``ingest_nodes``
-    listens on: its servers', HAProxy's, each ingest node's direct and listener ports, and
-    every service's HTTP port (the admin service's included)."""
-    layout = LocalSettings(ingest_nodes=ingest_nodes, **ports)
-    bases = ("ingest_base_port", "http_base_port", "admin_port")
-    return (
-        [p for n, p in ports.items() if n not in bases]
-        + haproxy.all_node_ports(layout)
-        + list(cluster.http_ports(layout).values())
-    )
-
-
-def secured_ports(ports: dict[str, int]) -> dict[str, int]:
-    """The secured cluster's TEST_PORTS beside the session cluster of ``ports``."""
-    return {name: port + SECURED_PORT_OFFSET for name, port in ports.items()}
-
-
-def bindable(port: int) -> bool:
-    """Whether a server could listen on 127.0.0.1:``port`` now."""
-    with socket.socket() as sock:
-        # As the servers do: a port whose old connections linger in TIME_WAIT is free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_test_ports(ingest_nodes: int) -> dict[str, int]:
-    """The first block of TEST_PORTS (shifted by multiples of PORT_STEP) that is all free,
-    with the ports of the secured cluster beside it (:func:`secured_ports`).
-
-    Another test session on the same machine then gets its own block. Raises
-    ``RuntimeError`` when no free block is found in PORT_TRIES attempts.
-    """
-    for attempt in range(PORT_TRIES):
-        ports = {name: port + attempt * PORT_STEP for name, port in TEST_PORTS.items()}
-        wanted = cluster_ports(ports, ingest_nodes)
-        wanted += cluster_ports(secured_ports(ports), SECURED_INGEST_NODES)
-        if all(bindable(port) for port in wanted):
-            return ports
-    raise RuntimeError(f"no free block of test ports near {TEST_PORTS}")
-
-
-def make_test_settings(state_dir: Path) -> LocalSettings:
-    """Settings of a test cluster in ``state_dir``: free test ports, a unique topic prefix."""
-    defaults = LocalSettings()
-    ports = free_test_ports(defaults.ingest_nodes)
-    return LocalSettings(
-        state_dir=state_dir,
-        cache_dir=defaults.cache_dir,
-        kafka_bootstrap=f"127.0.0.1:{ports['kafka_port']}",
-        topic_prefix=f"test-{uuid.uuid4().hex[:8]}.",
+def make_test_settings(
+    state_dir: Path,
+    slot: ports.Slot = ports.SESSION,
+    block: dict[str, int] | None = None,
+    **overrides: Any,
+) -> LocalSettings:
+    """Settings of a test cluster in ``state_dir``: ``slot``'s ports of ``block`` (default:
+    the first block whose test slots are all free, :func:`services.local.ports.free_block`),
+    its layout and ingest nodes, a unique topic prefix; ``overrides`` (setting name →
+    value) last."""
+    if block is None:
+        block = ports.free_block(ports.TEST_SLOTS)
+    values: dict[str, Any] = {
+        "state_dir": state_dir,
+        "cache_dir": LocalSettings().cache_dir,
+        "topic_prefix": f"test-{uuid.uuid4().hex[:8]}.",
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
-        kafka_request_timeout_seconds=KAFKA_REQUEST_TIMEOUT,
-        application_client_ids=[APPLICATION_IDS],
-        **ports,
-    )
+        "kafka_request_timeout_seconds": KAFKA_REQUEST_TIMEOUT,
+        "application_client_ids": [APPLICATION_IDS],
+        "ingest_nodes": slot.ingest_nodes,
+        "kafka_brokers": slot.layout.kafka_brokers,
+        "redis_replicas": slot.layout.redis_replicas,
+        "redis_sentinel_count": slot.layout.redis_sentinel_count,
+        **slot.ports(block),
+    }
+    values.update(overrides)
+    settings = LocalSettings(**values)
+    # Every broker's address: a test may hand the settings to a Kafka client directly.
+    return settings.model_copy(update={"kafka_bootstrap": kafka.bootstrap(settings)})
 
 
 @dataclass(frozen=True)

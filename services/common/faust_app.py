@@ -257,9 +257,39 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
     return app
 
 
+class TaskEnded(Exception):
+    """A service's main task ended while its worker was not stopping."""
+
+
 def run_task(app: faust.App, task: Callable[[], Awaitable[None]]) -> None:
-    """Run ``task()`` in ``app``'s worker once it has started (Faust's ``@app.task``)."""
-    app.task(task)
+    """Run ``task()``, which runs until shutdown, in ``app``'s worker once it has started
+    (Faust's ``@app.task``), guarded by :func:`until_shutdown`: if it ends before, the
+    worker crashes and the process exits non-zero (mode re-raises the crash), so that its
+    supervisor (ECS, ``cormorant up``) starts it again."""
+
+    async def guarded() -> None:
+        await until_shutdown(task, lambda: bool(app.should_stop))
+
+    app.task(guarded)
+
+
+async def until_shutdown(task: Callable[[], Awaitable[None]], stopping: Callable[[], bool]) -> None:
+    """Await ``task()``; raise :class:`TaskEnded` if it returns, raises, or is cancelled
+    while ``stopping()`` is False. mode only logs a cancelled task: aiokafka cancelled a
+    consumer loop after a failed rebalance (SyncGroup's UnknownError in a broker failover),
+    and device_persist ran on without consuming anything."""
+    try:
+        await task()
+    except asyncio.CancelledError:
+        if stopping():
+            raise
+        raise TaskEnded(f"{getattr(task, '__name__', task)!s} was cancelled") from None
+    except Exception as exc:
+        if stopping():
+            raise
+        raise TaskEnded(f"{getattr(task, '__name__', task)!s} failed: {exc!r}") from exc
+    if not stopping():
+        raise TaskEnded(f"{getattr(task, '__name__', task)!s} returned")
 
 
 def every(app: faust.App, seconds: float, job: Callable[[], Awaitable[object]], what: str) -> None:

@@ -518,6 +518,26 @@ class Settings(BaseSettings):
         None,
         description="CA bundle (PEM) of a rediss:// server; unset: the system's trust store.",
     )
+    redis_sentinels: list[str] = Field(
+        default_factory=list,
+        description="host:port of Redis Sentinels: when set, the store asks them for the "
+        "current primary of redis_sentinel_master (and follows it after a failover) instead "
+        "of redis_url's host and port (its database, TLS and user still apply). In the "
+        "environment a JSON list: CORMORANT_REDIS_SENTINELS='[\"10.0.0.5:26379\"]'.",
+    )
+    redis_sentinel_master: str = Field(
+        "cormorant", description="The master name the Sentinels monitor (redis_sentinels)."
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Replicas that must have each write of the Redis store (Redis WAIT) "
+        "before it counts as done, so device_persist never commits the Kafka offset of a "
+        "record whose store write a failover could drop; 0: do not wait (no replica). A "
+        "write that fewer replicas confirm within half of store_timeout_seconds fails as "
+        "unavailable and its records are read again.",
+    )
     postgres_dsn: str = Field(
         "postgresql://cormorant@127.0.0.1:5432/cormorant",
         description="PostgreSQL of the message store (libpq connection URL).",

@@ -32,7 +32,7 @@ from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
-from services.common.mqtt.reason_codes import ReasonCode, v3_connack_code
+from services.common.mqtt.reason_codes import CONNACK_REASON_CODES, ReasonCode, v3_connack_code
 from services.common.records import ClientKind, DisconnectCause, EventKind, SessionRecord
 from services.common.sessions import client_kind, is_persistent, session_expired
 from services.common.topics.validation import validate_topic_name
@@ -352,10 +352,14 @@ def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
     refused identifier with 0x02 and an unavailable server with 0x03, but any other invalid
     CONNECT (malformed, an invalid Will Topic, over the size limit) only with a close (3.1.4,
     4.8): its return codes cannot name those reasons. MQTT 5 answers with the Reason Code
-    (3.2.2.2).
+    (3.2.2.2); an error whose Reason Code a CONNACK may not carry (a PUBLISH with Topic Alias
+    0 sent before CONNACK: 0x94) is answered 0x82 Protocol Error, which it is (4.13.1).
     """
     state.phase = Phase.CLOSED
-    MQTT.connect_outcome(state.listener, exc.reason_code)
+    reason = exc.reason_code
+    if reason not in CONNACK_REASON_CODES:
+        reason = ReasonCode.PROTOCOL_ERROR
+    MQTT.connect_outcome(state.listener, reason)
     effects: list[Effect] = []
     if isinstance(exc, UnsupportedProtocolVersion):
         effects.append(Send(ConnAckBytes.unsupported_version))
@@ -363,11 +367,11 @@ def refuse(state: ConnectionState, exc: MQTTError) -> list[Effect]:
         props = Properties()
         if state.request_problem_information:
             props.reason_string = exc.message[:200]
-        effects.append(Send(state.encode(ConnAck(False, exc.reason_code, props))))
-    elif exc.reason_code in _V3_REFUSALS:
-        effects.append(Send(state.encode(ConnAck(False, v3_connack_code(exc.reason_code)))))
+        effects.append(Send(state.encode(ConnAck(False, reason, props))))
+    elif reason in _V3_REFUSALS:
+        effects.append(Send(state.encode(ConnAck(False, v3_connack_code(reason)))))
     effects.append(Close(exc.message))
-    return effects + events.refused(state, exc.reason_code)
+    return effects + events.refused(state, reason)
 
 
 _V3_REFUSALS = frozenset(

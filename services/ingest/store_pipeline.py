@@ -17,6 +17,13 @@ delivered once Kafka is back (README, "What clients can rely on today"). Records
 waits for (the end records of a previous process's sessions) are written with
 :meth:`StorePipeline.write_logged`: a failure is only logged.
 
+A PUBLISH that Kafka did not store (the producer refused it, failed it, or did not answer
+in time) fails the connection's PUBLISHes still queued behind it, instead of handing them
+to the producer: written, they would be stored ahead of the failed one, which the client
+sends again later (v3.1.1, after reconnecting) — a reordering (MQTT 4.6). The producer
+keeps the order of what it was handed (idempotence), so only what was not handed yet needs
+this.
+
 Backpressure: when ``max_pending`` records wait to be sent or answered, a client whose
 PUBLISH adds one more stops being read (its sends back up in TCP) until the pending records
 fall to half, so a flood slows its senders instead of making Kafka time out everyone's
@@ -86,6 +93,8 @@ class _Queue:
 
     items: deque[StoreEffect] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+    #: A PUBLISH of the connection was not stored: the PUBLISHes queued behind it fail too.
+    refusing: bool = False
 
 
 Stored = Callable[[Client, StoreEffect, object], None]
@@ -206,14 +215,17 @@ class StorePipeline:
         try:
             while queue.items:
                 effect = queue.items[0]
+                if queue.refusing and isinstance(effect, StorePublish):
+                    self._sent(queue)
+                    self._failed(client, effect)
+                    continue
                 record = record_of(self.names, client.connection.client_id, effect)
                 try:
                     pending = await self._send(*record)
                 except Exception as exc:  # Kafka unreachable or the record refused
                     log.warning("could not queue a record for %s: %r", record.topic, exc)
                     self._sent(queue)
-                    self._on_failed(client, effect)
-                    self._resume_if_drained()
+                    self._failed(client, effect)
                     continue
                 self._sent(queue)
                 answered = self._watch(client, effect, pending)
@@ -230,6 +242,14 @@ class StorePipeline:
     def _sent(self, queue: _Queue) -> None:
         queue.items.popleft()
         self._unsent -= 1
+
+    def _failed(self, client: Client, effect: StoreEffect) -> None:
+        """Tell the node that ``effect`` was not stored; after a PUBLISH, refuse the
+        client's PUBLISHes queued behind it (the module's docstring)."""
+        if isinstance(effect, StorePublish) and (queue := self._queues.get(client)) is not None:
+            queue.refusing = True
+        self._on_failed(client, effect)
+        self._resume_if_drained()
 
     def _watch(
         self, client: Client, effect: StoreEffect, pending: Awaitable[object]
@@ -259,7 +279,7 @@ class StorePipeline:
             log.warning(
                 "Kafka did not store a record of %r: %r", client.connection.client_id, error
             )
-            self._on_failed(client, effect)
+            self._failed(client, effect)
         else:
             self._on_stored(client, effect, future.result())
 
@@ -276,6 +296,6 @@ class StorePipeline:
                     break
                 del self._watched[key]
                 log.warning("Kafka did not answer for a record of %r", client.connection.client_id)
-                self._on_failed(client, effect)
+                self._failed(client, effect)
             self._resume_if_drained()
             await asyncio.sleep(SWEEP_SECONDS)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import click
 
 from services.common.metrics import Samples, parse_exposition, total
-from services.local import cluster, haproxy, kafka, progress
+from services.local import cluster, haproxy, kafka, layout, progress
 from services.local.processes import StartError
 from services.local.settings import LocalSettings
 
@@ -118,11 +118,54 @@ def _print_table(
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
+def _layout_to_run(settings: LocalSettings, asked: dict[str, int]) -> LocalSettings:
+    """The settings ``up`` runs with: the recorded layout while a part of that cluster runs
+    (a plain ``up`` brings its dead parts back), else the settings with ``asked``'s counts.
+    Raises ``click.ClickException`` when ``asked`` differs from a cluster that runs."""
+    running = layout.recorded(settings)
+    if running is not None and any(row.pid for row in cluster.status(layout.current(settings))):
+        wanted = layout.of(settings.model_copy(update=asked))
+        if asked and wanted != running:
+            raise click.ClickException(
+                f"the local cluster runs with {running.describe()}, not "
+                f"{wanted.describe()}: run `cormorant down` first"
+            )
+        return layout.apply(settings, running)
+    return settings.model_copy(update=asked)
+
+
 @click.command()
 @_INFRA_ONLY
-def up(infra_only: bool) -> None:
+@click.option(
+    "--production",
+    is_flag=True,
+    help="As in AWS: 3 Kafka brokers (replication factor 3, min.insync.replicas 2) and Redis "
+    "with a replica and 3 Sentinels that fail over to it.",
+)
+@click.option(
+    "--kafka-brokers", type=click.IntRange(1, 9), help="Kafka brokers (setting kafka_brokers)."
+)
+@click.option(
+    "--redis-replicas",
+    type=click.IntRange(0, 4),
+    help="Redis replicas, with Sentinels (setting redis_replicas).",
+)
+def up(
+    infra_only: bool, production: bool, kafka_brokers: int | None, redis_replicas: int | None
+) -> None:
     """Bring the local cluster up (running parts are left alone, dead ones restarted)."""
-    settings = LocalSettings()
+    asked: dict[str, int] = {}
+    if production:
+        asked = {
+            "kafka_brokers": layout.PRODUCTION.kafka_brokers,
+            "redis_replicas": layout.PRODUCTION.redis_replicas,
+            "redis_sentinel_count": layout.PRODUCTION.redis_sentinel_count,
+        }
+    if kafka_brokers is not None:
+        asked["kafka_brokers"] = kafka_brokers
+    if redis_replicas is not None:
+        asked["redis_replicas"] = redis_replicas
+    settings = _layout_to_run(LocalSettings(), asked)
     progress.listen(lambda line: click.echo(line, err=True))
     try:
         if infra_only:
@@ -165,7 +208,7 @@ def up(infra_only: bool) -> None:
 @click.command()
 def down() -> None:
     """Stop the local cluster: services first, then Kafka, Redis and PostgreSQL."""
-    stopped = cluster.down(LocalSettings())
+    stopped = cluster.down(layout.current(LocalSettings()))
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
@@ -182,7 +225,7 @@ def status(infra_only: bool, interval: float) -> None:
     """Show each part's pid, port and health, and each service's live figures (connected
     clients, PUBLISH packets per second in and out, Kafka consumer lag); exit with status 1
     if any part is down."""
-    rows = cluster.status(LocalSettings(), infrastructure_only=infra_only)
+    rows = cluster.status(layout.current(LocalSettings()), infrastructure_only=infra_only)
     _print_table(rows, None if infra_only else live_figures(rows, interval))
     if not all(row.healthy for row in rows):
         raise SystemExit(1)

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,16 @@ from pydantic import SecretStr
 import services
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
-from services.local import certificates, haproxy, kafka, postgres, processes, progress, redis
+from services.local import (
+    certificates,
+    haproxy,
+    kafka,
+    layout,
+    postgres,
+    processes,
+    progress,
+    redis,
+)
 from services.local.settings import LocalSettings
 
 #: Seconds a service may take from launch to writing its ready file.
@@ -90,14 +100,19 @@ class ComponentStatus:
 
 
 def local_settings(settings: LocalSettings) -> LocalSettings:
-    """``settings`` as the local cluster runs them: local Kafka, Redis and PostgreSQL,
-    absolute directories, anonymous clients allowed when :func:`anonymous_allowed` (or
-    ``allow_anonymous``) says so (every ingest node, extra ones included)."""
+    """``settings`` as the local cluster runs them: local Kafka (every broker, topics
+    replicated as the brokers allow), Redis (through its Sentinels, waiting for a replica,
+    when it has replicas) and PostgreSQL, absolute directories, anonymous clients allowed
+    when :func:`anonymous_allowed` (or ``allow_anonymous``) says so (every ingest node,
+    extra ones included)."""
     return settings.model_copy(
         update={
             "allow_anonymous": anonymous_allowed(settings) or settings.allow_anonymous,
             "kafka_bootstrap": kafka.bootstrap(settings),
+            "replication_factor": kafka.replication_factor(settings),
             "redis_url": redis.url(settings),
+            "redis_sentinels": redis.sentinels(settings),
+            "redis_wait_replicas": settings.redis_wait_replicas or min(1, settings.redis_replicas),
             "postgres_dsn": postgres.dsn(settings),
             "state_dir": settings.state_dir.resolve(),
             "cache_dir": settings.cache_dir.resolve(),
@@ -186,23 +201,41 @@ def _start_service(
 
 
 def infrastructure(settings: LocalSettings) -> list[Component]:
-    """Kafka, Redis and PostgreSQL, in start order."""
+    """Kafka's brokers, Redis' nodes and Sentinels, and PostgreSQL, in start order (stopped
+    in the opposite order: the Sentinels go before the nodes, so that no failover starts)."""
     settings = local_settings(settings)
-    return [
+    brokers = [
         Component(
-            kafka.NAME,
-            settings.kafka_port,
-            partial(kafka.start, settings),
+            kafka.broker_name(settings, node),
+            kafka.client_port(settings, node),
+            partial(kafka.start, settings, node),
             stop_timeout=kafka.STOP_TIMEOUT,
-        ),
-        Component(redis.NAME, settings.redis_port, partial(redis.start, settings)),
-        Component(
-            postgres.NAME,
-            settings.postgres_port,
-            partial(postgres.start, settings),
-            stop_signal=postgres.STOP_SIGNAL,
-        ),
+        )
+        for node in kafka.broker_ids(settings)
     ]
+    nodes = [
+        Component(
+            redis.node_name(settings, node),
+            redis.node_port(settings, node),
+            partial(redis.start, settings, node),
+        )
+        for node in redis.node_ids(settings)
+    ]
+    sentinels = [
+        Component(
+            redis.sentinel_name(j),
+            redis.sentinel_port(settings, j),
+            partial(redis.start_sentinel, settings, j),
+        )
+        for j in redis.sentinel_ids(settings)
+    ]
+    database = Component(
+        postgres.NAME,
+        settings.postgres_port,
+        partial(postgres.start, settings),
+        stop_signal=postgres.STOP_SIGNAL,
+    )
+    return [*brokers, *nodes, *sentinels, database]
 
 
 def _service(
@@ -341,6 +374,9 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     Running processes are left alone, dead ones started. Raises
     :class:`~services.local.processes.StartError` naming the failing part's log file.
     """
+    layout.record(settings)
+    if settings.kafka_brokers > 1:
+        kafka.launch(local_settings(settings))  # a quorum forms only once they all run
     return _start_all(settings, infrastructure(settings))
 
 
@@ -438,7 +474,10 @@ def stop_component(settings: LocalSettings, name: str) -> bool:
 
 def kill_component(settings: LocalSettings, name: str) -> bool:
     """``kill -9`` process ``name`` (no clean shutdown: a crash); True if it was running.
-    Its ready file is removed (it cannot remove it itself)."""
+
+    Its ready file goes too (the process cannot remove it itself), so the launcher sees it
+    down. Any recorded process may be named (an extra stage instance too).
+    """
     settings = local_settings(settings)
     killed = processes.stop(settings.state_dir, name, signal.SIGKILL, timeout=10.0)
     clear_ready(ready_file(settings, name))
@@ -461,7 +500,20 @@ def down(settings: LocalSettings) -> list[str]:
         if processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT):
             stopped.append(name)
         clear_ready(ready_file(settings, name))
-    stopped += [part.name for part in infra_order if _stop(settings, part)]
+    brokers = {kafka.broker_name(settings, node) for node in kafka.broker_ids(settings)}
+    stopped += [
+        part.name for part in infra_order if part.name not in brokers and _stop(settings, part)
+    ]
+    # The brokers together: stopped one by one, the last would wait out its whole stop
+    # timeout for a controller quorum that left with the others.
+    with ThreadPoolExecutor(max_workers=len(brokers)) as pool:
+        stopping = [
+            (part.name, pool.submit(_stop, settings, part))
+            for part in infra_order
+            if part.name in brokers
+        ]
+        stopped += [name for name, done in stopping if done.result()]
+    layout.forget(settings)
     return stopped
 
 

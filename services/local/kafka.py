@@ -1,7 +1,11 @@
-"""The local Kafka broker: jars from Maven Central, a single KRaft node, the core topics.
+"""The local Kafka: jars from Maven Central, one KRaft node or three as MSK, the core topics.
 
-The broker is one JVM with ``process.roles=broker,controller`` on 127.0.0.1, its storage
-formatted once under ``<state_dir>/kafka/data``. Jars are cached per Kafka version under
+Each broker is one JVM with ``process.roles=broker,controller`` on 127.0.0.1, its storage
+formatted once. With ``kafka_brokers=1`` it is process ``kafka`` in ``<state_dir>/kafka``;
+with more, process ``kafka<i>`` in ``<state_dir>/kafka<i>``, all voters of one controller
+quorum, with MSK's durability: replication factor min(3, brokers) for every topic (the
+internal ones too) and ``min.insync.replicas=2``, so an ``acks=all`` write survives the
+loss of any one broker. Jars are cached per Kafka version under
 ``<cache_dir>/kafka-<version>/libs`` and shared by every state dir (user cluster, tests).
 """
 
@@ -13,10 +17,13 @@ import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from services.common.kafka.admin import core_topic_specs, ensure_topics, wait_for_kafka
 from services.common.kafka.security import client_security
@@ -26,7 +33,22 @@ from services.local.settings import LocalSettings
 
 NAME = "kafka"
 
-__all__ = ["NAME", "FetchError", "bootstrap", "fetch_jars", "libs_dir", "prepare", "start"]
+__all__ = [
+    "NAME",
+    "FetchError",
+    "bootstrap",
+    "broker_ids",
+    "broker_name",
+    "client_port",
+    "controller_port",
+    "fetch_jars",
+    "launch",
+    "libs_dir",
+    "prepare",
+    "replication_factor",
+    "start",
+    "under_replicated",
+]
 
 #: Seconds the broker may take from launch to answering metadata requests.
 START_TIMEOUT = 120.0
@@ -37,9 +59,39 @@ STOP_TIMEOUT = 60.0
 T = TypeVar("T")
 
 
+def broker_ids(settings: LocalSettings) -> list[int]:
+    """The node ids of the local brokers: 1 to ``kafka_brokers``."""
+    return list(range(1, settings.kafka_brokers + 1))
+
+
+def broker_name(settings: LocalSettings, node: int) -> str:
+    """The process name of broker ``node``: ``kafka`` alone, ``kafka<node>`` among several."""
+    return NAME if settings.kafka_brokers == 1 else f"{NAME}{node}"
+
+
+def client_port(settings: LocalSettings, node: int) -> int:
+    """The client port of broker ``node``: ``kafka_port + 2(node - 1)``."""
+    return settings.kafka_port + 2 * (node - 1)
+
+
+def controller_port(settings: LocalSettings, node: int) -> int:
+    """The KRaft controller port of broker ``node``: ``kafka_controller_port + 2(node - 1)``."""
+    return settings.kafka_controller_port + 2 * (node - 1)
+
+
+def replication_factor(settings: LocalSettings) -> int:
+    """The replication factor of every topic of the local Kafka: min(3, brokers), as MSK."""
+    return min(3, settings.kafka_brokers)
+
+
+def _min_insync(settings: LocalSettings) -> int:
+    """``min.insync.replicas``: 2 with three replicas (MSK's default), else 1."""
+    return min(2, replication_factor(settings))
+
+
 def bootstrap(settings: LocalSettings) -> str:
-    """The bootstrap address of the local broker: ``127.0.0.1:<kafka_port>``."""
-    return f"127.0.0.1:{settings.kafka_port}"
+    """The bootstrap addresses of the local brokers: ``127.0.0.1:<port>[,...]``."""
+    return ",".join(f"127.0.0.1:{client_port(settings, n)}" for n in broker_ids(settings))
 
 
 def libs_dir(settings: LocalSettings) -> Path:
@@ -85,13 +137,16 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return box[0]
 
 
-def _kafka_dir(settings: LocalSettings) -> Path:
-    return settings.state_dir / "kafka"
+def _kafka_dir(settings: LocalSettings, node: int) -> Path:
+    return settings.state_dir / broker_name(settings, node)
 
 
 def _cluster_id(settings: LocalSettings) -> str:
-    """This state dir's KRaft cluster id, generated once (Kafka's url-safe base64 UUID)."""
-    path = _kafka_dir(settings) / "cluster.id"
+    """This state dir's KRaft cluster id, generated once (Kafka's url-safe base64 UUID) and
+    kept beside the first broker: every broker formats its storage with it."""
+    home = _kafka_dir(settings, 1)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "cluster.id"
     if path.exists():
         return path.read_text(encoding="utf-8").strip()
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
@@ -99,11 +154,16 @@ def _cluster_id(settings: LocalSettings) -> str:
     return cluster_id
 
 
-def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
-    """Write server.properties and log4j.properties (ports may change between runs)."""
-    home = _kafka_dir(settings)
+def _write_config(settings: LocalSettings, node: int) -> tuple[Path, Path]:
+    """Write broker ``node``'s server.properties and log4j.properties (ports may change
+    between runs)."""
+    home = _kafka_dir(settings, node)
     home.mkdir(parents=True, exist_ok=True)
-    port, controller = settings.kafka_port, settings.kafka_controller_port
+    port, controller = client_port(settings, node), controller_port(settings, node)
+    # A static voter set: every broker is a controller too (MSK's brokers have theirs
+    # apart; the quorum's rules are the same), no dynamic quorum to bootstrap.
+    voters = ",".join(f"{n}@127.0.0.1:{controller_port(settings, n)}" for n in broker_ids(settings))
+    replicas, min_insync = replication_factor(settings), _min_insync(settings)
     # The client listener speaks what the services are told to (kafka_security_protocol);
     # its name is the protocol's, and the broker's own traffic uses it too.
     protocol = settings.kafka_security_protocol
@@ -113,9 +173,8 @@ def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
         "\n".join(
             [
                 "process.roles=broker,controller",
-                "node.id=1",
-                # A static voter set: one node, no dynamic quorum to bootstrap.
-                f"controller.quorum.voters=1@127.0.0.1:{controller}",
+                f"node.id={node}",
+                f"controller.quorum.voters={voters}",
                 f"listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
                 f"advertised.listeners={protocol}://127.0.0.1:{port}",
                 "controller.listener.names=CONTROLLER",
@@ -123,13 +182,14 @@ def _write_config(settings: LocalSettings) -> tuple[Path, Path]:
                 f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{protocol}:{protocol}",
                 *_security_config(settings, home),
                 f"log.dirs={home / 'data'}",
-                # One broker: every internal topic has one replica.
-                "offsets.topic.replication.factor=1",
+                # Every topic, the internal ones too, as durable as the brokers allow.
+                f"default.replication.factor={replicas}",
+                f"offsets.topic.replication.factor={replicas}",
                 # Fewer offsets partitions than the default 50: created faster on first use.
                 "offsets.topic.num.partitions=10",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "min.insync.replicas=1",
+                f"transaction.state.log.replication.factor={replicas}",
+                f"transaction.state.log.min.isr={min_insync}",
+                f"min.insync.replicas={min_insync}",
                 # Consumer groups form at once instead of waiting 3 s for more members.
                 "group.initial.rebalance.delay.ms=0",
                 # Session timeouts of a few seconds (the stages' 3 s: a dead instance's
@@ -225,12 +285,14 @@ def _java() -> str:
 
 
 def _format_storage(
-    settings: LocalSettings, java: str, classpath: str, server: Path, log4j: Path
+    settings: LocalSettings, node: int, java: str, classpath: str, server: Path, log4j: Path
 ) -> None:
-    """Format the KRaft storage once (``meta.properties`` marks a formatted log dir)."""
-    if (_kafka_dir(settings) / "data" / "meta.properties").exists():
+    """Format broker ``node``'s KRaft storage once (``meta.properties`` marks a formatted
+    log dir)."""
+    if (_kafka_dir(settings, node) / "data" / "meta.properties").exists():
         return
-    log = processes.log_file(settings.state_dir, NAME)
+    name = broker_name(settings, node)
+    log = processes.log_file(settings.state_dir, name)
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [
         java, f"-Dlog4j.configuration=file:{log4j}", "-cp", classpath,
@@ -246,11 +308,11 @@ def _format_storage(
     with log.open("ab") as out:
         result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120)
     if result.returncode != 0:
-        raise processes.StartError(NAME, log, f"storage format failed (exit {result.returncode})")
+        raise processes.StartError(name, log, f"storage format failed (exit {result.returncode})")
 
 
-def prepare(settings: LocalSettings) -> tuple[str, str, Path, Path]:
-    """Fetch the jars, write the configuration and format the storage (once).
+def prepare(settings: LocalSettings, node: int = 1) -> tuple[str, str, Path, Path]:
+    """Fetch the jars, write broker ``node``'s configuration and format its storage (once).
 
     Returns (java, classpath, server.properties, log4j.properties). Raises
     :class:`FetchError` when jars or Java are missing and
@@ -262,42 +324,129 @@ def prepare(settings: LocalSettings) -> tuple[str, str, Path, Path]:
         )
     libs = fetch_jars(settings)
     java = _java()
-    server, log4j = _write_config(settings)
+    server, log4j = _write_config(settings, node)
     classpath = f"{libs}/*"
-    _format_storage(settings, java, classpath, server, log4j)
+    _format_storage(settings, node, java, classpath, server, log4j)
     return java, classpath, server, log4j
 
 
-def start(settings: LocalSettings) -> int:
-    """Start the broker unless it runs, wait until it answers, create the core topics.
-
-    Returns the broker's pid. Raises :class:`FetchError` when jars or Java are missing and
-    :class:`~services.local.processes.StartError` (quoting ``kafka.log``) when the broker
-    does not come up within ``START_TIMEOUT`` seconds.
-    """
-    java, classpath, server, log4j = prepare(settings)
-    argv = [
+def _argv(settings: LocalSettings, node: int) -> list[str]:
+    java, classpath, server, log4j = prepare(settings, node)
+    return [
         java, f"-Xmx{settings.kafka_heap}", "-XX:+ExitOnOutOfMemoryError",
         "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{log4j}",
         "-cp", classpath, "kafka.Kafka", str(server),
     ]  # fmt: skip
-    address = bootstrap(settings)
-    security = client_security(settings)
 
-    def answers() -> bool:
-        if not processes.port_open(settings.kafka_port):
+
+def launch(settings: LocalSettings) -> None:
+    """Spawn every broker that does not run, without waiting for any.
+
+    A first start of several brokers needs this: each waits for a majority of the
+    controller quorum, so none becomes ready while the others are not launched yet.
+    Raises :class:`FetchError` and :class:`~services.local.processes.StartError` as
+    :func:`start`, and the latter when a broker's port is taken.
+    """
+    for node in broker_ids(settings):
+        name = broker_name(settings, node)
+        if processes.find(settings.state_dir, name) is not None:
+            continue
+        port = client_port(settings, node)
+        if processes.port_open(port):
+            log = processes.log_file(settings.state_dir, name)
+            raise processes.StartError(name, log, f"cannot start: port {port} is already in use")
+        processes.spawn(settings.state_dir, name, _argv(settings, node))
+
+
+async def under_replicated(
+    address: str, node: int | None = None, *, security: Mapping[str, Any] | None = None
+) -> list[tuple[str, int]]:
+    """The partitions (topic, partition) of the cluster at ``address`` whose in-sync
+    replicas lack one of their replicas (only broker ``node``, when given), internal topics
+    included. Raises ``aiokafka.errors.KafkaError`` when the cluster cannot be asked."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=address, request_timeout_ms=5000, **(security or {})
+    )
+    try:
+        await admin.start()
+        described = await admin.describe_topics(await admin.list_topics())
+    finally:
+        await admin.close()
+    lagging = []
+    for topic in described:
+        for partition in topic["partitions"]:
+            missing = set(partition["replicas"]) - set(partition["isr"])
+            if missing and (node is None or node in missing):
+                lagging.append((topic["topic"], partition["partition"]))
+    return sorted(lagging)
+
+
+async def _live_brokers(address: str, security: Mapping[str, Any]) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=address, request_timeout_ms=5000, **security)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+    finally:
+        await admin.close()
+    return len(cluster["brokers"])
+
+
+def _ensure_core_topics(settings: LocalSettings, security: Mapping[str, Any]) -> None:
+    """Create the core topics that are missing, once enough brokers have registered to hold
+    their replicas (at a first start, the others may register a moment after this one).
+    Raises ``TimeoutError`` when they cannot be created within ``START_TIMEOUT``."""
+    address = bootstrap(settings)
+    specs = core_topic_specs(settings)
+
+    def enough_brokers() -> bool:
+        try:
+            return _run(_live_brokers(address, security)) >= replication_factor(settings)
+        except (KafkaError, OSError):
+            return False
+
+    def created() -> bool:
+        if not enough_brokers():
+            return False
+        try:
+            made = _run(
+                ensure_topics(address, specs, replication_factor(settings), security=security)
+            )
+        except (KafkaError, OSError):
+            return False  # a broker still joining: asked again
+        if made:
+            progress.report(f"created {len(made)} of {len(specs)} Kafka topics")
+        return True
+
+    processes.wait_until(created, START_TIMEOUT, "the core topics")
+
+
+def start(settings: LocalSettings, node: int = 1) -> int:
+    """Start broker ``node`` unless it runs, wait until it serves, create the core topics.
+
+    A broker serves once it answers metadata requests and, among several, is back in the
+    in-sync replicas of every partition it holds (a restarted broker has caught up: the
+    next one may be stopped without a partition falling under ``min.insync.replicas``).
+    Returns the broker's pid. Raises :class:`FetchError` when jars or Java are missing and
+    :class:`~services.local.processes.StartError` (quoting its log) when the broker does not
+    serve within ``START_TIMEOUT`` seconds.
+    """
+    name = broker_name(settings, node)
+    port = client_port(settings, node)
+    address = f"127.0.0.1:{port}"
+    security = client_security(settings)
+    several = settings.kafka_brokers > 1
+
+    def serves() -> bool:
+        if not processes.port_open(port):
             return False
         try:
             _run(wait_for_kafka(address, timeout=10.0, security=security))
-        except TimeoutError:
+            return not several or not _run(under_replicated(address, node, security=security))
+        except (TimeoutError, KafkaError, OSError):
             return False
-        return True
 
     pid = processes.ensure_started(
-        settings.state_dir, NAME, argv, answers, START_TIMEOUT, port=settings.kafka_port
+        settings.state_dir, name, _argv(settings, node), serves, START_TIMEOUT, port=port
     )
-    specs = core_topic_specs(settings)
-    created = _run(ensure_topics(address, specs, settings.replication_factor, security=security))
-    if created:
-        progress.report(f"created {len(created)} of {len(specs)} Kafka topics")
+    _ensure_core_topics(settings, security)
     return pid

@@ -21,6 +21,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
+
 from services.local import processes
 from services.local.settings import LocalSettings
 
@@ -161,6 +163,24 @@ def _secure(settings: LocalSettings, data: Path) -> list[str]:
     return options
 
 
+def _clear_dead_lock(data: Path) -> None:
+    """Remove ``postmaster.pid`` if it names a postmaster that died and awaits reaping.
+
+    After ``kill -9`` the postmaster stays a zombie until its parent reaps it; if the
+    launcher that started it has exited, that parent is the system's init, which may take
+    a while. PostgreSQL sees the zombie's pid alive and refuses to start ("lock file
+    already exists"), although a zombie holds no file.
+    """
+    lock = data / "postmaster.pid"
+    try:
+        pid = int(lock.read_text(encoding="utf-8").split("\n", 1)[0])
+        dead = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except (OSError, ValueError, psutil.NoSuchProcess):
+        return  # no lock, or PostgreSQL judges it itself
+    if dead:
+        lock.unlink(missing_ok=True)
+
+
 def start(settings: LocalSettings) -> int:
     """Start PostgreSQL unless it runs (initdb on first use); ensure the cormorant database.
 
@@ -171,6 +191,7 @@ def start(settings: LocalSettings) -> int:
     """
     data = settings.state_dir / "postgres"
     _init_cluster(settings, data)
+    _clear_dead_lock(data)
     argv = _as_postgres(
         [str(bin_dir() / "postgres"), "-D", str(data),
          "-c", "listen_addresses=127.0.0.1", "-c", f"port={settings.postgres_port}",

@@ -39,8 +39,32 @@ class LocalSettings(Settings):
     kafka_controller_port: int = Field(
         9093, ge=1, le=65535, description="Local Kafka's KRaft controller port."
     )
-    kafka_heap: str = Field("512m", description="-Xmx of the local Kafka broker.")
+    kafka_heap: str = Field("512m", description="-Xmx of each local Kafka broker.")
+    kafka_brokers: int = Field(
+        1,
+        ge=1,
+        le=9,
+        description="Kafka brokers of the local cluster: 1, or 3 as MSK (KRaft, each broker "
+        "also a controller; replication factor min(3, brokers), min.insync.replicas 2). "
+        "Broker i listens on kafka_port + 2(i - 1), its controller on "
+        "kafka_controller_port + 2(i - 1).",
+    )
     redis_port: int = Field(6379, ge=1, le=65535, description="Local Redis port.")
+    redis_replicas: int = Field(
+        0,
+        ge=0,
+        le=4,
+        description="Replicas of the local Redis, watched by redis_sentinel_count Sentinels "
+        "that promote one when the primary dies (as ElastiCache with failover); node i "
+        "listens on redis_port + i - 1. device_persist then waits for one replica to have "
+        "each write (redis_wait_replicas) before it commits the Kafka offsets behind it.",
+    )
+    redis_sentinel_count: int = Field(
+        3, ge=1, le=5, description="Sentinels of a local Redis with replicas."
+    )
+    redis_sentinel_port: int = Field(
+        26379, ge=1, le=65535, description="Sentinel j listens on redis_sentinel_port + j - 1."
+    )
     postgres_port: int = Field(5432, ge=1, le=65535, description="Local PostgreSQL port.")
     listen_port: int = Field(1883, ge=1, le=65535, description="HAProxy's MQTT port.")
     tls_listen_port: int = Field(

@@ -27,17 +27,11 @@ from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.security import client_security
 from services.common.stores import StoreError, StoreUnavailable, open_store
 from services.local import cluster as local_cluster
+from services.local import ports
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
-from tests.servers import (
-    SECURED_INGEST_NODES,
-    TEST_PORTS,
-    LocalCluster,
-    bindable,
-    cluster_ports,
-    secured_ports,
-)
+from tests.servers import LocalCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
@@ -49,16 +43,17 @@ def secured(
     """The secured cluster, up; its settings (what the services were given)."""
     base = tmp_path_factory.mktemp("secured")
     pki = make_pki(base / "pki")
-    # free_test_ports chose the session's block with these free too, at the session's start
-    ports = secured_ports({name: getattr(settings, name) for name in TEST_PORTS})
-    taken = [p for p in cluster_ports(ports, SECURED_INGEST_NODES) if not bindable(p)]
+    # The session's block was chosen with these free too, at the session's start.
+    slot = ports.SECURED
+    block = ports.SESSION.block(settings)
+    taken = [p for p in ports.listening_ports(slot.settings(block)) if not ports.bindable(p)]
     assert not taken, f"ports of the secured test cluster are taken: {taken}"
     value = LocalSettings(
         **{
             **settings.model_dump(exclude={"kafka_bootstrap", "redis_url", "postgres_dsn"}),
-            **ports,
+            **slot.ports(block),
             "state_dir": base / "state",
-            "ingest_nodes": SECURED_INGEST_NODES,
+            "ingest_nodes": slot.ingest_nodes,
             "kafka_security_protocol": "SASL_SSL",
             "kafka_sasl_mechanism": "SCRAM-SHA-512",
             "kafka_sasl_username": "cormorant",

@@ -40,7 +40,7 @@ from services.common.stores import (
     open_store,
 )
 from services.common.stores.migrate import load_migrations, migrate
-from services.common.stores.postgres_store import client_key
+from services.common.stores.postgres_store import CHUNK, client_key
 from services.local import redis as local_redis
 from tests.waiting import wait_until
 
@@ -321,6 +321,18 @@ async def test_batched_calls_do_what_the_single_ones_do(store: MessageStore) -> 
         [(b"b0", MessageState.RELEASED)],
     ]
     assert await store.append_many([]) == [] and await store.acknowledge_many([]) == []
+
+
+async def test_a_large_batch_of_appends_is_stored_whole_and_in_order(backend: Backend) -> None:
+    # More than one PostgreSQL transaction's worth (CHUNK).
+    client, count = new_client(), 2 * CHUNK + 1
+    store = backend.make(max_messages=count)
+    requests = [AppendRequest(client, i, 1, FAR, b"m%d" % i) for i in range(count)]
+    results = await store.append_many(requests)
+    assert [r.packet_id for r in results] == list(range(1, count + 1))
+    window = await store.window(client, count, now_ms=0)
+    assert [m.data for m in window] == [r.data for r in requests]
+    assert [r.packet_id for r in await store.append_many(requests)] == [None] * count
 
 
 async def test_expiry_spares_messages_whose_delivery_started(store: MessageStore) -> None:

@@ -19,6 +19,7 @@ from services.common.auth.authorize import parse_rules
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Accepted, Challenge, Principal, Refused, ScramState
 from services.common.auth.scram import ScramExchange
+from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import (
     Auth,
     ConnAck,
@@ -269,6 +270,18 @@ def test_enhanced_authentication_out_of_order_is_refused(packet: object, code: i
     client = _challenged()
     effects = client.send(packet)  # type: ignore[arg-type]
     assert only(client.packets(effects), ConnAck).reason_code == code
+    assert closes(effects)
+
+
+def test_an_error_connack_cannot_name_is_refused_as_a_protocol_error() -> None:
+    # Found by the fuzzer (tests/fuzz/corpus/connect): a PUBLISH with Topic Alias 0 sent
+    # while the CONNECT's credentials are checked was answered CONNACK 0x94, a Reason Code
+    # CONNACK may not carry (MQTT 5.0 3.2.2.2).
+    client = Client(5, authenticate=None)
+    only(client.send(Connect(5, "dev-1", True, 30, "alice", b"pw")), Authenticate)
+    early = Publish("a", b"x", qos=1, packet_id=2, properties=Properties(topic_alias=0))
+    effects = client.send_bytes(encode(early, 5))
+    assert only(client.packets(effects), ConnAck).reason_code == ReasonCode.PROTOCOL_ERROR
     assert closes(effects)
 
 

@@ -287,6 +287,18 @@ def test_failed_session_store_refuses_with_server_unavailable(version: int, code
 # ---------------------------------------------------------------------- after CONNECT
 
 
+def test_a_second_connect_of_an_unknown_protocol_gets_a_valid_disconnect() -> None:
+    # Found by the fuzzer (tests/fuzz): decoded as a CONNECT, its Protocol Name made the
+    # server send DISCONNECT 0x84, a Reason Code DISCONNECT may not carry (MQTT 5.0 3.14.2.1).
+    client = Client(5)
+    client.connect()
+    second = bytearray(encode(Connect(5, "c1", True, 30), 5))
+    second[4:8] = b"MQIs"  # Protocol Name "MQIs", no protocol this server speaks
+    effects = client.send_bytes(bytes(second))
+    assert only(client.packets(effects), Disconnect).reason_code == ReasonCode.PROTOCOL_ERROR
+    assert closes(effects)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_second_connect_is_a_protocol_error(version: int) -> None:
     client = Client(version)

@@ -83,11 +83,14 @@ class Producer:
 
     def __init__(self) -> None:
         self.sent: list[Sent] = []
+        self.refused: set[bytes] = set()  # values the producer refuses at once
         self._offset = 100
 
     async def send(
         self, topic: str, key: bytes, value: bytes | None, headers: Headers | None
     ) -> Awaitable[object]:
+        if value in self.refused:
+            raise KafkaConnectionError("the producer's buffer stayed full")
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.sent.append(Sent(topic, key, value, headers, future))
         return future
@@ -357,6 +360,26 @@ async def test_a_record_kafka_does_not_answer_fails_after_the_request_timeout() 
     await wait_for(lambda: shell.of(PubAck), "the PUBACK of a failed store")
     assert (shell.of(PubAck)[0].packet_id, shell.of(PubAck)[0].reason_code) == (7, 0x80)
     assert node.pending_records == 0
+
+
+async def test_publishes_queued_behind_one_kafka_refused_are_refused_not_written() -> None:
+    producer = Producer()
+    producer.refused.add(b"\x01")
+    node = _node(producer)
+    shell = await _connected(node, producer)
+    shell.send(*(Publish("t", bytes([i]), 1, packet_id=i + 1) for i in range(3)))
+    await wait_for(lambda: node.pending_records == 1, "the second and third refused")
+    producer.answer()
+    await wait_for(lambda: len(shell.of(PubAck)) == 3, "three PUBACKs, in PUBLISH order")
+    # Written after the refused one, the third would be stored ahead of its resending.
+    assert [r.value for r in producer.on("t.msg.all")] == [b"\x00"]
+    assert [(p.packet_id, p.reason_code) for p in shell.of(PubAck)] == [
+        (1, 0),
+        (2, 0x80),
+        (3, 0x80),
+    ]
+    shell.send(Publish("t", b"later", 1, packet_id=4))  # the queue emptied: accepted again
+    await wait_for(lambda: len(producer.on("t.msg.all")) == 2, "a later PUBLISH written")
 
 
 async def test_a_flood_pauses_reading_until_half_the_records_are_answered() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.local import cluster
+from services.local import cluster, haproxy, layout
 from services.local.settings import LocalSettings
 
 
@@ -33,19 +33,6 @@ def test_anonymous_access_is_off_by_default_and_on_for_a_loopback_local_cluster(
         assert cluster.child_environment(service)["CORMORANT_ALLOW_ANONYMOUS"] == said.title()
 
 
-def test_the_secured_test_cluster_and_the_next_session_stay_clear_of_a_sessions_ports() -> None:
-    from tests.servers import PORT_STEP, TEST_PORTS, cluster_ports, secured_ports
-
-    def block(shift: int) -> tuple[set[int], set[int]]:
-        ports = {name: port + shift for name, port in TEST_PORTS.items()}
-        return set(cluster_ports(ports, 2)), set(cluster_ports(secured_ports(ports), 1))
-
-    session, secured = block(0)
-    next_session, next_secured = block(PORT_STEP)
-    assert not session & secured
-    assert not (session | secured) & (next_session | next_secured)
-
-
 def test_every_service_process_has_its_own_http_port(tmp_path: Path) -> None:
     settings = LocalSettings(state_dir=tmp_path, router_instances=2, app_delivery_instances=3)
     ports = cluster.http_ports(settings)
@@ -55,3 +42,18 @@ def test_every_service_process_has_its_own_http_port(tmp_path: Path) -> None:
     assert ports["router-2"] == settings.http_base_port + 16 + 2
     node = cluster.ingest_overrides(cluster.local_settings(settings), 2)
     assert node["http_port"] == str(ports["ingest-node2"])
+
+
+def test_the_production_layout_runs_the_same_services_health_checked(tmp_path: Path) -> None:
+    normal = LocalSettings(state_dir=tmp_path)
+    production = layout.apply(normal, layout.PRODUCTION)
+
+    def services(settings: LocalSettings) -> list[tuple[str, int | None, int | None]]:
+        return [(p.name, p.port, p.http_port) for p in cluster.services_of(settings)]
+
+    assert services(production) == services(normal)
+    assert [name for name, _, http in services(production) if http is None] == [haproxy.NAME]
+    assert cluster.ADMIN in cluster.http_ports(production)
+    config = haproxy.render_config(production)
+    assert config.count("http-check send meth GET uri /ready") == len(haproxy.KINDS)
+    assert config.count("check port") == len(haproxy.KINDS) * production.ingest_nodes

@@ -404,7 +404,8 @@ async def consume_batches(
     nothing is committed. Batches are handled one after another, in order; up to
     ``max_in_flight`` of them may await their acknowledgements at once. A failed batch is
     logged and read again (with everything after it) after :data:`RETRY_BACKOFF_SECONDS`:
-    at-least-once. Runs until cancelled; then what is acknowledged is committed.
+    at-least-once; a batch whose ``handle`` raised is read again before any later batch is
+    handled. Runs until cancelled; then what is acknowledged is committed.
     ``on_assigned`` is told the partitions the group gives this consumer after each
     rebalance (all of them, not only the new ones), and may seek them; ``on_revoked`` the
     partitions taken away, once what was read of them is committed. ``after_fetch`` runs
@@ -440,6 +441,7 @@ async def consume_batches(
         try:
             while True:
                 batches = await _next_batch(consumer, first, max_records)
+                limit = max_in_flight - 1 if batches else 0
                 if batches:
                     records = [record for part in batches.values() for record in part]
                     batch = _Batch({tp: part[-1].offset + 1 for tp, part in batches.items()}, ())
@@ -449,10 +451,14 @@ async def consume_batches(
                         batch.acks = await handle(records)
                     except Exception as exc:
                         batch.error = exc
+                        # Read again before any later batch is handled: a later one handled
+                        # first could make the stage take the failed records for seen ones
+                        # (device_persist's store skips offsets below the highest it stored).
+                        limit = 0
                     committer.in_flight.append(batch)
                 if after_fetch is not None:
                     await after_fetch()
-                if not await committer.settle(max_in_flight - 1 if batches else 0):
+                if not await committer.settle(limit):
                     await committer.rewind()
                     await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka or a store is down
                     continue

@@ -51,6 +51,7 @@ from services.common.mqtt.properties import (
     decode_properties,
     encode_properties,
 )
+from services.common.mqtt.reason_codes import CONNACK_REASON_CODES
 from services.common.mqtt.utf8 import decode_binary, decode_utf8, encode_binary, encode_utf8
 from services.common.mqtt.vbi import VBI_MAX, encode_vbi
 
@@ -79,10 +80,6 @@ _FIXED_FLAGS: Final[dict[int, int]] = {
 }
 
 # Reason Codes each 5.0 packet may carry (5.0 3.2.2.2, 3.4.2.1 ... 3.15.2.1).
-_CONNACK_REASONS: Final = frozenset(
-    (0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
-     0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F)
-)  # fmt: skip
 _PUBACK_REASONS: Final = frozenset((0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99))
 _PUBREL_REASONS: Final = frozenset((0x00, 0x92))
 _SUBACK_REASONS: Final = frozenset(
@@ -275,7 +272,7 @@ def _decode_connack(view: memoryview, v5: bool) -> ConnAck:
     code = view[1]
     props = Properties()
     if v5:
-        _reason(code, _CONNACK_REASONS, "CONNACK")
+        _reason(code, CONNACK_REASON_CODES, "CONNACK")
         props, pos = decode_properties(view, 2, PacketType.CONNACK)
         _expect_end(view, pos, "CONNACK")
     else:
@@ -650,6 +647,7 @@ class StreamDecoder:
             raise ValueError(f"unknown protocol version {protocol_version}")
         self.max_packet_size = max_packet_size
         self.protocol_version = protocol_version
+        self._server = protocol_version is None
         self._buffer = bytearray()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
@@ -661,7 +659,8 @@ class StreamDecoder:
         Raises:
             MalformedPacket: a Remaining Length longer than four bytes, or any decode error.
             PacketTooLarge: a fixed header announces a packet over ``max_packet_size``.
-            ProtocolError: server side, a first packet that is not CONNECT; or decode errors.
+            ProtocolError: server side, a first packet that is not CONNECT or a second
+                CONNECT; or decode errors.
             UnsupportedProtocolVersion: a CONNECT this codec does not speak.
         """
         buf = self._buffer
@@ -675,6 +674,10 @@ class StreamDecoder:
                 version = self.protocol_version
                 if version is None and first_byte >> 4 != PacketType.CONNECT:
                     raise ProtocolError("first packet on a connection must be CONNECT")
+                if self._server and version is not None and first_byte >> 4 == PacketType.CONNECT:
+                    # Refused whatever it holds: decoded, an unknown Protocol Name would
+                    # raise UnsupportedProtocolVersion, a reason no DISCONNECT may carry.
+                    raise ProtocolError("a second CONNECT on a connection [MQTT-3.1.0-2]")
                 header = _read_remaining_length(buf, pos + 1, end)
                 if header is None:
                     break

@@ -53,6 +53,13 @@ class ReasonCode(IntEnum):
     WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 
 
+#: The Reason Codes a CONNACK may carry (MQTT 5.0 3.2.2.2).
+CONNACK_REASON_CODES = frozenset(
+    (0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
+     0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F)
+)  # fmt: skip
+
+
 class ConnectReturnCode(IntEnum):
     """MQTT 3.1.1 CONNACK return codes (MQTT 3.1.1 table 3.1)."""
 

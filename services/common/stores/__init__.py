@@ -44,7 +44,8 @@ def open_store(settings: Settings) -> MessageStore:
     """The message store ``settings.store_backend`` names, configured from ``settings``.
 
     Redis: ``redis_url`` (``rediss://`` for TLS), ``redis_password``, ``redis_ssl_cafile``,
-    ``redis_key_prefix``; PostgreSQL: ``postgres_dsn``, ``postgres_password``,
+    ``redis_key_prefix``, ``redis_sentinels`` with ``redis_sentinel_master`` (a primary
+    that fails over), ``redis_wait_replicas``; PostgreSQL: ``postgres_dsn``, ``postgres_password``,
     ``postgres_sslmode``, ``postgres_sslrootcert``. Both take
     ``persisted_max_messages`` as the per-client cap and ``store_timeout_seconds`` as the
     per-operation timeout (seconds). Nothing is connected yet: the store connects (and
@@ -67,4 +68,7 @@ def open_store(settings: Settings) -> MessageStore:
         timeout=settings.store_timeout_seconds,
         password=settings.redis_password,
         ssl_cafile=settings.redis_ssl_cafile,
+        sentinels=settings.redis_sentinels,
+        sentinel_master=settings.redis_sentinel_master,
+        wait_replicas=settings.redis_wait_replicas,
     )

@@ -77,6 +77,10 @@ class MigratedPool:
             max_size=pool_size,
             open=False,
             timeout=timeout,
+            # The pool retries a lost connection with a doubling delay (1, 2, 4... s): after
+            # a restart it could wait tens of seconds more than needed. Giving up after the
+            # store's own timeout instead, it starts afresh (at 1 s) for the next caller.
+            reconnect_timeout=timeout,
             kwargs=self._options,
             name=name,
         )

@@ -27,6 +27,8 @@ from pydantic import SecretStr
 from services.common.stores.base import (
     MAX_PACKET_ID,
     AckKind,
+    AckRequest,
+    AppendRequest,
     AppendResult,
     MessageState,
     MessageStore,
@@ -39,6 +41,12 @@ from services.common.stores.base import (
 from services.common.stores.postgres_pool import Connection, MigratedPool
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+#: Appends or acknowledgements per transaction in the batched calls (``append_many``,
+#: ``acknowledge_many``): few enough that a chunk commits well within the store's timeout
+#: on a busy server.
+CHUNK = 100
 
 #: Packet Identifiers tested per query when looking for a free one: after a wrap-around a
 #: few may still be in use, rarely more than this.
@@ -171,42 +179,69 @@ class PostgresMessageStore(MessageStore):
         self, client_id: str, source_offset: int, qos: int, expires_at_ms: int, data: bytes
     ) -> AppendResult:
         """See :meth:`MessageStore.append`. One transaction, 3 to 5 statements."""
-        check_append(source_offset, qos, expires_at_ms)
-        key = client_key(client_id)
+        [result] = await self.append_many(
+            [AppendRequest(client_id, source_offset, qos, expires_at_ms, data)]
+        )
+        return result
 
-        async def body(conn: Connection) -> AppendResult:
+    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """See :meth:`MessageStore.append_many`. One transaction per :data:`CHUNK` appends,
+        3 to 5 statements each: a commit (a WAL flush) per chunk, not per message. Raises
+        ``ValueError`` (before any write) for arguments out of range."""
+        for r in requests:
+            check_append(r.source_offset, r.qos, r.expires_at_ms)
+        return await self._chunked("append", requests, self._append)
+
+    async def _chunked(
+        self,
+        what: str,
+        requests: Sequence[R],
+        one: Callable[[Connection, R], Awaitable[T]],
+    ) -> list[T]:
+        """``one`` for each request, in order, :data:`CHUNK` of them per transaction."""
+        results: list[T] = []
+        for start in range(0, len(requests), CHUNK):
+            chunk = requests[start : start + CHUNK]
+
+            async def body(conn: Connection, chunk: Sequence[R] = chunk) -> list[T]:
+                return [await one(conn, r) for r in chunk]
+
+            results += await self._run(what, body)
+        return results
+
+    async def _append(self, conn: Connection, r: AppendRequest) -> AppendResult:
+        """One append inside the caller's transaction (it locks the client's row)."""
+        key = client_key(r.client_id)
+        row = await self._lock(conn, key)
+        while row is None:
+            # First message of this client. DO NOTHING waits for a concurrent insert of
+            # the same key; the loop covers that row being cleared again before our lock.
+            await conn.execute(_CREATE, (key, r.client_id))
             row = await self._lock(conn, key)
-            while row is None:
-                # First message of this client. DO NOTHING waits for a concurrent insert of
-                # the same key; the loop covers that row being cleared again before our lock.
-                await conn.execute(_CREATE, (key, client_id))
-                row = await self._lock(conn, key)
-            ref, last_seq, last_pid, last_offset, stored = row
-            if source_offset <= last_offset:
-                return AppendResult(None, 0)
-            dropped = 0
-            if stored >= self._max_messages:
-                excess = stored - self._max_messages + 1
-                cursor = await conn.execute(_DROP_OLDEST, {"ref": ref, "n": excess})
-                dropped = cursor.rowcount
-            pid = await self._free_packet_id(conn, ref, last_pid)
-            await conn.execute(
-                _INSERT,
-                {
-                    "ref": ref,
-                    "seq": last_seq + 1,
-                    "pid": pid,
-                    "qos": qos,
-                    "expires": expires_at_ms,
-                    "data": data,
-                    "offset": source_offset,
-                    "stored": stored - dropped + 1,
-                    "dropped": dropped,
-                },
-            )
-            return AppendResult(pid, dropped)
-
-        return await self._run("append", body)
+        ref, last_seq, last_pid, last_offset, stored = row
+        if r.source_offset <= last_offset:
+            return AppendResult(None, 0)
+        dropped = 0
+        if stored >= self._max_messages:
+            excess = stored - self._max_messages + 1
+            cursor = await conn.execute(_DROP_OLDEST, {"ref": ref, "n": excess})
+            dropped = cursor.rowcount
+        pid = await self._free_packet_id(conn, ref, last_pid)
+        await conn.execute(
+            _INSERT,
+            {
+                "ref": ref,
+                "seq": last_seq + 1,
+                "pid": pid,
+                "qos": r.qos,
+                "expires": r.expires_at_ms,
+                "data": r.data,
+                "offset": r.source_offset,
+                "stored": stored - dropped + 1,
+                "dropped": dropped,
+            },
+        )
+        return AppendResult(pid, dropped)
 
     @staticmethod
     async def _free_packet_id(conn: Connection, ref: int, last: int) -> int:
@@ -309,19 +344,24 @@ class PostgresMessageStore(MessageStore):
 
     async def acknowledge(self, client_id: str, packet_id: int, kind: AckKind) -> bool:
         """See :meth:`MessageStore.acknowledge`. One transaction, 2 statements."""
+        [done] = await self.acknowledge_many([AckRequest(client_id, packet_id, kind)])
+        return done
+
+    async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
+        """See :meth:`MessageStore.acknowledge_many`. One transaction per :data:`CHUNK`
+        acknowledgements, 2 statements each."""
+        return await self._chunked("acknowledge", requests, self._acknowledge)
+
+    async def _acknowledge(self, conn: Connection, r: AckRequest) -> bool:
+        """One acknowledgement inside the caller's transaction."""
         statement = {AckKind.PUBACK: _PUBACK, AckKind.PUBREC: _PUBREC, AckKind.PUBCOMP: _PUBCOMP}[
-            AckKind(kind)
+            AckKind(r.kind)
         ]
-        key = client_key(client_id)
-
-        async def body(conn: Connection) -> bool:
-            row = await self._lock(conn, key)
-            if row is None:
-                return False
-            cursor = await conn.execute(statement, {"ref": row[0], "pid": packet_id})
-            return cursor.rowcount == 1
-
-        return await self._run("acknowledge", body)
+        row = await self._lock(conn, client_key(r.client_id))
+        if row is None:
+            return False
+        cursor = await conn.execute(statement, {"ref": row[0], "pid": r.packet_id})
+        return cursor.rowcount == 1
 
     async def clear(self, client_id: str) -> int:
         """See :meth:`MessageStore.clear`. One DELETE; the messages go by ON DELETE CASCADE."""

@@ -15,6 +15,14 @@ Keys of one client (``P`` = the key prefix, ``C`` = the client id with ``%``, ``
 script may touch them all. Each append sets every key to expire (PEXPIREAT) at ``exp``: a
 client nobody touches any more vanishes when its last message would have expired.
 
+With replicas (``wait_replicas``), every writing call ends with ``WAIT``: it returns only once
+that many replicas have the call's writes, so the primary's death and a failover cannot drop
+a write the caller was told is done (device_persist commits Kafka offsets only after that).
+``WAIT`` covers the writes made on its own connection, and a retried call may find its work
+done already and write nothing; so the pipeline writes the counter ``P:replicated`` just
+before ``WAIT``: the replication stream is ordered, so its acknowledgement by a replica
+covers every write the primary had applied before it, whichever connection made them.
+
 Each script is atomic on the server and does all its reads and checks before its first
 write, so a call is applied whole or not at all. The scripts start with ``#!lua`` (Redis 7):
 Redis then refuses a writing script before it starts when memory is full, instead of
@@ -33,6 +41,7 @@ import redis.asyncio as aioredis
 from pydantic import SecretStr
 from redis import exceptions as redis_errors
 from redis.asyncio.client import Pipeline
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -223,6 +232,14 @@ def _public_address(url: str) -> str:
     return f"{parts.scheme}://{host}:{port}{parts.path}"
 
 
+def _sentinel_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of a Sentinel given as ``host:port``; ``ValueError`` otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"a Redis Sentinel is host:port, got {address!r}")
+    return host, int(port)
+
+
 class RedisMessageStore(MessageStore):
     """:class:`MessageStore` on one Redis 7 server (or a Cluster's slot), via redis.asyncio.
 
@@ -231,8 +248,13 @@ class RedisMessageStore(MessageStore):
     store). ``password``: the AUTH password (ElastiCache's auth token), kept out of the URL
     and of every message. ``key_prefix`` starts every key and must not contain ``{`` or
     ``}``. ``max_messages``: per-client cap, 1..65534. ``timeout``: seconds one operation
-    may take, connecting included. Raises ``ValueError`` for an invalid prefix or cap.
-    Connects on first use.
+    may take, connecting included. ``sentinels`` (``host:port`` each): the primary is the
+    one these Redis Sentinels name for ``sentinel_master``, asked again after a failover
+    (``url`` then gives only the scheme, user and database; Sentinels are spoken to in plain
+    TCP). ``wait_replicas``: replicas that must confirm every write (Redis ``WAIT``, within
+    half of ``timeout``) before a writing call returns; fewer raise
+    :class:`StoreUnavailable`. Raises ``ValueError`` for an invalid prefix, cap or Sentinel
+    address. Connects on first use.
     """
 
     def __init__(
@@ -244,13 +266,19 @@ class RedisMessageStore(MessageStore):
         timeout: float = 5.0,
         password: SecretStr | None = None,
         ssl_cafile: Path | None = None,
+        sentinels: Sequence[str] = (),
+        sentinel_master: str = "cormorant",
+        wait_replicas: int = 0,
     ) -> None:
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key_prefix must not contain braces, got {key_prefix!r}")
+        if wait_replicas < 0:
+            raise ValueError(f"wait_replicas must be >= 0, got {wait_replicas}")
         self._prefix = key_prefix
         self._max_messages = check_max_messages(max_messages)
         self._timeout = timeout
-        self._address = _public_address(url)
+        self._wait_replicas = wait_replicas
+        self._wait_ms = max(1, int(timeout * 500))
         # No retries inside redis-py: a retried script could run twice after a lost reply,
         # and the caller owns the retry policy (every operation is safe to repeat).
         options: dict[str, Any] = {
@@ -260,11 +288,30 @@ class RedisMessageStore(MessageStore):
         }
         if password is not None:
             options["password"] = password.get_secret_value()
-        if urlsplit(url).scheme == "rediss":  # certificate and host name always verified
+        parts = urlsplit(url)
+        tls = parts.scheme == "rediss"
+        if tls:  # certificate and host name always verified
             options |= {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
             if ssl_cafile is not None:
                 options["ssl_ca_certs"] = str(ssl_cafile)
-        self._redis = aioredis.Redis.from_url(url, **options)
+        if sentinels:
+            addresses = [_sentinel_address(a) for a in sentinels]
+            self._address = f"{sentinel_master} (Sentinels {', '.join(sentinels)})"
+            if parts.username:
+                options["username"] = parts.username
+            if parts.password and password is None:
+                options["password"] = parts.password
+            options["db"] = int(parts.path.lstrip("/") or 0)
+            watchers = Sentinel(  # type: ignore[no-untyped-call]
+                addresses,
+                sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout},
+                ssl=tls,
+                **options,
+            )
+            self._redis = watchers.master_for(sentinel_master)
+        else:
+            self._address = _public_address(url)
+            self._redis = aioredis.Redis.from_url(url, **options)
         self._append = self._redis.register_script(_APPEND)
         self._window = self._redis.register_script(_WINDOW)
         self._mark_sent = self._redis.register_script(_MARK_SENT)
@@ -323,20 +370,39 @@ class RedisMessageStore(MessageStore):
                 args = [r.limit, now_ms, r.after_seq]
                 await self._window(keys=self._keys(r.client_id)[:3], args=args, client=pipe)
 
-        replies = iter(await self._pipeline("window", queue) if wanted else [])
+        # Not waited for: its only writes drop expired messages, which expire again.
+        replies = iter(await self._pipeline("window", queue, writes=False) if wanted else [])
         return [_stored(r.client_id, next(replies)) if r.limit > 0 else [] for r in requests]
 
-    async def _pipeline(self, what: str, queue: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
+    async def _pipeline(
+        self, what: str, queue: Callable[[Pipeline], Awaitable[None]], *, writes: bool = True
+    ) -> list[Any]:
         """Run the commands ``queue`` adds to a pipeline in one round trip (no MULTI: each
-        script is atomic by itself); the replies, in order."""
+        script is atomic by itself); the replies, in order. A pipeline that ``writes`` waits
+        for ``wait_replicas`` replicas (module docstring) and raises StoreUnavailable when
+        fewer confirm in time."""
+        wait = writes and self._wait_replicas > 0
 
         async def run() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
                 await queue(pipe)
+                if wait:
+                    pipe.incr(f"{self._prefix}replicated")
+                    pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
                 replies: list[Any] = await pipe.execute()
                 return replies
 
-        return await self._run(what, run)
+        replies = await self._run(what, run)
+        if not wait:
+            return replies
+        confirmed = int(replies[-1])
+        if confirmed < self._wait_replicas:
+            raise StoreUnavailable(
+                f"Redis store at {self._address}: {what} written on the primary but "
+                f"confirmed by {confirmed} of {self._wait_replicas} replicas within "
+                f"{self._wait_ms} ms"
+            )
+        return replies[:-2]
 
     async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """See :meth:`MessageStore.append_many`. One pipelined round trip, one EVALSHA per
@@ -392,25 +458,21 @@ class RedisMessageStore(MessageStore):
 
     async def mark_sent(self, client_id: str, packet_ids: Sequence[int]) -> None:
         """See :meth:`MessageStore.mark_sent`. One EVALSHA; O(len(packet_ids))."""
-        wanted = [pid for pid in packet_ids if 1 <= pid <= MAX_PACKET_ID]
-        if not wanted:
-            return
-        keys = self._keys(client_id)[1:2]
-        await self._run("mark_sent", lambda: self._mark_sent(keys=keys, args=wanted))
+        await self.mark_sent_many([(client_id, packet_ids)])
 
     async def acknowledge(self, client_id: str, packet_id: int, kind: AckKind) -> bool:
         """See :meth:`MessageStore.acknowledge`. One EVALSHA; O(log n)."""
-        keys = self._keys(client_id)[:3]
-        changed: int = await self._run(
-            "acknowledge",
-            lambda: self._acknowledge(keys=keys, args=[packet_id, int(AckKind(kind))]),
-        )
-        return changed == 1
+        [changed] = await self.acknowledge_many([AckRequest(client_id, packet_id, kind)])
+        return changed
 
     async def clear(self, client_id: str) -> int:
         """See :meth:`MessageStore.clear`. One EVALSHA; O(n) (the keys are freed)."""
-        deleted: int = await self._run("clear", lambda: self._clear(keys=self._keys(client_id)))
-        return deleted
+
+        async def queue(pipe: Pipeline) -> None:
+            await self._clear(keys=self._keys(client_id), client=pipe)
+
+        [deleted] = await self._pipeline("clear", queue)
+        return int(deleted)
 
     async def count(self, client_id: str) -> int:
         """See :meth:`MessageStore.count`. One ZCARD; O(1)."""
