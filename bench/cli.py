@@ -1,12 +1,14 @@
-"""Command line: ``python -m bench run|compare|transactions|summary|list`` (and
+"""Command line: ``python -m bench run|compare|transactions|routers|summary|list`` (and
 ``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report;
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately and writes
 ``bench/results/<label>.{jsonl,md,png}``; ``transactions <scenario>`` runs it against the
 cluster with its routers in Kafka transactions and without, alternately
-(:mod:`bench.transactions`); ``summary`` gathers the latest comparison of
-every label into ``bench/results/summary.{md,png}``. See bench/README.md for the scenarios.
+(:mod:`bench.transactions`); ``routers <scenario>`` runs it with the cluster's routers
+started from two source trees, alternately (:mod:`bench.router_trees`); ``summary`` gathers
+the latest comparison of every label into ``bench/results/summary.{md,png}``. See
+bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
+from bench.router_trees import compare_routers, parse_tree
 from bench.transactions import compare_transactions
 
 VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
@@ -132,6 +135,13 @@ def _transports(text: str) -> tuple[str, ...]:
     return names
 
 
+def _tree(text: str) -> tuple[str, Path]:
+    try:
+        return parse_tree(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -> None:
     """Arguments of ``compare`` (and, without ``mosquitto``, of ``transactions``)."""
     _common(parser)
@@ -231,6 +241,11 @@ def do_transactions(args: argparse.Namespace) -> None:
     _alternate(args, compare_transactions)
 
 
+def do_routers(args: argparse.Namespace) -> None:
+    """``routers``: the routers from one source tree vs another, A B A B …"""
+    _alternate(args, compare_routers, trees=dict(args.tree))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench``."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
@@ -242,6 +257,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             "transactions", help="the router with and without Kafka transactions, alternating"
         ),
         mosquitto=False,
+    )
+    routers = sub.add_parser("routers", help="the routers from two source trees, alternating")
+    compare_parser(routers, mosquitto=False)
+    routers.add_argument(
+        "--tree",
+        type=_tree,
+        action="append",
+        required=True,
+        help="NAME=DIR: a source tree to start the routers from (twice: A, then B)",
     )
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
@@ -259,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             do_run(args)
         elif args.command == "transactions":
             do_transactions(args)
+        elif args.command == "routers":
+            do_routers(args)
         else:
             do_compare(args)
     except (brokers.BrokerUnavailable, runner.RunError, ValueError) as exc:
