@@ -74,6 +74,14 @@ RETRY_BACKOFF_SECONDS = 1.0
 #: Seconds a transactional producer being replaced may take to hand over what it holds.
 PRODUCER_CLOSE_SECONDS = 5.0
 
+
+class StaleOutputs(Exception):
+    """Raised by an acknowledgement a transactional stage's handler returned (see
+    :func:`consume_batches`) when what it produced for the records is out of date: what it
+    decided on changed before the transaction was to commit. The partition's transaction
+    is aborted and its records are read again at once, without a retry backoff."""
+
+
 MakeProducer = Callable[[str], AIOKafkaProducer]
 """Makes a transactional producer (not started) with the given ``transactional.id``."""
 
@@ -422,7 +430,11 @@ async def consume_batches(
     :func:`current_transaction`), and the transactions are committed with the partitions'
     next offsets as soon as no more records are waiting, or after ``commit_interval``
     seconds under load: exactly once. A failed partition's transaction is aborted and the
-    partition read again from its committed offset after :data:`RETRY_BACKOFF_SECONDS`.
+    partition read again from its committed offset after :data:`RETRY_BACKOFF_SECONDS`
+    (at once when it failed with :class:`StaleOutputs`). The acknowledgements ``handle``
+    returns are awaited just before the commit, those of all partitions at once; one that
+    is an awaitable object rather than a future starts only then (a check whose answer
+    must come after the records were fetched, that calls are best made together).
     """
     if transactions is not None:
         assert topics, "transactions need a consumer group: give topics"
@@ -669,6 +681,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rewound: dict[TopicPartition, int] = {}
         # The offsets committed by this loop's transactions, per partition (for the lag).
         self.committed: dict[TopicPartition, int] = {}
+        # Partitions whose last failure was StaleOutputs: read again without a backoff.
+        self.stale: set[TopicPartition] = set()
 
     async def run(
         self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
@@ -691,8 +705,9 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                         failed |= await self._commit(set(self.pending))
                     if failed:
                         await self._rewind(failed)
-                if failed:
+                if failed - self.stale:
                     await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
+                self.stale.clear()
         finally:
             with contextlib.suppress(Exception):
                 async with self.lock:
@@ -748,10 +763,14 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         """Commit the transactions of ``partitions`` (those whose produced records were
         all acknowledged; the others are aborted); returns the partitions that failed."""
         todo = {tp: self.pending.pop(tp) for tp in partitions if tp in self.pending}
+        errors = await asyncio.gather(*(_first_error(p.acks) for p in todo.values()))
         failed = set()
-        for tp, pending in todo.items():
-            error = await _first_error(pending.acks)
-            if error is not None:
+        for tp, error in zip(todo, errors, strict=True):
+            if isinstance(error, StaleOutputs):
+                log.info("records of %s are handled again: %s", tp, error)
+                self.stale.add(tp)
+                failed.add(tp)
+            elif error is not None:
                 log.warning("records for %s were not stored, read again: %r", tp, error)
                 failed.add(tp)
         await self._abort(failed)
