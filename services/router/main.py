@@ -62,6 +62,7 @@ from services.common.kafka.consumer import (
     Record,
     StaleOutputs,
     consume_batches,
+    current_transaction,
     log_undecodable,
     make_consumer,
 )
@@ -137,6 +138,8 @@ def build_app(settings: Settings) -> faust.App:
     send = sender(app)
     # Partitions whose routing was outdated: their next records are routed after a barrier.
     behind: set[TopicPartition] = set()
+    # The check of each partition's open transaction: later batches join it.
+    checks: dict[TopicPartition, _Check] = {}
 
     async def confirm(version: int, records: list[Record]) -> None:
         """Raise StaleOutputs if state records the barrier covers but the routing of
@@ -150,11 +153,14 @@ def build_app(settings: Settings) -> faust.App:
         check: _Check | None = None
         if settings.router_transactions:
             tp = TopicPartition(records[0].topic, records[0].partition)
+            transaction = current_transaction()
             if tp in behind:
                 await reader.barrier()
                 behind.discard(tp)
+            elif (joined := checks.get(tp)) is not None and joined.joins(transaction):
+                joined.records.extend(records)  # checked from its first batch's version
             else:
-                check = _Check(confirm, table.version, records)
+                check = checks[tp] = _Check(confirm, table.version, list(records), transaction)
         now = now_ms()
         batch = [out for record in records for out in outputs(table, names, record, now, counters)]
         specs = {
@@ -227,23 +233,37 @@ def build_app(settings: Settings) -> faust.App:
 
 
 class _Check:
-    """``confirm(version, records)``, started only when first awaited: by the
+    """``confirm(version, records)`` for the records one partition's transaction routed,
+    the first of them at ``version``; started only when first awaited: by the
     transactional loop just before the commit, together with the other partitions' checks
-    (their barriers then share one end-offsets request)."""
+    (their barriers then share one end-offsets request). ``transaction`` is the
+    partition's producer: later batches of the same transaction join the check
+    (:meth:`joins`) rather than add one each."""
 
-    __slots__ = ("_args", "_confirm")
+    __slots__ = ("_confirm", "_started", "_transaction", "records", "version")
 
     def __init__(
         self,
         confirm: Callable[[int, list[Record]], Coroutine[Any, Any, None]],
         version: int,
         records: list[Record],
+        transaction: object,
     ) -> None:
         self._confirm = confirm
-        self._args = (version, records)
+        self.version = version
+        self.records = records
+        self._transaction = transaction
+        self._started = False
+
+    def joins(self, transaction: object) -> bool:
+        """Whether records routed in ``transaction`` (a partition's producer) can join this
+        check: the same transaction, not committing yet. An aborted one's producer is
+        replaced, so a transaction after it never joins."""
+        return transaction is self._transaction and not self._started
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self._confirm(*self._args).__await__()
+        self._started = True
+        return self._confirm(self.version, self.records).__await__()
 
 
 def _topics_and_requests(records: list[Record]) -> tuple[list[str], list[RetainedRequest]]:
