@@ -49,6 +49,7 @@ from aiokafka import (
     TopicPartition,
 )
 from aiokafka.errors import KafkaError
+from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -73,6 +74,17 @@ RETRY_BACKOFF_SECONDS = 1.0
 
 #: Seconds a transactional producer being replaced may take to hand over what it holds.
 PRODUCER_CLOSE_SECONDS = 5.0
+
+#: Seconds aiokafka waits before asking again when Kafka refuses to add a partition to a
+#: transaction with CONCURRENT_TRANSACTIONS: the partition's previous transaction committed
+#: a moment ago and its commit markers are not written yet. aiokafka 0.14 waits 20 ms
+#: (``aiokafka.producer.sender.BACKOFF_OVERRIDE``), and a stage that commits one
+#: transaction per batch at low rates meets that wait on most batches: 2 ms halved the
+#: router's hop at 500 msg/s (p50 20 → 11 ms) for a quarter more router CPU per message
+#: (bench/NOTES.md, 2026-11-24 "Lever 2"). Set for every aiokafka producer of the process.
+CONCURRENT_TRANSACTIONS_RETRY_SECONDS = 0.002
+
+aiokafka_sender.BACKOFF_OVERRIDE = CONCURRENT_TRANSACTIONS_RETRY_SECONDS
 
 
 class StaleOutputs(Exception):
