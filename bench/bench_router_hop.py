@@ -9,7 +9,8 @@ publishers (one per partition of a 12-partition ``msg.all``, roughly) with an id
 with ``read_committed``. Per run: paced at ``--rate`` msg/s, the latency of every record
 from the ``send`` call to its downlink record's arrival (produce, route, transaction commit,
 consume), p50 / p99 in ms; with ``--rate 0``, as fast as the router goes (at most
-``--window`` records awaiting their downlink record), routed records/s.
+``--window`` records awaiting their downlink record), routed records/s. Both: the router's
+CPU µs per record routed in the measured window (the process ``router``).
 
 With two ``--tree NAME=DIR``, every router of the cluster is restarted from each tree in
 turn before its run (:mod:`bench.router_trees`), A B A B … for ``--rounds`` rounds; without,
@@ -51,6 +52,7 @@ from services.common.records import (
     encode_subscriptions,
 )
 from services.common.subscription import Subscription
+from services.local import processes
 from services.local.settings import LocalSettings
 
 PUBLISHERS = 12
@@ -132,6 +134,8 @@ async def measure(
                         latencies.append((now - at) * 1000)
 
     reader = asyncio.create_task(read())
+    router = processes.find(settings.state_dir, "router")
+    router_cpu = 0.0
     try:
         meta = [
             encode_meta(PublishMeta(f"{prefix}/{p}", 1, False, int(time.time() * 1000), 5))
@@ -144,6 +148,8 @@ async def measure(
         while (now := time.perf_counter()) < end:
             if not measuring[0] and now >= window_start:
                 measuring[0] = True
+                if router is not None:
+                    router_cpu = sum(router.cpu_times()[:2])
             if rate:
                 due = start + seq / rate
                 if due > now:
@@ -158,6 +164,8 @@ async def measure(
             )
             seq += 1
         measuring[0] = False
+        if router is not None:
+            router_cpu = sum(router.cpu_times()[:2]) - router_cpu
         # Stragglers of the window: awaited (up to 15 s) so the latencies include them.
         deadline = time.perf_counter() + 15
         while sent and time.perf_counter() < deadline:
@@ -178,6 +186,8 @@ async def measure(
         "latency_p50_ms": pct(0.50),
         "latency_p99_ms": pct(0.99),
         "missing": len(sent),
+        # The router's CPU per record routed in the window (µs; one router instance).
+        "router_cpu_us": router_cpu / received * 1e6 if received and router else None,
         "seconds": time.perf_counter() - started,
     }
 
@@ -222,7 +232,7 @@ def main() -> None:
     for name, runs in rows.items():
         summary = {
             key: statistics.median(run[key] for run in runs if run[key] is not None)
-            for key in ("routed_per_s", "latency_p50_ms", "latency_p99_ms")
+            for key in ("routed_per_s", "latency_p50_ms", "latency_p99_ms", "router_cpu_us")
         }
         print(f"{name}: medians of {len(runs)} runs {summary}")
 
