@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench run|compare|transactions|summary|list|chaos|soak``
+"""Command line: ``python -m bench run|compare|transactions|routers|summary|list|chaos|soak``
 (and ``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report
@@ -6,11 +6,12 @@
 ``compare <scenario>`` runs it against Cormorant and Mosquitto alternately, with the Kafka
 floor in every round, and writes ``bench/results/<label>.{jsonl,md,png}``;
 ``transactions <scenario>`` runs it against the cluster with its routers in Kafka
-transactions and without, alternately (:mod:`bench.transactions`); ``summary`` gathers the
-latest comparison of every label into ``bench/results/summary.{md,png}``; ``chaos`` kills
-each process of the local cluster in turn under load (``bench.chaos``); ``soak`` runs a
-long steady load and samples the cluster's resources (``bench.soak``). See bench/README.md
-for the scenarios.
+transactions and without, alternately (:mod:`bench.transactions`); ``routers <scenario>``
+runs it with the cluster's routers started from two source trees, alternately
+(:mod:`bench.router_trees`); ``summary`` gathers the latest comparison of every label into
+``bench/results/summary.{md,png}``; ``chaos`` kills each process of the local cluster in
+turn under load (``bench.chaos``); ``soak`` runs a long steady load and samples the
+cluster's resources (``bench.soak``). See bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import KAFKA_FLOOR, SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
+from bench.router_trees import compare_routers, parse_tree
 from bench.transactions import compare_transactions
 from services.local import cluster, layout, redis
 from services.local.settings import LocalSettings
@@ -145,6 +147,13 @@ def _transports(text: str) -> tuple[str, ...]:
             f"a comma-separated list of {', '.join(TRANSPORTS)} (got {text!r})"
         )
     return names
+
+
+def _tree(text: str) -> tuple[str, Path]:
+    try:
+        return parse_tree(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def compare_parser(parser: argparse.ArgumentParser, *, mosquitto: bool = True) -> None:
@@ -433,6 +442,11 @@ def do_transactions(args: argparse.Namespace) -> None:
     _alternate(args, compare_transactions)
 
 
+def do_routers(args: argparse.Namespace) -> None:
+    """``routers``: the routers from one source tree vs another, A B A B …"""
+    _alternate(args, compare_routers, trees=dict(args.tree))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench``."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
@@ -446,6 +460,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             "transactions", help="the router with and without Kafka transactions, alternating"
         ),
         mosquitto=False,
+    )
+    routers = sub.add_parser("routers", help="the routers from two source trees, alternating")
+    compare_parser(routers, mosquitto=False)
+    routers.add_argument(
+        "--tree",
+        type=_tree,
+        action="append",
+        required=True,
+        help="NAME=DIR: a source tree to start the routers from (twice: A, then B)",
     )
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
@@ -467,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             do_soak(args)
         elif args.command == "transactions":
             do_transactions(args)
+        elif args.command == "routers":
+            do_routers(args)
         else:
             do_compare(args)
     except (brokers.BrokerUnavailable, runner.RunError, ValueError, KeyError) as exc:

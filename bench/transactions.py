@@ -64,14 +64,55 @@ def compare_transactions(
         brokers.BrokerUnavailable: the cluster is not healthy.
         runner.RunError: a run failed.
     """
+    return alternate_routers(
+        scenario,
+        options,
+        timing,
+        modes=(TRANSACTIONAL, AT_LEAST_ONCE),
+        restart=lambda mode: restart(mode == TRANSACTIONAL),
+        suffix="router-transactions",
+        rounds=rounds,
+        workers=workers,
+        pause=pause,
+        results_dir=results_dir,
+        log=log,
+    )
+
+
+def alternate_routers(
+    scenario: str,
+    options: Options,
+    timing: Timing,
+    *,
+    modes: tuple[str, str],
+    restart: Callable[[str], None],
+    suffix: str,
+    rounds: int,
+    workers: int,
+    pause: float,
+    results_dir: Path,
+    log: Callable[[str], None],
+) -> tuple[Path, Path, Path]:
+    """Run ``rounds`` rounds of ``scenario`` against the local cluster, each round once per
+    name of ``modes`` (A B A B …), ``restart(mode)`` putting the routers in that mode before
+    its run; ``pause`` seconds between runs. The routers are left in the first mode.
+
+    Writes ``<results_dir>/<label>-<suffix>.{jsonl,md,png}``, the records' ``broker`` being
+    the mode, the table giving the medians per mode and their ratio (first / second), and
+    returns their paths.
+
+    Raises:
+        brokers.BrokerUnavailable: the cluster is not healthy.
+        runner.RunError: a run failed.
+    """
     records: list[dict[str, Any]] = []
-    label = f"{build(scenario, options, timing).label}-router-transactions"
+    label = f"{build(scenario, options, timing).label}-{suffix}"
     jsonl = results_dir / f"{label}.jsonl"
     try:
         for round_ in range(1, rounds + 1):
-            for mode in (TRANSACTIONAL, AT_LEAST_ONCE):
+            for mode in modes:
                 log(f"round {round_}/{rounds}: routers {mode}")
-                restart(mode == TRANSACTIONAL)
+                restart(mode)
                 target = brokers.cormorant(options.host, options.port)  # the new pids
                 report = runner.run(build(scenario, options, timing), target, workers, log)
                 log(summary_line(report))
@@ -87,8 +128,8 @@ def compare_transactions(
                 records.append(rec)
                 time.sleep(pause)  # the machine settles between runs
     finally:
-        restart(True)
+        restart(modes[0])
     md = results_dir / f"{label}.md"
-    md.write_text(results.markdown(records, TRANSACTIONAL, AT_LEAST_ONCE), encoding="utf-8")
-    png = chart.draw(records, results_dir / f"{label}.png", (TRANSACTIONAL, AT_LEAST_ONCE))
+    md.write_text(results.markdown(records, *modes), encoding="utf-8")
+    png = chart.draw(records, results_dir / f"{label}.png", modes)
     return jsonl, md, png

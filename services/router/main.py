@@ -11,10 +11,17 @@ the same way, with the matching retained messages for that one subscriber (MQTT 
 
 State (subscriptions, client locations, retained messages) is replayed from the compacted
 topics before the first message is routed, so a restarted router routes exactly as before.
-Before each batch the router waits until it has applied every state record that existed
-when the batch arrived (:meth:`CompactedTopicReader.barrier`): a subscription acknowledged
-by SUBACK before a PUBLISH was acknowledged is always honoured, and so is a retained message
-stored before a SUBSCRIBE.
+A subscription acknowledged by SUBACK before a PUBLISH was acknowledged is always honoured,
+and so is a retained message stored before a SUBSCRIBE: before what the router made of a
+batch counts, it has applied every state record that existed when the batch had been
+fetched (:meth:`CompactedTopicReader.barrier`; the argument is in that module). In
+transactions the router routes a batch at once with the state it has, and the barrier runs
+as the transaction is about to commit, beside the wait for its records' acknowledgements
+(one end-offsets request serves every partition committing then): if state records
+applied meanwhile concern the batch (:meth:`RoutingTable.outdated`), the transaction is
+aborted and the partition's records are read again, and routed after a barrier this time.
+Nobody reads what an aborted transaction wrote, so only a routing with every record the
+barrier covers counts. Without transactions, the barrier runs before each batch is routed.
 
 ``msg.all`` is read in the router's consumer group (``<prefix>cormorant-router``: more
 routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`,
@@ -31,10 +38,12 @@ at least once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from time import perf_counter
+from typing import Any
 
 import faust
+from aiokafka import TopicPartition
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.common import metrics
@@ -51,7 +60,9 @@ from services.common.kafka.admin import app_spec_of, ensure_topics
 from services.common.kafka.consumer import (
     PartitionTransactions,
     Record,
+    StaleOutputs,
     consume_batches,
+    current_transaction,
     log_undecodable,
     make_consumer,
 )
@@ -62,6 +73,7 @@ from services.common.records import (
     Headers,
     KafkaRecord,
     Message,
+    Published,
     RecordError,
     RetainedRequest,
     app_record,
@@ -124,8 +136,31 @@ def build_app(settings: Settings) -> faust.App:
 
     readiness.add("kafka", reader.end_offsets)
     send = sender(app)
+    # Partitions whose routing was outdated: their next records are routed after a barrier.
+    behind: set[TopicPartition] = set()
+    # The check of each partition's open transaction: later batches join it.
+    checks: dict[TopicPartition, _Check] = {}
+
+    async def confirm(version: int, records: list[Record]) -> None:
+        """Raise StaleOutputs if state records the barrier covers but the routing of
+        ``records`` (at ``version``) did not see would change it."""
+        await reader.barrier()
+        if table.version != version and table.outdated(version, *_topics_and_requests(records)):
+            behind.add(TopicPartition(records[0].topic, records[0].partition))
+            raise StaleOutputs("state records applied after routing concern them")
 
     async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
+        check: _Check | None = None
+        if settings.router_transactions:
+            tp = TopicPartition(records[0].topic, records[0].partition)
+            transaction = current_transaction()
+            if tp in behind:
+                await reader.barrier()
+                behind.discard(tp)
+            elif (joined := checks.get(tp)) is not None and joined.joins(transaction):
+                joined.records.extend(records)  # checked from its first batch's version
+            else:
+                check = checks[tp] = _Check(confirm, table.version, list(records), transaction)
         now = now_ms()
         batch = [out for record in records for out in outputs(table, names, record, now, counters)]
         specs = {
@@ -148,6 +183,8 @@ def build_app(settings: Settings) -> faust.App:
         except Exception:
             app_topics.clear()  # one may have been deleted: the retry makes sure again
             raise
+        if check is not None:
+            acks.append(check)
         return acks
 
     async def route() -> None:
@@ -177,8 +214,9 @@ def build_app(settings: Settings) -> faust.App:
                 max_records=BATCH_MAX,
                 commit_interval=TRANSACTION_SECONDS if transactions else COMMIT_SECONDS,
                 # State stored before the batch's records were is applied first: a
-                # subscription acknowledged before a PUBLISH applies to it.
-                prepare=reader.barrier,
+                # subscription acknowledged before a PUBLISH applies to it. In
+                # transactions, route_batch checks that before the commit instead.
+                prepare=None if transactions else reader.barrier,
                 transactions=transactions,
                 stage="router",
             )
@@ -192,6 +230,57 @@ def build_app(settings: Settings) -> faust.App:
     run_task(app, route)
     on_shutdown(app, stop)
     return app
+
+
+class _Check:
+    """``confirm(version, records)`` for the records one partition's transaction routed,
+    the first of them at ``version``; started only when first awaited: by the
+    transactional loop just before the commit, together with the other partitions' checks
+    (their barriers then share one end-offsets request). ``transaction`` is the
+    partition's producer: later batches of the same transaction join the check
+    (:meth:`joins`) rather than add one each."""
+
+    __slots__ = ("_confirm", "_started", "_transaction", "records", "version")
+
+    def __init__(
+        self,
+        confirm: Callable[[int, list[Record]], Coroutine[Any, Any, None]],
+        version: int,
+        records: list[Record],
+        transaction: object,
+    ) -> None:
+        self._confirm = confirm
+        self.version = version
+        self.records = records
+        self._transaction = transaction
+        self._started = False
+
+    def joins(self, transaction: object) -> bool:
+        """Whether records routed in ``transaction`` (a partition's producer) can join this
+        check: the same transaction, not committing yet. An aborted one's producer is
+        replaced, so a transaction after it never joins."""
+        return transaction is self._transaction and not self._started
+
+    def __await__(self) -> Generator[Any, None, None]:
+        self._started = True
+        return self._confirm(self.version, self.records).__await__()
+
+
+def _topics_and_requests(records: list[Record]) -> tuple[list[str], list[RetainedRequest]]:
+    """The Topic Names of the messages among ``records`` and their retained message
+    requests (records that do not decode route nothing and are left out)."""
+    topics: list[str] = []
+    requests: list[RetainedRequest] = []
+    for record in records:
+        try:
+            parsed = parse_msg_all(record.key, record.value, record.headers)
+        except RecordError:
+            continue
+        if isinstance(parsed, Published):
+            topics.append(parsed.message.meta.topic)
+        else:
+            requests.append(parsed)
+    return topics, requests
 
 
 class RouterCounters:

@@ -13,13 +13,21 @@ group's topic (``msg.app-shared.<group>``) instead: its APPLICATION members read
 as one Kafka consumer group (TBMQ's APPLICATION shared subscriptions).
 :meth:`RoutingTable.retained_for` answers a retained message request (a new subscription,
 MQTT 3.3.1.3) the same way.
+
+The table counts the state records it applies (:attr:`RoutingTable.version`) and remembers
+what the latest ones changed, so :meth:`RoutingTable.outdated` can tell whether messages
+routed at an earlier version would be routed differently now: the router routes before it
+knows it has read every state record it must honour, and checks before its routing counts
+(router/main.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from services.common.mqtt.errors import MQTTError
 from services.common.records import (
@@ -27,6 +35,7 @@ from services.common.records import (
     Message,
     PublishMeta,
     RecordError,
+    RetainedRequest,
     SessionRecord,
     Target,
     expires_at_ms,
@@ -40,6 +49,26 @@ from services.common.topics.retained import RetainedStore
 from services.common.topics.trie import SubscriptionTrie
 
 log = logging.getLogger(__name__)
+
+#: State changes :meth:`RoutingTable.outdated` can look back over (one per state record
+#: applied); a check reaching further back answers "outdated".
+JOURNAL_LENGTH = 10_000
+
+#: Subscriptions of changed clients :meth:`RoutingTable.outdated` matches messages against
+#: at most; past that (a client replacing thousands at once) it answers "outdated" rather
+#: than index them all.
+OUTDATED_MAX_SUBSCRIPTIONS = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """What one applied state record changed: a client's subscriptions or session
+    (``client_id``, with ``subscriptions``: the client's subscriptions before and after, the
+    ones whose messages the change may reroute), or a retained message (``retained_topic``)."""
+
+    client_id: str | None = None
+    subscriptions: tuple[Subscription, ...] = ()
+    retained_topic: str | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +111,13 @@ class RoutingTable:
         self.sessions: dict[str, SessionRecord] = {}
         self.retained: RetainedStore[Message] = RetainedStore()
         self._next_member: dict[tuple[str, str], int] = defaultdict(int)
+        #: State records applied so far: a routing decision made now is made at this version.
+        self.version = 0
+        self._journal: deque[StateChange] = deque(maxlen=JOURNAL_LENGTH)
+
+    def _changed(self, change: StateChange) -> None:
+        self.version += 1
+        self._journal.append(change)
 
     def set_subscriptions(self, client_id: str, subs: list[Subscription]) -> None:
         """Replace ``client_id``'s whole subscription set (an empty list removes it).
@@ -89,6 +125,8 @@ class RoutingTable:
         An entry the trie refuses (an invalid filter in a garbage record) is logged and
         skipped; the client's other subscriptions still apply.
         """
+        before = self.trie.subscriptions_of(client_id)
+        self._changed(StateChange(client_id, (*before, *subs)))
         self.trie.remove_client(client_id)
         for sub in subs:
             try:
@@ -98,6 +136,7 @@ class RoutingTable:
 
     def set_session(self, client_id: str, record: SessionRecord | None) -> None:
         """Record where ``client_id`` is connected; None (a tombstone) forgets the client."""
+        self._changed(StateChange(client_id, tuple(self.trie.subscriptions_of(client_id))))
         if record is None:
             self.sessions.pop(client_id, None)
         else:
@@ -117,10 +156,58 @@ class RoutingTable:
         Raises ``RecordError`` on garbage (a record without metadata included).
         """
         topic, message = parse_retained(key, value, headers)
+        self._changed(StateChange(retained_topic=topic))
         if message is None:
             self.retained.delete(topic)
         else:
             self.retained.set(topic, message)
+
+    def outdated(
+        self, version: int, topics: Iterable[str], requests: Iterable[RetainedRequest] = ()
+    ) -> bool:
+        """Whether messages to ``topics`` and answers to retained message ``requests``
+        decided at :attr:`version` ``version`` could be decided otherwise now.
+
+        False when no state record was applied since. Otherwise True if a client whose
+        subscriptions or session changed has (had, before the change) a subscription
+        matching one of ``topics`` (a shared one included: its group's member choice may
+        differ), or made one of ``requests``; if a retained message changed on a topic one
+        of ``requests`` matches; and, without looking, when the changes reach back beyond
+        :data:`JOURNAL_LENGTH` records or the changed clients hold more than
+        :data:`OUTDATED_MAX_SUBSCRIPTIONS` subscriptions. Conservative: True does not mean
+        the decisions differ.
+        """
+        gap = self.version - version
+        if gap <= 0:
+            return False
+        if gap > len(self._journal):
+            return True
+        changes = list(islice(self._journal, len(self._journal) - gap, None))
+        changed = SubscriptionTrie()
+        clients: set[str] = set()
+        retained_topics: list[str] = []
+        for change in changes:
+            if change.client_id is None:
+                retained_topics.append(change.retained_topic or "")
+                continue
+            clients.add(change.client_id)
+            for sub in change.subscriptions:
+                if len(changed) >= OUTDATED_MAX_SUBSCRIPTIONS:
+                    return True
+                try:
+                    changed.add(sub)
+                except MQTTError:
+                    continue  # never in the trie, so it routes nothing
+        for topic in topics:
+            match = changed.match(topic)
+            if match.clients or match.shared:
+                return True
+        for request in requests:
+            if request.client_id in clients:
+                return True
+            if retained_topics and _any_match(request.subscriptions, retained_topics):
+                return True
+        return False
 
     def path(self, client_id: str) -> DeliveryPath:
         """The :class:`~services.common.sessions.DeliveryPath` of ``client_id``'s messages."""
@@ -219,3 +306,18 @@ class RoutingTable:
                 fallback = sub, session
                 self._next_member[group_key] = (start + step + 1) % len(ordered)
         return fallback
+
+
+def _any_match(subscriptions: list[Subscription], topics: list[str]) -> bool:
+    """Whether one of ``subscriptions`` matches one of ``topics`` (valid Topic Names)."""
+    trie = SubscriptionTrie()
+    for sub in subscriptions:
+        try:
+            trie.add(sub)
+        except MQTTError:
+            continue
+    for topic in topics:
+        match = trie.match(topic)
+        if match.clients or match.shared:
+            return True
+    return False

@@ -8,17 +8,20 @@ and PUBLISH records to ``msg.all``, then reads what the cluster's router wrote.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
-from services.common.kafka.admin import downlink_topic_spec, ensure_topics
+from services.common.kafka.admin import core_topic_specs, downlink_topic_spec, ensure_topics
 from services.common.kafka.names import TopicNames
+from services.common.kafka.partitioner import partition_of
 from services.common.records import (
     HEADER_META,
     HEADER_TARGETS,
@@ -32,6 +35,7 @@ from services.common.records import (
     encode_subscriptions,
 )
 from services.common.subscription import Subscription
+from services.local.settings import LocalSettings
 from tests.servers import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -98,14 +102,20 @@ class Probe:
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def probe(cluster: LocalCluster) -> AsyncIterator[Probe]:
-    settings = cluster.settings
+    async with _probe(cluster.settings) as probe:
+        yield probe
+
+
+@asynccontextmanager
+async def _probe(settings: LocalSettings) -> AsyncIterator[Probe]:
+    """A :class:`Probe` on the topics of ``settings``."""
     node_id = f"probe{uuid.uuid4().hex[:8]}"
     downlink = downlink_topic_spec(settings, node_id)
-    await ensure_topics(cluster.kafka_bootstrap, [downlink])
-    producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all")
+    await ensure_topics(settings.kafka_bootstrap, [downlink])
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     consumer = AIOKafkaConsumer(
         downlink.name,
-        bootstrap_servers=cluster.kafka_bootstrap,
+        bootstrap_servers=settings.kafka_bootstrap,
         group_id=None,
         auto_offset_reset="earliest",
         # As every reader of the router's topics: what an aborted transaction wrote (a
@@ -175,3 +185,89 @@ async def test_a_poisoned_msg_all_record_is_skipped_and_the_next_routes(
     [(payload, meta, targets)] = [_decoded(r) for r in await probe.routed(1)]
     assert (payload, meta.topic, targets) == (b"good", topic, [Target("dev-p", 1)])
     await probe.nothing_more("pub-p", topic)
+
+
+#: A backlog of ``client.subscriptions`` records written in one transaction (so the router
+#: sees it all at once): records, and the subscriptions of each. The router takes tens of
+#: ms to apply each one, and about a second for all, reading on between them.
+BACKLOG_RECORDS = 30
+BACKLOG_SUBSCRIPTIONS = 5000
+
+
+async def _write_backlog(settings: LocalSettings, names: TopicNames, client_id: str) -> None:
+    """Commit :data:`BACKLOG_RECORDS` subscription records of another client (whose filters
+    no test message matches) to ``client_id``'s partition of ``client.subscriptions``, in
+    one transaction: a later record of ``client_id`` is read only after all of them."""
+    count = settings.state_topic_partitions
+    partition = partition_of(client_id, count)
+    filler = next(
+        c
+        for c in (f"backlog-{uuid.uuid4().hex[:8]}" for _ in itertools.count())
+        if partition_of(c, count) == partition
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, transactional_id=f"it-{filler}"
+    )
+    await producer.start()
+    try:
+        async with producer.transaction():
+            for i in range(BACKLOG_RECORDS):
+                subs = [
+                    Subscription(client_id=filler, topic_filter=f"it/backlog/{i}/{j}", qos=0)
+                    for j in range(BACKLOG_SUBSCRIPTIONS)
+                ]
+                await producer.send(
+                    names.client_subscriptions, encode_subscriptions(subs), key=filler.encode()
+                )
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.parametrize("transactions", [True, False], ids=["transactions", "at-least-once"])
+async def test_a_subscription_stored_before_a_publish_applies_even_behind_a_state_backlog(
+    cluster: LocalCluster, transactions: bool
+) -> None:
+    """The router's ordering guarantee (README, "What clients can rely on today"): a
+    subscription record Kafka acknowledged before a PUBLISH record was written applies to
+    that PUBLISH, even when the router's state reader is still a second behind (a backlog
+    in front of the subscription record, in its partition) as the PUBLISH is fetched. Only
+    the router's barrier makes it wait for the subscription; without it the message is
+    routed to nobody and this test fails. In transactions the router routes at once and
+    the barrier comes before the commit (the routing, outdated, is aborted and done again);
+    at least once, before the routing.
+
+    A router of its own (its own topic prefix, so the backlog stays out of the cluster's
+    state topics), caught up with its empty state before the backlog is written.
+    """
+    prefix = f"it-barrier-{uuid.uuid4().hex[:8]}."
+    settings = cluster.settings.model_copy(update={"topic_prefix": prefix})
+    await ensure_topics(settings.kafka_bootstrap, core_topic_specs(settings))
+    cluster.start_extra(
+        "router-barrier",
+        "router",
+        topic_prefix=prefix,
+        router_transactions=str(transactions).lower(),
+    )
+    try:
+        async with _probe(settings) as probe:
+            topic = f"it/barrier/{uuid.uuid4().hex[:8]}"
+            subscriber = "dev-behind"
+            # The subscriber is known, with another subscription; once a message to that
+            # one is routed, the router is routing (its consumer group formed).
+            await probe.subscriber(subscriber, f"{topic}-warm-up", qos=1)
+            await probe.publish("pub-behind", f"{topic}-warm-up", b"warm-up")
+            [warm_up] = await probe.routed(1)
+            assert warm_up.value == b"warm-up"
+            await _write_backlog(settings, probe.names, subscriber)
+            subs = [Subscription(client_id=subscriber, topic_filter=topic, qos=1)]
+            await probe.put(
+                probe.names.client_subscriptions,
+                subscriber.encode(),
+                encode_subscriptions(subs),
+                [],
+            )
+            await probe.publish("pub-behind", topic, b"first")
+            [(payload, meta, targets)] = [_decoded(r) for r in await probe.routed(1)]
+    finally:
+        cluster.stop_extra("router-barrier")
+    assert (payload, meta.topic, targets) == (b"first", topic, [Target(subscriber, 1)])

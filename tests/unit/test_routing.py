@@ -6,6 +6,7 @@ MQTT 3.3.4 (overlapping subscriptions), 3.8.4 (granted QoS), 4.8.2 (shared subsc
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from aiokafka.structs import ConsumerRecord
@@ -17,6 +18,7 @@ from services.common.records import (
     ClientKind,
     PublishMeta,
     RecordError,
+    RetainedRequest,
     SessionRecord,
     Target,
     decode_targets,
@@ -26,6 +28,7 @@ from services.common.records import (
 )
 from services.common.sessions import DeliveryPath
 from services.common.subscription import Subscription
+from services.router import routing
 from services.router.main import outputs
 from services.router.routing import RoutingTable
 
@@ -408,3 +411,77 @@ def test_application_records_carry_payload_meta_target_and_session() -> None:
     assert (key, value, headers["m"], headers["s"]) == (b"pub-1", b"payload", meta, APP_SESSION)
     assert decode_targets(headers["t"]) == [Target("app", 1)]
     assert out[names.app_shared("grp", "t/+")] == (b"pub-1", b"payload", {"m": meta})
+
+
+# RoutingTable.outdated: would messages routed at an earlier version be routed otherwise now?
+
+
+def test_nothing_applied_since_means_not_outdated() -> None:
+    table = _table(a=("n1", [_sub("a", "t/#")]))
+    version = table.version
+    assert not table.outdated(version, ["t/1"], [RetainedRequest("a", [_sub("a", "t/#")])])
+
+
+@pytest.mark.parametrize(
+    ("change", "topic", "outdated"),
+    [
+        # A new subscription matching the message: it would get it now.
+        (lambda t: t.set_subscriptions("b", [_sub("b", "t/+")]), "t/1", True),
+        (lambda t: t.set_subscriptions("b", [_sub("b", "other/#")]), "t/1", False),
+        # A removed one (UNSUBSCRIBE) that matched: it would not get it now.
+        (lambda t: t.set_subscriptions("a", []), "t/1", True),
+        (lambda t: t.set_subscriptions("a", []), "u/1", False),
+        # A subscriber that moved node or went away; a client without subscriptions.
+        (lambda t: t.set_session("a", _session("n2")), "t/1", True),
+        (lambda t: t.set_session("a", None), "t/1", True),
+        (lambda t: t.set_session("c", _session("n2")), "t/1", False),
+        # A shared group member's session: the group's member choice may differ.
+        (lambda t: t.set_session("s1", _session("n2")), "g/1", True),
+        # A retained message changes no live routing.
+        (lambda t: _retain(t, "t/1", b"r", 1, received_at_ms=0), "t/1", False),
+    ],
+    ids=[
+        "new-match",
+        "new-no-match",
+        "removed-match",
+        "removed-no-match",
+        "moved",
+        "gone",
+        "no-subscriptions",
+        "shared-member",
+        "retained",
+    ],
+)
+def test_a_change_outdates_the_messages_it_concerns(
+    change: Callable[[RoutingTable], object], topic: str, outdated: bool
+) -> None:
+    table = _table(a=("n1", [_sub("a", "t/#")]), s1=("n1", [_sub("s1", "$share/g/g/#")]))
+    version = table.version
+    change(table)
+    assert table.outdated(version, [topic]) is outdated
+    assert table.outdated(table.version, [topic]) is False
+
+
+def test_retained_requests_are_outdated_by_their_client_and_matching_retained_messages() -> None:
+    table = _table(a=("n1", []))
+    request = RetainedRequest("a", [_sub("a", "r/+")])
+    version = table.version
+    _retain(table, "elsewhere", b"x", 1, received_at_ms=0)
+    assert not table.outdated(version, [], [request])
+    _retain(table, "r/1", b"x", 1, received_at_ms=0)
+    assert table.outdated(version, [], [request])
+    version = table.version
+    table.set_session("a", _session("n2"))
+    assert table.outdated(version, [], [request])
+
+
+def test_changes_beyond_what_is_remembered_count_as_outdating() -> None:
+    table = _table(a=("n1", [_sub("a", "t/#")]))
+    version = table.version
+    for i in range(routing.JOURNAL_LENGTH + 1):
+        table.set_session(f"x{i}", _session("n1"))  # none of them matters to t/1...
+    assert table.outdated(version, ["t/1"])  # ...but the journal no longer reaches back
+    version = table.version
+    many = [_sub("big", f"big/{i}") for i in range(routing.OUTDATED_MAX_SUBSCRIPTIONS + 1)]
+    table.set_subscriptions("big", many)
+    assert table.outdated(version, ["t/1"])  # too many to index: outdated without looking

@@ -49,6 +49,7 @@ from aiokafka import (
     TopicPartition,
 )
 from aiokafka.errors import KafkaError
+from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -73,6 +74,25 @@ RETRY_BACKOFF_SECONDS = 1.0
 
 #: Seconds a transactional producer being replaced may take to hand over what it holds.
 PRODUCER_CLOSE_SECONDS = 5.0
+
+#: Seconds aiokafka waits before asking again when Kafka refuses to add a partition to a
+#: transaction with CONCURRENT_TRANSACTIONS: the partition's previous transaction committed
+#: a moment ago and its commit markers are not written yet. aiokafka 0.14 waits 20 ms
+#: (``aiokafka.producer.sender.BACKOFF_OVERRIDE``), and a stage that commits one
+#: transaction per batch at low rates meets that wait on most batches: 2 ms halved the
+#: router's hop at 500 msg/s (p50 20 → 11 ms) for a quarter more router CPU per message
+#: (bench/NOTES.md, 2026-11-24 "Lever 2"). Set for every aiokafka producer of the process.
+CONCURRENT_TRANSACTIONS_RETRY_SECONDS = 0.002
+
+aiokafka_sender.BACKOFF_OVERRIDE = CONCURRENT_TRANSACTIONS_RETRY_SECONDS
+
+
+class StaleOutputs(Exception):
+    """Raised by an acknowledgement a transactional stage's handler returned (see
+    :func:`consume_batches`) when what it produced for the records is out of date: what it
+    decided on changed before the transaction was to commit. The partition's transaction
+    is aborted and its records are read again at once, without a retry backoff."""
+
 
 MakeProducer = Callable[[str], AIOKafkaProducer]
 """Makes a transactional producer (not started) with the given ``transactional.id``."""
@@ -423,7 +443,11 @@ async def consume_batches(
     :func:`current_transaction`), and the transactions are committed with the partitions'
     next offsets as soon as no more records are waiting, or after ``commit_interval``
     seconds under load: exactly once. A failed partition's transaction is aborted and the
-    partition read again from its committed offset after :data:`RETRY_BACKOFF_SECONDS`.
+    partition read again from its committed offset after :data:`RETRY_BACKOFF_SECONDS`
+    (at once when it failed with :class:`StaleOutputs`). The acknowledgements ``handle``
+    returns are awaited just before the commit, those of all partitions at once; one that
+    is an awaitable object rather than a future starts only then (a check whose answer
+    must come after the records were fetched, that calls are best made together).
     """
     if transactions is not None:
         assert topics, "transactions need a consumer group: give topics"
@@ -675,6 +699,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rewound: dict[TopicPartition, int] = {}
         # The offsets committed by this loop's transactions, per partition (for the lag).
         self.committed: dict[TopicPartition, int] = {}
+        # Partitions whose last failure was StaleOutputs: read again without a backoff.
+        self.stale: set[TopicPartition] = set()
 
     async def run(
         self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
@@ -697,8 +723,9 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                         failed |= await self._commit(set(self.pending))
                     if failed:
                         await self._rewind(failed)
-                if failed:
+                if failed - self.stale:
                     await asyncio.sleep(RETRY_BACKOFF_SECONDS)  # Kafka is down
+                self.stale.clear()
         finally:
             with contextlib.suppress(Exception):
                 async with self.lock:
@@ -754,10 +781,14 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         """Commit the transactions of ``partitions`` (those whose produced records were
         all acknowledged; the others are aborted); returns the partitions that failed."""
         todo = {tp: self.pending.pop(tp) for tp in partitions if tp in self.pending}
+        errors = await asyncio.gather(*(_first_error(p.acks) for p in todo.values()))
         failed = set()
-        for tp, pending in todo.items():
-            error = await _first_error(pending.acks)
-            if error is not None:
+        for tp, error in zip(todo, errors, strict=True):
+            if isinstance(error, StaleOutputs):
+                log.info("records of %s are handled again: %s", tp, error)
+                self.stale.add(tp)
+                failed.add(tp)
+            elif error is not None:
                 log.warning("records for %s were not stored, read again: %r", tp, error)
                 failed.add(tp)
         await self._abort(failed)

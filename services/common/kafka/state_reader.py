@@ -6,6 +6,30 @@ this reader is not in a consumer group: it is assigned all partitions, replays t
 beginning on start, then keeps following. :meth:`CompactedTopicReader.barrier` gives
 read-your-writes: it returns once every record that was in the topics when it was called has
 been applied.
+
+Why the barrier keeps "a subscription acknowledged (SUBACK) before a PUBLISH applies to
+it", and why it asks Kafka for end offsets rather than trusting its own fetches:
+
+1. The ingest node sends SUBACK only after Kafka acknowledged the subscription record S
+   with ``acks=all`` (at time t1). From then on S is below the partition's high watermark
+   and last stable offset, which never move back.
+2. The PUBLISH is sent by a client after it saw the SUBACK, so the ingest node writes its
+   ``msg.all`` record M after t1, and the router fetches M at some t3 > t1.
+3. A request *sent* after t3 is answered by Kafka after t1, so the end offsets it returns
+   (the last stable offsets: ``read_committed``) are beyond S. Once the reader has applied
+   everything below them, S is applied. That is :meth:`barrier` called after M was fetched.
+
+The high watermarks and last stable offsets in the reader's own fetch responses
+(``consumer.highwater``, ``last_stable_offset``) prove nothing here: a response tells
+where the partition stood when Kafka *built* it, and the reader only knows when it
+*received* it. A long poll that timed out just before S was written can sit in a socket
+while the event loop is busy and be read after M's batch, so only the answer to a
+request sent after t3 counts. The reader's fetch requests to quiet state topics are long
+polls, though: the first one sent after t3 comes back up to ``fetch_max_wait_ms`` (100 ms)
+later, where an end-offsets request comes back in a round trip. So the request stays, and
+the router takes it off its critical path instead: it routes first and confirms before
+its Kafka transaction commits, one request for every partition committing at that moment
+(services/router/main.py).
 """
 
 from __future__ import annotations
