@@ -507,6 +507,14 @@ class RawSocket:
         """Write ``data``."""
         self.sock.sendall(data)
 
+    def connect_accepted(self, connect: bytes) -> bool:
+        """Send a hand-made CONNECT, assert the CONNACK accepts it (Reason Code / return code
+        0, MQTT 3.2.2.2 / 3.2.2.3) and return its Session Present flag."""
+        self.send(connect)
+        kind, body = self.read_packet()
+        assert kind == 0x20 and body[1] == 0, (kind, body)
+        return bool(body[0] & 0x01)
+
     def read(self, size: int, timeout: float = TIMEOUT) -> bytes:
         """Read exactly ``size`` bytes (fewer only if the server closed)."""
         self.sock.settimeout(timeout)

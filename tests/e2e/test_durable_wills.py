@@ -38,14 +38,6 @@ NODE = "ingest-node1"
 TAKEOVER = 15.0
 
 
-def _connect(raw: RawSocket, packet: bytes) -> bool:
-    """CONNECT; the CONNACK's Session Present flag."""
-    raw.send(packet)
-    kind, body = raw.read_packet()
-    assert kind == 0x20 and body[1] == 0, (kind, body)
-    return bool(body[0] & 1)
-
-
 async def _disconnected(cluster: LocalCluster, client_id: str) -> bool:
     sessions, _ = await latest_state(cluster)
     value = sessions.get(client_id)
@@ -88,7 +80,7 @@ async def _lose_and_kill(
     (seconds) has passed; returns when the socket was lost (``time.monotonic()``)."""
     node1, _ = cluster.node_ports
     with RawSocket(node1) as raw:
-        _connect(raw, connect)
+        raw.connect_accepted(connect)
     lost_at = time.monotonic()  # closed without DISCONNECT: the will is armed
     await wait_for(lambda: _disconnected(cluster, client_id), "the session's end")
     assert await _waiting_wills(cluster, client_id) == 1
@@ -134,7 +126,7 @@ async def test_a_resumed_session_cancels_the_will_of_a_killed_node(
             await watcher.subscribe(topic, qos=1)
             await _lose_and_kill(cluster, client_id, connect, delay)
             with RawSocket(node2) as again:
-                assert _connect(again, connect)  # the session is resumed, on node 2
+                assert again.connect_accepted(connect)  # the session is resumed, on node 2
                 # The owner of the will's partition (node 2, once node 1's partitions
                 # moved) discards it: a tombstone, committed with no publication.
                 await wait_for(

@@ -40,12 +40,6 @@ NODE = "ingest-node1"
 SERVER_SHUTTING_DOWN = 0x8B
 
 
-def _connect(raw: RawSocket, packet: bytes) -> None:
-    raw.send(packet)
-    kind, body = raw.read_packet()
-    assert kind == 0x20 and body[1] == 0, (kind, body)
-
-
 async def test_a_stopped_node_publishes_its_clients_wills_and_hands_the_waiting_ones_over(
     cluster: LocalCluster,
 ) -> None:
@@ -55,14 +49,12 @@ async def test_a_stopped_node_publishes_its_clients_wills_and_hands_the_waiting_
     async with aio_client(node2, unique("watcher")) as watcher:
         await watcher.subscribe(topic, qos=1)
         with RawSocket(node1) as at_once, RawSocket(node1) as delayed:
-            _connect(
-                at_once,
+            at_once.connect_accepted(
                 session_connect_packet(
                     unique("a"), level=5, clean_start=True, will=(topic, b"at once")
                 ),
             )
-            _connect(
-                delayed,
+            delayed.connect_accepted(
                 session_connect_packet(
                     unique("d"),
                     level=5,
@@ -101,8 +93,7 @@ async def test_a_killed_nodes_sessions_are_ended_when_it_starts_again(
     passing_id = unique("passing")
     passing = PahoClient(node1, passing_id, version=4)
     with RawSocket(node1) as kept:
-        _connect(
-            kept,
+        kept.connect_accepted(
             session_connect_packet(persistent_id, level=5, clean_start=False, session_expiry=600),
         )
         assert passing.connect() == 0

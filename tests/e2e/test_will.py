@@ -37,14 +37,6 @@ DISCONNECT_WITH_WILL_MESSAGE = 0x04
 WILL_DELAY = 4
 
 
-def _connect(raw: RawSocket, packet: bytes) -> tuple[bool, int]:
-    """Send a hand-made CONNECT; returns CONNACK's (Session Present, reason code)."""
-    raw.send(packet)
-    kind, body = raw.read_packet()
-    assert kind == 0x20, (kind, body)
-    return bool(body[0] & 0x01), body[1]
-
-
 @pytest.mark.parametrize("level", [4, 5], ids=["v311", "v5"])
 async def test_socket_loss_publishes_the_will(cluster: LocalCluster, level: int) -> None:
     node1, node2 = cluster.node_ports
@@ -55,7 +47,7 @@ async def test_socket_loss_publishes_the_will(cluster: LocalCluster, level: int)
             connect = session_connect_packet(
                 unique("dies"), level=level, clean_start=True, will=(topic, b"lost")
             )
-            assert _connect(raw, connect) == (False, 0)
+            assert not raw.connect_accepted(connect)
         [will] = await collect(watcher, 1)
     assert (str(will.topic), will.payload) == (topic, b"lost")
 
@@ -72,7 +64,7 @@ async def test_keep_alive_timeout_publishes_the_will(cluster: LocalCluster) -> N
             # The server counts the Keep Alive from the CONNECT it received, which is after
             # this (on a busy machine the CONNACK may come well after).
             started = time.monotonic()
-            assert _connect(raw, connect) == (False, 0)
+            assert not raw.connect_accepted(connect)
             # Silent from now on: closed after 1.5 times the Keep Alive (MQTT 3.1.2.10).
             rest = raw.read_until_closed()
             assert time.monotonic() - started >= 1.4
@@ -136,7 +128,7 @@ async def test_the_will_waits_out_its_delay(cluster: LocalCluster) -> None:
     async with aio_client(node2, unique("watcher")) as watcher:
         await watcher.subscribe(topic, qos=1)
         with RawSocket(node1) as raw:
-            _connect(raw, _delayed_will_client(unique("late"), topic))
+            raw.connect_accepted(_delayed_will_client(unique("late"), topic))
         closed = time.monotonic()
         [will] = await collect(watcher, 1, timeout=WILL_DELAY + TIMEOUT)
         waited = time.monotonic() - closed
@@ -153,11 +145,11 @@ async def test_a_reconnect_on_the_other_node_cancels_a_delayed_will(
     async with aio_client(node1, unique("watcher")) as watcher:
         await watcher.subscribe(topic, qos=1)
         with RawSocket(node1) as raw:
-            _connect(raw, _delayed_will_client(client_id, topic))
+            raw.connect_accepted(_delayed_will_client(client_id, topic))
         # Back before the delay has passed, continuing the session on the other node.
         with RawSocket(node2) as again:
             back = session_connect_packet(client_id, level=5, clean_start=False, session_expiry=60)
-            assert _connect(again, back) == (True, 0)
+            assert again.connect_accepted(back)
             # A Will Delay is wall time: let it pass (no synchronisation). Then the client's
             # own next message comes first: the will, had its timer fired, would have been
             # written before it (one client id, one msg.all partition, MQTT 4.6).
