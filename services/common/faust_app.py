@@ -45,6 +45,7 @@ from faust.types.core import HeadersArg
 from faust.types.tuples import RecordMetadata
 
 from services.common import metrics
+from services.common.gc_tuning import tune_gc
 from services.common.kafka import partitioner
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
 from services.common.kafka.consumer import close_producer, current_transaction
@@ -337,8 +338,10 @@ def run_service(
 
 
 def run_worker(app: faust.App, settings: Settings) -> None:
-    """Run ``app`` in a Faust worker until SIGTERM/SIGINT; uses uvloop when installed."""
+    """Run ``app`` in a Faust worker until SIGTERM/SIGINT; uses uvloop when installed, and
+    the garbage collector's settings of :func:`~services.common.gc_tuning.tune_gc`."""
     worker = faust.Worker(app, loglevel=settings.log_level, loop=_event_loop())
+    tune_gc(settings.gc_gen0_threshold)
     worker.execute_from_commandline()
 
 

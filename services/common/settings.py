@@ -460,6 +460,15 @@ class Settings(BaseSettings):
         "data, logs and pid files ($XDG_STATE_HOME/cormorant).",
     )
     log_level: str = Field("INFO", description="Python logging level of the services.")
+    gc_gen0_threshold: int = Field(
+        50_000,
+        ge=700,
+        le=10_000_000,
+        description="Allocations of container objects between two young-generation garbage "
+        "collections in each service process (CPython's default is 700): the services "
+        "allocate a few dozen per message, and at the default a third of their CPU went to "
+        "the collector (bench/NOTES.md, 2026-11-24).",
+    )
 
     # --- admin (the operators' REST API and web console) -----------------------------------
     admin_host: str = Field(
