@@ -380,10 +380,10 @@ def create_app(context: AdminContext) -> FastAPI:
         """One session: its connection, subscriptions, and what waits for it."""
         await synced()
         session = session_of(client_id)
-        stored = None
+        stats = None
         if delivery_path(session) is DeliveryPath.PERSISTED:
             try:
-                stored = await context.store.count(client_id)
+                stats = await context.store.stats(client_id)
             except StoreError as exc:
                 log.info("stored messages of %r unknown: %r", client_id, exc)
         return models.SessionDetail(
@@ -397,7 +397,8 @@ def create_app(context: AdminContext) -> FastAPI:
                 else None
             ),
             subscription_list=[_subscription(s) for s in state.subscriptions.get(client_id, ())],
-            stored_messages=stored,
+            stored_messages=None if stats is None else stats.stored,
+            dropped_messages=None if stats is None else stats.dropped,
             app_lag=_app_lag(context.sampler.probes, client_id),
         )
 

@@ -154,7 +154,15 @@ class SessionDetail(ClientSummary):
     )
     subscription_list: list[SubscriptionView]
     stored_messages: int | None = Field(
-        description="Messages the DEVICE store holds for a persistent DEVICE session."
+        description="Messages the DEVICE store holds for a persistent DEVICE session "
+        "(null: not such a session, or the store did not answer)."
+    )
+    dropped_messages: int | None = Field(
+        description="Messages the DEVICE store dropped for a persistent DEVICE session, "
+        "oldest first, to stay within CORMORANT_PERSISTED_MAX_MESSAGES: their publishers "
+        "were acknowledged, the client never gets them. Counted since the session's stored "
+        "messages were last deleted (Clean Start, session expiry); null when stored_messages is.",
+        ge=0,
     )
     app_lag: int | None = Field(
         description="Records of a connected APPLICATION client's topic not yet acknowledged."

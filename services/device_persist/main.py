@@ -36,7 +36,7 @@ from services.common.records import Headers
 from services.common.settings import Settings
 from services.common.stores import open_store
 from services.common.web import serve_http
-from services.device_persist.persister import DevicePersister, StoreGauges
+from services.device_persist.persister import DevicePersister, StoreMetrics
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,9 @@ def build_app(settings: Settings) -> faust.App:
     send = sender(app)
 
     persister = DevicePersister(settings, store, send)
-    gauges = StoreGauges(persister)
-    metrics.register(gauges.families)
-    metrics.on_scrape(gauges.refresh)
+    store_metrics = StoreMetrics(persister)
+    metrics.register(store_metrics.families)
+    metrics.on_scrape(store_metrics.refresh)
 
     def apply_session(
         topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.common import clock
 from services.common.faust_app import SendRecord
@@ -61,6 +61,7 @@ from services.common.settings import Settings
 from services.common.stores.base import (
     AckRequest,
     AppendRequest,
+    AppendResult,
     MessageState,
     MessageStore,
     StoredMessage,
@@ -89,6 +90,14 @@ class DevicePersister:
     the in-flight cap, the default message TTL (seconds) and the partition count. Methods
     raise :class:`~services.common.stores.base.StoreUnavailable` when the store fails; the
     caller reads the batch again.
+
+    ``dropped_messages`` (int, messages) counts, since this process started, the stored
+    messages the per-client cap (``persisted_max_messages``) dropped to take new ones (a
+    client away too long loses its oldest messages, though their publishers got their
+    PUBACK or PUBREC). The store keeps the
+    exact count per client (:meth:`~services.common.stores.base.MessageStore.stats`); this
+    process's count misses the drops of appends whose batch failed and was read again
+    (the appends already applied come back as duplicates, dropping nothing).
     """
 
     def __init__(self, settings: Settings, store: MessageStore, send: SendRecord) -> None:
@@ -103,6 +112,7 @@ class DevicePersister:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._live = False  # False while the session topic is replayed at start
+        self.dropped_messages = 0
 
     # ------------------------------------------------------------------ ownership, sessions
 
@@ -191,19 +201,30 @@ class DevicePersister:
             if record.topic == self.names.client_acks
             for request in self._acknowledgements(record)
         ]
-        for request, result in zip(appends, await self.store.append_many(appends), strict=True):
-            if result.dropped:
-                log.warning(
-                    "client %r: store full (%d messages), dropped its %d oldest",
-                    request.client_id,
-                    self.settings.persisted_max_messages,
-                    result.dropped,
-                )
+        results = await self.store.append_many(appends)
+        self._count_dropped(appends, results)
         await self.store.acknowledge_many(acknowledgements)
         touched = {r.client_id: None for r in appends}
         touched.update((r.client_id, None) for r in acknowledgements)
         acks.extend(await self.serve(touched, now_ms))
         return acks
+
+    def _count_dropped(self, appends: list[AppendRequest], results: list[AppendResult]) -> None:
+        """Add the messages the per-client cap dropped for ``appends`` to
+        :attr:`dropped_messages`, and log one WARNING per client of the batch that lost
+        some (not one per append: a full client's every append drops one)."""
+        by_client: dict[str, int] = {}
+        for request, result in zip(appends, results, strict=True):
+            if result.dropped:
+                by_client[request.client_id] = by_client.get(request.client_id, 0) + result.dropped
+        for client_id, dropped in by_client.items():
+            self.dropped_messages += dropped
+            log.warning(
+                "client %r: store full (%d messages), dropped its %d oldest",
+                client_id,
+                self.settings.persisted_max_messages,
+                dropped,
+            )
 
     async def _message(
         self, record: Record, now_ms: int, acks: list[Awaitable[object]]
@@ -410,11 +431,19 @@ class DevicePersister:
         return acks
 
 
-class StoreGauges:
-    """``cormorant_device_store_messages`` and ``cormorant_device_store_sessions``: the
-    persistent DEVICE sessions this instance owns (by connected state) and the messages
-    the store holds for them, counted again at most every ``interval`` seconds (one
-    pipelined round trip to the store for all of them)."""
+class StoreMetrics:
+    """What device_persist serves about its store on ``/metrics``:
+
+    - ``cormorant_device_store_sessions{state}`` (gauge): the persistent DEVICE sessions
+      this instance owns, by connected state;
+    - ``cormorant_device_store_messages`` (gauge): the messages the store holds for them,
+      counted again at most every ``interval`` seconds (one pipelined round trip to the
+      store for all of them);
+    - ``cormorant_device_store_dropped_messages_total`` (counter): stored messages the
+      per-client cap dropped since this process started
+      (:attr:`DevicePersister.dropped_messages`). No client id label: the number of
+      clients is unbounded; the admin API's session view gives a client's own count.
+    """
 
     def __init__(self, persister: DevicePersister, interval: float = 10.0) -> None:
         self.persister = persister
@@ -443,7 +472,7 @@ class StoreGauges:
             log.warning("could not count the stored messages: %r", exc)
 
     def families(self) -> Iterable[Metric]:
-        """The two gauges, as of the last :meth:`refresh`."""
+        """The two gauges as of the last :meth:`refresh`, and the counter as of now."""
         sessions = GaugeMetricFamily(
             "cormorant_device_store_sessions",
             "Persistent DEVICE sessions this instance owns, by connected state.",
@@ -456,6 +485,12 @@ class StoreGauges:
             "cormorant_device_store_messages",
             "Messages the DEVICE store holds for the sessions this instance owns.",
             value=self.messages,
+        )
+        yield CounterMetricFamily(
+            "cormorant_device_store_dropped_messages",
+            "Stored messages the per-client cap (CORMORANT_PERSISTED_MAX_MESSAGES) dropped, "
+            "oldest first, to take new ones.",
+            value=self.persister.dropped_messages,
         )
 
 

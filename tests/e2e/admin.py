@@ -1,13 +1,17 @@
 """The admin API of the test cluster, for the admin, console and fuzzing tests: an admin user
-made with ``cormorant admin-users add`` and a logged-in HTTP session."""
+made with ``cormorant admin-users add``, a logged-in HTTP session, and the web console
+logged in in a real browser."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import requests
+from playwright.sync_api import Browser, Page, expect
 
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
@@ -74,3 +78,27 @@ def admin_api(settings: LocalSettings) -> AdminApi:
     username = f"admin-{uuid.uuid4().hex[:8]}"
     add_user(settings, username)
     return AdminApi(url, username, login(url, username))
+
+
+@contextmanager
+def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
+    """The web console in a new page of ``browser``, logged in as ``api``'s user through
+    its form; on leaving the block, AssertionError if the page requested anything from
+    elsewhere than the admin service."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    outside: list[str] = []
+    page.on(
+        "request",
+        lambda request: None if request.url.startswith(api.url) else outside.append(request.url),
+    )
+    try:
+        page.goto(api.url + "/")
+        page.fill("#login-username", api.username)
+        page.fill("#login-password", PASSWORD)
+        page.click("#login-form button[type=submit]")
+        expect(page.locator("#nav")).to_be_visible()
+        yield page
+    finally:
+        context.close()
+    assert outside == [], "the console loaded something from elsewhere"

@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from services.local.settings import LocalSettings
 from tests.browser import chromium
-from tests.e2e.admin import PASSWORD, AdminApi, admin_api, running
+from tests.e2e.admin import AdminApi, admin_api, open_console, running
 from tests.e2e.clients import PahoClient, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
@@ -39,22 +39,9 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser, api: AdminApi) -> Iterator[Page]:
-    """The console, logged in through its form; no request may leave the admin service."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    outside: list[str] = []
-    page.on(
-        "request",
-        lambda request: None if request.url.startswith(api.url) else outside.append(request.url),
-    )
-    page.goto(api.url + "/")
-    page.fill("#login-username", api.username)
-    page.fill("#login-password", PASSWORD)
-    page.click("#login-form button[type=submit]")
-    expect(page.locator("#nav")).to_be_visible()
-    yield page
-    context.close()
-    assert outside == [], "the console loaded something from elsewhere"
+    """The console, logged in through its form (:func:`open_console`)."""
+    with open_console(browser, api) as page:
+        yield page
 
 
 def test_a_wrong_password_is_told(browser: Browser, api: AdminApi) -> None:

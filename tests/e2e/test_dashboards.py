@@ -7,32 +7,28 @@ numbers that match what the test clients did."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.e2e.admin import running
 from tests.e2e.clients import PahoClient, unique
+from tests.e2e.prometheus import (
+    DASHBOARD,
+    LOCAL_CONFIG,
+    RATE_WINDOW,
+    panel_expr,
+    processes_of,
+    query,
+    running_prometheus,
+    value,
+)
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
-
-ROOT = Path(__file__).resolve().parents[2]
-LOCAL_CONFIG = ROOT / "monitoring" / "prometheus" / "local.yml"
-DASHBOARD = ROOT / "monitoring" / "grafana" / "cormorant.json"
-
-RATE_WINDOW = "30s"
-"""What Grafana's ``$__rate_interval`` becomes here (a few 1 s scrapes)."""
 
 MAY_BE_EMPTY = {
     "Produce errors / s": "Kafka stored every record",
@@ -40,75 +36,13 @@ MAY_BE_EMPTY = {
 """Panels whose series exist only once something happened that these tests do not do."""
 
 
-def processes_of(job: str, settings: LocalSettings) -> dict[str, int]:
-    """The local cluster's processes of Prometheus job ``job`` → their HTTP ports."""
-    ports = local_cluster.http_ports(settings)
-    prefix = "ingest-node" if job == "ingest" else job
-    return {name: port for name, port in ports.items() if name.startswith(prefix)}
-
-
-def query(url: str, expr: str) -> list[dict[str, Any]]:
-    """The instant vector of ``expr`` (AssertionError unless Prometheus accepts it)."""
-    address = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-    with urllib.request.urlopen(address, timeout=10) as response:
-        answer = json.load(response)
-    assert answer["status"] == "success", (expr, answer)
-    result: list[dict[str, Any]] = answer["data"]["result"]
-    return result
-
-
-def value(url: str, expr: str) -> float:
-    """The one value of ``expr``."""
-    [sample] = query(url, expr)
-    return float(sample["value"][1])
-
-
 @pytest.fixture(scope="module")
 def prometheus(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Prometheus scraping the test cluster every second with ``local.yml``'s jobs (the
-    targets moved to the test cluster's ports); its base URL."""
+    """A Prometheus scraping the test cluster every second (:func:`running_prometheus`);
+    its base URL."""
     running(settings)
-    config = yaml.safe_load(LOCAL_CONFIG.read_text(encoding="utf-8"))
-    config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    for job in config["scrape_configs"]:
-        ports = processes_of(job["job_name"], settings)
-        assert ports, job["job_name"]
-        job["static_configs"] = [{"targets": [f"127.0.0.1:{p}" for p in sorted(ports.values())]}]
-    directory = tmp_path_factory.mktemp("prometheus")
-    path = directory / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = (directory / "prometheus.log").open("w")
-    server = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={path}",
-            f"--storage.tsdb.path={directory / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            assert server.poll() is None, (directory / "prometheus.log").read_text()
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
-                    return bool(response.status == 200)
-            except OSError:
-                return False
-
-        wait_until(ready, "Prometheus ready")
+    with running_prometheus(settings, tmp_path_factory.mktemp("prometheus")) as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(30)
-        log.close()
 
 
 def test_every_process_is_scraped(prometheus: str, settings: LocalSettings) -> None:
@@ -177,6 +111,9 @@ def test_every_dashboard_query_answers_with_the_clusters_numbers(
         # What the traffic moved, as the dashboard's panels compute it.
         received = f"sum(increase(cormorant_mqtt_publish_received_total{{qos='1'}}[{RATE_WINDOW}]))"
         assert value(prometheus, received) > 0
+        # No session came near the DEVICE store's cap: the drop panel says 0, not nothing
+        # (tests/e2e/test_store_cap.py makes it rise).
+        assert value(prometheus, panel_expr("DEVICE store: dropped by the cap / s")) == 0
     finally:
         for client in clients:
             client.close()

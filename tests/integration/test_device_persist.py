@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -39,11 +42,15 @@ from services.common.records import (
     encode_targets,
 )
 from services.common.settings import Settings
-from services.common.stores import MessageStore, PostgresMessageStore, RedisMessageStore
-from services.device_persist.persister import DevicePersister
+from services.common.stores import open_store
+from services.common.stores.base import StoreStats
+from services.device_persist.persister import DevicePersister, StoreMetrics
 
 NOW = 1_800_000_000_000
 PARTITIONS = 12
+
+#: The per-client cap of the :func:`capped` store (messages).
+CAP = 3
 
 
 @dataclass
@@ -133,20 +140,23 @@ def _targets(client: str, qos: int) -> bytes:
     return encode_targets([Target(client, qos)])
 
 
-@pytest_asyncio.fixture(params=["redis", "postgres"], loop_scope="function")
-async def h(
-    request: pytest.FixtureRequest, redis_server: str, postgres_server: str
+@asynccontextmanager
+async def _harness(
+    backend: str, redis_server: str, postgres_server: str, **overrides: Any
 ) -> AsyncIterator[Harness]:
+    """A :class:`Harness` on the ``backend`` store (``redis`` or ``postgres``), opened from
+    the settings as device_persist opens it; ``overrides`` (setting name → value) last."""
     settings = Settings(
         topic_prefix=f"t{uuid.uuid4().hex[:6]}.",
         state_topic_partitions=PARTITIONS,
         persisted_inflight_max=3,
+        store_backend=backend,
+        redis_url=redis_server,
+        redis_key_prefix=f"dp-{uuid.uuid4().hex[:8]}:",
+        postgres_dsn=postgres_server,
+        **overrides,
     )
-    store: MessageStore
-    if request.param == "redis":
-        store = RedisMessageStore(redis_server, key_prefix=f"dp-{uuid.uuid4().hex[:8]}:")
-    else:
-        store = PostgresMessageStore(postgres_server)
+    store = open_store(settings)
     names = TopicNames.from_settings(settings)
     box: list[Harness] = []
 
@@ -166,6 +176,25 @@ async def h(
         yield box[0]
     finally:
         await store.close()
+
+
+@pytest_asyncio.fixture(params=["redis", "postgres"], loop_scope="function")
+async def h(
+    request: pytest.FixtureRequest, redis_server: str, postgres_server: str
+) -> AsyncIterator[Harness]:
+    async with _harness(request.param, redis_server, postgres_server) as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture(params=["redis", "postgres"], loop_scope="function")
+async def capped(
+    request: pytest.FixtureRequest, redis_server: str, postgres_server: str
+) -> AsyncIterator[Harness]:
+    """A harness whose store keeps :data:`CAP` messages per client."""
+    async with _harness(
+        request.param, redis_server, postgres_server, persisted_max_messages=CAP
+    ) as harness:
+        yield harness
 
 
 def _client() -> str:
@@ -271,3 +300,40 @@ async def test_messages_of_unowned_clients_are_not_served(h: Harness) -> None:
     h.session(client)
     h.persister.assign(p for p in range(PARTITIONS) if p != partition_of(client, PARTITIONS))
     assert await h.persister.serve([client], NOW) == []
+
+
+async def test_drops_past_the_cap_are_counted_and_logged_once_per_client_and_batch(
+    capped: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    full, at_cap = _client(), _client()
+    for client in (full, at_cap):
+        capped.session(client, connected=False)
+    with caplog.at_level(logging.WARNING, logger="services.device_persist.persister"):
+        await capped.batch(
+            *(capped.message(full, b"a%d" % i) for i in range(10)),
+            *(capped.message(at_cap, b"b%d" % i) for i in range(CAP)),  # reaches it: no drop
+        )
+        await capped.batch(*(capped.message(full, b"c%d" % i) for i in range(2)))
+    # One line per client and batch, however many appends dropped a message.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"client {full!r}: store full ({CAP} messages), dropped its 7 oldest",
+        f"client {full!r}: store full ({CAP} messages), dropped its 2 oldest",
+    ]
+    assert capped.persister.dropped_messages == 9
+    store = capped.persister.store
+    assert await store.stats(full) == StoreStats(stored=CAP, dropped=9)
+    assert await store.stats(at_cap) == StoreStats(stored=CAP, dropped=0)
+    # What /metrics serves: the process's total, one series without a client label.
+    [counter] = [
+        f
+        for f in StoreMetrics(capped.persister).families()
+        if f.name == "cormorant_device_store_dropped_messages"
+    ]
+    assert (counter.type, [(s.name, s.labels, s.value) for s in counter.samples]) == (
+        "counter",
+        [("cormorant_device_store_dropped_messages_total", {}, 9.0)],
+    )
+    # The newest CAP messages are what the client gets when it comes back.
+    capped.session(full, connection_id=b"conn-0000000000f")
+    await capped.serve_dirty()
+    assert [s.value for s in capped.take()] == [b"a9", b"c0", b"c1"]

@@ -262,14 +262,18 @@ async function showSession(clientId) {
         : s.kept_seconds === null ? "for ever" : `${number.format(s.kept_seconds)} s`],
       ["Receive Maximum", number.format(s.receive_maximum)],
       ["Stored messages", s.stored_messages === null ? "–" : number.format(s.stored_messages)],
+      // Messages lost to CORMORANT_PERSISTED_MAX_MESSAGES: shown in red when there are any.
+      ["Dropped by the store's cap", s.dropped_messages === null ? "–"
+        : number.format(s.dropped_messages), s.dropped_messages > 0],
       ["Topic backlog (APPLICATION)", s.app_lag === null ? "–" : number.format(s.app_lag)],
       ["Last record", when(s.updated_at)],
     ];
-    $("#session-facts").replaceChildren(...facts.flatMap(([term, value]) => {
+    $("#session-facts").replaceChildren(...facts.flatMap(([term, value, bad]) => {
       const dt = document.createElement("dt");
       dt.textContent = term;
       const dd = document.createElement("dd");
       dd.textContent = value;
+      dd.classList.toggle("bad", Boolean(bad));
       return [dt, dd];
     }));
     $("#session-disconnect").disabled = !s.connected;
