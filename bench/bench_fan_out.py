@@ -30,9 +30,10 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The script is run by path from a plain checkout, where the package is not installed.
@@ -47,9 +48,46 @@ from services.common.settings import Settings  # noqa: E402
 from services.ingest import node as ingest_node  # noqa: E402
 from services.ingest.connection import ServerConnection  # noqa: E402
 
+if TYPE_CHECKING:  # type names only: older checkouts may lack some of these
+    from services.common.faust_app import SendRecord
+    from services.ingest.node import EnsureAppTopic
+    from services.ingest.state import PreviousSession
+
 RESULTS = REPO_ROOT / "bench" / "results" / "ingest_fan_out.jsonl"
 KINDS = ("v311", "v5", "v5-alias", "v5-alias-distinct")
 NOW_MS = 1_700_000_000_000
+
+#: ``deliver(meta, payload, targets)``: one QoS 0 message to its targets on the node.
+Deliver = Callable[[PublishMeta, bytes, list[Target]], object]
+
+
+class _IngestNodeBeforeAuthentication(Protocol):
+    """``IngestNode``'s constructor before authentication and durable wills: settings,
+    Kafka send, state sync, application topic creation."""
+
+    def __call__(
+        self,
+        settings: Settings,
+        send: SendRecord,
+        sync_state: Callable[[], Awaitable[None]],
+        ensure_app_topic: EnsureAppTopic,
+        /,
+    ) -> ingest_node.IngestNode: ...
+
+
+class _ServerConnectionBeforeContext(Protocol):
+    """``ServerConnection``'s constructor before the core took a ServerContext (issue 10):
+    settings, node id, connection id (16 bytes), session lookup, clock (Unix ms)."""
+
+    def __call__(
+        self,
+        settings: Settings,
+        node_id: str,
+        connection_id: bytes,
+        previous_session: PreviousSession,
+        now_ms: Callable[[], int],
+        /,
+    ) -> ServerConnection: ...
 
 
 class Shell:
@@ -72,36 +110,43 @@ class Shell:
         return None
 
 
-async def _never(*args: Any) -> Any:
+class _IngestNodeBeforeRegistry(Protocol):
+    """An ingest node from before its ClientRegistry: its connected clients by client id."""
+
+    clients: dict[str, Shell]
+
+
+async def _never(*args: object) -> NoReturn:
     raise AssertionError("no Kafka in this benchmark")
 
 
-def _node() -> Any:
+def _node() -> ingest_node.IngestNode:
     settings = Settings.model_construct(node_id="bench", topic_prefix="bench.")
     try:
         from services.common.auth.authenticate import Authenticator, NoCredentials
     except ImportError:  # code from before authentication
-        return ingest_node.IngestNode(settings, _never, _never, _never)
+        legacy = cast(_IngestNodeBeforeAuthentication, ingest_node.IngestNode)
+        return legacy(settings, _never, _never, _never)
     return ingest_node.IngestNode(
         settings,
         _never,
         _never,
         _never,
+        commit_will=_never,
         authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
         fetch_credential=NoCredentials().get,
     )
 
 
-def _connection(node: Any, index: int) -> ServerConnection:
+def _connection(node: ingest_node.IngestNode, index: int) -> ServerConnection:
     connection_id = index.to_bytes(16, "big")
     if hasattr(node, "context"):
         return ServerConnection(node.context, connection_id)
-    return ServerConnection(  # the signature before the core took a ServerContext
-        node.settings, "bench", connection_id, node.previous_session, lambda: NOW_MS
-    )
+    legacy = cast(_ServerConnectionBeforeContext, ServerConnection)
+    return legacy(node.settings, "bench", connection_id, node.previous_session, lambda: NOW_MS)
 
 
-def _connect(node: Any, index: int, kind: str) -> Shell:
+def _connect(node: ingest_node.IngestNode, index: int, kind: str) -> Shell:
     """A connected subscriber of ``kind`` registered with ``node``."""
     version = 4 if kind == "v311" else 5
     props = Properties(topic_alias_maximum=50) if "alias" in kind else Properties()
@@ -120,20 +165,20 @@ def _connect(node: Any, index: int, kind: str) -> Shell:
     if hasattr(node, "registry"):
         node.registry.register(shell, client_id)
     else:
-        node.clients[client_id] = shell
+        cast(_IngestNodeBeforeRegistry, node).clients[client_id] = shell
     if kind == "v5-alias-distinct":
         for other in range(index % 40):  # a different alias for the measured topic each
             shell.connection.deliver(Publish(f"warm/{other}", b""))
     return shell
 
 
-def _deliver(node: Any) -> Any:
+def _deliver(node: ingest_node.IngestNode) -> Deliver:
     """``deliver(meta, payload, targets)`` on this code, whichever signature it has."""
     if "downlink" in inspect.signature(node.deliver).parameters:
         from services.common.records import Downlink
 
         return lambda meta, payload, targets: node.deliver(Downlink(meta, payload, targets))
-    return node.deliver
+    return cast(Deliver, node.deliver)  # code from before Downlink records
 
 
 def run(kind: str, subscribers: int, messages: int, repeats: int) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 sys.path.insert(0, str(Path.cwd()))  # the checkout being measured, not an installed copy
 
@@ -30,10 +32,29 @@ from services.common.settings import Settings
 from services.ingest.connection import ServerConnection
 from services.ingest.effects import StorePublish, StoreSession
 
+if TYPE_CHECKING:  # imported where used at run time: older checkouts lack these modules
+    from services.common.auth.principal import Principal
+    from services.ingest.state import PreviousSession
+
 NOW_MS = 1_700_000_000_000
 
 
-def _principal(rules: int) -> object:
+class _ServerConnectionBeforeContext(Protocol):
+    """``ServerConnection``'s constructor before the core took a ServerContext (issue 10):
+    settings, node id, connection id (16 bytes), session lookup, clock (Unix ms)."""
+
+    def __call__(
+        self,
+        settings: Settings,
+        node_id: str,
+        connection_id: bytes,
+        previous_session: PreviousSession,
+        now_ms: Callable[[], int],
+        /,
+    ) -> ServerConnection: ...
+
+
+def _principal(rules: int) -> Principal:
     """The principal of a client with ``rules`` rules (see the module)."""
     from services.common.auth.authorize import parse_rules
     from services.common.auth.principal import Principal
@@ -51,9 +72,8 @@ def connected(rules: int = 0) -> ServerConnection:
         from services.ingest.limits import Limits
         from services.ingest.state import ServerContext
     except ImportError:  # the signature before the core took a ServerContext (issue 10)
-        connection = ServerConnection(
-            settings, "node1", bytes(16), lambda _: (None, []), lambda: NOW_MS
-        )
+        legacy = cast(_ServerConnectionBeforeContext, ServerConnection)
+        connection = legacy(settings, "node1", bytes(16), lambda _: (None, []), lambda: NOW_MS)
     else:
         context = ServerContext(
             Limits.from_settings(settings), "node1", lambda _: (None, []), lambda: NOW_MS,
@@ -66,7 +86,7 @@ def connected(rules: int = 0) -> ServerConnection:
     if not any(isinstance(e, StoreSession) for e in effects):
         from services.common.auth.principal import Accepted
 
-        effects = connection.authenticated(Accepted(_principal(rules)))  # type: ignore[arg-type]
+        effects = connection.authenticated(Accepted(_principal(rules)))
     elif rules:
         raise SystemExit("this checkout has no authorization: run it without --rules")
     connection.stored(next(e.token for e in effects if isinstance(e, StoreSession)))

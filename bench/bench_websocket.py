@@ -92,8 +92,9 @@ def websockets_server() -> tuple[Receive, Send]:
     def receive(data: bytes) -> int:
         proto.receive_data(data)
         got = 0
-        for frame in proto.events_received():
-            got += len(frame.data)
+        for event in proto.events_received():
+            if isinstance(event, websockets.frames.Frame):
+                got += len(event.data)
         return got
 
     def send(data: bytes) -> bytes:

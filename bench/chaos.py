@@ -199,8 +199,7 @@ def own_cluster(production: bool) -> Iterator[LocalSettings]:
             state_dir=Path(state_dir),
             persisted_max_messages=OWN_CLUSTER_MAX_MESSAGES,
             ingest_nodes=slot.ingest_nodes,
-            **slot.ports(ports.free_block((slot,))),
-        )
+        ).model_copy(update=slot.ports(ports.free_block((slot,))))  # as Slot.settings does
         settings = layout.apply(own, chosen)
         try:
             yield settings

@@ -145,7 +145,7 @@ class _ProbeClient(aiomqtt.Client):
 def _client(host: str, port: int, client_id: str, session_expiry: int = 0) -> _ProbeClient:
     """An MQTT 5 client; with ``session_expiry`` (seconds) > 0, a persistent session that
     resumes if it exists."""
-    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = session_expiry
     return _ProbeClient(
         host,
