@@ -30,10 +30,10 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The script is run by path from a plain checkout, where the package is not installed.
@@ -48,10 +48,8 @@ from services.common.settings import Settings  # noqa: E402
 from services.ingest import node as ingest_node  # noqa: E402
 from services.ingest.connection import ServerConnection  # noqa: E402
 
-if TYPE_CHECKING:  # type names only: older checkouts may lack some of these
-    from services.common.faust_app import SendRecord
-    from services.ingest.node import EnsureAppTopic
-    from services.ingest.state import PreviousSession
+if TYPE_CHECKING:  # type checking only: an older checkout's bench/ may lack it
+    from bench import legacy
 
 RESULTS = REPO_ROOT / "bench" / "results" / "ingest_fan_out.jsonl"
 KINDS = ("v311", "v5", "v5-alias", "v5-alias-distinct")
@@ -59,35 +57,6 @@ NOW_MS = 1_700_000_000_000
 
 #: ``deliver(meta, payload, targets)``: one QoS 0 message to its targets on the node.
 Deliver = Callable[[PublishMeta, bytes, list[Target]], object]
-
-
-class _IngestNodeBeforeAuthentication(Protocol):
-    """``IngestNode``'s constructor before authentication and durable wills: settings,
-    Kafka send, state sync, application topic creation."""
-
-    def __call__(
-        self,
-        settings: Settings,
-        send: SendRecord,
-        sync_state: Callable[[], Awaitable[None]],
-        ensure_app_topic: EnsureAppTopic,
-        /,
-    ) -> ingest_node.IngestNode: ...
-
-
-class _ServerConnectionBeforeContext(Protocol):
-    """``ServerConnection``'s constructor before the core took a ServerContext (issue 10):
-    settings, node id, connection id (16 bytes), session lookup, clock (Unix ms)."""
-
-    def __call__(
-        self,
-        settings: Settings,
-        node_id: str,
-        connection_id: bytes,
-        previous_session: PreviousSession,
-        now_ms: Callable[[], int],
-        /,
-    ) -> ServerConnection: ...
 
 
 class Shell:
@@ -110,12 +79,6 @@ class Shell:
         return None
 
 
-class _IngestNodeBeforeRegistry(Protocol):
-    """An ingest node from before its ClientRegistry: its connected clients by client id."""
-
-    clients: dict[str, Shell]
-
-
 async def _never(*args: object) -> NoReturn:
     raise AssertionError("no Kafka in this benchmark")
 
@@ -125,8 +88,8 @@ def _node() -> ingest_node.IngestNode:
     try:
         from services.common.auth.authenticate import Authenticator, NoCredentials
     except ImportError:  # code from before authentication
-        legacy = cast(_IngestNodeBeforeAuthentication, ingest_node.IngestNode)
-        return legacy(settings, _never, _never, _never)
+        construct = cast("legacy.IngestNodeBeforeAuthentication", ingest_node.IngestNode)
+        return construct(settings, _never, _never, _never)
     return ingest_node.IngestNode(
         settings,
         _never,
@@ -142,8 +105,8 @@ def _connection(node: ingest_node.IngestNode, index: int) -> ServerConnection:
     connection_id = index.to_bytes(16, "big")
     if hasattr(node, "context"):
         return ServerConnection(node.context, connection_id)
-    legacy = cast(_ServerConnectionBeforeContext, ServerConnection)
-    return legacy(node.settings, "bench", connection_id, node.previous_session, lambda: NOW_MS)
+    construct = cast("legacy.ServerConnectionBeforeContext", ServerConnection)
+    return construct(node.settings, "bench", connection_id, node.previous_session, lambda: NOW_MS)
 
 
 def _connect(node: ingest_node.IngestNode, index: int, kind: str) -> Shell:
@@ -165,7 +128,7 @@ def _connect(node: ingest_node.IngestNode, index: int, kind: str) -> Shell:
     if hasattr(node, "registry"):
         node.registry.register(shell, client_id)
     else:
-        cast(_IngestNodeBeforeRegistry, node).clients[client_id] = shell
+        cast("legacy.IngestNodeBeforeRegistry", node).clients[client_id] = shell
     if kind == "v5-alias-distinct":
         for other in range(index % 40):  # a different alias for the measured topic each
             shell.connection.deliver(Publish(f"warm/{other}", b""))

@@ -19,9 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 sys.path.insert(0, str(Path.cwd()))  # the checkout being measured, not an installed copy
 
@@ -33,25 +32,10 @@ from services.ingest.connection import ServerConnection
 from services.ingest.effects import StorePublish, StoreSession
 
 if TYPE_CHECKING:  # imported where used at run time: older checkouts lack these modules
+    from bench import legacy
     from services.common.auth.principal import Principal
-    from services.ingest.state import PreviousSession
 
 NOW_MS = 1_700_000_000_000
-
-
-class _ServerConnectionBeforeContext(Protocol):
-    """``ServerConnection``'s constructor before the core took a ServerContext (issue 10):
-    settings, node id, connection id (16 bytes), session lookup, clock (Unix ms)."""
-
-    def __call__(
-        self,
-        settings: Settings,
-        node_id: str,
-        connection_id: bytes,
-        previous_session: PreviousSession,
-        now_ms: Callable[[], int],
-        /,
-    ) -> ServerConnection: ...
 
 
 def _principal(rules: int) -> Principal:
@@ -72,8 +56,8 @@ def connected(rules: int = 0) -> ServerConnection:
         from services.ingest.limits import Limits
         from services.ingest.state import ServerContext
     except ImportError:  # the signature before the core took a ServerContext (issue 10)
-        legacy = cast(_ServerConnectionBeforeContext, ServerConnection)
-        connection = legacy(settings, "node1", bytes(16), lambda _: (None, []), lambda: NOW_MS)
+        construct = cast("legacy.ServerConnectionBeforeContext", ServerConnection)
+        connection = construct(settings, "node1", bytes(16), lambda _: (None, []), lambda: NOW_MS)
     else:
         context = ServerContext(
             Limits.from_settings(settings), "node1", lambda _: (None, []), lambda: NOW_MS,
