@@ -272,6 +272,7 @@ class Subscriber:
         self.routed: asyncio.Future[None] = loop.create_future()
         self.drained: asyncio.Future[None] = loop.create_future()
         self._missing_probes = set(spec.expected)
+        self._publishers = frozenset(spec.expected)
         conn.on_publish = self._on_publish
         if not self._missing_probes:
             self.routed.set_result(None)
@@ -297,8 +298,15 @@ class Subscriber:
             self.drained.set_result(None)
 
     def _on_publish(self, first: int, body: bytes, now: int) -> int:
+        """Count one PUBLISH and return its Packet Identifier (to acknowledge). A message
+        that is not this run's (a ``#`` subscriber also gets the broker's retained
+        messages) is acknowledged and left out."""
         packet_id, offset = wire.publish_fields(first, body, self.conn.version)
+        if len(body) - offset < payload.MIN_SIZE:
+            return packet_id
         publisher_id, seq, sent = payload.decode(body, offset)
+        if publisher_id not in self._publishers:
+            return packet_id
         if seq == payload.PROBE_SEQ:
             if publisher_id in self._missing_probes:
                 self._missing_probes.discard(publisher_id)

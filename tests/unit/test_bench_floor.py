@@ -4,7 +4,9 @@ tests/integration/test_bench_kafka_floor.py."""
 
 from __future__ import annotations
 
+import json
 from array import array
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,6 +138,17 @@ def test_the_summary_shows_the_floor_of_latency_rows() -> None:
     assert "| Kafka floor | Cormorant ÷ floor |" in text
     assert "| end-to-end p99 ms | 30.0 | 1.0 | 30.00 | 5.0 | 6.00 |" in text
     assert "| delivered msg/s | 500 | 500 | 1.00 | - | - |" in text
+
+
+def test_a_comparison_with_its_floor_is_in_the_summary(tmp_path: Path) -> None:
+    records = [
+        {**_record("cormorant", _traffic(9.0, 30.0)), "command": "compare p2p"},
+        {**_record("mosquitto", _traffic(0.2, 1.0)), "command": "compare p2p"},
+        {**_record(KAFKA_FLOOR, FLOOR_REPORT, "kafka"), "command": "compare p2p"},
+    ]
+    path = tmp_path / "p2p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert summary.latest_comparison(path) == records
 
 
 def test_the_command_line_offers_the_floor_to_run_and_to_leave_out_of_compare() -> None:

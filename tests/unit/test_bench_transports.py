@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from array import array
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,22 @@ def test_the_socket_holders_cpu_is_reported_per_delivered_message() -> None:
         route_seconds=0.0,
     )  # fmt: skip
     assert bare["socket_holders_us_per_delivered"] is None
+
+
+def test_a_subscriber_on_hash_leaves_the_brokers_retained_messages_out() -> None:
+    """fan-out-tbmq's subscribers are on '#': another client's retained message (shorter
+    than the bench payload, or not one of the run's publishers) reaches them first."""
+    timing = Timing(warmup=0.3, duration=1.0, drain=10.0, setup=20.0)
+    with brokers.mosquitto(_free_port(), _free_port()) as target:
+        end = target.endpoint("tcp")
+        for topic, message in (("building/room1/status", "online"), ("other/t", "x" * 40)):
+            subprocess.run(
+                ["mosquitto_pub", "-h", end.host, "-p", str(end.port), "-t", topic, "-m",
+                 message, "-r", "-q", "1"],
+                check=True, timeout=10,
+            )  # fmt: skip
+        options = Options(publishers=2, subscribers=2, host=end.host, port=end.port)
+        report = runner.run(build("fan-out-tbmq", options, timing), target, 1, lambda _: None)
+    assert report["sent"] > 0
+    assert report["received"] == report["expected_deliveries"]
+    assert (report["lost"], report["duplicates"], report["unacked"]) == (0, 0, 0)
