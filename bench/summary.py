@@ -46,9 +46,16 @@ def latest_comparison(path: Path) -> list[dict[str, Any]]:
         return []
     command = records[-1].get("command")
     latest: list[dict[str, Any]] = []
+    last_round: int | None = None
     for rec in reversed(records):
-        if rec.get("command") != command:
+        round_ = rec.get("round")
+        # Read backwards, rounds only go down within one comparison: a higher one ends the
+        # previous run of the same command.
+        if rec.get("command") != command or (
+            round_ is not None and last_round is not None and round_ > last_round
+        ):
             break
+        last_round = round_ if round_ is not None else last_round
         latest.append(rec)
     latest.reverse()
     # The Kafka floor's records (transport "kafka") belong to every comparison.

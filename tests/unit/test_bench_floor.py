@@ -164,3 +164,17 @@ def test_the_command_line_offers_the_floor_to_run_and_to_leave_out_of_compare() 
         parser.parse_args(["compare", "kafka-floor"])  # no MQTT broker to compare with
     with pytest.raises(SystemExit, match="local cluster's Kafka only"):
         cli.main(["run", "kafka-floor", "--broker", "mosquitto"])
+
+
+def test_only_the_last_run_of_a_repeated_command_is_summarized(tmp_path: Path) -> None:
+    def run(p50: float) -> list[dict[str, Any]]:
+        return [
+            {**_record(broker, _traffic(p50, 30.0)), "command": "compare p2p", "round": n}
+            for n in (1, 2)
+            for broker in ("cormorant", "mosquitto")
+        ]
+
+    earlier, later = run(90.0), run(9.0)
+    path = tmp_path / "p2p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*earlier, *later]))
+    assert summary.latest_comparison(path) == later
