@@ -13,7 +13,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from services.local import cluster as local_cluster
-from services.local import kafka, postgres, redis
+from services.local import haproxy, kafka, postgres, redis
 from services.local.settings import LocalSettings
 from tests.servers import LocalCluster, make_test_settings
 
@@ -73,8 +73,12 @@ def cluster(settings: LocalSettings) -> LocalCluster:
 
     The processes are shared by the whole session: they start on first use. Each test
     checks that they all still run, because an earlier test may have stopped some (the
-    infrastructure tests run ``cormorant down``); only what is down is started again.
+    infrastructure tests run ``cormorant down``); only what is down is started again. It
+    also waits until HAProxy routes to every ingest node again: a node that was not ready
+    a moment ago (Kafka restarted) is back in rotation only after its next health check.
     """
     if not all(row.healthy for row in local_cluster.status(settings)):
         local_cluster.up(settings)
+    else:
+        local_cluster.start_component(settings, haproxy.NAME)
     return LocalCluster(settings)

@@ -25,6 +25,7 @@ from services.admin.users import AdminUsers, UserError
 from services.common import metrics
 from services.common.auth.manage import CredentialAdmin
 from services.common.auth.store import CredentialStore
+from services.common.kafka import uvloop_writes
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
 from services.common.stores.base import StoreUnavailable
@@ -143,6 +144,7 @@ def run() -> None:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    uvloop_writes.install()  # uvicorn's loop is uvloop's when uvloop is installed
     uvicorn.run(
         build(settings),
         host=settings.admin_host,

@@ -46,7 +46,7 @@ from faust.types.tuples import RecordMetadata
 
 from services.common import metrics
 from services.common.gc_tuning import tune_gc
-from services.common.kafka import partitioner
+from services.common.kafka import partitioner, uvloop_writes
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
 from services.common.kafka.consumer import close_producer, current_transaction
 from services.common.kafka.names import TopicNames, kind_of_topic
@@ -338,8 +338,9 @@ def run_service(
 
 
 def run_worker(app: faust.App, settings: Settings) -> None:
-    """Run ``app`` in a Faust worker until SIGTERM/SIGINT; uses uvloop when installed, and
-    the garbage collector's settings of :func:`~services.common.gc_tuning.tune_gc`."""
+    """Run ``app`` in a Faust worker until SIGTERM/SIGINT; uses uvloop when installed (with
+    :func:`~services.common.kafka.uvloop_writes.install`), and the garbage collector's
+    settings of :func:`~services.common.gc_tuning.tune_gc`."""
     worker = faust.Worker(app, loglevel=settings.log_level, loop=_event_loop())
     tune_gc(settings.gc_gen0_threshold)
     worker.execute_from_commandline()
@@ -350,4 +351,5 @@ def _event_loop() -> Any:
         import uvloop
     except ImportError:  # uvloop is optional on platforms without it
         return None
+    uvloop_writes.install()
     return uvloop.new_event_loop()

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from services.common.kafka.consumer import (
     PartitionTransactions,
@@ -323,18 +324,27 @@ class WillOwnership:
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """Fence the partitions' previous owners (until Kafka lets it happen: reading before
         would let a fenced owner's last commit go unseen), then replay them from their
-        beginning up to their current end (:meth:`check_replays` puts them live)."""
+        beginning up to their end (:meth:`check_replays` asks it, and puts them live)."""
         await fence(self.transactions, assigned)
         if assigned:
             await self.consumer.seek_to_beginning(*assigned)
-            self._ends = await self.consumer.end_offsets(list(assigned))
+        # Their ends are asked by check_replays: here a failure (Kafka just came back)
+        # would only be logged by aiokafka, and the partitions would never go live.
+        self._ends = {}
         self._replaying = set(assigned)
 
     async def check_replays(self) -> None:
         """Put the partitions whose replay is complete live (a failure is logged, and
         tried again after the next fetch)."""
+        unknown = [tp for tp in self._replaying if tp not in self._ends]
+        if unknown:
+            try:
+                self._ends.update(await self.consumer.end_offsets(unknown))
+            except KafkaError as exc:
+                log.warning("end offsets of %s unknown yet: %r", sorted(unknown), exc)
+                return
         for tp in sorted(self._replaying):
-            if await self.consumer.position(tp) < self._ends.get(tp, 0):
+            if await self.consumer.position(tp) < self._ends[tp]:
                 continue
             try:
                 await self.timers.go_live(tp.partition)

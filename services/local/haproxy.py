@@ -7,12 +7,16 @@ robin over the ingest nodes, each connection opened with a PROXY protocol v2 hea
 (``send-proxy-v2``, as an NLB target group with ``proxy_protocol_v2``) so the nodes see the
 clients' real addresses, and health checks (``GET /ready`` on each node's HTTP port) that
 take a node out of rotation when it is dead or not ready (Kafka unreachable, still
-starting).
+starting). HAProxy counts as ready once every node is in rotation on every listener (its
+stats socket says so): a client connecting then is never turned away for want of a node.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import shutil
+import socket
 from pathlib import Path
 
 from services.common.settings import Listener, ListenerKind
@@ -21,8 +25,12 @@ from services.local.settings import LocalSettings
 
 NAME = "haproxy"
 
-#: Seconds HAProxy may take to bind its port.
+#: Seconds HAProxy may take to bind its port and put every ready node in rotation (it
+#: checks each node every 2 s and needs one passed check).
 START_TIMEOUT = 30.0
+
+#: Seconds a question to HAProxy's stats socket may take.
+STATS_TIMEOUT = 5.0
 
 
 KINDS: tuple[ListenerKind, ...] = ("mqtt", "mqtts", "ws", "wss")
@@ -94,6 +102,8 @@ def render_config(settings: LocalSettings) -> str:
 global
     log stdout format raw local0 info
 
+    stats socket {stats_socket(settings)} mode 600 level user
+
 defaults
     mode tcp
     log global
@@ -118,12 +128,54 @@ def write_config(settings: LocalSettings) -> Path:
     return path
 
 
-def start(settings: LocalSettings) -> int:
-    """Start HAProxy in the foreground (tracked by pid) unless it runs; return its pid.
+def stats_socket(settings: LocalSettings) -> Path:
+    """HAProxy's stats socket (a Unix socket, owner only): ``<state_dir>/haproxy/stats.sock``."""
+    return settings.state_dir / "haproxy" / "stats.sock"
 
-    Raises :class:`~services.local.processes.StartError` (quoting ``haproxy.log``) if the
-    configuration is refused, the port is taken or it does not listen within
-    ``START_TIMEOUT`` seconds, and ``FileNotFoundError`` if haproxy is not installed.
+
+def out_of_rotation(settings: LocalSettings) -> list[str]:
+    """The servers HAProxy gives no new connection now, as ``<backend>/<server>`` (e.g.
+    ``ingest_mqtts/node2``): those its health check holds DOWN, or in maintenance.
+
+    Asks the stats socket (``show stat``, HAProxy's management guide, section 9.3).
+    Raises ``OSError`` if HAProxy does not answer there.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(STATS_TIMEOUT)
+        sock.connect(str(stats_socket(settings)))
+        sock.sendall(b"show stat\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    # A CSV table whose header line starts with "# ".
+    table = b"".join(chunks).decode("utf-8", errors="replace").removeprefix("# ")
+    return [
+        f"{row['pxname']}/{row['svname']}"
+        for row in csv.DictReader(io.StringIO(table))
+        if row["svname"] not in ("FRONTEND", "BACKEND") and not row["status"].startswith("UP")
+    ]
+
+
+def in_rotation(settings: LocalSettings) -> bool:
+    """Whether HAProxy listens and routes new connections of every listener to every node
+    (False while it cannot be asked)."""
+    if not processes.port_open(settings.listen_port):
+        return False
+    try:
+        return not out_of_rotation(settings)
+    except OSError:
+        return False
+
+
+def start(settings: LocalSettings) -> int:
+    """Start HAProxy in the foreground (tracked by pid) unless it runs; return its pid once
+    every ingest node is in rotation (:func:`in_rotation`; also when it was running: a node
+    restarted a moment ago may still be out).
+
+    Raises :class:`~services.local.processes.StartError` (quoting ``haproxy.log``, whose
+    health check lines name the nodes out) if the configuration is refused, the port is
+    taken or it is not ready within ``START_TIMEOUT`` seconds, and ``FileNotFoundError`` if
+    haproxy is not installed.
     """
     # Debian installs it in /usr/sbin, which is not on an ordinary user's PATH.
     binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
@@ -136,7 +188,7 @@ def start(settings: LocalSettings) -> int:
         settings.state_dir,
         NAME,
         argv,
-        lambda: processes.port_open(settings.listen_port),
+        lambda: in_rotation(settings),
         START_TIMEOUT,
         port=settings.listen_port,
     )

@@ -1,7 +1,8 @@
 """Kafka unreachable: nothing is acknowledged that Kafka did not store, and service resumes.
 
 Runs last (``disruptive``): it stops the test cluster's Kafka, then starts it again and
-waits until both ingest nodes and the router serve again.
+waits until both ingest nodes and the router serve again. Meanwhile HAProxy's health
+checks (``/ready``) take every node out of rotation, and put them back once Kafka is.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from services.local import haproxy
 from tests.e2e.clients import (
     TIMEOUT,
     PahoClient,
@@ -108,9 +110,20 @@ async def test_no_puback_without_kafka_and_service_resumes(cluster: LocalCluster
                 with RawSocket(port) as raw:
                     assert _connect_v5(raw, unique("refused5")) == bytes([0, SERVER_UNAVAILABLE])
                     assert raw.read_until_closed(MARGIN) == b""
+            every_server = {
+                f"ingest_{kind}/node{node}"
+                for kind in haproxy.KINDS
+                for node in range(1, cluster.settings.ingest_nodes + 1)
+            }
+            wait_until(
+                lambda: set(haproxy.out_of_rotation(cluster.settings)) == every_server,
+                "HAProxy taking every node out of rotation",
+                TIMEOUT,
+            )
         finally:
             cluster.start("kafka")
     finally:
         v5.close()
         v3.close()
     await _wait_until_served(cluster)
+    wait_until(lambda: haproxy.in_rotation(cluster.settings), "every node in rotation", TIMEOUT)
