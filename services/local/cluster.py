@@ -157,7 +157,7 @@ def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
 
 def ready_file(settings: LocalSettings, name: str) -> Path:
     """The ready file of service ``name``: ``<state_dir>/run/<name>.ready``."""
-    return processes.run_dir(settings.state_dir) / f"{name}.ready"
+    return processes.ready_file(settings.state_dir, name)
 
 
 def instance_counts(settings: LocalSettings) -> dict[str, int]:
@@ -174,7 +174,9 @@ def http_ports(settings: LocalSettings) -> dict[str, int]:
     API's ``admin_port``), by process name: ingest node i on ``http_base_port + i``,
     instance j of a stage in its block (:data:`STAGE_HTTP_BLOCKS`)."""
     base = settings.http_base_port
-    ports = {f"ingest-node{i}": port for i, port in enumerate(haproxy.node_http_ports(settings), 1)}
+    ports = {
+        haproxy.node_name(i): port for i, port in enumerate(haproxy.node_http_ports(settings), 1)
+    }
     for stage, count in instance_counts(settings).items():
         block = base + haproxy.PORT_BLOCK * STAGE_HTTP_BLOCKS[stage]
         ports |= {name: block + j for j, name in enumerate(instance_names(stage, count), 1)}
@@ -300,7 +302,7 @@ def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
 def _start_ingest(settings: LocalSettings, node: int) -> int:
     port = haproxy.node_ports(settings)[node - 1]
     overrides = ingest_overrides(settings, node)
-    return _start_service(settings, f"ingest-node{node}", "ingest", port, **overrides)
+    return _start_service(settings, haproxy.node_name(node), "ingest", port, **overrides)
 
 
 def services_of(settings: LocalSettings) -> list[Component]:
@@ -309,10 +311,10 @@ def services_of(settings: LocalSettings) -> list[Component]:
     settings = local_settings(settings)
     nodes = [
         Component(
-            f"ingest-node{i}",
+            haproxy.node_name(i),
             port,
             partial(_start_ingest, settings, i),
-            ready_file=ready_file(settings, f"ingest-node{i}"),
+            ready_file=ready_file(settings, haproxy.node_name(i)),
             stop_timeout=SERVICE_STOP_TIMEOUT,
             http_port=http,
         )

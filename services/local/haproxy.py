@@ -7,8 +7,9 @@ robin over the ingest nodes, each connection opened with a PROXY protocol v2 hea
 (``send-proxy-v2``, as an NLB target group with ``proxy_protocol_v2``) so the nodes see the
 clients' real addresses, and health checks (``GET /ready`` on each node's HTTP port) that
 take a node out of rotation when it is dead or not ready (Kafka unreachable, still
-starting). HAProxy counts as ready once every node is in rotation on every listener (its
-stats socket says so): a client connecting then is never turned away for want of a node.
+starting). HAProxy counts as ready once every ready node is in rotation on every listener
+(its stats socket says so): a client connecting then is never turned away for want of a
+node.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ KINDS: tuple[ListenerKind, ...] = ("mqtt", "mqtts", "ws", "wss")
 
 PORT_BLOCK = 16
 """Node listener ports of one kind are ``PORT_BLOCK`` apart (16 nodes at most)."""
+
+
+def node_name(node: int) -> str:
+    """The process name of ingest node ``node`` (from 1): ``ingest-node<node>``."""
+    return f"ingest-node{node}"
+
+
+def server_name(kind: ListenerKind, node: int) -> str:
+    """How HAProxy names ingest node ``node``'s server of listener ``kind``:
+    ``<backend>/<server>``, e.g. ``ingest_mqtts/node2``."""
+    return f"ingest_{kind}/node{node}"
 
 
 def node_ports(settings: LocalSettings) -> list[int]:
@@ -84,7 +96,8 @@ def render_config(settings: LocalSettings) -> str:
     sections = []
     for kind, port in frontend_ports(settings).items():
         servers = "\n".join(
-            f"    server node{node} 127.0.0.1:{listener.port} send-proxy-v2 "
+            f"    server {server_name(kind, node).partition('/')[2]} 127.0.0.1:{listener.port} "
+            "send-proxy-v2 "
             f"check port {http} inter 2s fall 2 rise 1"
             for node, http in enumerate(node_http_ports(settings), start=1)
             for listener in node_listeners(settings, node)
@@ -157,20 +170,28 @@ def out_of_rotation(settings: LocalSettings) -> list[str]:
 
 
 def in_rotation(settings: LocalSettings) -> bool:
-    """Whether HAProxy listens and routes new connections of every listener to every node
-    (False while it cannot be asked)."""
+    """Whether HAProxy listens and routes new connections of every listener to every ready
+    ingest node (one whose ready file exists: HAProxy rightly holds the others out).
+    False while HAProxy cannot be asked."""
     if not processes.port_open(settings.listen_port):
         return False
     try:
-        return not out_of_rotation(settings)
+        out = out_of_rotation(settings)
     except OSError:
         return False
+    ready = {
+        server_name(kind, node)
+        for kind in KINDS
+        for node in range(1, settings.ingest_nodes + 1)
+        if processes.ready_file(settings.state_dir, node_name(node)).exists()
+    }
+    return not ready.intersection(out)
 
 
 def start(settings: LocalSettings) -> int:
     """Start HAProxy in the foreground (tracked by pid) unless it runs; return its pid once
-    every ingest node is in rotation (:func:`in_rotation`; also when it was running: a node
-    restarted a moment ago may still be out).
+    every ready ingest node is in rotation (:func:`in_rotation`; also when it was running:
+    a node ready again a moment ago may still be out).
 
     Raises :class:`~services.local.processes.StartError` (quoting ``haproxy.log``, whose
     health check lines name the nodes out) if the configuration is refused, the port is

@@ -39,6 +39,11 @@ def run_dir(state_dir: Path) -> Path:
     return state_dir / "run"
 
 
+def ready_file(state_dir: Path, name: str) -> Path:
+    """The ready file of service ``name``: ``<state_dir>/run/<name>.ready``."""
+    return run_dir(state_dir) / f"{name}.ready"
+
+
 def log_dir(state_dir: Path) -> Path:
     """The directory of log files: ``<state_dir>/logs``."""
     return state_dir / "logs"

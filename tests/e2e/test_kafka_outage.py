@@ -111,7 +111,7 @@ async def test_no_puback_without_kafka_and_service_resumes(cluster: LocalCluster
                     assert _connect_v5(raw, unique("refused5")) == bytes([0, SERVER_UNAVAILABLE])
                     assert raw.read_until_closed(MARGIN) == b""
             every_server = {
-                f"ingest_{kind}/node{node}"
+                haproxy.server_name(kind, node)
                 for kind in haproxy.KINDS
                 for node in range(1, cluster.settings.ingest_nodes + 1)
             }
