@@ -46,10 +46,18 @@ def node_name(node: int) -> str:
     return f"ingest-node{node}"
 
 
+def _backend(kind: ListenerKind) -> str:
+    return f"ingest_{kind}"
+
+
+def _server(node: int) -> str:
+    return f"node{node}"
+
+
 def server_name(kind: ListenerKind, node: int) -> str:
     """How HAProxy names ingest node ``node``'s server of listener ``kind``:
     ``<backend>/<server>``, e.g. ``ingest_mqtts/node2``."""
-    return f"ingest_{kind}/node{node}"
+    return f"{_backend(kind)}/{_server(node)}"
 
 
 def node_ports(settings: LocalSettings) -> list[int]:
@@ -96,16 +104,15 @@ def render_config(settings: LocalSettings) -> str:
     sections = []
     for kind, port in frontend_ports(settings).items():
         servers = "\n".join(
-            f"    server {server_name(kind, node).partition('/')[2]} 127.0.0.1:{listener.port} "
-            "send-proxy-v2 "
+            f"    server {_server(node)} 127.0.0.1:{listener.port} send-proxy-v2 "
             f"check port {http} inter 2s fall 2 rise 1"
             for node, http in enumerate(node_http_ports(settings), start=1)
             for listener in node_listeners(settings, node)
             if listener.kind == kind
         )
         sections.append(
-            f"frontend {kind}\n    bind 127.0.0.1:{port}\n    default_backend ingest_{kind}\n\n"
-            f"backend ingest_{kind}\n    balance roundrobin\n"
+            f"frontend {kind}\n    bind 127.0.0.1:{port}\n    default_backend {_backend(kind)}\n\n"
+            f"backend {_backend(kind)}\n    balance roundrobin\n"
             # A node takes clients while its /ready says 200 (Kafka answers, state replayed).
             "    option httpchk\n    http-check send meth GET uri /ready\n"
             f"    http-check expect status 200\n{servers}\n"
