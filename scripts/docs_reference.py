@@ -90,6 +90,14 @@ def settings_reference() -> str:
     return "\n".join(out)
 
 
+def _labels(call: ast.Call) -> list[str]:
+    """The literal ``labels=[...]`` of a metric family's constructor call, or none."""
+    for keyword in call.keywords:
+        if keyword.arg == "labels" and isinstance(keyword.value, ast.List):
+            return [str(e.value) for e in keyword.value.elts if isinstance(e, ast.Constant)]
+    return []
+
+
 def _families(tree: ast.AST) -> Iterator[tuple[str, str, str, list[str]]]:
     """(name, type, help, labels) of each metric family built in ``tree`` with literal
     arguments, and of the (name, ..., help) tuples a loop builds families from."""
@@ -103,13 +111,9 @@ def _families(tree: ast.AST) -> Iterator[tuple[str, str, str, list[str]]]:
             name, documentation = node.args[0], node.args[1]
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 continue
-            labels: list[str] = []
-            for keyword in node.keywords:
-                if keyword.arg == "labels" and isinstance(keyword.value, ast.List):
-                    labels = [e.value for e in keyword.value.elts if isinstance(e, ast.Constant)]
+            labels = _labels(node)
             if called == "histogram_family" and len(node.args) >= 4:
-                label = node.args[3]
-                labels = [label.value] if isinstance(label, ast.Constant) else []
+                labels = [str(node.args[3].value)] if isinstance(node.args[3], ast.Constant) else []
             text = documentation.value if isinstance(documentation, ast.Constant) else ""
             yield name.value, kind, str(text), labels
         elif isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
@@ -122,12 +126,9 @@ def _families(tree: ast.AST) -> Iterator[tuple[str, str, str, list[str]]]:
             ]
             if not calls:
                 continue
-            call = cast(ast.Call, calls[0])
+            call = calls[0]
             kind = FAMILY_TYPES[cast(ast.Name, call.func).id]
-            labels = []
-            for keyword in call.keywords:
-                if keyword.arg == "labels" and isinstance(keyword.value, ast.List):
-                    labels = [e.value for e in keyword.value.elts if isinstance(e, ast.Constant)]
+            labels = _labels(call)
             for element in node.iter.elts:
                 if not isinstance(element, ast.Tuple):
                     continue

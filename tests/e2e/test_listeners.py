@@ -93,7 +93,8 @@ def test_mutual_tls_accepts_a_good_client_certificate_and_refuses_a_wrong_one(
 ) -> None:
     port, topic = cluster.settings.tls_listen_port, unique("e2e/mtls")
     tls = _tls(cluster)
-    # A client certificate is an identity: it needs an X509 credential, as README shows.
+    # A client certificate is an identity: it needs an X509 credential
+    # (docs/getting-started/tls.md shows one).
     env = {**os.environ, "CORMORANT_POSTGRES_DSN": postgres.dsn(cluster.settings)}
     name = unique("local-client")
     added = run_cormorant("credentials", "add", name, "--type", "x509",
