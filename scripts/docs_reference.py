@@ -46,8 +46,10 @@ FAMILY_TYPES = {
 
 
 def _cell(text: str) -> str:
-    """``text`` fit for one cell of a Markdown table (one line, pipes escaped)."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """``text`` fit for one cell of a Markdown table: one line, pipes escaped, and angle
+    brackets as entities (``msg.downlink.<node_id>`` is text, not an HTML tag)."""
+    text = " ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|")
 
 
 def _default(info: FieldInfo) -> str:
@@ -232,7 +234,8 @@ def openapi_reference() -> str:
             for code, response in operation.get("responses", {}).items():
                 schema = response.get("content", {}).get("application/json", {}).get("schema")
                 kind = f": {_schema_type(schema)}" if schema else ""
-                responses.append(f"`{code}` {_cell(response.get('description', ''))}{kind}")
+                text = _cell(response.get("description", "")).rstrip(".")
+                responses.append(f"`{code}` {text}{kind}")
             out += ["Responses: " + "; ".join(responses) + ".", ""]
     out += ["## Schemas", ""]
     for name, schema in document.get("components", {}).get("schemas", {}).items():
