@@ -33,7 +33,6 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- cormorant:([a-z-]+) -->$", re.MULTILINE)
@@ -56,8 +55,10 @@ def _default(info: FieldInfo) -> str:
     """A setting's default as the environment variable would spell it, or "(none)"."""
     if info.default_factory is not None:
         return "(computed)"
+    if info.is_required():
+        return "(required)"
     value = info.default
-    if value is PydanticUndefined or value is None:
+    if value is None:
         return "(none)"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"

@@ -258,7 +258,7 @@ def _flood(raw: RawSocket, stop: threading.Event) -> None:
 def test_a_disconnect_reason_code_reaches_a_client_that_keeps_sending(
     cluster: LocalCluster,
 ) -> None:
-    """Issue 17, part 8: a v5 client over its Receive Maximum with QoS 2 PUBLISHes gets
+    """A v5 client over its Receive Maximum with QoS 2 PUBLISHes gets
     DISCONNECT 0x93 while it is still writing; the server reads and discards what it keeps
     sending before closing, so the client reads the Reason Code instead of a reset."""
     node = cluster.node_ports[0]

@@ -1,4 +1,4 @@
-"""Crashes under a steady stream: what survives them, and who takes over (issue 17).
+"""Crashes under a steady stream: what survives them, and who takes over.
 
 Each test runs the bench's recovery probe (:func:`bench.recovery.measure_recovery`):
 aiomqtt (paho-mqtt) MQTT 5 publishers whose client ids cover every ``msg.all`` partition,
