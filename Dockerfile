@@ -20,14 +20,15 @@ RUN apt-get update \
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/cormorant
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY services ./services
 # `cormorant analytics` is a subcommand of the one CLI (its jobs need the analytics extra,
 # not installed here).
 COPY spark_emr ./spark_emr
-# As README installs it (pip, from pyproject.toml), not editable, with the aws extra (MSK IAM
-# authentication) instead of the test extra.
-RUN /opt/cormorant/bin/pip install '.[aws]'
+# As scripts/bootstrap.sh installs it (pip, from pyproject.toml, the versions pinned in
+# constraints.txt), not editable, with the aws extra (MSK IAM authentication) instead of the
+# test extra.
+RUN /opt/cormorant/bin/pip install -c constraints.txt '.[aws]'
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
 # The RDS certificate authorities, for PostgreSQL with sslmode=verify-full

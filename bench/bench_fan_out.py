@@ -2,7 +2,7 @@
 
 ``IngestNode.deliver`` hands one message to every target connected to the node; a QoS 0
 PUBLISH has no Packet Identifier, so connections that need the same bytes share one
-encoding (DESIGN.md: encode-once fan-out). Server-assigned Topic Aliases (MQTT 5.0
+encoding (docs/design.md: encode-once fan-out). Server-assigned Topic Aliases (MQTT 5.0
 3.3.2.3.4) make the bytes depend on each connection's alias for the topic, so this measures
 what they cost, per kind of subscriber:
 

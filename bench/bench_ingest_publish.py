@@ -55,7 +55,7 @@ def connected(rules: int = 0) -> ServerConnection:
     try:
         from services.ingest.limits import Limits
         from services.ingest.state import ServerContext
-    except ImportError:  # the signature before the core took a ServerContext (issue 10)
+    except ImportError:  # the signature before the core took a ServerContext
         construct = cast("legacy.ServerConnectionBeforeContext", ServerConnection)
         connection = construct(settings, "node1", bytes(16), lambda _: (None, []), lambda: NOW_MS)
     else:

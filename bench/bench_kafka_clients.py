@@ -1,5 +1,5 @@
-"""aiokafka against confluent-kafka (librdkafka) for the hot path, from asyncio: issue 16's
-lever 1, measured before anything is switched.
+"""aiokafka against confluent-kafka (librdkafka) for the hot path, from asyncio (bench/NOTES.md,
+"Lever 1"), measured before anything is switched.
 
 Against the Kafka of the local cluster's settings (``cormorant up``; its topics are left
 alone: the script makes ``<prefix>bench.kafka-clients``, 12 partitions), per client and

@@ -20,7 +20,7 @@ from services.ingest.state import PreviousSession
 
 
 class ServerConnectionBeforeContext(Protocol):
-    """``ServerConnection``'s constructor before the core took a ServerContext (issue 10):
+    """``ServerConnection``'s constructor before the core took a ServerContext:
     settings, node id, connection id (16 bytes), session lookup, clock (Unix ms)."""
 
     def __call__(

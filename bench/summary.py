@@ -5,7 +5,7 @@ every comparison file there), keeps each file's latest comparison (the trailing 
 made by the same command), and writes ``summary.md`` (headline medians, Cormorant /
 Mosquitto ratio, the latencies' Kafka floor and Cormorant's ratio to it, the command of
 each) and ``summary.png`` (delivered msg/s and end-to-end
-p99 per scenario, both brokers). README shows both.
+p99 per scenario, both brokers). docs/performance.md shows both.
 """
 
 from __future__ import annotations

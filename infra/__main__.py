@@ -1,4 +1,4 @@
-"""Cormorant on AWS: ``pulumi up`` with this directory's stack files (README, "Deploy to AWS")."""
+"""Cormorant on AWS: ``pulumi up`` with this directory's stack files (docs/deploy.md)."""
 
 import pulumi
 

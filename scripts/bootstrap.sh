@@ -63,7 +63,10 @@ fi
 
 PY="$(cormorant_python)"
 echo "bootstrap: installing Cormorant into $PY"
-"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test]'
+# The versions pinned in constraints.txt (bash scripts/lock.sh regenerates it), as the
+# container images and the EMR environment install them.
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+    -c constraints.txt -e '.[test]'
 
 # MQTT.js's browser bundle, served by the WebSocket test to a headless Chromium (no CDN).
 MQTTJS_VERSION=5.16.0

@@ -5,7 +5,7 @@ Every function here is a vectorized (pandas) UDF around a decoder of
 :func:`~services.common.records.decode_targets`, :func:`~services.common.records.decode_ack`,
 :func:`~services.common.records.decode_event`): the byte layouts exist only there. A value
 that does not decode gives a row whose ``error`` says why, and nulls elsewhere: the archive
-keeps such records instead of failing the job (DESIGN.md "Bad input never crashes").
+keeps such records instead of failing the job (docs/design.md "Bad input never crashes").
 
 Each UDF takes one binary column (a Kafka header value or the record value; null when
 absent) and returns a struct; :data:`META`, :data:`TARGETS`, :data:`ACKS` and :data:`EVENT`

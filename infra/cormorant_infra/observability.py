@@ -3,7 +3,8 @@
 Alarms: unhealthy NLB targets, an ECS service running fewer tasks than it wants, RDS and
 ElastiCache CPU and memory, MSK broker disk use, and the router's and device_persist's
 consumer lag (messages accepted but not yet routed or stored). Logs are per service
-(:mod:`cormorant_infra.compute`); metrics from the services themselves come with issue 13.
+(:mod:`cormorant_infra.compute`); the services' own metrics are
+scraped from their ``/metrics`` (``monitoring/prometheus/ecs.yml``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``cormorant`` policy pack: ``pulumi preview --policy-pack infra/policy`` (README)."""
+"""The ``cormorant`` policy pack: ``pulumi preview --policy-pack infra/policy`` (docs/deploy.md)."""
 
 import sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The app_delivery service: APPLICATION clients at Kafka speed (DESIGN.md, app_delivery).
+"""The app_delivery service: APPLICATION clients at Kafka speed (docs/design.md, app_delivery).
 
 ``client.sessions``, ``client.subscriptions`` and ``client.acks`` are read in the consumer
 group ``<prefix>cormorant-app-delivery``: the instance given a partition number owns the

@@ -1,6 +1,6 @@
 """The one Faust configuration every Cormorant service starts from.
 
-Each service is a faust-streaming app (DESIGN.md); this module keeps their Kafka settings in
+Each service is a faust-streaming app (docs/design.md); this module keeps their Kafka settings in
 one place: raw bytes serializers (records are encoded by :mod:`services.common.records`),
 ``acks=all`` production, an in-memory table store (no service keeps Faust tables), and
 Faust's web server on ``http_host:http_port`` with only Cormorant's pages

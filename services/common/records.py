@@ -1,6 +1,6 @@
 """Kafka record formats: the one place where what travels on each topic is encoded.
 
-Binary and compact on purpose (DESIGN.md "Key choices"): the MQTT payload is the Kafka record
+Binary and compact on purpose (docs/design.md "Key choices"): the MQTT payload is the Kafka record
 value, untouched; MQTT metadata travels in a small big-endian envelope in a Kafka header. Every
 format starts with a version byte so it can evolve. Decoding garbage raises
 :class:`RecordError`; consumers log and skip such records instead of blocking a partition.
@@ -79,7 +79,7 @@ class RecordError(ValueError):
 
 
 class ClientKind(IntEnum):
-    """TBMQ's client kinds (DESIGN.md): chooses the delivery path of a client's messages."""
+    """TBMQ's client kinds (docs/design.md): chooses the delivery path of a client's messages."""
 
     DEVICE = 0
     APPLICATION = 1
@@ -445,7 +445,8 @@ class SessionRecord:
     its own connection from a newer one elsewhere; ``connected_at_ms`` (Unix ms) orders
     connections of the same client for session takeover (MQTT 3.1.4-3);
     ``session_expiry_interval`` in seconds as the client asked (v5 3.1.2.11; 0 for v3);
-    ``persistent`` follows DESIGN.md's rule (:func:`services.common.sessions.is_persistent`).
+    ``persistent`` follows the rule of docs/design.md
+    (:func:`services.common.sessions.is_persistent`).
     ``session_id`` (16 bytes) names the session: the ``connection_id`` of the connection that
     started it, kept by every connection that resumes it; a new value means the old session
     and everything stored for it are gone (Clean Start, MQTT 3.1.2.4). ``receive_maximum`` is
@@ -654,8 +655,9 @@ class EventRecord:
     ``protocol_version`` 3, 4 or 5 (0 when the CONNECT did not say); ``reason_code`` the MQTT
     5 Reason Code of the CONNACK (CONNECTED, AUTH_FAILED) or DISCONNECT (DISCONNECTED) sent or
     received, MQTT 5.0 2.4; ``cause`` a :class:`DisconnectCause`; ``persistent`` and
-    ``clean_start`` describe the session (DESIGN.md's rule), ``session_expiry_interval`` in
-    seconds; ``topic_filters`` are (Topic Filter, QoS) pairs of SUBSCRIBED / UNSUBSCRIBED.
+    ``clean_start`` describe the session (the rule of docs/design.md),
+    ``session_expiry_interval`` in seconds; ``topic_filters`` are (Topic Filter, QoS) pairs of
+    SUBSCRIBED / UNSUBSCRIBED.
     """
 
     kind: EventKind

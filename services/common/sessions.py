@@ -1,4 +1,5 @@
-"""Session rules shared by every service (DESIGN.md, "Key choices"; TBMQ's persistent client)."""
+"""Session rules shared by every service (docs/design.md, "Key choices"; TBMQ's persistent
+client)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def is_persistent(protocol_version: int, clean_start: bool, session_expiry_inter
 
 
 def client_kind(client_id: str, application_patterns: Iterable[str]) -> ClientKind:
-    """A client's kind (DESIGN.md, TBMQ's DEVICE/APPLICATION split).
+    """A client's kind (docs/design.md, TBMQ's DEVICE/APPLICATION split).
 
     Until authentication gives it with the credentials, the setting
     ``application_client_ids`` does: a client whose identifier matches one of its
@@ -35,7 +36,7 @@ def client_kind(client_id: str, application_patterns: Iterable[str]) -> ClientKi
 
 
 class DeliveryPath(enum.Enum):
-    """Which way the messages routed for a session travel (DESIGN.md, "The data path";
+    """Which way the messages routed for a session travel (docs/design.md, "The data path";
     TBMQ's DEVICE/APPLICATION split), by the topic they are routed to."""
 
     NONE = "none"

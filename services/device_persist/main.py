@@ -1,4 +1,4 @@
-"""The device_persist service: stored messages of persistent DEVICE sessions (DESIGN.md).
+"""The device_persist service: stored messages of persistent DEVICE sessions (docs/design.md).
 
 ``msg.persisted`` and ``client.acks`` are read together in the consumer group
 ``<prefix>cormorant-device-persist`` with the range assignor: both are keyed by client id

@@ -1,4 +1,4 @@
-"""Stored delivery of persistent DEVICE sessions (DESIGN.md, device_persist; TBMQ's
+"""Stored delivery of persistent DEVICE sessions (docs/design.md, device_persist; TBMQ's
 persistent DEVICE client).
 
 :class:`DevicePersister` owns the clients whose ``msg.persisted`` partition this instance

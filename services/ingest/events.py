@@ -3,7 +3,7 @@ connection's state, as :class:`~services.ingest.effects.RecordEvent` effects.
 
 Connects, disconnects (with the cause that ended the connection, the first one recorded
 winning: a keep-alive timeout is not also a protocol error), authentication failures and
-subscription changes; the analysts read them from the archive (README "Analytics").
+subscription changes; the analysts read them from the archive (docs/analytics.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One routed message on its way to the targets connected to this node (DESIGN.md: the
+"""One routed message on its way to the targets connected to this node (docs/design.md: the
 router writes one downlink record per node; the node encodes each PUBLISH variant once).
 
 A :class:`FanOut` is made once per downlink record. It decodes the publisher's forwarded

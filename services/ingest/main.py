@@ -1,4 +1,4 @@
-"""The ingest service: a Faust app that owns MQTT sockets (DESIGN.md, ``services/ingest``).
+"""The ingest service: a Faust app that owns MQTT sockets (docs/design.md, ``services/ingest``).
 
 Its producer writes ``msg.all``, ``client.acks`` and the client state topics (and its admin
 client creates a persistent APPLICATION client's ``msg.app`` topic at CONNECT); a task reads

@@ -13,7 +13,7 @@ never reads as ended while its waiting will could still die with this node.
 The producer is idempotent and retries until Kafka answers, so a record the node stopped
 waiting for may still be stored later, in its place among the connection's records: a
 PUBLISH refused for a timeout (PUBACK 0x80, or a closed v3.1.1 connection) can still be
-delivered once Kafka is back (README, "What clients can rely on today"). Records nobody
+delivered once Kafka is back (docs/guarantees/index.md). Records nobody
 waits for (the end records of a previous process's sessions) are written with
 :meth:`StorePipeline.write_logged`: a failure is only logged.
 

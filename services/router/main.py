@@ -30,7 +30,7 @@ offset are committed together, one transactional producer per ``msg.all`` partit
 (:class:`~services.common.kafka.consumer.PartitionTransactions`). A router that crashes
 mid-batch leaves an aborted transaction nobody reads (every reader of the router's topics
 reads committed records only), and the batch is routed again: every message is routed
-exactly once (README, "What clients can rely on today"). With ``router_transactions``
+exactly once (docs/guarantees/index.md). With ``router_transactions``
 off (to measure their cost), offsets are committed after the outputs are stored instead:
 at least once.
 """

@@ -3,7 +3,7 @@
 :class:`RoutingTable` holds the subscription trie (from ``client.subscriptions``), the
 latest session record of every client (from ``client.sessions``) and the retained messages
 (from ``msg.retained``). :meth:`RoutingTable.route` turns one message into :class:`Routes`:
-one target list per ingest node for connected non-persistent sessions (DESIGN.md: one
+one target list per ingest node for connected non-persistent sessions (docs/design.md: one
 downlink record per message per node, never one per subscriber), one target per
 persistent DEVICE session, whose messages go through its store (``msg.persisted``) whether
 it is connected or not, and one target per persistent APPLICATION session, whose messages go

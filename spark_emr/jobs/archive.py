@@ -15,8 +15,8 @@ lists). Four tables, each its own query and checkpoint, partitioned by ``date`` 
 
 Layout: ``<archive>/<table>/date=…/hour=…/part-….parquet``, checkpoints beside them in
 ``<archive>/_checkpoints/<table>``. Records that do not decode are kept with ``record_error``
-set (README "Archive schema"). Runs as ``spark-submit archive.py --archive URI …`` (EMR) or
-through :func:`run` (``cormorant analytics archive``).
+set (docs/analytics.md, "Archive schema"). Runs as ``spark-submit archive.py --archive URI …``
+(EMR) or through :func:`run` (``cormorant analytics archive``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 For a time range [``since``, ``until``) (UTC; open ends allowed) the job writes each table
 as Parquet (``<out>/tables/<name>/``) and as one CSV file (``<out>/csv/<name>.csv``), plus
 ``<out>/summary.json``; :mod:`spark_emr.render` turns them into ``index.html``. Tables
-(README "Analytics" lists their columns):
+(docs/analytics.md lists their columns):
 
 - traffic: ``traffic_by_topic_level`` (messages and bytes at every topic level ``a``,
   ``a/b``, ``a/b/c``), ``traffic_by_client`` (top talkers first), ``traffic_by_hour``,

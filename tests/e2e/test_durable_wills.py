@@ -1,5 +1,5 @@
 """Will Messages waiting out their Will Delay Interval outlive the ingest node that held
-their connection (MQTT 5.0 3.1.3.2.2; README, "What clients can rely on today").
+their connection (MQTT 5.0 3.1.3.2.2; docs/guarantees/index.md).
 
 Runs last (``disruptive``): each test kills ingest node 1 with SIGKILL while a will of one of
 its former connections waits, and starts it again before it ends. The will is in

@@ -1,6 +1,6 @@
 """The ingest node's limits, each triggered on a real node with low limits of its own, with
-the reaction README documents; other clients keep full service while one is limited
-(proved by their progress, with deadlines, never by timing).
+the reaction docs/operations/listeners.md documents; other clients keep full service while one
+is limited (proved by their progress, with deadlines, never by timing).
 
 The node (``ingest-limits``, started once for this module beside the shared cluster, on its
 Kafka) listens on a direct port and on a PROXY protocol port; the tests that need distinct

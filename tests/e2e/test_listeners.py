@@ -93,7 +93,8 @@ def test_mutual_tls_accepts_a_good_client_certificate_and_refuses_a_wrong_one(
 ) -> None:
     port, topic = cluster.settings.tls_listen_port, unique("e2e/mtls")
     tls = _tls(cluster)
-    # A client certificate is an identity: it needs an X509 credential, as README shows.
+    # A client certificate is an identity: it needs an X509 credential
+    # (docs/getting-started/tls.md shows one).
     env = {**os.environ, "CORMORANT_POSTGRES_DSN": postgres.dsn(cluster.settings)}
     name = unique("local-client")
     added = run_cormorant("credentials", "add", name, "--type", "x509",
@@ -257,7 +258,7 @@ def _flood(raw: RawSocket, stop: threading.Event) -> None:
 def test_a_disconnect_reason_code_reaches_a_client_that_keeps_sending(
     cluster: LocalCluster,
 ) -> None:
-    """Issue 17, part 8: a v5 client over its Receive Maximum with QoS 2 PUBLISHes gets
+    """A v5 client over its Receive Maximum with QoS 2 PUBLISHes gets
     DISCONNECT 0x93 while it is still writing; the server reads and discards what it keeps
     sending before closing, so the client reads the Reason Code instead of a reset."""
     node = cluster.node_ports[0]

@@ -1,4 +1,4 @@
-"""Crashes under a steady stream: what survives them, and who takes over (issue 17).
+"""Crashes under a steady stream: what survives them, and who takes over.
 
 Each test runs the bench's recovery probe (:func:`bench.recovery.measure_recovery`):
 aiomqtt (paho-mqtt) MQTT 5 publishers whose client ids cover every ``msg.all`` partition,
@@ -16,8 +16,8 @@ first deliveries that came after a newer message of the same publisher.
   partitions to the other, and delivery resumes on every partition.
 
 How long each recovery takes is measured by ``python -m bench.recovery``, not asserted
-here (README, "Recovery"). Runs last (``disruptive``); what a test kills is running again
-when it ends.
+here (docs/performance.md, "Recovery and the cost of exactly once"). Runs last
+(``disruptive``); what a test kills is running again when it ends.
 """
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ async def _write_backlog(settings: LocalSettings, names: TopicNames, client_id: 
 async def test_a_subscription_stored_before_a_publish_applies_even_behind_a_state_backlog(
     cluster: LocalCluster, transactions: bool
 ) -> None:
-    """The router's ordering guarantee (README, "What clients can rely on today"): a
+    """The router's ordering guarantee (docs/guarantees/index.md): a
     subscription record Kafka acknowledged before a PUBLISH record was written applies to
     that PUBLISH, even when the router's state reader is still a second behind (a backlog
     in front of the subscription record, in its partition) as the PUBLISH is fetched. Only

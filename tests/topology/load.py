@@ -20,7 +20,7 @@ PUBLISHERS = 10
 RATE = 200.0
 
 #: Seconds new traffic may take to flow again after a disruption (a liveness bound; the
-#: measured figures are in README.md, "Failures and production topologies").
+#: measured figures are in docs/guarantees/testing.md).
 RESUME_BOUND = 60.0
 
 #: Seconds the last PUBACKs and deliveries may take at the end of a test.

@@ -2,7 +2,7 @@
 broker killed (kill -9) and a rolling restart of all three lose nothing acknowledged, keep
 each publisher's order (MQTT 4.6), and publishing resumes within a bounded time.
 
-The order assertions depend on idempotent producers (issue 17, part 1): a producer that
+The order assertions depend on idempotent producers: a producer that
 retries a batch with several requests in flight can write it after a newer one.
 """
 

@@ -3,7 +3,7 @@
 What can be checked: every target's entry point is a real ``cormorant`` command that starts
 (``--help`` loads its module), every file the build copies exists and is in the build
 context, tests/bench/.git stay out of the context, and the final stages are slim and
-unprivileged. The images themselves are built by a team with Docker (README, "Deploy to AWS").
+unprivileged. The images themselves are built by a team with Docker (docs/deploy.md).
 """
 
 from __future__ import annotations

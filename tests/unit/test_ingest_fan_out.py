@@ -1,6 +1,6 @@
 """One routed message to the targets of a downlink record (``ServerConnection.deliver_routed``
 with a shared :class:`FanOut`): what each target's PUBLISH carries, and which targets share
-one QoS 0 encoding (DESIGN.md: encode-once fan-out).
+one QoS 0 encoding (docs/design.md: encode-once fan-out).
 
 MQTT 5.0 3.3.1.3 (RETAIN and Retain As Published), 3.3.2.3.3 (Message Expiry Interval),
 3.3.4 (Subscription Identifiers); MQTT 3.1.1 3.3.1.3.

@@ -46,7 +46,7 @@ def _compacted() -> dict[str, str]:
 
 
 def core_topic_specs(settings: Settings) -> list[TopicSpec]:
-    """The topics every deployment has (DESIGN.md "The data path"), sized from ``settings``."""
+    """The topics every deployment has (docs/design.md "The data path"), sized from ``settings``."""
     names = TopicNames.from_settings(settings)
     msg_retention = {"retention.ms": str(settings.msg_retention_seconds * 1000)}
     return [

@@ -1,4 +1,4 @@
-"""The one place where Cormorant's Kafka topic names are spelled (DESIGN.md, "The data path").
+"""The one place where Cormorant's Kafka topic names are spelled (docs/design.md, "The data path").
 
 All names are prefixed by ``Settings.topic_prefix`` so that several Cormorant clusters (or
 test runs) can share one Kafka cluster.

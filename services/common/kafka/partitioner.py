@@ -36,7 +36,7 @@ def key_hash(key: bytes) -> int:
 def partition_of(key: bytes | str, partitions: int) -> int:
     """The partition (0-based) of a record keyed by ``key`` in a topic of ``partitions``;
     a ``str`` key (a client id) is keyed by its UTF-8 bytes, as every record about that
-    client is (DESIGN.md: one client's records share a partition number in every topic)."""
+    client is (docs/design.md: one client's records share a partition number in every topic)."""
     if isinstance(key, str):
         key = key.encode("utf-8")
     return key_hash(key) % partitions

@@ -1,4 +1,4 @@
-"""The TCP ports MQTT is served on (IANA's registrations, and DESIGN.md's WebSocket ports).
+"""The TCP ports MQTT is served on (IANA's registrations, and docs/design.md's WebSocket ports).
 
 The local cluster's HAProxy and the cloud's Network Load Balancer listen on these; ingest
 nodes listen on whatever their settings say behind them.

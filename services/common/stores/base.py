@@ -1,7 +1,7 @@
 """The message store of persistent DEVICE sessions: the interface both backends implement.
 
 device_persist keeps, per subscriber client, the QoS 1/2 messages the client has not
-acknowledged yet (DESIGN.md, "The data path"). Every message gets from the store a
+acknowledged yet (docs/design.md, "The data path"). Every message gets from the store a
 per-client sequence number (its order) and a Packet Identifier that stays the same until the
 message is deleted, so that a resend after a reconnect carries the original identifier with
 DUP=1 (MQTT 5.0 section 4.4). A message moves QUEUED → SENT → (QoS 2: RELEASED) → deleted
