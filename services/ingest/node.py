@@ -220,6 +220,7 @@ class IngestNode:
                 client.close()
             elif isinstance(effect, Connected):
                 self._register(client, effect.client_id)
+                client.keep_alive_changed()  # Keep Alive counts from the CONNACK just sent
             elif isinstance(effect, CreateAppTopic):
                 ensure = self._ensure_app_topic(effect.client_id)
                 self.pipeline.background(

@@ -134,6 +134,7 @@ class Shell:
         self.received: list[Packet] = []
         self.reading: list[bool] = [True]
         self.pending_at_resume: list[int] = []
+        self.keep_alive_changes = 0
         self.closed = False
 
     def write(self, data: bytes) -> None:
@@ -148,6 +149,9 @@ class Shell:
     def resume_reading(self) -> None:
         self.reading.append(True)
         self.pending_at_resume.append(self.node.pending_records)
+
+    def keep_alive_changed(self) -> None:
+        self.keep_alive_changes += 1
 
     def send(self, *packets: Packet) -> None:
         """The client sends ``packets`` (one read of the socket)."""
@@ -243,6 +247,7 @@ async def test_connack_follows_the_stored_session_record() -> None:
     await wait_for(lambda: shell.received, "CONNACK")
     assert shell.of(ConnAck)[0].reason_code == 0
     assert node.registry.get("c1") is shell
+    assert shell.keep_alive_changes == 1  # the timer is set to Keep Alive from the CONNACK
     assert shell.connection.state.session_offset == 101  # the record's offset
 
 
