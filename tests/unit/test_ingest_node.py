@@ -29,6 +29,8 @@ from services.common.mqtt.packets import (
     Packet,
     PubAck,
     Publish,
+    Subscribe,
+    SubscriptionRequest,
     Will,
 )
 from services.common.mqtt.properties import Properties
@@ -325,6 +327,87 @@ async def test_a_delivery_before_connack_reaches_the_client_after_it() -> None:
     synced.set()
     await wait_for(lambda: shell.of(Publish), "the delivery")
     assert [type(p) for p in shell.received] == [ConnAck, Publish]
+
+
+class Log:
+    """Kafka's ``client.sessions`` / ``client.subscriptions`` as the nodes read them: each
+    record a producer had stored is appended in the order the test says, and every node
+    applies it at its offset (the state readers)."""
+
+    def __init__(self, *nodes: IngestNode) -> None:
+        self.nodes = nodes
+        self.offset = 1000
+
+    def land(self, *records: Sent) -> None:
+        for record in records:
+            if record.topic not in ("t.client.sessions", "t.client.subscriptions"):
+                continue
+            self.offset += 1
+            for node in self.nodes:
+                node.apply_state(
+                    record.topic, record.key, record.value, self.offset, record.headers or ()
+                )
+
+
+async def test_a_late_clean_session_delete_leaves_a_newer_persistent_session() -> None:
+    """The interleaving of issue 22.1, across two nodes: a clean session on n1 ends, its
+    delete stays on its way; meanwhile the client starts a persistent session on n2,
+    subscribes and disconnects; only then does n1's delete land. The persistent session,
+    its subscriptions and its stored messages stay, and n2 writes its records again so that
+    compaction keeps them, not the delete."""
+    one, two = Producer(), Producer()
+    node1, node2 = _node(one, node_id="n1"), _node(two, node_id="n2")
+    log = Log(node1, node2)
+    sessions, subscriptions = "t.client.sessions", "t.client.subscriptions"
+
+    clean = await _connected(node1, one, "c1", 4)
+    clean.send(Subscribe(1, [SubscriptionRequest("a/#", 1)]))
+    await wait_for(lambda: one.on(subscriptions), "the clean session's subscriptions")
+    one.answer()
+    log.land(*one.sent)
+    clean.lose()
+    await wait_for(lambda: len(one.on(sessions)) == 2, "the clean session's delete")
+    deletes = [s for s in one.sent if s.value is None]
+    assert {s.topic for s in deletes} == {sessions, subscriptions}  # sent, not yet stored
+
+    persistent = await _connected(node2, two, "c1", 4, clean_start=False)
+    persistent.send(Subscribe(1, [SubscriptionRequest("b/#", 1)]))
+    await wait_for(lambda: two.on(subscriptions), "the persistent session's subscriptions")
+    two.answer()
+    persistent.send(Disconnect())
+    await wait_for(lambda: len(two.on(sessions)) == 2, "the persistent session's end")
+    two.answer()
+    log.land(*two.sent)
+    [ended] = [decode_session(s.value) for s in two.on(sessions)[1:] if s.value]
+    assert ended.persistent and not ended.connected
+
+    written = len(two.sent)
+    one.answer()
+    log.land(*deletes)  # the late delete lands last
+    for node in (node1, node2):
+        record, subs = node.previous_session("c1")
+        assert record == ended
+        assert [s.topic_filter for s in subs] == ["b/#"]
+    await wait_for(lambda: len(two.sent) == written + 2, "n2 writing the session again")
+    rewritten = two.sent[written:]
+    assert [(s.topic, s.value) for s in rewritten] == [
+        (sessions, encode_session(ended)),
+        (subscriptions, [s for s in two.on(subscriptions) if s.value][-1].value),
+    ]
+    assert len(one.on(sessions)) == 2  # n1 wrote its connect record and its delete only
+
+
+async def test_a_clean_sessions_own_delete_deletes_it() -> None:
+    producer = Producer()
+    node = _node(producer)
+    log = Log(node)
+    shell = await _connected(node, producer, "c1", 4)
+    log.land(*producer.sent)
+    shell.lose()
+    await wait_for(lambda: len(producer.on("t.client.sessions")) == 2, "the delete")
+    producer.answer()
+    log.land(producer.on("t.client.sessions")[-1])
+    assert node.previous_session("c1") == (None, [])
 
 
 async def test_the_socket_closes_after_a_disconnects_end_records_are_stored() -> None:
