@@ -321,10 +321,11 @@ class ServerConnection:
     def store_failed(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
 
-        Nothing unstored is ever acknowledged: a failed PUBLISH gets a v5 PUBACK/PUBREC with
-        Reason Code 0x80, or (v3.1.1, which has no negative acknowledgement) the connection
-        is closed so the client resends it. A failed CONNECT (its session record, or an
-        APPLICATION client's topic) gets CONNACK 0x88 / 0x03. A failed subscription set,
+        Nothing unstored is ever acknowledged, and nothing whose store may still succeed is
+        refused: a failed PUBLISH closes the connection (v5: DISCONNECT 0x80 first), so the
+        client resends it after reconnecting (``handle_publish._release_acks`` says why). A
+        failed CONNECT (its session record, or an APPLICATION client's topic) gets CONNACK
+        0x88 / 0x03. A failed subscription set,
         retained request or PUBREL record closes the connection (v5: DISCONNECT 0x80):
         their acknowledgements cannot say "failed".
         """

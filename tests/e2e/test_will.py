@@ -52,8 +52,15 @@ async def test_socket_loss_publishes_the_will(cluster: LocalCluster, level: int)
     assert (str(will.topic), will.payload) == (topic, b"lost")
 
 
-#: How far from 1.5 times Keep Alive the disconnect and the Will Message may land (seconds).
-KEEP_ALIVE_SLACK = 0.5
+#: How much earlier than 1.5 times Keep Alive after the CONNACK the client may read the
+#: DISCONNECT (seconds): the CONNACK took a moment to reach it.
+EARLY = 0.5
+#: How much later the DISCONNECT and the Will Message may land (seconds). The exact deadline
+#: is pinned by tests/unit/test_ingest_connect.py with a clock; here scheduling on a loaded
+#: machine adds to it (a load average of 24 on 2 cores delayed one by 1.1 s), still far
+#: below the 10 s connect timeout the timer used to wait for (the DISCONNECT came 9.3 s
+#: after the CONNACK).
+LATE = 1.5
 
 
 @pytest.mark.parametrize("keep_alive", [1, 2])
@@ -90,8 +97,8 @@ async def test_keep_alive_timeout_publishes_the_will(
             assert raw.read_until_closed() == b""
         assert (kind, body[:1]) == (0xE0, bytes([KEEP_ALIVE_TIMEOUT])), (kind, body)
     assert will.payload == b"silent"
-    assert silence - KEEP_ALIVE_SLACK <= closed_at <= silence + KEEP_ALIVE_SLACK, closed_at
-    assert silence - KEEP_ALIVE_SLACK <= will_at <= silence + KEEP_ALIVE_SLACK, will_at
+    assert silence - EARLY <= closed_at <= silence + LATE, closed_at
+    assert silence - EARLY <= will_at <= silence + LATE, will_at
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
