@@ -61,6 +61,10 @@ EARLY = 0.5
 #: below the 10 s connect timeout the timer used to wait for (the DISCONNECT came 9.3 s
 #: after the CONNACK).
 LATE = 1.5
+#: Seconds from the DISCONNECT to the Will Message's arrival on another node: its path
+#: through Kafka transactions (client.wills, msg.all, the router's downlink records), each
+#: read committed: seconds on a loaded machine (a load average of 24 on 2 cores).
+WILL_PATH = 5.0
 
 
 @pytest.mark.parametrize("keep_alive", [1, 2])
@@ -97,8 +101,8 @@ async def test_keep_alive_timeout_publishes_the_will(
             assert raw.read_until_closed() == b""
         assert (kind, body[:1]) == (0xE0, bytes([KEEP_ALIVE_TIMEOUT])), (kind, body)
     assert will.payload == b"silent"
-    assert silence - EARLY <= closed_at <= silence + LATE, closed_at
-    assert silence - EARLY <= will_at <= silence + LATE, will_at
+    assert silence - EARLY <= closed_at <= silence + LATE, (closed_at, will_at)
+    assert closed_at - EARLY <= will_at <= closed_at + WILL_PATH, (closed_at, will_at)
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
