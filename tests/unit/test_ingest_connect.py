@@ -521,8 +521,10 @@ def test_no_reason_string_on_puback_when_the_client_asks_for_no_problem_informat
     # MQTT 5.0 3.1.2.11.7: no Reason String on packets other than PUBLISH/CONNACK/DISCONNECT.
     client = Client(5)
     client.connect(properties=Properties(request_problem_information=False))
-    store = only(client.send(Publish("t", b"", qos=1, packet_id=1)), StorePublish)
-    assert client.packets(client.store_failed(store.token)) == [PubAck(1, 0x80)]
+    stored = only(client.send(Publish("t", b"", qos=1, packet_id=1)), StorePublish)
+    assert client.packets(client.stored(stored.token)) == [PubAck(1)]
+    failed = only(client.send(Publish("t", b"", qos=1, packet_id=2)), StorePublish)
+    assert client.packets(client.store_failed(failed.token)) == [Disconnect(0x80)]
 
 
 # ---------------------------------------------------------------------- sessions
