@@ -78,6 +78,9 @@ class Shell:
     def resume_reading(self) -> None:
         return None
 
+    def keep_alive_changed(self) -> None:
+        return None
+
 
 async def _never(*args: object) -> NoReturn:
     raise AssertionError("no Kafka in this benchmark")

@@ -31,6 +31,7 @@ from services.common.records import (
     parse_client_session,
     parse_client_subscriptions,
     parse_retained,
+    stale_delete,
 )
 from services.common.settings import Settings
 from services.common.subscription import Subscription
@@ -91,12 +92,16 @@ class ClientState:
         names = self.names
         if topic == names.client_sessions:
             client_id, session = parse_client_session(key, value)
+            if stale_delete(self.sessions.get(client_id), value, headers):
+                return  # a late delete of an older session
             if session is None:
                 self.sessions.pop(client_id, None)
             else:
                 self.sessions[client_id] = session
         elif topic == names.client_subscriptions:
             client_id, subscriptions = parse_client_subscriptions(key, value)
+            if stale_delete(self.sessions.get(client_id), value, headers):
+                return
             if subscriptions:
                 self.subscriptions[client_id] = subscriptions
             else:

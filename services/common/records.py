@@ -1076,12 +1076,48 @@ def parse_app_shared(value: bytes | None, headers: Headers | None) -> Message:
 # client.sessions, client.subscriptions, client.acks, client.events -------------------------
 
 
+HEADER_DELETES = "s"
+"""Header of a ``client.sessions`` / ``client.subscriptions`` tombstone written when a
+session ends: the 16-byte ``session_id`` of the session it deletes (its generation)."""
+
+
+def _deletes(session_id: bytes | None) -> Headers:
+    return () if session_id is None else ((HEADER_DELETES, session_id),)
+
+
 def client_session_record(
-    names: TopicNames, client_id: str, record: SessionRecord | None
+    names: TopicNames,
+    client_id: str,
+    record: SessionRecord | None,
+    deletes: bytes | None = None,
 ) -> KafkaRecord:
-    """The ``client.sessions`` record of ``client_id`` (None: a tombstone, session gone)."""
+    """The ``client.sessions`` record of ``client_id`` (None: a tombstone, session gone).
+
+    ``deletes``: the ``session_id`` a tombstone deletes, carried in its
+    :data:`HEADER_DELETES` header so that readers can tell a late delete of an older
+    session from the end of the current one (:func:`stale_delete`).
+    """
     value = None if record is None else encode_session(record)
-    return KafkaRecord(names.client_sessions, client_id.encode("utf-8"), value)
+    headers = _deletes(deletes) if record is None else ()
+    return KafkaRecord(names.client_sessions, client_id.encode("utf-8"), value, headers)
+
+
+def stale_delete(current: SessionRecord | None, value: bytes | None, headers: Headers) -> bool:
+    """Whether a ``client.sessions`` / ``client.subscriptions`` record (``value``,
+    ``headers``) is a late delete of an older session, to be ignored.
+
+    True only for a tombstone that names the session it deletes (:data:`HEADER_DELETES`)
+    while the latest session record read, ``current``, is of another session (a new
+    session started on another node while the delete was on its way). A tombstone that
+    names no session (written by the admin API, or by an older version) deletes whatever
+    is there, as before.
+    """
+    if value is not None or current is None:
+        return False
+    for name, session_id in headers:
+        if name == HEADER_DELETES:
+            return session_id != current.session_id
+    return False
 
 
 def parse_client_session(
@@ -1093,13 +1129,17 @@ def parse_client_session(
 
 
 def client_subscriptions_record(
-    names: TopicNames, client_id: str, subscriptions: Iterable[Subscription]
+    names: TopicNames,
+    client_id: str,
+    subscriptions: Iterable[Subscription],
+    deletes: bytes | None = None,
 ) -> KafkaRecord:
     """The ``client.subscriptions`` record of ``client_id``'s whole set (none: a
-    tombstone)."""
+    tombstone; ``deletes`` as for :func:`client_session_record`)."""
     items = list(subscriptions)
     value = encode_subscriptions(items) if items else None
-    return KafkaRecord(names.client_subscriptions, client_id.encode("utf-8"), value)
+    headers = _deletes(deletes) if value is None else ()
+    return KafkaRecord(names.client_subscriptions, client_id.encode("utf-8"), value, headers)
 
 
 def parse_client_subscriptions(
@@ -1221,9 +1261,10 @@ def session_expired_records(
 ) -> list[KafkaRecord]:
     """What the store that owns ``client_id``'s ``session`` (device_persist or app_delivery)
     writes when it ends it as expired at ``at_ms`` (Unix ms): tombstones of its
-    subscriptions and session records, and its SESSION_EXPIRED event."""
+    subscriptions and session records (naming the session: :func:`stale_delete`), and its
+    SESSION_EXPIRED event."""
     return [
-        client_subscriptions_record(names, client_id, []),
-        client_session_record(names, client_id, None),
+        client_subscriptions_record(names, client_id, [], session.session_id),
+        client_session_record(names, client_id, None, session.session_id),
         client_event_record(names, client_id, session_expired_event(session, at_ms)),
     ]

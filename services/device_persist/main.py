@@ -61,7 +61,7 @@ def build_app(settings: Settings) -> faust.App:
     def apply_session(
         topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
     ) -> None:
-        persister.apply_session(key, value)
+        persister.apply_session(key, value, headers)
 
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,

@@ -42,6 +42,7 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
 from services.common.records import (
     AckKind,
+    Headers,
     RecordError,
     SessionRecord,
     StoredRecord,
@@ -55,6 +56,7 @@ from services.common.records import (
     parse_persisted,
     release_record,
     session_expired_records,
+    stale_delete,
 )
 from services.common.sessions import DeliveryPath, delivery_path, session_expired
 from services.common.settings import Settings
@@ -136,12 +138,16 @@ class DevicePersister:
         """The session topic has been replayed: from now on, changes are acted upon."""
         self._live = True
 
-    def apply_session(self, key: bytes, value: bytes | None) -> None:
+    def apply_session(self, key: bytes, value: bytes | None, headers: Headers = ()) -> None:
         """Apply one ``client.sessions`` record (the state reader's handler; never blocks).
+        A late delete of an older session (:func:`~services.common.records.stale_delete`)
+        is not applied: the newer session's stored messages stay.
 
         Raises ``RecordError`` on garbage (the reader skips it).
         """
         client_id, record = parse_client_session(key, value)
+        if stale_delete(self.sessions.get(client_id), value, headers):
+            return
         previous = self.sessions.pop(client_id, None)
         if record is not None:
             self.sessions[client_id] = record

@@ -87,7 +87,9 @@ class ServerConnection:
         connection_id: bytes,
         certificate: CertificateIdentity | None = None,
     ) -> None:
-        self.state = ConnectionState(server, connection_id, certificate=certificate)
+        self.state = ConnectionState(
+            server, connection_id, certificate=certificate, heard_at=server.monotonic()
+        )
         self._decoder = StreamDecoder(max_packet_size=server.limits.max_packet_size)
 
     @property
@@ -112,14 +114,45 @@ class ServerConnection:
         Before CONNECT and while its credentials are checked, the server's connect
         timeout; None when keep alive is off (0).
         """
-        if self.state.phase is Phase.AWAIT_CONNECT or self.state.phase is Phase.AUTHENTICATING:
-            return self.state.limits.connect_timeout_seconds
-        return silence_allowed(self.state.keep_alive) if self.state.keep_alive else None
+        if self.state.phase is Phase.CONNECTED or self.state.phase is Phase.CLOSED:
+            return silence_allowed(self.state.keep_alive) if self.state.keep_alive else None
+        return self.state.limits.connect_timeout_seconds
+
+    @property
+    def keep_alive_deadline(self) -> float | None:
+        """When (``ServerContext.monotonic`` seconds) the client is gone unless heard from.
+
+        Before CONNACK: the connect timeout after the last bytes read. From the successful
+        CONNACK on: 1.5 times the granted Keep Alive (MQTT 3.1.2.10; v5: Server Keep Alive,
+        3.2.2.3.14) after the CONNACK or the last bytes read, whichever is later, however
+        long authentication or the state sync took. None once closed or with Keep Alive 0.
+        The deadline moves earlier only when the CONNACK is sent (the shell re-arms its
+        timer on the ``Connected`` effect).
+        """
+        timeout = self.keep_alive_timeout
+        if timeout is None or self.closed:
+            return None
+        return self.state.heard_at + timeout
+
+    def heard(self) -> None:
+        """Count the client as heard from now: the shell paused reading (backpressure or a
+        rate limit), so the silence until now is the node's, not the client's."""
+        self.state.heard_at = self.state.server.monotonic()
+
+    def check_keep_alive(self) -> list[Effect]:
+        """The shell's keep-alive timer fired: :meth:`keep_alive_expired` if
+        :attr:`keep_alive_deadline` has passed, else [] (the client was heard from since
+        the timer was set; the shell sets it again at the new deadline)."""
+        deadline = self.keep_alive_deadline
+        if deadline is None or self.state.server.monotonic() < deadline:
+            return []
+        return self.keep_alive_expired()
 
     def receive_data(self, data: bytes) -> list[Effect]:
         """Handle bytes read from the socket; returns the effects, in order."""
         if self.closed:
             return []
+        self.state.heard_at = self.state.server.monotonic()
         try:
             packets = self._decoder.feed(data)
         except MQTTError as exc:
@@ -288,10 +321,11 @@ class ServerConnection:
     def store_failed(self, token: int) -> list[Effect]:
         """Report that the ``Store*`` effect named ``token`` could not be stored in Kafka.
 
-        Nothing unstored is ever acknowledged: a failed PUBLISH gets a v5 PUBACK/PUBREC with
-        Reason Code 0x80, or (v3.1.1, which has no negative acknowledgement) the connection
-        is closed so the client resends it. A failed CONNECT (its session record, or an
-        APPLICATION client's topic) gets CONNACK 0x88 / 0x03. A failed subscription set,
+        Nothing unstored is ever acknowledged, and nothing whose store may still succeed is
+        refused: a failed PUBLISH closes the connection (v5: DISCONNECT 0x80 first), so the
+        client resends it after reconnecting (``handle_publish._release_acks`` says why). A
+        failed CONNECT (its session record, or an APPLICATION client's topic) gets CONNACK
+        0x88 / 0x03. A failed subscription set,
         retained request or PUBREL record closes the connection (v5: DISCONNECT 0x80):
         their acknowledgements cannot say "failed".
         """
@@ -361,7 +395,8 @@ class ServerConnection:
         Before CONNACK the connect timeout: no CONNECT (or no answer to an AUTH challenge)
         closes the connection; a CONNECT whose credentials the node did not check in time
         (password checks queued behind a storm) gets CONNACK 0x89 Server busy (v3.1.1:
-        0x03 Server unavailable), so the client learns to come back later.
+        0x03 Server unavailable), so the client learns to come back later; a session record
+        not stored in time closes the connection (no CONNACK was sent, so no DISCONNECT).
         """
         state = self.state
         if state.phase is Phase.AWAIT_CONNECT:

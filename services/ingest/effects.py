@@ -54,18 +54,24 @@ class StoreRetained:
 
 @dataclass(slots=True)
 class StoreSubscriptions:
-    """Write this client's whole subscription set to ``client.subscriptions`` ([] = tombstone)."""
+    """Write this client's whole subscription set to ``client.subscriptions`` ([] = tombstone;
+    ``deletes``: the ``session_id`` of the session it ends, see
+    :func:`~services.common.records.stale_delete`)."""
 
     token: int
     subscriptions: list[Subscription]
+    deletes: bytes | None = None
 
 
 @dataclass(slots=True)
 class StoreSession:
-    """Write this client's session record to ``client.sessions`` (None = tombstone)."""
+    """Write this client's session record to ``client.sessions`` (None = tombstone;
+    ``deletes``: the ``session_id`` of the session it ends, see
+    :func:`~services.common.records.stale_delete`)."""
 
     token: int
     record: SessionRecord | None
+    deletes: bytes | None = None
 
 
 @dataclass(slots=True)

@@ -331,8 +331,13 @@ def _releasing(state: ConnectionState) -> Iterable[int]:
 
 
 def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effect]:
-    """The session record is in Kafka: send CONNACK; the shell registers the client."""
+    """The session record is in Kafka: send CONNACK; the shell registers the client.
+
+    Keep Alive counts from this CONNACK (MQTT 3.1.2.10): the client could not have been
+    expected to speak while its CONNECT was being authenticated and stored.
+    """
     state.phase = Phase.CONNECTED
+    state.heard_at = state.server.monotonic()
     state.accepted = True
     MQTT.connect_outcome(state.listener, ReasonCode.SUCCESS)
     return [Send(state.encode(waiter.connack)), Connected(state.client_id), events.connected(state)]
@@ -442,7 +447,9 @@ def end_session(state: ConnectionState) -> list[StoreSubscriptions | StoreSessio
     """Records that end this connection's hold on the session (once; none after takeover).
 
     A persistent session is marked disconnected and keeps its subscriptions; a non-persistent
-    one is deleted: tombstones for its subscriptions and its session record.
+    one is deleted: tombstones for its subscriptions and its session record, each naming the
+    session it deletes, so that landing late, after a newer session's records (another
+    node), it deletes nothing (:func:`~services.common.records.stale_delete`).
     """
     if state.session_ended or not state.session_requested:
         return []
@@ -451,8 +458,8 @@ def end_session(state: ConnectionState) -> list[StoreSubscriptions | StoreSessio
         return [StoreSession(state.new_token(), session_record(state, connected=False))]
     effects: list[StoreSubscriptions | StoreSession] = []
     if state.subscriptions:
-        effects.append(StoreSubscriptions(state.new_token(), []))
-    effects.append(StoreSession(state.new_token(), None))
+        effects.append(StoreSubscriptions(state.new_token(), [], state.session_id))
+    effects.append(StoreSession(state.new_token(), None, state.session_id))
     return effects
 
 

@@ -3,6 +3,10 @@
 A QoS 1/2 PUBLISH is acknowledged (PUBACK / PUBREC) only after Kafka stored it with
 ``acks=all``, and acknowledgements leave in the order the PUBLISHes arrived (MQTT 4.6), even
 when Kafka answers out of order.
+A PUBLISH whose store failed, or that Kafka did not answer in time, is neither acknowledged
+nor refused: the producer may still write it, so the connection is closed (v5: DISCONNECT
+0x80) and the client resends it after reconnecting, instead of publishing it anew after a
+negative acknowledgement (docs/guarantees/edges.md).
 
 A PUBLISH the client's rules do not allow (:mod:`services.common.auth.authorize`) is not
 stored: a v5 client gets PUBACK/PUBREC 0x87 Not authorized, in its place among the
@@ -27,7 +31,15 @@ import logging
 
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError
-from services.common.mqtt.packets import PacketType, PubAck, PubComp, Publish, PubRec, PubRel
+from services.common.mqtt.packets import (
+    Disconnect,
+    PacketType,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+)
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta
@@ -190,12 +202,24 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
     while released < len(acks) and acks[released].done:
         pending = acks[released]
         released += 1
-        if pending.failed and state.protocol_version < 5:
-            # v3.1.1 has no negative acknowledgement: close, and the client resends. Nothing
-            # behind the failed one is acknowledged any more (the connection is closed).
+        if pending.failed:
+            # The store failed or Kafka did not answer in time: its outcome is unknown, as
+            # the idempotent producer may still write the record once Kafka is back. A
+            # negative acknowledgement (v5 0x80) would tell the client the message was not
+            # taken, and it would publish it again as a new message: twice in Kafka. So the
+            # connection is closed without acknowledging it (MQTT 5.0 4.13: DISCONNECT, then
+            # close), as v3.1.1, which has no negative acknowledgement, always did: the
+            # client resends the same PUBLISH (DUP) after reconnecting, which QoS 1 allows
+            # to arrive twice. Nothing behind it is acknowledged any more either.
             del acks[:released]
-            state.phase = Phase.CLOSED
             effects: list[Effect] = [Send(b"".join(out))] if out else []
+            if state.protocol_version == 5:
+                props = Properties()
+                if state.request_problem_information:
+                    props.reason_string = "a PUBLISH could not be stored: publish it again"
+                disconnect = Disconnect(ReasonCode.UNSPECIFIED_ERROR, props)
+                effects.append(Send(state.encode(disconnect)))
+            state.phase = Phase.CLOSED
             return [*effects, Close("a PUBLISH could not be stored in Kafka")]
         reason = pending.refused or (
             ReasonCode.UNSPECIFIED_ERROR if pending.failed else ReasonCode.SUCCESS

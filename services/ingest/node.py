@@ -41,10 +41,14 @@ from services.common.kafka.names import TopicNames
 from services.common.records import (
     AdminDisconnect,
     Downlink,
+    Headers,
     SessionRecord,
     client_event_record,
+    client_session_record,
+    client_subscriptions_record,
     parse_client_session,
     parse_client_subscriptions,
+    stale_delete,
 )
 from services.common.sessions import assigned_client_id
 from services.common.settings import Settings
@@ -181,27 +185,43 @@ class IngestNode:
         return self.sessions.get(client_id), self.session_offsets.get(client_id, -1)
 
     def apply_state(
-        self, topic: str, key: bytes, value: bytes | None, offset: int, headers: object = ()
+        self, topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers = ()
     ) -> None:
         """Apply one ``client.sessions`` / ``client.subscriptions`` record (the state reader).
+
+        A late delete of an older session (:func:`~services.common.records.stale_delete`) is
+        not applied; when the newer session is this node's and no connection holds it, its
+        records are written again, so that they, not the delete, stay the latest (a
+        compacted topic keeps the last record of a key). A connection that holds it does
+        that itself (:meth:`ServerConnection.session_record_seen`).
 
         Raises ``RecordError`` on garbage (the reader skips it).
         """
         if topic == self.names.client_subscriptions:
             client_id, subscriptions = parse_client_subscriptions(key, value)
+            if stale_delete(self.sessions.get(client_id), value, headers):
+                return
             if subscriptions:
                 self.subscriptions[client_id] = subscriptions
             else:
                 self.subscriptions.pop(client_id, None)
             return
         client_id, record = parse_client_session(key, value)
-        self.session_offsets[client_id] = offset
-        if record is None:
-            self.sessions.pop(client_id, None)
+        current = self.sessions.get(client_id)
+        clients = (self.registry.watching(client_id), self.registry.get(client_id))
+        if current is not None and stale_delete(current, value, headers):
+            self._stale_delete(client_id, current)
+            # A connection holding the newer session here stores its records again; one
+            # still connecting is not told: no session it might resume has ended.
+            clients = (None, self.registry.get(client_id))
         else:
-            self.sessions[client_id] = record
-        self.wills.session_record(client_id, record, offset)
-        for client in (self.registry.watching(client_id), self.registry.get(client_id)):
+            self.session_offsets[client_id] = offset
+            if record is None:
+                self.sessions.pop(client_id, None)
+            else:
+                self.sessions[client_id] = record
+            self.wills.session_record(client_id, record, offset)
+        for client in clients:
             if client is not None:
                 self.run(client, client.connection.session_record_seen(record, offset))
                 if client.connection.closed:
@@ -220,6 +240,7 @@ class IngestNode:
                 client.close()
             elif isinstance(effect, Connected):
                 self._register(client, effect.client_id)
+                client.keep_alive_changed()  # Keep Alive counts from the CONNACK just sent
             elif isinstance(effect, CreateAppTopic):
                 ensure = self._ensure_app_topic(effect.client_id)
                 self.pipeline.background(
@@ -242,6 +263,16 @@ class IngestNode:
                 self.pipeline.write_logged(record)
             else:
                 self.pipeline.enqueue(client, effect)
+
+    def _stale_delete(self, client_id: str, current: SessionRecord) -> None:
+        log.info("client %r: a late delete of an older session ignored", client_id)
+        if current.node_id != self.settings.node_id or self.registry.get(client_id) is not None:
+            return
+        self.pipeline.write_logged(client_session_record(self.names, client_id, current))
+        subscriptions = self.subscriptions.get(client_id)
+        if subscriptions:
+            record = client_subscriptions_record(self.names, client_id, subscriptions)
+            self.pipeline.write_logged(record)
 
     # ----------------------------------------------------------------------------------------
     # authentication

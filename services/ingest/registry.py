@@ -29,6 +29,9 @@ class Client(Protocol):
     def resume_reading(self) -> None:
         """Read from the socket again."""
 
+    def keep_alive_changed(self) -> None:
+        """The connection sent its CONNACK: set the keep-alive timer to its deadline."""
+
 
 class ClientRegistry:
     """The connected clients of this node by client id (after CONNACK, until the socket

@@ -90,12 +90,12 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_client",
         "_closing",
         "_held",
-        "_last_read",
         "_loop",
         "_out",
         "_paused",
         "_rate",
         "_timer",
+        "_timer_at",
         "_ws",
         "connection",
         "node",
@@ -116,8 +116,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._bytes = MQTT.listener(listener)
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._last_read = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._held: bytearray | None = None
         self._out: list[bytes] | None = None
         self._client = client
@@ -158,7 +158,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         discarded while the socket lingers before its close."""
         if self._closing:
             return
-        self._last_read = self._loop.time()
+        self.connection.heard()  # WebSocket control frames and held bytes count too
         self._bytes.received_bytes += len(data)
         if self._ws is not None:
             received = self._ws.receive(data)
@@ -220,13 +220,10 @@ class MQTTServerProtocol(asyncio.Protocol):
                 self.node.run(self, [effect])
 
     def _feed(self, data: bytes) -> None:
-        had_timeout = self.connection.keep_alive_timeout
         effects = self.connection.receive_data(data)
         if self._rate.limited:
             self._count(data, effects)
         self.node.run(self, effects)
-        if self.connection.keep_alive_timeout != had_timeout:
-            self._arm_timer()  # CONNECT replaced the connect timeout with keep alive
 
     def _count(self, data: bytes, effects: list[Effect]) -> None:
         """Take what was read from the client's rate buckets; past them, stop reading
@@ -292,6 +289,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+            self._timer_at = None
         grace = self.node.settings.close_grace_seconds
         if grace <= 0:
             self._close_now()
@@ -329,31 +327,44 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     def _resume(self, why: str) -> None:
         self._paused.discard(why)
-        self._last_read = self._loop.time()
+        self.connection.heard()
         if self._paused or self._closing:
             return
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
+    def keep_alive_changed(self) -> None:
+        """The connection sent its CONNACK: its deadline may now be earlier than the
+        connect timeout the timer waits for (Keep Alive counts from the CONNACK)."""
+        deadline = self.connection.keep_alive_deadline
+        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
+            self._arm_timer()
+
     def _arm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        timeout = self.connection.keep_alive_timeout
-        if timeout is not None and not self.connection.closed and not self._closing:
-            self._timer = self._loop.call_at(self._last_read + timeout, self._check_timeout)
+        self._timer_at = None
+        deadline = self.connection.keep_alive_deadline
+        if deadline is None or self._closing:
+            return
+        # The deadline is on the connection's clock: wait the time left on the loop's.
+        delay = max(0.0, deadline - self.node.context.monotonic())
+        self._timer = self._loop.call_later(delay, self._check_timeout)
+        self._timer_at = deadline
 
     def _check_timeout(self) -> None:
         self._timer = None
-        timeout = self.connection.keep_alive_timeout
-        if timeout is None or self.connection.closed or self._held is not None:
+        self._timer_at = None
+        if self.connection.closed or self._held is not None:
             return  # a held CONNECT waits for the state sync, bounded by its own timeout
         if self._paused:
             # Paused for backpressure or a rate limit: the silence is the node's.
-            self._last_read = self._loop.time()
+            self.connection.heard()
             self._arm_timer()
             return
-        if self._loop.time() - self._last_read >= timeout:
-            self.node.run(self, self.connection.keep_alive_expired())
+        effects = self.connection.check_keep_alive()
+        if effects:
+            self.node.run(self, effects)
         else:
             self._arm_timer()

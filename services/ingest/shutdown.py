@@ -54,8 +54,8 @@ def orphaned_records(
             continue
         end = orphaned_session_end(record, now_ms)
         if end is None and subscriptions.get(client_id):
-            records.append(client_subscriptions_record(names, client_id, []))
-        records.append(client_session_record(names, client_id, end))
+            records.append(client_subscriptions_record(names, client_id, [], record.session_id))
+        records.append(client_session_record(names, client_id, end, record.session_id))
     return records
 
 

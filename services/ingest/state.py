@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ class ServerContext:
     ``limits`` are the server's; ``node_id`` names the node in session records;
     ``previous_session`` is consulted on CONNECT; ``now_ms`` returns Unix time in
     milliseconds; ``new_client_id`` makes the Assigned Client Identifier of a v5 client that
-    sent none (MQTT 5.0 3.1.3.1). The shell passes the real clock and generator, tests their
-    own.
+    sent none (MQTT 5.0 3.1.3.1); ``monotonic`` returns seconds on a clock that never steps
+    back (the keep-alive clock: :attr:`ServerConnection.keep_alive_deadline`). The shell
+    passes the real clocks and generator, tests their own.
     """
 
     limits: Limits
@@ -44,6 +46,7 @@ class ServerContext:
     previous_session: PreviousSession
     now_ms: Callable[[], int]
     new_client_id: Callable[[], str]
+    monotonic: Callable[[], float] = time.monotonic
 
 
 class Phase(enum.Enum):
@@ -193,6 +196,9 @@ class ConnectionState:
     kind: ClientKind = ClientKind.DEVICE
     session_expiry_interval: int = 0
     keep_alive: int = 0
+    # when the client was last heard from (bytes read, or the CONNACK sent: Keep Alive
+    # counts from there), on the server's monotonic clock, in seconds; set at creation
+    heard_at: float = 0.0
     connected_at_ms: int = 0
     request_problem_information: bool = True
     subscriptions: dict[str, Subscription] = field(default_factory=dict)

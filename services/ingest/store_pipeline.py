@@ -77,9 +77,9 @@ def record_of(names: TopicNames, client_id: str, effect: StoreEffect) -> KafkaRe
     if isinstance(effect, StoreRetained):
         return retained_record(names, effect.meta, effect.payload)
     if isinstance(effect, StoreSubscriptions):
-        return client_subscriptions_record(names, client_id, effect.subscriptions)
+        return client_subscriptions_record(names, client_id, effect.subscriptions, effect.deletes)
     if isinstance(effect, StoreSession):
-        return client_session_record(names, client_id, effect.record)
+        return client_session_record(names, client_id, effect.record, effect.deletes)
     if isinstance(effect, StoreAcks):
         return client_acks_record(names, client_id, effect.record)
     if isinstance(effect, StoreWill):

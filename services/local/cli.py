@@ -177,6 +177,7 @@ def up(
     _print_table(cluster.status(settings, infrastructure_only=infra_only))
     click.echo(f"\nKafka bootstrap: {kafka.bootstrap(settings)}")
     if not infra_only:
+        click.echo(_connection_ceiling(haproxy.max_connections(settings)))
         ports = ", ".join(str(p) for p in haproxy.node_ports(settings))
         click.echo(f"MQTT: mqtt://127.0.0.1:{settings.listen_port} (ingest nodes on {ports})")
         if cluster.anonymous_allowed(settings):
@@ -212,6 +213,16 @@ def down() -> None:
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
+def _connection_ceiling(maxconn: int | None) -> str:
+    """The status line that says how many connections HAProxy takes (None: not running)."""
+    if maxconn is None:
+        return "Connections through HAProxy: unknown (HAProxy does not answer)"
+    return (
+        f"Connections through HAProxy: at most {maxconn:,} (its maxconn: two open files "
+        f"each; raise the hard open-file limit, ulimit -Hn, for more)"
+    )
+
+
 @click.command()
 @_INFRA_ONLY
 @click.option(
@@ -225,8 +236,11 @@ def status(infra_only: bool, interval: float) -> None:
     """Show each part's pid, port and health, and each service's live figures (connected
     clients, PUBLISH packets per second in and out, Kafka consumer lag); exit with status 1
     if any part is down."""
-    rows = cluster.status(layout.current(LocalSettings()), infrastructure_only=infra_only)
+    settings = layout.current(LocalSettings())
+    rows = cluster.status(settings, infrastructure_only=infra_only)
     _print_table(rows, None if infra_only else live_figures(rows, interval))
+    if not infra_only:
+        click.echo(_connection_ceiling(haproxy.max_connections(settings)))
     if not all(row.healthy for row in rows):
         raise SystemExit(1)
 

@@ -32,6 +32,7 @@ from services.local import (
     haproxy,
     kafka,
     layout,
+    open_files,
     postgres,
     processes,
     progress,
@@ -377,6 +378,7 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     :class:`~services.local.processes.StartError` naming the failing part's log file.
     """
     layout.record(settings)
+    open_files.raise_soft_limit()  # inherited by every process started from here
     if settings.kafka_brokers > 1:
         kafka.launch(local_settings(settings))  # a quorum forms only once they all run
     return _start_all(settings, infrastructure(settings))
@@ -388,6 +390,7 @@ def up_services(settings: LocalSettings) -> dict[str, int]:
     Needs the infrastructure up. Raises :class:`~services.local.processes.StartError`
     naming the failing part's log file.
     """
+    open_files.raise_soft_limit()  # inherited; HAProxy's maxconn follows it
     return _start_all(settings, services_of(settings))
 
 

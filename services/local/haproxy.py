@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import csv
 import io
+import resource
 import shutil
 import socket
 from pathlib import Path
 
 from services.common.settings import Listener, ListenerKind
-from services.local import processes
+from services.local import open_files, processes
 from services.local.settings import LocalSettings
 
 NAME = "haproxy"
@@ -121,6 +122,9 @@ def render_config(settings: LocalSettings) -> str:
     return f"""\
 global
     log stdout format raw local0 info
+    # Two descriptors per connection, from the open-file limit HAProxy starts with
+    # (services/local/open_files.py): a cap reached is then the one `cormorant status` shows.
+    maxconn {open_files.haproxy_maxconn(open_file_limit())}
 
     stats socket {stats_socket(settings)} mode 600 level user
 
@@ -140,6 +144,25 @@ defaults
 {body}"""
 
 
+def open_file_limit() -> int:
+    """The soft open-file limit processes started now inherit (this process's)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def max_connections(settings: LocalSettings) -> int | None:
+    """The connections HAProxy takes at most (its ``Maxconn``, from the stats socket's
+    ``show info``, HAProxy's management guide, section 9.3); None when it does not answer."""
+    try:
+        answer = _ask(settings, "show info")
+    except OSError:
+        return None
+    for line in answer.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "Maxconn" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
 def write_config(settings: LocalSettings) -> Path:
     """Write ``<state_dir>/haproxy/haproxy.cfg`` and return its path."""
     path = settings.state_dir / "haproxy" / "haproxy.cfg"
@@ -153,6 +176,19 @@ def stats_socket(settings: LocalSettings) -> Path:
     return settings.state_dir / "haproxy" / "stats.sock"
 
 
+def _ask(settings: LocalSettings, command: str) -> str:
+    """HAProxy's answer to one stats socket ``command``. Raises ``OSError`` if HAProxy
+    does not answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(STATS_TIMEOUT)
+        sock.connect(str(stats_socket(settings)))
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
 def out_of_rotation(settings: LocalSettings) -> list[str]:
     """The servers HAProxy gives no new connection now, as ``<backend>/<server>`` (e.g.
     ``ingest_mqtts/node2``): those its health check holds DOWN, or in maintenance.
@@ -160,15 +196,8 @@ def out_of_rotation(settings: LocalSettings) -> list[str]:
     Asks the stats socket (``show stat``, HAProxy's management guide, section 9.3).
     Raises ``OSError`` if HAProxy does not answer there.
     """
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(STATS_TIMEOUT)
-        sock.connect(str(stats_socket(settings)))
-        sock.sendall(b"show stat\n")
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
     # A CSV table whose header line starts with "# ".
-    table = b"".join(chunks).decode("utf-8", errors="replace").removeprefix("# ")
+    table = _ask(settings, "show stat").removeprefix("# ")
     return [
         f"{row['pxname']}/{row['svname']}"
         for row in csv.DictReader(io.StringIO(table))

@@ -115,9 +115,9 @@ def build_app(settings: Settings) -> faust.App:
         topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
     ) -> None:
         if topic == names.client_subscriptions:
-            table.apply_subscriptions_record(key, value)
+            table.apply_subscriptions_record(key, value, headers)
         elif topic == names.client_sessions:
-            table.apply_session_record(key, value)
+            table.apply_session_record(key, value, headers)
         else:
             table.apply_retained_record(key, value, headers)
 

@@ -42,6 +42,7 @@ from services.common.records import (
     parse_client_session,
     parse_client_subscriptions,
     parse_retained,
+    stale_delete,
 )
 from services.common.sessions import DeliveryPath, delivery_path
 from services.common.subscription import Subscription
@@ -142,13 +143,22 @@ class RoutingTable:
         else:
             self.sessions[client_id] = record
 
-    def apply_subscriptions_record(self, key: bytes, value: bytes | None) -> None:
-        """Apply one ``client.subscriptions`` record. Raises ``RecordError`` on garbage."""
-        self.set_subscriptions(*parse_client_subscriptions(key, value))
+    def apply_subscriptions_record(
+        self, key: bytes, value: bytes | None, headers: Headers = ()
+    ) -> None:
+        """Apply one ``client.subscriptions`` record; a late delete of an older session
+        (:func:`~services.common.records.stale_delete`) is not. Raises ``RecordError`` on
+        garbage."""
+        client_id, subscriptions = parse_client_subscriptions(key, value)
+        if not stale_delete(self.sessions.get(client_id), value, headers):
+            self.set_subscriptions(client_id, subscriptions)
 
-    def apply_session_record(self, key: bytes, value: bytes | None) -> None:
-        """Apply one ``client.sessions`` record. Raises ``RecordError`` on garbage."""
-        self.set_session(*parse_client_session(key, value))
+    def apply_session_record(self, key: bytes, value: bytes | None, headers: Headers = ()) -> None:
+        """Apply one ``client.sessions`` record; a late delete of an older session is not.
+        Raises ``RecordError`` on garbage."""
+        client_id, record = parse_client_session(key, value)
+        if not stale_delete(self.sessions.get(client_id), value, headers):
+            self.set_session(client_id, record)
 
     def apply_retained_record(self, key: bytes, value: bytes | None, headers: Headers) -> None:
         """Apply one ``msg.retained`` record (key = Topic Name; a tombstone deletes).

@@ -50,6 +50,9 @@ class SocketShell:
     def resume_reading(self) -> None:
         self.reading.append(True)
 
+    def keep_alive_changed(self) -> None:
+        return None
+
 
 async def _count_records(bootstrap: str, topic: str, expected: int) -> int:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from test_ingest_support import (
+    ANONYMOUS,
     CONNECTION_ID,
     LATER,
     NODE_ID,
@@ -21,6 +22,7 @@ from test_ingest_support import (
     store_effects,
 )
 
+from services.common.auth.principal import Accepted
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import (
     ConnAck,
@@ -44,6 +46,7 @@ from services.common.sessions import assigned_client_id, client_kind, is_persist
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest.effects import (
+    Authenticate,
     Close,
     Connected,
     CreateAppTopic,
@@ -404,6 +407,64 @@ def test_keep_alive_timeout_is_one_and_a_half_keep_alive(version: int) -> None:
     assert client.conn.keep_alive_timeout == 30.0
 
 
+@pytest.mark.parametrize("keep_alive", [1, 2])
+@pytest.mark.parametrize("late", ["authentication", "session record", "both"])
+def test_keep_alive_counts_from_the_connack_however_late_it_is(keep_alive: int, late: str) -> None:
+    """MQTT 3.1.2.10: 1.5 times the granted Keep Alive after the CONNACK, not the connect
+    timeout armed when the CONNECT arrived (the credentials checked, the session record
+    stored, seconds later)."""
+    client = Client(5, make_settings(connect_timeout_seconds=10.0), authenticate=None)
+    client.clock = 100.0
+    check = only(client.send(Connect(5, "quiet", True, keep_alive)), Authenticate)
+    assert check.request.client_id == "quiet"
+    assert client.conn.keep_alive_deadline == 110.0  # the connect timeout until CONNACK
+    if late != "session record":
+        client.clock += 7.0
+    record = only(client.authenticated(Accepted(ANONYMOUS)), StoreSession)
+    assert client.conn.keep_alive_deadline == 110.0  # still no CONNACK
+    if late != "authentication":
+        client.clock += 2.5
+    client.conn.session_stored_at(SESSION_OFFSET)
+    connacked_at = client.clock
+    assert isinstance(client.packets(client.stored(record.token))[0], ConnAck)
+    silence = 1.5 * keep_alive
+    assert client.conn.keep_alive_deadline == connacked_at + silence
+    client.clock = connacked_at + silence - 0.001
+    assert client.conn.check_keep_alive() == []
+    client.clock = connacked_at + silence
+    expired = client.conn.check_keep_alive()
+    [disconnect] = client.packets(expired)
+    assert isinstance(disconnect, Disconnect)
+    assert disconnect.reason_code == ReasonCode.KEEP_ALIVE_TIMEOUT
+    assert closes(expired)
+
+
+def test_bytes_from_the_client_move_the_keep_alive_deadline() -> None:
+    client = Client(4)
+    client.clock = 50.0
+    client.connect(keep_alive=2)
+    assert client.conn.keep_alive_deadline == 53.0
+    client.clock = 52.0
+    assert [type(p) for p in client.packets(client.send(PingReq()))] == [PingResp]
+    client.clock = 53.0
+    assert client.conn.check_keep_alive() == []  # heard at 52: gone at 55
+    assert client.conn.keep_alive_deadline == 55.0
+    client.clock = 54.0
+    client.conn.heard()  # the shell paused reading: its silence is not the client's
+    assert client.conn.keep_alive_deadline == 57.0
+
+
+def test_no_connect_within_the_connect_timeout_closes() -> None:
+    client = Client(5, make_settings(connect_timeout_seconds=4.0))
+    client.clock = 10.0
+    client.send_bytes(b"\x10")  # the first byte of a CONNECT, and then nothing
+    assert client.conn.keep_alive_deadline == 14.0
+    client.clock = 13.9
+    assert client.conn.check_keep_alive() == []
+    client.clock = 14.0
+    assert closes(client.conn.check_keep_alive())
+
+
 def test_v311_keep_alive_zero_disables_the_timeout() -> None:
     client = Client(4)
     client.connect(keep_alive=0)
@@ -460,8 +521,10 @@ def test_no_reason_string_on_puback_when_the_client_asks_for_no_problem_informat
     # MQTT 5.0 3.1.2.11.7: no Reason String on packets other than PUBLISH/CONNACK/DISCONNECT.
     client = Client(5)
     client.connect(properties=Properties(request_problem_information=False))
-    store = only(client.send(Publish("t", b"", qos=1, packet_id=1)), StorePublish)
-    assert client.packets(client.store_failed(store.token)) == [PubAck(1, 0x80)]
+    stored = only(client.send(Publish("t", b"", qos=1, packet_id=1)), StorePublish)
+    assert client.packets(client.stored(stored.token)) == [PubAck(1)]
+    failed = only(client.send(Publish("t", b"", qos=1, packet_id=2)), StorePublish)
+    assert client.packets(client.store_failed(failed.token)) == [Disconnect(0x80)]
 
 
 # ---------------------------------------------------------------------- sessions

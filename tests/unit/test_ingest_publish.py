@@ -93,29 +93,34 @@ def test_acks_of_mixed_qos_keep_arrival_order() -> None:
 # ---------------------------------------------------------------------- store failures
 
 
-def test_v5_failed_store_gets_puback_0x80_and_later_ones_still_flow() -> None:
+UNKNOWN_OUTCOME = Disconnect(
+    ReasonCode.UNSPECIFIED_ERROR,
+    Properties(reason_string="a PUBLISH could not be stored: publish it again"),
+)
+"""What a v5 client gets when a PUBLISH's store failed: its outcome is unknown."""
+
+
+def test_v5_failed_store_closes_instead_of_refusing() -> None:
+    """Issue 22.3: the idempotent producer may still write a record whose store failed, so
+    the client is not told it was refused (it would publish it again, as a new message):
+    the connection closes, and the client resends it (DUP) after reconnecting."""
     client = _connected(5)
     effects = client.send(
         Publish("t", b"", qos=1, packet_id=1), Publish("t", b"", qos=1, packet_id=2)
     )
     first, second = (s.token for s in of_type(effects, StorePublish))
     assert client.stored(second) == []
-    answer = client.packets(client.store_failed(first))
-    acks = of_type(answer, PubAck)
-    assert acks == answer
-    assert [(p.packet_id, p.reason_code) for p in acks] == [(1, 0x80), (2, 0x00)]
-    assert acks[0].properties.reason_string
-    assert not client.conn.closed
+    failed = client.store_failed(first)
+    assert client.packets(failed) == [UNKNOWN_OUTCOME]  # no PUBACK 0x80, nor for 2
+    assert closes(failed) and client.conn.closed
 
 
-def test_v5_failed_qos2_store_gets_pubrec_0x80_and_no_pubcomp_success() -> None:
+def test_v5_failed_qos2_store_closes_without_pubrec() -> None:
     client = _connected(5)
     store = only(client.send(Publish("t", b"", qos=2, packet_id=3)), StorePublish)
-    assert client.packets(client.store_failed(store.token)) == [
-        PubRec(3, 0x80, Properties(reason_string="the message could not be stored"))
-    ]
-    comp = only(client.packets(client.send(PubRel(3))), PubComp)
-    assert comp.reason_code == ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+    failed = client.store_failed(store.token)
+    assert client.packets(failed) == [UNKNOWN_OUTCOME]
+    assert closes(failed)
 
 
 def test_v311_failed_store_closes_without_puback() -> None:
@@ -190,9 +195,9 @@ def test_qos2_resend_of_a_failing_store_is_never_acknowledged_as_success() -> No
     client = _connected(5)
     store = only(client.send(Publish("t", b"m", qos=2, packet_id=4)), StorePublish)
     client.send(Publish("t", b"m", qos=2, dup=True, packet_id=4))
-    answers = client.packets(client.store_failed(store.token))
-    assert answers
-    assert all(isinstance(p, PubRec) and p.reason_code == 0x80 for p in answers)
+    failed = client.store_failed(store.token)
+    assert client.packets(failed) == [UNKNOWN_OUTCOME]
+    assert closes(failed)
 
 
 def test_pubrel_for_unknown_id_gets_pubcomp_0x92() -> None:
@@ -338,10 +343,9 @@ def test_a_retained_message_not_stored_is_not_acknowledged(qos: int) -> None:
     assert retained.payload == b""  # empty: deletes the topic's retained message
     out = client.store_failed(retained.token)
     if qos:
-        refused = Properties(reason_string="the message could not be stored")
-        assert client.packets(client.stored(only(effects, StorePublish).token)) == [
-            PubAck(1, ReasonCode.UNSPECIFIED_ERROR, refused)
-        ]
+        failed = client.stored(only(effects, StorePublish).token)
+        assert client.packets(failed) == [UNKNOWN_OUTCOME]
+        assert closes(failed)
     else:
         assert out == []
 
@@ -504,26 +508,18 @@ def test_a_clean_start_forgets_the_stored_ids() -> None:
     )
 
 
-def test_a_failed_session_record_refuses_the_publish_and_is_corrected() -> None:
-    client = _persistent(5)
+@pytest.mark.parametrize("failing", ["session record", "message"])
+def test_v5_a_failed_qos2_store_closes_and_the_end_record_leaves_the_id_out(failing: str) -> None:
+    client = _persistent(5, unreleased=(2,))
     publish, record = client.send(Publish("t", b"", qos=2, packet_id=8))
-    assert client.stored(publish.token) == []
-    effects = client.store_failed(record.token)
-    assert client.packets(effects) == [
-        PubRec(8, 0x80, Properties(reason_string="the message could not be stored"))
-    ]
-    # The refused id may be in Kafka after all: a new record says it is not unreleased.
-    assert _recorded(effects) == ()
-    assert not client.conn.closed
-
-
-def test_a_failed_message_store_is_corrected_in_the_session_record() -> None:
-    client = _persistent(5)
-    publish, record = client.send(Publish("t", b"", qos=2, packet_id=8))
-    assert client.stored(record.token) == []
-    effects = client.store_failed(publish.token)
-    assert only(client.packets(effects), PubRec).reason_code == 0x80
-    assert _recorded(effects) == ()
+    stored, failing_one = (publish, record) if failing == "session record" else (record, publish)
+    assert client.stored(stored.token) == []
+    effects = client.store_failed(failing_one.token)
+    assert client.packets(effects) == [UNKNOWN_OUTCOME]
+    assert closes(effects)
+    end = only(client.lost(), StoreSession).record
+    assert end is not None and not end.connected
+    assert end.unreleased == (2,)  # 8 may be in Kafka, but was never acknowledged
 
 
 def test_v311_failed_qos2_store_closes_and_the_end_record_leaves_the_id_out() -> None:

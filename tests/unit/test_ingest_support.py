@@ -94,12 +94,15 @@ class Client:
         self.previous = previous
         self.looked_up: list[str] = []
         self.now = NOW_MS
+        #: The monotonic clock (seconds) Keep Alive is measured on; tests move it.
+        self.clock = 0.0
         server = ServerContext(
             Limits.from_settings(self.settings),
             NODE_ID,
             self._previous_session,
             lambda: self.now,
             lambda: f"assigned-{next(_ASSIGNED)}",
+            lambda: self.clock,
         )
         self.conn = ServerConnection(server, CONNECTION_ID, certificate)
         self.decoder = StreamDecoder(protocol_version=version)

@@ -19,6 +19,7 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
+    HEADER_DELETES,
     AckKind,
     AckRecord,
     AppMessage,
@@ -78,6 +79,7 @@ from services.common.records import (
     retained_request_record,
     session_expired_event,
     session_expired_records,
+    stale_delete,
 )
 from services.common.subscription import Subscription
 
@@ -530,3 +532,22 @@ def test_expiry_of_garbage_properties_is_a_record_error() -> None:
     assert expires_at_ms(PublishMeta("t", 0, False, 1_000, 5, lasting)) == 8_000
     with pytest.raises(RecordError):
         expires_at_ms(PublishMeta("t", 0, False, 1_000, 5, b"\x05\x02"))
+
+
+def test_a_delete_naming_another_session_than_the_latest_is_stale() -> None:
+    """Issue 22.1's rule, shared by every reader of client.sessions / client.subscriptions:
+    a tombstone that names the session it deletes applies only to that session."""
+    names = TopicNames("t.")
+    newer = SessionRecord("n2", b"n" * 16, False, 5, False, True, session_id=b"n" * 16)
+    late = client_session_record(names, "c", None, deletes=b"o" * 16)
+    own = client_session_record(names, "c", None, deletes=newer.session_id)
+    legacy = client_session_record(names, "c", None)
+    assert late.headers == ((HEADER_DELETES, b"o" * 16),)
+    assert stale_delete(newer, late.value, late.headers)
+    assert not stale_delete(newer, own.value, own.headers)
+    assert not stale_delete(newer, legacy.value, legacy.headers)  # deletes whatever is there
+    assert not stale_delete(None, late.value, late.headers)
+    record = client_session_record(names, "c", newer, deletes=b"o" * 16)
+    assert record.headers == () and not stale_delete(newer, record.value, record.headers)
+    subs = client_subscriptions_record(names, "c", [], deletes=b"o" * 16)
+    assert stale_delete(newer, subs.value, subs.headers)

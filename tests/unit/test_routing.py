@@ -21,6 +21,8 @@ from services.common.records import (
     RetainedRequest,
     SessionRecord,
     Target,
+    client_session_record,
+    client_subscriptions_record,
     decode_targets,
     encode_meta,
     encode_session,
@@ -201,6 +203,29 @@ def test_invalid_subscription_in_a_record_is_skipped_not_fatal() -> None:
 
 
 # ---------------------------------------------------------------------- Kafka records
+
+
+def test_a_late_delete_of_an_older_session_is_not_applied() -> None:
+    """Issue 22.1: the delete of a clean session that ended on another node lands after a
+    newer session's records; the newer session keeps its subscriptions. Its own delete
+    (same ``session_id``) still deletes it."""
+    names = TopicNames("t.")
+    newer = SessionRecord("n2", b"n" * 16, False, 5, False, True, session_id=b"n" * 16)
+    table = RoutingTable()
+    table.apply_session_record(b"a", encode_session(newer))
+    table.apply_subscriptions_record(b"a", encode_subscriptions([_sub("a", "t")]))
+    stale = client_subscriptions_record(names, "a", [], deletes=b"o" * 16)
+    table.apply_subscriptions_record(stale.key, stale.value, stale.headers)
+    stale = client_session_record(names, "a", None, deletes=b"o" * 16)
+    table.apply_session_record(stale.key, stale.value, stale.headers)
+    assert table.sessions["a"] == newer
+    assert [s.topic_filter for s in table.trie.subscriptions_of("a")] == ["t"]
+    own = client_subscriptions_record(names, "a", [], deletes=newer.session_id)
+    table.apply_subscriptions_record(own.key, own.value, own.headers)
+    assert list(table.trie.subscriptions_of("a")) == []
+    own = client_session_record(names, "a", None, deletes=newer.session_id)
+    table.apply_session_record(own.key, own.value, own.headers)
+    assert "a" not in table.sessions
 
 
 def test_records_are_applied() -> None:
