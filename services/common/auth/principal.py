@@ -12,6 +12,7 @@ from services.common.auth.credentials import Credential
 from services.common.auth.scram import ScramExchange
 from services.common.metrics import reason_name
 from services.common.records import ClientKind
+from services.common.sessions import owner_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,11 @@ class Principal:
     rules: tuple[Rule, ...]
     username: str | None
     revision: int = 0
+
+    @property
+    def owner(self) -> str:
+        """The owner this principal's sessions record (:func:`~services.common.sessions.owner_of`)."""
+        return owner_of(self.credential_id)
 
 
 @dataclass(frozen=True, slots=True)
