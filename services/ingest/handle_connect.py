@@ -26,7 +26,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.authorize import ALLOW_ALL, ALLOW_ALL_RULE, DENY_ALL, Authorizer
 from services.common.auth.principal import AuthRequest, Principal
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
@@ -146,8 +146,11 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
 
 
 def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
-    """The compiled rules of ``principal`` on the connection of ``client_id``."""
+    """The compiled rules of ``principal`` on the connection of ``client_id`` (no rules:
+    nothing allowed)."""
     if not principal.rules:
+        return DENY_ALL
+    if principal.rules == (ALLOW_ALL_RULE,):
         return ALLOW_ALL
     return Authorizer(principal.rules, client_id, principal.username)
 
@@ -260,8 +263,6 @@ def keep_authorized_subscriptions(state: ConnectionState) -> list[Effect]:
     by another credential, or rules changed since): the new set is stored, and an
     UNSUBSCRIBED event records the dropped filters. [] when all are granted."""
     authorizer = state.authorizer
-    if authorizer.allows_all:
-        return []
     dropped = [f for f in state.subscriptions if not authorizer.may_subscribe(f)]
     if not dropped:
         return []

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.authorize import DENY_ALL, Authorizer
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
@@ -67,9 +67,7 @@ class ServerContext:
     previous_session: PreviousSession
     now_ms: Callable[[], int]
     new_client_id: Callable[[], str]
-    owner_refusals_logged: OncePerInterval = field(
-        default_factory=lambda: OncePerInterval(60_000)
-    )
+    owner_refusals_logged: OncePerInterval = field(default_factory=lambda: OncePerInterval(60_000))
 
 
 class Phase(enum.Enum):
@@ -229,7 +227,7 @@ class ConnectionState:
     # and whether a re-authentication is under way
     certificate: CertificateIdentity | None = None
     principal: Principal | None = None
-    authorizer: Authorizer = ALLOW_ALL
+    authorizer: Authorizer = DENY_ALL
     auth_method: str | None = None
     auth_state: ScramState | None = None
     reauthenticating: bool = False

@@ -114,8 +114,9 @@ def _check_certificate(match: CertificateMatch | None) -> None:
 def check_credential(credential: Credential) -> None:
     """Raise :class:`CredentialError` if ``credential`` is not valid for its type.
 
-    MQTT_BASIC: a Client Identifier or a User Name (or both), an optional password hash, no
-    certificate, token or SCRAM fields. X509: a certificate match only. JWT: token settings
+    MQTT_BASIC: a Client Identifier or a User Name (or both), a password hash unless it has
+    a Client Identifier (client-id-only authentication), no certificate, token or SCRAM
+    fields. X509: a certificate match only. JWT: token settings
     PyJWT accepts (:func:`~.jwt_auth.check_settings`). SCRAM: a User Name and secrets for
     its mechanisms. Every type: a valid name.
     """
@@ -142,6 +143,11 @@ def check_credential(credential: Credential) -> None:
     if kind is CredentialType.MQTT_BASIC:
         if credential.client_id is None and credential.username is None:
             raise CredentialError("an MQTT_BASIC credential needs a client id or a user name")
+        if credential.password_hash is None and credential.client_id is None:
+            raise CredentialError(
+                "an MQTT_BASIC credential without a password authenticates its client by "
+                "its client id alone: it needs a client id"
+            )
     elif kind is CredentialType.X509:
         _check_certificate(credential.certificate)
     elif kind is CredentialType.JWT:

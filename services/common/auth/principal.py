@@ -46,7 +46,7 @@ class Principal:
 
     @property
     def owner(self) -> str:
-        """The owner this principal's sessions record (:func:`~services.common.sessions.owner_of`)."""
+        """The owner its sessions record (:func:`~services.common.sessions.owner_of`)."""
         return owner_of(self.credential_id)
 
 

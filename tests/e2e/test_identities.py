@@ -1,0 +1,158 @@
+"""Who a client is, end to end (docs/security/identities.md): a session belongs to the
+principal that made it, and no other credential (nor an anonymous client) resumes, replaces or
+takes it over, on either ingest node.
+
+Credentials are created with the management API (what ``cormorant credentials`` and the admin
+API call) in the cluster's PostgreSQL; the clients are paho-mqtt, aiomqtt and raw sockets.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from services.common.auth.credentials import Credential, CredentialType
+from services.common.auth.manage import CredentialAdmin, CredentialSpec
+from services.common.auth.store import CredentialStore
+from services.common.kafka.names import TopicNames
+from services.common.metrics import parse_exposition, total
+from services.common.records import EventKind, decode_event
+from services.local import cluster as local_cluster
+from services.local import haproxy, postgres
+from tests.e2e.clients import (
+    TIMEOUT,
+    PahoClient,
+    RawSocket,
+    aio_client,
+    connect_packet,
+    unique,
+    until_marker,
+)
+from tests.e2e.kafka_view import TopicTail
+from tests.servers import LocalCluster
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.cluster
+
+NOT_AUTHORIZED = 0x87
+V3_NOT_AUTHORIZED = 0x05
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def admin(cluster: LocalCluster) -> AsyncIterator[CredentialAdmin]:
+    """The management API on the cluster's PostgreSQL."""
+    manager = CredentialAdmin(CredentialStore(postgres.dsn(cluster.settings)))
+    yield manager
+    await manager.close()
+
+
+async def basic(admin: CredentialAdmin, rules: list[str]) -> tuple[Credential, str]:
+    """A new MQTT_BASIC credential (user name = its name, a 13-character password) with
+    ``rules``; returns it and the password."""
+    name, password = unique("user"), unique("pw")
+    credential = await admin.add(
+        CredentialSpec(name, CredentialType.MQTT_BASIC, username=name,
+                       password=password.encode(), rules=rules)  # fmt: skip
+    )
+    return credential, password
+
+
+def _persistent(port: int, client_id: str, credential: Credential, password: str) -> PahoClient:
+    """A v5 paho client resuming (Clean Start 0) a session kept an hour."""
+    return PahoClient(
+        port,
+        client_id,
+        5,
+        clean_start=False,
+        session_expiry=3600,
+        username=credential.username,
+        password=password.encode(),
+    )
+
+
+def _owner_refusals(cluster: LocalCluster, node: int) -> float:
+    """``cormorant_mqtt_session_owner_refusals_total`` of ingest node ``node`` (1 or 2)."""
+    port = local_cluster.http_ports(cluster.settings)[haproxy.node_name(node)]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        samples = parse_exposition(response.read().decode())
+    return total(samples, "cormorant_mqtt_session_owner_refusals_total")
+
+
+async def test_another_credential_cannot_take_over_a_stored_session(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("takeover")
+    owner, owner_password = await basic(admin, [f"allow all {topic}/#"])
+    intruder, intruder_password = await basic(admin, [f"allow all {unique('elsewhere')}/#"])
+    client_id = unique("victim")
+    names = TopicNames.from_settings(cluster.settings)
+
+    # V's persistent session with a QoS 1 subscription, then V goes away.
+    victim = _persistent(node1, client_id, owner, owner_password)
+    assert victim.connect().value == 0
+    assert [c.value for c in victim.subscribe(f"{topic}/#", 1)] == [1]
+    victim.close()
+    # A message stored for V while it is away.
+    async with aio_client(node2, unique("pub")) as publisher:
+        await publisher.publish(f"{topic}/secret", b"for V only", qos=1)
+
+    refusals_before = _owner_refusals(cluster, 2)
+    async with TopicTail.open(cluster.kafka_bootstrap, names.client_events) as events:
+        # A, with V's Client Identifier and Clean Start 0, on the other node: refused.
+        thief = _persistent(node2, client_id, intruder, intruder_password)
+        assert thief.connect().value == NOT_AUTHORIZED
+        event = decode_event((await events.next_with_key(client_id.encode())).value)
+        assert (event.kind, event.reason_code) == (EventKind.AUTH_FAILED, NOT_AUTHORIZED)
+    thief.close()  # the server closed the connection: its network thread has ended
+    assert thief.messages.empty()
+    # Nor with Clean Start 1 (which would have discarded V's session), nor in MQTT 3.1.1.
+    fresh = PahoClient(node1, client_id, 5, username=intruder.username,
+                       password=intruder_password.encode())  # fmt: skip
+    assert fresh.connect().value == NOT_AUTHORIZED
+    fresh.close()
+    with RawSocket(node2) as sock:
+        user = (intruder.username or "").encode()
+        sock.send(connect_packet(client_id, username=user, password=intruder_password.encode()))
+        first, body = sock.read_packet()
+        assert (first, body[1]) == (0x20, V3_NOT_AUTHORIZED)
+    wait_until(
+        lambda: _owner_refusals(cluster, 2) >= refusals_before + 2, "node2's refusal counter"
+    )
+
+    # V comes back, on either node, and still gets what was stored for it.
+    back = _persistent(node2, client_id, owner, owner_password)
+    assert back.connect().value == 0
+    message = back.messages.get(timeout=TIMEOUT)
+    assert (message.topic, message.payload) == (f"{topic}/secret", b"for V only")
+    back.close()
+
+
+async def test_a_connected_owner_is_not_kicked_out_by_another_principal(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    node1, node2 = cluster.node_ports
+    topic = unique("held")
+    owner, owner_password = await basic(admin, [f"allow all {topic}/#"])
+    client_id = unique("held")
+    async with aio_client(
+        node1, client_id, username=owner.username, password=owner_password
+    ) as holder:
+        await holder.subscribe(f"{topic}/#", qos=1)
+        # Anonymous is a principal of its own: it may not take the credential's session.
+        anonymous = PahoClient(node2, client_id, 5)
+        assert anonymous.connect().value == NOT_AUTHORIZED
+        anonymous.close()
+        with RawSocket(node1) as sock:
+            sock.send(connect_packet(client_id))
+            first, body = sock.read_packet()
+            assert (first, body[1]) == (0x20, V3_NOT_AUTHORIZED)
+        # The owner is still connected and subscribed: a message and a marker arrive, in order.
+        async with aio_client(node2, unique("pub")) as publisher:
+            await publisher.publish(f"{topic}/a", b"still here", qos=1)
+            await publisher.publish(f"{topic}/a", b"marker", qos=1)
+        before = await until_marker(holder, b"marker")
+        assert [m.payload for m in before] == [b"still here"]
