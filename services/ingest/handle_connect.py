@@ -147,12 +147,15 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
 
 def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
     """The compiled rules of ``principal`` on the connection of ``client_id`` (no rules:
-    nothing allowed)."""
+    nothing allowed). ``${client_id}`` stands for ``client_id`` only when the principal is
+    bound to it (``Principal.client_id_bound``); otherwise an allow rule naming it matches
+    nothing, and a deny rule any client id."""
     if not principal.rules:
         return DENY_ALL
     if principal.rules == (ALLOW_ALL_RULE,):
         return ALLOW_ALL
-    return Authorizer(principal.rules, client_id, principal.username)
+    bound = client_id if principal.client_id_bound else ""
+    return Authorizer(principal.rules, bound, principal.username)
 
 
 def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None) -> list[Effect]:

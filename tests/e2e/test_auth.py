@@ -67,13 +67,14 @@ async def admin(cluster: LocalCluster) -> AsyncIterator[CredentialAdmin]:
 async def basic(
     admin: CredentialAdmin, rules: list[str] | None = None, **fields: object
 ) -> tuple[Credential, str]:
-    """A new MQTT_BASIC credential (user name = its name) with a password; returns it and
-    the password."""
+    """A new MQTT_BASIC credential (user name = its name) with a password and ``rules``
+    (default: ``allow all #``); returns it and the password."""
     name = unique("user")
     password = unique("pw")
     credential = await admin.add(
         CredentialSpec(name, CredentialType.MQTT_BASIC, username=name,
-                       password=password.encode(), rules=rules or [], **fields)  # type: ignore[arg-type]
+                       password=password.encode(), rules=["allow all #"] if rules is None else rules,
+                       **fields)  # type: ignore[arg-type]
     )  # fmt: skip
     return credential, password
 
@@ -144,7 +145,7 @@ async def test_a_disabled_credential_is_banned_and_a_client_id_credential_needs_
                         password.encode()) == 5  # fmt: skip
     legacy = unique("legacy")
     await admin.add(CredentialSpec(legacy, CredentialType.MQTT_BASIC, client_id=legacy,
-                                   kind=ClientKind.DEVICE))  # fmt: skip
+                                   kind=ClientKind.DEVICE, no_password=True))  # fmt: skip
     assert PahoClient(cluster.mqtt_port, legacy).connect().value == 0
 
 

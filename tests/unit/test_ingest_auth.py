@@ -64,7 +64,7 @@ SCRAM = "SCRAM-SHA-256"
 
 def device(rules: tuple[object, ...] = RULES, revision: int = 1) -> Principal:
     """A DEVICE credential's principal with ``rules``."""
-    return Principal(CREDENTIAL, "dev", ClientKind.DEVICE, rules, "alice", revision)  # type: ignore[arg-type]
+    return Principal(CREDENTIAL, "dev", ClientKind.DEVICE, rules, "alice", revision, True)  # type: ignore[arg-type]
 
 
 def connected(version: int = 5, principal: Principal | None = None, **connect: object) -> Client:
@@ -153,6 +153,17 @@ def test_a_resumed_session_keeps_only_the_subscriptions_the_rules_grant() -> Non
     assert [s.topic_filter for s in kept] == ["commands/dev-1/#", "a/b"]
     dropped = [e.event for e in client.events if e.event.kind is EventKind.UNSUBSCRIBED]
     assert dropped[0].topic_filters == (("admin/#", 0),)
+
+
+def test_client_id_rules_of_a_principal_not_bound_to_it_grant_nothing() -> None:
+    # A credential stored before such rules were refused at creation: any client id would do.
+    unbound = Principal(CREDENTIAL, "dev", ClientKind.DEVICE, RULES, "alice", 1, False)
+    client = connected(5, unbound)
+    mids = [client.send(Publish(f"devices/dev-1/t", b"x", qos=1, packet_id=1))]
+    assert only(client.packets(mids[0]), PubAck).reason_code == 0x87
+    bound = connected(5)
+    effects = bound.send(Publish("devices/dev-1/t", b"x", qos=1, packet_id=1))
+    assert only(effects, StorePublish)
 
 
 # ---------------------------------------------------------------------- session ownership

@@ -54,7 +54,7 @@ LATER = SESSION_OFFSET + 1
 _ASSIGNED = itertools.count(1)
 
 
-ANONYMOUS = Principal(None, None, None, (ALLOW_ALL_RULE,), None)
+ANONYMOUS = Principal(None, None, None, (ALLOW_ALL_RULE,), None, client_id_bound=True)
 """An anonymous client allowed everything (``allow all #``, as the local cluster's)."""
 
 
