@@ -1,6 +1,7 @@
 """Who a client is, end to end (docs/security/identities.md): a session belongs to the
 principal that made it, and no other credential (nor an anonymous client) resumes, replaces or
-takes it over, on either ingest node.
+takes it over, on either ingest node; ``${username}`` is the identity authentication bound,
+not the User Name a client claims; a credential without rules may do nothing.
 
 Credentials are created with the management API (what ``cormorant credentials`` and the admin
 API call) in the cluster's PostgreSQL; the clients are paho-mqtt, aiomqtt and raw sockets.
@@ -8,13 +9,16 @@ API call) in the cluster's PostgreSQL; the clients are paho-mqtt, aiomqtt and ra
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 
+import jwt
 import pytest
 import pytest_asyncio
 
 from services.common.auth.credentials import Credential, CredentialType
+from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.manage import CredentialAdmin, CredentialSpec
 from services.common.auth.store import CredentialStore
 from services.common.kafka.names import TopicNames
@@ -28,6 +32,7 @@ from tests.e2e.clients import (
     RawSocket,
     aio_client,
     connect_packet,
+    log_excerpt,
     unique,
     until_marker,
 )
@@ -54,8 +59,9 @@ async def basic(admin: CredentialAdmin, rules: list[str]) -> tuple[Credential, s
     ``rules``; returns it and the password."""
     name, password = unique("user"), unique("pw")
     credential = await admin.add(
-        CredentialSpec(name, CredentialType.MQTT_BASIC, username=name,
-                       password=password.encode(), rules=rules)  # fmt: skip
+        CredentialSpec(
+            name, CredentialType.MQTT_BASIC, username=name, password=password.encode(), rules=rules
+        )
     )
     return credential, password
 
@@ -156,3 +162,54 @@ async def test_a_connected_owner_is_not_kicked_out_by_another_principal(
             await publisher.publish(f"{topic}/a", b"marker", qos=1)
         before = await until_marker(holder, b"marker")
         assert [m.payload for m in before] == [b"still here"]
+
+
+# ---------------------------------------------------------------------- bound identities
+
+
+async def test_a_jwt_client_cannot_choose_the_user_name_its_rules_are_built_from(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    issuer, secret = unique("issuer"), "the fleet issuer's HMAC secret (32 bytes or more)"
+    base = unique("secbar")
+    await admin.add(
+        CredentialSpec(
+            issuer,
+            CredentialType.JWT,
+            rules=[f"allow all {base}/${{username}}/#"],
+            jwt=JwtSettings(("HS256",), secret, audience=issuer),
+        )
+    )
+    token = jwt.encode(
+        {"aud": issuer, "sub": "alice", "exp": int(time.time()) + 300}, secret, "HS256"
+    ).encode()
+    node1, node2 = cluster.node_ports
+    bob = PahoClient(node1, unique("jwt"), username="bob", password=token)
+    assert bob.connect().value == NOT_AUTHORIZED
+    bob.close()
+    alice = PahoClient(node2, unique("jwt"), username="alice", password=token)
+    assert alice.connect().value == 0
+    assert [c.value for c in alice.subscribe(f"{base}/alice/#", 1)] == [1]
+    assert [c.value for c in alice.subscribe(f"{base}/bob/#", 1)] == [NOT_AUTHORIZED]
+    alice.close()
+
+
+# ---------------------------------------------------------------------- deny by default
+
+
+async def test_a_credential_without_rules_may_do_nothing(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    credential, password = await basic(admin, [])
+    client = PahoClient(cluster.mqtt_port, unique("norules"), username=credential.username,
+                        password=password.encode())  # fmt: skip
+    assert client.connect().value == 0
+    assert [c.value for c in client.subscribe("#", 1)] == [NOT_AUTHORIZED]
+    mid = client.publish(unique("norules/t"), b"x", 1)
+    wait_until(lambda: mid in client.snapshot()[0], "the PUBACK")
+    assert client.snapshot()[0][mid].value == NOT_AUTHORIZED
+    client.close()
+    # The local cluster's anonymous clients are allowed everything, explicitly, and said so.
+    for node in (1, 2):
+        logged = log_excerpt(cluster.log(haproxy.node_name(node)), "anonymous MQTT clients")
+        assert any("['allow all #']" in line for line in logged), logged

@@ -270,7 +270,7 @@ def test_the_cli_manages_credentials_and_never_prints_secrets(
     password.write_text("never-shown-s3cret\n")
     added = run_cormorant(
         "credentials", "add", name, "--username", name, "--password-file", str(password),
-        "--kind", "application", "--rule", "allow publish d/${client_id}/#",
+        "--client-id", name, "--kind", "application", "--rule", "allow publish d/${client_id}/#",
         "--rule", "deny all #", "--json", env=env,
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
@@ -372,6 +372,19 @@ def test_the_cli_allows_everything_only_when_asked_and_reads_the_minimum(
         (["add", "n3", "--username", "u", "--no-password"], "needs a client id"),
         (["add", "n4", "--client-id", "c", "--no-password", "--password", PW.decode()], "not both"),
         (["add", "x1", "--type", "x509", "--cert-fingerprint", "abc"], "64 lowercase hex"),
+        (
+            [
+                "add",
+                "u1",
+                "--username",
+                "u",
+                "--password",
+                PW.decode(),
+                "--rule",
+                "allow all d/${client_id}/#",
+            ],
+            "not bound to a Client Identifier",
+        ),
         (["add", "j1", "--type", "jwt"], "needs its token settings"),
         (["add", "s1", "--type", "scram", "--username", "s"], "needs a password"),
     ],

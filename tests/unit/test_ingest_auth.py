@@ -159,8 +159,8 @@ def test_client_id_rules_of_a_principal_not_bound_to_it_grant_nothing() -> None:
     # A credential stored before such rules were refused at creation: any client id would do.
     unbound = Principal(CREDENTIAL, "dev", ClientKind.DEVICE, RULES, "alice", 1, False)
     client = connected(5, unbound)
-    mids = [client.send(Publish(f"devices/dev-1/t", b"x", qos=1, packet_id=1))]
-    assert only(client.packets(mids[0]), PubAck).reason_code == 0x87
+    effects = client.send(Publish("devices/dev-1/t", b"x", qos=1, packet_id=1))
+    assert only(client.packets(effects), PubAck).reason_code == 0x87
     bound = connected(5)
     effects = bound.send(Publish("devices/dev-1/t", b"x", qos=1, packet_id=1))
     assert only(effects, StorePublish)
@@ -206,7 +206,8 @@ def test_the_owner_resumes_its_session_and_its_record_names_it() -> None:
     record = only(effects, StoreSession).record
     assert record is not None and record.owner == str(CREDENTIAL)
     client.conn.session_stored_at(11)
-    assert only(client.packets(client.stored(only(effects, StoreSession).token)), ConnAck).session_present
+    after = client.stored(only(effects, StoreSession).token)
+    assert only(client.packets(after), ConnAck).session_present
 
 
 @pytest.mark.parametrize(
@@ -227,7 +228,8 @@ def test_a_session_nobody_holds_goes_to_the_next_principal(previous: SessionReco
 def test_anonymous_is_a_principal_of_its_own() -> None:
     anonymous_session = _owned(False, owner="anonymous")
     client = Client(5, previous=(anonymous_session, []), authenticate=lambda _r: Accepted(device()))
-    assert only(client.packets(client.send(Connect(5, "dev-1", False, 30))), ConnAck).reason_code == 0x87
+    refused = client.packets(client.send(Connect(5, "dev-1", False, 30)))
+    assert only(refused, ConnAck).reason_code == 0x87
     mine = Client(5, previous=(_owned(True), []))  # anonymous, against a credential's session
     assert only(mine.packets(mine.send(Connect(5, "dev-1", True, 30))), ConnAck).reason_code == 0x87
     again = Client(5, previous=(anonymous_session, []))
