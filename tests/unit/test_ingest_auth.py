@@ -422,6 +422,16 @@ def test_re_authentication_ends_with_auth_success_and_the_new_rules() -> None:
     assert only(client.packets(refused), PubAck).reason_code == ReasonCode.NOT_AUTHORIZED
 
 
+def test_re_authentication_as_another_principal_disconnects_with_0x87() -> None:
+    client = _enhanced_connected()
+    client.send(Auth(0x19, Properties(authentication_method=SCRAM, authentication_data=b"x")))
+    effects = client.authenticated(Accepted(OTHER, b"v=2"))
+    assert only(client.packets(effects), Disconnect).reason_code == ReasonCode.NOT_AUTHORIZED
+    assert closes(effects)
+    assert client.conn.state.principal is not None
+    assert client.conn.state.principal.owner == str(CREDENTIAL)  # still the owner's
+
+
 def test_a_failed_re_authentication_disconnects_with_0x87() -> None:
     client = _enhanced_connected()
     client.send(Auth(0x19, Properties(authentication_method=SCRAM, authentication_data=b"x")))
