@@ -152,8 +152,10 @@ class CredentialAdmin:
             )
         elif spec.type is CredentialType.SCRAM:
             raise CredentialError("a SCRAM credential needs a password")
-        elif spec.type is CredentialType.MQTT_BASIC and not spec.no_password and (
-            spec.client_id is not None or spec.username is not None
+        elif (
+            spec.type is CredentialType.MQTT_BASIC
+            and not spec.no_password
+            and (spec.client_id is not None or spec.username is not None)
         ):
             raise CredentialError(
                 "an MQTT_BASIC credential needs a password (--password or --password-file), "
