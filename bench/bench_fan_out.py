@@ -90,6 +90,7 @@ def _node() -> ingest_node.IngestNode:
     settings = Settings.model_construct(node_id="bench", topic_prefix="bench.")
     try:
         from services.common.auth.authenticate import Authenticator, NoCredentials
+        from services.common.auth.authorize import ALLOW_ALL_RULE
     except ImportError:  # code from before authentication
         construct = cast("legacy.IngestNodeBeforeAuthentication", ingest_node.IngestNode)
         return construct(settings, _never, _never, _never)
@@ -99,7 +100,9 @@ def _node() -> ingest_node.IngestNode:
         _never,
         _never,
         commit_will=_never,
-        authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+        authenticator=Authenticator(
+            NoCredentials(), allow_anonymous=True, anonymous_rules=(ALLOW_ALL_RULE,)
+        ),
         fetch_credential=NoCredentials().get,
     )
 

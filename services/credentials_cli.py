@@ -52,7 +52,10 @@ def _run(action: Callable[[CredentialAdmin], Awaitable[T]]) -> T:
     from services.common.settings import get_settings
 
     async def main() -> T:
-        admin = CredentialAdmin(CredentialStore.from_settings(get_settings()))
+        settings = get_settings()
+        admin = CredentialAdmin(
+            CredentialStore.from_settings(settings), settings.credential_password_min_length
+        )
         try:
             return await action(admin)
         finally:
@@ -145,7 +148,7 @@ def _print(credential: Credential, as_json: bool) -> None:
         return
     for key, value in view.items():
         if key == "rules":
-            click.echo("rules:" + ("" if value else " (none: everything allowed)"))
+            click.echo("rules:" + ("" if value else " (none: nothing allowed)"))
             for rule in value:
                 click.echo(f"  {rule}")
         elif isinstance(value, dict | list):
@@ -177,7 +180,10 @@ _TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
                  help="Read the password from this file ('-': standard input)."),
     click.option("--rule", "rules", multiple=True,
                  help="'<allow|deny> <publish|subscribe|all> <topic filter>', repeatable, in "
-                 "order; ${client_id} and ${username} stand for whole topic levels."),
+                 "order; ${client_id} and ${username} stand for whole topic levels. "
+                 "Without rules a credential may do nothing."),
+    click.option("--allow-all", is_flag=True,
+                 help="Allow everything: adds the rule 'allow all #' after the --rule ones."),
     click.option("--cert-fingerprint", help="X509: SHA-256 of the DER certificate (hex)."),
     click.option("--cert-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
                  help="X509: the client's certificate (PEM); its SHA-256 fingerprint is kept."),
@@ -217,9 +223,16 @@ def credentials() -> None:
 @click.argument("name")
 @click.option("--type", "credential_type", type=_TYPES, default="mqtt_basic", show_default=True)
 @click.option("--disabled", is_flag=True, help="Create it disabled.")
+@click.option(
+    "--no-password",
+    is_flag=True,
+    help="MQTT_BASIC: no password; the client is recognised by its --client-id alone.",
+)
 @_type_options
-def add(name: str, credential_type: str, disabled: bool, **options: Any) -> None:
-    """Create credential NAME.
+def add(name: str, credential_type: str, disabled: bool, no_password: bool, **options: Any) -> None:
+    """Create credential NAME. Without --rule or --allow-all it may do nothing; an
+    MQTT_BASIC credential needs a password (at least credential_password_min_length
+    characters, default 12) unless --no-password.
 
     \b
     cormorant credentials add sensor-1 --client-id sensor-1 --username sensor-1 \\
@@ -241,6 +254,8 @@ def add(name: str, credential_type: str, disabled: bool, **options: Any) -> None
         ),
         jwt=_jwt(options),
         enabled=not disabled,
+        allow_all=options["allow_all"],
+        no_password=no_password,
     )
     _print(_run(lambda admin: admin.add(spec)), options["as_json"])
 
@@ -276,14 +291,14 @@ def show(name: str, as_json: bool) -> None:
 
 @credentials.command()
 @click.argument("name")
-@click.option("--no-rules", is_flag=True, help="Remove every rule (everything allowed).")
+@click.option("--no-rules", is_flag=True, help="Remove every rule (nothing allowed).")
 @click.option("--no-password", is_flag=True, help="MQTT_BASIC: remove the password.")
 @_type_options
 def update(name: str, no_rules: bool, no_password: bool, **options: Any) -> None:
     """Change credential NAME: the options given replace what it has (--rule replaces
     every rule). A client connected with it gets the new rules at once."""
-    if no_rules and options["rules"]:
-        raise click.UsageError("--rule and --no-rules exclude each other")
+    if no_rules and (options["rules"] or options["allow_all"]):
+        raise click.UsageError("--no-rules excludes --rule and --allow-all")
     rules: Sequence[object] | None = () if no_rules else (options["rules"] or None)
     password = _password(options["password"], options["password_file"])
 
@@ -303,6 +318,7 @@ def update(name: str, no_rules: bool, no_password: bool, **options: Any) -> None
                 options["cert_san"],
             ),
             jwt=_jwt(options, current.jwt),
+            allow_all=options["allow_all"],
         )
         return await admin.update(name, changes)
 

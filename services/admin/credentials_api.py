@@ -189,8 +189,11 @@ async def add_credential(
         certificate=_certificate(body.certificate),
         jwt=_jwt(body.jwt),
         enabled=body.enabled,
+        allow_all=body.allow_all,
+        no_password=body.no_password,
     )
-    detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules)}
+    detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules),
+              "allow_all": body.allow_all}  # fmt: skip
     created = await _audited(
         request, user, "add-credential", body.name, detail, lambda: _admin(request).add(spec), 201
     )
@@ -231,10 +234,11 @@ async def change_credential(
         certificate=_certificate(body.certificate),
         jwt=_jwt(body.jwt),
         enabled=body.enabled,
+        allow_all=body.allow_all,
     )
     # What changed, never a password or key.
     detail = {
-        name: (value if name in ("kind", "enabled") else True)
+        name: (value if name in ("kind", "enabled", "allow_all") else True)
         for name, value in body.model_dump(exclude_unset=True).items()
     }
     changed = await _audited(

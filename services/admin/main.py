@@ -104,7 +104,9 @@ def build(settings: Settings) -> FastAPI:
         writer=CommandWriter(settings),
         store=open_store(settings),
         readiness=readiness,
-        credentials=CredentialAdmin(CredentialStore.from_settings(settings)),
+        credentials=CredentialAdmin(
+            CredentialStore.from_settings(settings), settings.credential_password_min_length
+        ),
     )
 
     readiness.add("kafka", context.state.reader.end_offsets)

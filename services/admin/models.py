@@ -242,7 +242,8 @@ ClientKindName = Literal["DEVICE", "APPLICATION"]
 class RuleBody(BaseModel):
     """One authorization rule: ``permission`` for ``action`` on the topics ``topic``
     matches (a Topic Filter; ``${client_id}`` and ``${username}`` may stand for whole
-    levels). The first matching rule decides; no rule at all allows everything."""
+    levels). The first matching rule decides; what no rule allows is denied (no rule at
+    all: nothing allowed; ``allow all #`` allows everything)."""
 
     permission: Literal["allow", "deny"]
     action: Literal["publish", "subscribe", "all"]
@@ -276,9 +277,12 @@ class JwtBody(BaseModel):
 
 
 class NewCredential(BaseModel):
-    """A credential to create. MQTT_BASIC: ``client_id`` and/or ``username``, optional
-    ``password``; SCRAM: ``username`` and ``password``; X509: ``certificate``; JWT:
-    ``jwt``. Passwords are stored as argon2id hashes (SCRAM: salted keys), never as given."""
+    """A credential to create. MQTT_BASIC: ``client_id`` and/or ``username``, and a
+    ``password`` unless ``no_password`` (then it is recognised by its ``client_id`` alone);
+    SCRAM: ``username`` and ``password``; X509: ``certificate``; JWT: ``jwt``. Passwords
+    have at least ``credential_password_min_length`` characters (default 12) and are stored
+    as argon2id hashes (SCRAM: salted keys), never as given. Without ``rules`` the
+    credential may do nothing; ``allow_all`` adds ``allow all #`` after them."""
 
     name: str = Field(pattern=CREDENTIAL_NAME_PATTERN)
     type: CredentialTypeName
@@ -290,11 +294,14 @@ class NewCredential(BaseModel):
     password: str | None = Field(None, max_length=65535)
     certificate: CertificateBody | None = None
     jwt: JwtBody | None = None
+    allow_all: bool = False
+    no_password: bool = False
 
 
 class CredentialChangesBody(BaseModel):
     """Changes to a credential; a field left out is kept. ``rules`` replaces every rule
-    (``[]``: none, everything allowed); ``password`` replaces the password and
+    (``[]``: none, nothing allowed), ``allow_all`` adds ``allow all #`` after the new
+    rules (or alone); ``password`` replaces the password and
     ``remove_password`` removes it (MQTT_BASIC); ``client_id``/``username`` ``""`` remove
     them (MQTT_BASIC)."""
 
@@ -307,6 +314,7 @@ class CredentialChangesBody(BaseModel):
     remove_password: bool = False
     certificate: CertificateBody | None = None
     jwt: JwtBody | None = None
+    allow_all: bool = False
 
 
 class CredentialView(BaseModel):

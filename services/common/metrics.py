@@ -102,7 +102,8 @@ class MqttCounters:
     refusal counted under the v5 code it maps from); ``authentications[(method,
     outcome)]``: CONNECT authentications (:func:`authentication`);
     ``backpressure_pauses``: times the node stopped reading from publishers because Kafka
-    fell behind.
+    fell behind; ``session_owner_refusals``: CONNECTs refused because the Client
+    Identifier's session belongs to another principal.
     """
 
     publish_received: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -111,6 +112,7 @@ class MqttCounters:
     authentications: dict[tuple[str, str], int] = field(default_factory=dict)
     listeners: dict[str, ListenerCounters] = field(default_factory=dict)
     backpressure_pauses: int = 0
+    session_owner_refusals: int = 0
 
     def listener(self, name: str) -> ListenerCounters:
         """The byte counters of listener ``name`` (created at first use)."""
@@ -365,6 +367,12 @@ def mqtt_families(
     for (method, outcome), count in sorted(counters.authentications.items()):
         auth.add_metric([method, outcome], count)
     yield auth
+    yield CounterMetricFamily(
+        "cormorant_mqtt_session_owner_refusals",
+        "CONNECTs refused (0x87 Not authorized) because the Client Identifier's session "
+        "belongs to another principal (credential, or anonymous).",
+        value=counters.session_owner_refusals,
+    )
     yield CounterMetricFamily(
         "cormorant_ingest_backpressure_pauses",
         "Times the node stopped reading from publishers while records waited for Kafka.",

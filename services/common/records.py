@@ -453,7 +453,11 @@ class SessionRecord:
     the client's Receive Maximum (MQTT 5.0 3.1.2.11.3; 65,535 when it sent none): stores keep
     at most that many deliveries in flight. ``unreleased`` are the Packet Identifiers of
     inbound QoS 2 PUBLISHes stored but not yet released by PUBREL (MQTT 4.3.3), so that a
-    resend after a reconnect, on any node, is not published twice.
+    resend after a reconnect, on any node, is not published twice. ``owner`` is the principal
+    the session belongs to (:func:`services.common.sessions.owner_of`: a credential's id, or
+    ``anonymous``); None in a record written before owners were recorded (such a session
+    belongs to the next principal that connects with its Client Identifier, and its record
+    then names that one).
     """
 
     node_id: str
@@ -469,10 +473,14 @@ class SessionRecord:
     session_id: bytes = bytes(16)
     receive_maximum: int = 65535
     unreleased: tuple[int, ...] = ()
+    owner: str | None = None
 
 
 def encode_session(rec: SessionRecord) -> bytes:
     """Encode a ``client.sessions`` value.
+
+    The owner, when known, follows the unreleased Packet Identifiers (a record without it
+    is one of an older version: :func:`decode_session` reads both).
 
     Raises:
         ValueError: ``connection_id`` is not 16 bytes (it would not come back unchanged).
@@ -502,7 +510,8 @@ def encode_session(rec: SessionRecord) -> bytes:
         len(rec.unreleased),
         *rec.unreleased,
     )
-    return head + _str16(rec.node_id) + tail
+    owner = b"" if rec.owner is None else _str16(rec.owner)
+    return head + _str16(rec.node_id) + tail + owner
 
 
 def decode_session(data: bytes) -> SessionRecord:
@@ -521,6 +530,9 @@ def decode_session(data: bytes) -> SessionRecord:
         end += 2 * count
     except struct.error as exc:
         raise RecordError(f"truncated session record: {exc}") from exc
+    owner = None
+    if end < len(data):
+        owner, end = _read_str(data, end, ">H")
     if end != len(data):
         raise RecordError("trailing bytes after session record")
     try:
@@ -541,6 +553,7 @@ def decode_session(data: bytes) -> SessionRecord:
         session_id=session_id,
         receive_maximum=receive_maximum,
         unreleased=unreleased,
+        owner=owner,
     )
 
 

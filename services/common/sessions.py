@@ -101,3 +101,34 @@ def assigned_client_id() -> str:
     """A fresh Assigned Client Identifier for a v5 client that sent none (MQTT 5.0
     3.1.3.1): ``cormorant-`` and 32 hex digits, unique without coordination."""
     return "cormorant-" + uuid.uuid4().hex
+
+
+ANONYMOUS_OWNER = "anonymous"
+"""The owner of the sessions of clients that connected without credentials: one principal
+of its own, so neither a credential can take over an anonymous session nor the reverse."""
+
+
+def owner_of(credential_id: uuid.UUID | None) -> str:
+    """The owner a session of a client authenticated with ``credential_id`` records
+    (``SessionRecord.owner``): the credential's id as text, or :data:`ANONYMOUS_OWNER`
+    for None (anonymous access)."""
+    return ANONYMOUS_OWNER if credential_id is None else str(credential_id)
+
+
+def owned_by_another(
+    record: SessionRecord | None, owner: str, now_ms: int, max_seconds: int | None = None
+) -> bool:
+    """Whether ``record`` is a session another principal than ``owner`` holds, so that a
+    CONNECT of ``owner`` with its Client Identifier must be refused (0x87 Not authorized),
+    whether that session is connected or kept for its owner while disconnected.
+
+    Not so when there is no session, when it is a disconnected session that has expired
+    (:func:`session_expired`, ``now_ms`` Unix ms, ``max_seconds`` the server's maximum) or
+    not persistent, or when the record names no owner (written before owners were recorded:
+    the session goes to whoever connects next, and its record then names that principal).
+    """
+    if record is None or record.owner is None or record.owner == owner:
+        return False
+    if record.connected:
+        return True
+    return record.persistent and not session_expired(record, now_ms, max_seconds)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.auth.authorize import parse_rules
+from services.common.auth.passwords import MIN_PASSWORD_LENGTH
 
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_SSL"]
 """Kafka's ``security.protocol`` values Cormorant's clients speak (services' aiokafka
@@ -241,7 +242,15 @@ class Settings(BaseSettings):
         description="Authorization rules of anonymous clients, in order, as a JSON list of "
         "'<allow|deny> <publish|subscribe|all> <topic filter>': "
         'CORMORANT_ANONYMOUS_RULES=\'["deny subscribe admin/#", "allow all #"]\'. Empty: '
-        "everything allowed.",
+        "nothing allowed (rules are deny by default; the local cluster gives its anonymous "
+        "clients 'allow all #' when this is empty).",
+    )
+    credential_password_min_length: int = Field(
+        MIN_PASSWORD_LENGTH,
+        ge=1,
+        le=1024,
+        description="The shortest password (in characters) cormorant credentials add/update "
+        "and the admin API accept for an MQTT_BASIC or SCRAM credential.",
     )
     auth_hash_workers: int = Field(
         1,

@@ -121,7 +121,8 @@ def reauth_outcome(state: ConnectionState, outcome: Outcome) -> list[Effect]:
     """The outcome of a re-authentication's check: AUTH 0x18 with the next challenge, or
     AUTH 0x00 Success (the connection now has the principal's rules). Raises
     :class:`MQTTError` 0x87 Not authorized (or the refusal's own code, when it is one
-    DISCONNECT can carry) if it failed; an AUTH_FAILED event records it."""
+    DISCONNECT can carry) if it failed, or if it authenticated another principal than the
+    session's owner; an AUTH_FAILED event records it."""
     if isinstance(outcome, Challenge):
         state.auth_state = outcome.exchange
         return [_auth(state, ReasonCode.CONTINUE_AUTHENTICATION, outcome.data)]
@@ -139,6 +140,17 @@ def reauth_outcome(state: ConnectionState, outcome: Outcome) -> list[Effect]:
             code = ReasonCode.NOT_AUTHORIZED  # 0x86 and 0x8A are not DISCONNECT Reason Codes
         raise ReauthenticationFailed(_told(code), code)
     assert isinstance(outcome, Accepted)
+    if state.principal is not None and outcome.principal.owner != state.principal.owner:
+        # The session belongs to the principal that connected: another one may not take
+        # it over by re-authenticating, as it may not by connecting (handle_connect).
+        log.warning(
+            "re-authentication refused: client %r from %s: %s is not the session's owner %s",
+            state.client_id,
+            state.client_address,
+            outcome.principal.owner,
+            state.principal.owner,
+        )
+        raise ReauthenticationFailed(_told(ReasonCode.NOT_AUTHORIZED), ReasonCode.NOT_AUTHORIZED)
     effects = apply_principal(state, outcome.principal)
     return [_auth(state, ReasonCode.SUCCESS, outcome.data), *effects]
 

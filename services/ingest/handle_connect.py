@@ -26,7 +26,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.authorize import ALLOW_ALL, ALLOW_ALL_RULE, DENY_ALL, Authorizer
 from services.common.auth.principal import AuthRequest, Principal
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
@@ -34,7 +34,12 @@ from services.common.mqtt.packets import ConnAck, Connect, Disconnect
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import CONNACK_REASON_CODES, ReasonCode, v3_connack_code
 from services.common.records import ClientKind, DisconnectCause, EventKind, SessionRecord
-from services.common.sessions import client_kind, is_persistent, session_expired
+from services.common.sessions import (
+    client_kind,
+    is_persistent,
+    owned_by_another,
+    session_expired,
+)
 from services.common.topics.validation import validate_topic_name
 from services.ingest import events, will
 from services.ingest.effects import (
@@ -141,10 +146,16 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
 
 
 def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
-    """The compiled rules of ``principal`` on the connection of ``client_id``."""
+    """The compiled rules of ``principal`` on the connection of ``client_id`` (no rules:
+    nothing allowed). ``${client_id}`` stands for ``client_id`` only when the principal is
+    bound to it (``Principal.client_id_bound``); otherwise an allow rule naming it matches
+    nothing, and a deny rule any client id."""
     if not principal.rules:
+        return DENY_ALL
+    if principal.rules == (ALLOW_ALL_RULE,):
         return ALLOW_ALL
-    return Authorizer(principal.rules, client_id, principal.username)
+    bound = client_id if principal.client_id_bound else ""
+    return Authorizer(principal.rules, bound, principal.username)
 
 
 def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None) -> list[Effect]:
@@ -153,10 +164,20 @@ def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None)
     only the subscriptions its rules still grant). ``auth_data`` is the Authentication
     Data CONNACK carries (enhanced authentication, MQTT 5.0 4.12).
 
+    A Client Identifier whose session (connected, or kept while disconnected) belongs to
+    another principal is refused with 0x87 Not authorized (v3.1.1: 0x05), and the session is
+    left as it is: :func:`refuse_foreign_session`.
+
     Raises :class:`MQTTError` 0x87 Not authorized when the Will Topic is not allowed.
     """
     client_id = state.client_id
     limits = state.limits
+    previous, previous_subs = state.server.previous_session(client_id)
+    if owned_by_another(
+        previous, principal.owner, state.now_ms(), limits.session_expiry_max_seconds
+    ):
+        assert previous is not None
+        return refuse_foreign_session(state, principal, previous)
     state.principal = principal
     state.authorizer = authorizer_of(principal, client_id)
     if principal.kind is None:
@@ -172,7 +193,6 @@ def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None)
         connack_props.authentication_method = state.auth_method
         connack_props.authentication_data = auth_data
 
-    previous, previous_subs = state.server.previous_session(client_id)
     if previous is not None:
         state.previous_connection_id = previous.connection_id
     session_present = (
@@ -216,13 +236,36 @@ def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None)
     return effects
 
 
+def refuse_foreign_session(
+    state: ConnectionState, principal: Principal, session: SessionRecord
+) -> list[Effect]:
+    """Refuse a CONNECT of ``principal`` for a Client Identifier whose ``session`` belongs
+    to another principal: CONNACK 0x87 Not authorized (v3.1.1: 0x05 Not authorized, MQTT
+    3.2.2.3), then close; an AUTH_FAILED event with 0x87 in ``client.events``, one more
+    ``cormorant_mqtt_session_owner_refusals_total``, and a warning logged at most once per
+    Client Identifier and minute. Nothing is stored: the owner's session, its connection,
+    subscriptions and stored messages stay as they are (no takeover, MQTT 3.1.4-3 applies
+    only between connections of the same principal)."""
+    MQTT.session_owner_refusals += 1
+    if state.server.owner_refusals_logged.allow(state.client_id, state.now_ms()):
+        log.warning(
+            "CONNECT refused: client %r from %s as %s: its session belongs to %s "
+            "(logged once a minute per client id)",
+            state.client_id,
+            state.client_address,
+            principal.owner,
+            session.owner,
+        )
+    return refuse(
+        state, MQTTError("the session belongs to another principal", ReasonCode.NOT_AUTHORIZED)
+    )
+
+
 def keep_authorized_subscriptions(state: ConnectionState) -> list[Effect]:
     """Drop the subscriptions the connection's rules no longer grant (a session resumed
     by another credential, or rules changed since): the new set is stored, and an
     UNSUBSCRIBED event records the dropped filters. [] when all are granted."""
     authorizer = state.authorizer
-    if authorizer.allows_all:
-        return []
     dropped = [f for f in state.subscriptions if not authorizer.may_subscribe(f)]
     if not dropped:
         return []
@@ -314,6 +357,7 @@ def session_record(state: ConnectionState, connected: bool) -> SessionRecord:
         unreleased=(
             _recorded_unreleased(state) if connected else tuple(sorted(state.unreleased_qos2))
         ),
+        owner=None if state.principal is None else state.principal.owner,
     )
 
 

@@ -109,6 +109,11 @@ def build_app(settings: Settings) -> faust.App:
     verified = VerifiedPasswords(
         settings.auth_verified_cache_entries, settings.auth_verified_cache_seconds
     )
+    if settings.allow_anonymous:
+        log.warning(
+            "anonymous MQTT clients are allowed, with the rules %s",
+            settings.anonymous_rules or "[] (none: they may do nothing)",
+        )
     authenticator = Authenticator(
         cache,
         allow_anonymous=settings.allow_anonymous,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.authorize import DENY_ALL, Authorizer
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
@@ -29,6 +29,27 @@ PreviousSession = Callable[[str], tuple[SessionRecord | None, list[Subscription]
 """Looks up a client id's latest session record and subscriptions (from the state topics)."""
 
 
+class OncePerInterval:
+    """Says yes to a key at most once per ``interval_ms`` (milliseconds): what a node logs
+    per client id (a refused session takeover) without a flood from a client retrying in a
+    loop. Keys older than the interval are forgotten as new ones come, so memory stays
+    bounded by the keys seen within one interval."""
+
+    def __init__(self, interval_ms: int) -> None:
+        self.interval_ms = interval_ms
+        self._last: dict[str, int] = {}
+
+    def allow(self, key: str, now_ms: int) -> bool:
+        """Whether ``key`` may be acted on at ``now_ms`` (Unix ms); if so, it is noted."""
+        last = self._last.get(key)
+        if last is not None and now_ms - last < self.interval_ms:
+            return False
+        if last is None and len(self._last) >= 1024:
+            self._last = {k: t for k, t in self._last.items() if now_ms - t < self.interval_ms}
+        self._last[key] = now_ms
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class ServerContext:
     """What every connection of one ingest node shares.
@@ -38,7 +59,9 @@ class ServerContext:
     milliseconds; ``new_client_id`` makes the Assigned Client Identifier of a v5 client that
     sent none (MQTT 5.0 3.1.3.1); ``monotonic`` returns seconds on a clock that never steps
     back (the keep-alive clock: :attr:`ServerConnection.keep_alive_deadline`). The shell
-    passes the real clocks and generator, tests their own.
+    passes the real clocks and generator, tests their own. ``owner_refusals_logged`` says
+    which refused session takeovers (another principal's CONNECT for a Client Identifier
+    whose session is not its own) are logged: once per client id and minute.
     """
 
     limits: Limits
@@ -47,6 +70,7 @@ class ServerContext:
     now_ms: Callable[[], int]
     new_client_id: Callable[[], str]
     monotonic: Callable[[], float] = time.monotonic
+    owner_refusals_logged: OncePerInterval = field(default_factory=lambda: OncePerInterval(60_000))
 
 
 class Phase(enum.Enum):
@@ -209,7 +233,7 @@ class ConnectionState:
     # and whether a re-authentication is under way
     certificate: CertificateIdentity | None = None
     principal: Principal | None = None
-    authorizer: Authorizer = ALLOW_ALL
+    authorizer: Authorizer = DENY_ALL
     auth_method: str | None = None
     auth_state: ScramState | None = None
     reauthenticating: bool = False

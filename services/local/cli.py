@@ -181,8 +181,9 @@ def up(
         ports = ", ".join(str(p) for p in haproxy.node_ports(settings))
         click.echo(f"MQTT: mqtt://127.0.0.1:{settings.listen_port} (ingest nodes on {ports})")
         if cluster.anonymous_allowed(settings):
+            rules = ", ".join(repr(r) for r in cluster.local_anonymous_rules(settings))
             click.echo(
-                "Anonymous MQTT clients are allowed (loopback only; "
+                f"Anonymous MQTT clients are allowed with the rules {rules} (loopback only; "
                 "CORMORANT_LOCAL_ANONYMOUS=false requires credentials)"
             )
         click.echo(f"MQTT over TLS: mqtts://localhost:{settings.tls_listen_port}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 import services
+from services.common.auth.authorize import ALLOW_ALL_RULE
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
 from services.local import (
@@ -105,10 +106,11 @@ def local_settings(settings: LocalSettings) -> LocalSettings:
     replicated as the brokers allow), Redis (through its Sentinels, waiting for a replica,
     when it has replicas) and PostgreSQL, absolute directories, anonymous clients allowed
     when :func:`anonymous_allowed` (or ``allow_anonymous``) says so (every ingest node,
-    extra ones included)."""
+    extra ones included), with :func:`local_anonymous_rules`."""
     return settings.model_copy(
         update={
             "allow_anonymous": anonymous_allowed(settings) or settings.allow_anonymous,
+            "anonymous_rules": local_anonymous_rules(settings),
             "kafka_bootstrap": kafka.bootstrap(settings),
             "replication_factor": kafka.replication_factor(settings),
             "redis_url": redis.url(settings),
@@ -256,6 +258,16 @@ def _service(
         stop_timeout=SERVICE_STOP_TIMEOUT,
         http_port=http_port,
     )
+
+
+def local_anonymous_rules(settings: LocalSettings) -> list[str]:
+    """The rules of the local cluster's anonymous clients: ``anonymous_rules`` when set,
+    else, where :func:`anonymous_allowed`, the explicit ``allow all #`` (rules are deny by
+    default: without it an anonymous client could do nothing). The ingest nodes log the
+    rules they let anonymous clients in with."""
+    if settings.anonymous_rules or not anonymous_allowed(settings):
+        return list(settings.anonymous_rules)
+    return [str(ALLOW_ALL_RULE)]
 
 
 def anonymous_allowed(settings: LocalSettings) -> bool:

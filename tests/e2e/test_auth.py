@@ -67,13 +67,14 @@ async def admin(cluster: LocalCluster) -> AsyncIterator[CredentialAdmin]:
 async def basic(
     admin: CredentialAdmin, rules: list[str] | None = None, **fields: object
 ) -> tuple[Credential, str]:
-    """A new MQTT_BASIC credential (user name = its name) with a password; returns it and
-    the password."""
+    """A new MQTT_BASIC credential (user name = its name) with a password and ``rules``
+    (default: ``allow all #``); returns it and the password."""
     name = unique("user")
     password = unique("pw")
+    given = ["allow all #"] if rules is None else rules
     credential = await admin.add(
         CredentialSpec(name, CredentialType.MQTT_BASIC, username=name,
-                       password=password.encode(), rules=rules or [], **fields)  # type: ignore[arg-type]
+                       password=password.encode(), rules=given, **fields)  # type: ignore[arg-type]
     )  # fmt: skip
     return credential, password
 
@@ -83,7 +84,7 @@ def paho(
 ) -> PahoClient:
     return PahoClient(
         port,
-        unique("dev"),
+        credential.client_id or unique("dev"),  # a credential bound to a client id needs it
         version,
         username=credential.username,
         password=password.encode(),
@@ -144,7 +145,7 @@ async def test_a_disabled_credential_is_banned_and_a_client_id_credential_needs_
                         password.encode()) == 5  # fmt: skip
     legacy = unique("legacy")
     await admin.add(CredentialSpec(legacy, CredentialType.MQTT_BASIC, client_id=legacy,
-                                   kind=ClientKind.DEVICE))  # fmt: skip
+                                   kind=ClientKind.DEVICE, no_password=True))  # fmt: skip
     assert PahoClient(cluster.mqtt_port, legacy).connect().value == 0
 
 
@@ -174,7 +175,8 @@ async def test_jwt_credentials_accept_valid_tokens_only(
         (b"not.a.token", 0x86),
     ]
     for password, expected in cases:
-        client = PahoClient(cluster.mqtt_port, device, username="ignored", password=password)
+        # The User Name is the token's sub (paho sends no Password without a User Name)
+        client = PahoClient(cluster.mqtt_port, device, username=device, password=password)
         assert client.connect().value == expected, password
         if expected == 0:
             mid = client.publish(f"fleet/{device}/x", b"1", 1)
@@ -182,7 +184,7 @@ async def test_jwt_credentials_accept_valid_tokens_only(
             assert client.snapshot()[0][mid].value == 0
             client.close()
     done = mosquitto_pub(cluster.mqtt_port, f"fleet/{device}/t", "x", qos=1, client_id=device,
-                         extra=("-u", "fleet", "-P", token(sub=device).decode()))  # fmt: skip
+                         extra=("-u", device, "-P", token(sub=device).decode()))  # fmt: skip
     assert done.returncode == 0, done.stderr
 
 
@@ -199,7 +201,8 @@ async def test_rules_with_placeholders_decide_publish_and_subscribe(
         "deny subscribe commands/#",
         "allow subscribe devices/+/status",
     ]
-    credential, password = await basic(admin, rules)
+    # ${client_id} rules: the credential is bound to the client id (MQTT_BASIC --client-id)
+    credential, password = await basic(admin, rules, client_id=unique("dev"))
     user = credential.username
     client = paho(node1, credential, password)
     assert client.connect().value == 0
@@ -218,7 +221,7 @@ async def test_rules_with_placeholders_decide_publish_and_subscribe(
     # v3.1.1: the refused PUBLISH is acknowledged, and proven dropped by a later marker
     async with aio_client(node2, unique("watch")) as watcher:
         await watcher.subscribe("devices/#", qos=1)
-        device = unique("dev")
+        device = credential.client_id or ""
         async with aio_client(node1, device, 4, username=user, password=password) as v3:
             await v3.publish("devices/intruder/t", b"refused", qos=1)
             await v3.publish(f"devices/{device}/t", b"marker", qos=1)
@@ -241,7 +244,9 @@ async def test_mosquitto_pub_v5_shows_the_refusal(
 async def test_a_will_topic_is_authorized_at_connect(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
-    credential, password = await basic(admin, ["allow publish wills/${client_id}"])
+    credential, password = await basic(
+        admin, ["allow publish wills/${client_id}"], client_id=unique("will")
+    )
     refused = paho(cluster.mqtt_port, credential, password)
     refused.will_set("wills/someone-else", b"gone", 1)
     assert refused.connect().value == NOT_AUTHORIZED
@@ -439,7 +444,8 @@ async def test_x509_credentials_authenticate_client_certificates_over_mutual_tls
     by_san = issue_client(tls, f"{tag}-gw", alt_names=(f"gw-1.{tag}.example",))
     pinned = issue_client(tls, f"{tag}-pinned")
     stranger = issue_client(tls, f"{tag}-stranger")
-    rules = ["allow publish x509/${client_id}/#", "allow subscribe x509/${client_id}/#"]
+    # ${username} is the certificate's CN: an X509 credential is bound to no client id.
+    rules = ["allow publish x509/${username}/#", "allow subscribe x509/${username}/#"]
     specs = [
         CredentialSpec(f"{tag}-by-cn", CredentialType.X509, rules=rules,
                        certificate=CertificateMatch(common_name=f"{tag}-line-*")),
@@ -453,12 +459,13 @@ async def test_x509_credentials_authenticate_client_certificates_over_mutual_tls
     try:
         client = _tls_client(cluster, by_cn)
         assert client.connect().value == 0
-        own, other = f"x509/{client.client_id}/t", "x509/someone-else/t"
+        common_name = f"{tag}-line-7"
+        own, other = f"x509/{common_name}/t", "x509/someone-else/t"
         mids = [client.publish(own, b"mine", 1), client.publish(other, b"theirs", 1)]
         wait_until(lambda: all(m in client.snapshot()[0] for m in mids), "the acknowledgements")
         acks = client.snapshot()[0]
         assert [acks[m].value for m in mids] == [0, NOT_AUTHORIZED]
-        assert [c.value for c in client.subscribe(f"x509/{client.client_id}/#", 1)] == [1]
+        assert [c.value for c in client.subscribe(f"x509/{common_name}/#", 1)] == [1]
         assert [c.value for c in client.subscribe("x509/#", 1)] == [NOT_AUTHORIZED]
         client.publish(own, b"to myself", 1)
         assert client.messages.get(timeout=TIMEOUT).payload == b"to myself"

@@ -97,7 +97,7 @@ def test_mutual_tls_accepts_a_good_client_certificate_and_refuses_a_wrong_one(
     # (docs/getting-started/tls.md shows one).
     env = {**os.environ, "CORMORANT_POSTGRES_DSN": postgres.dsn(cluster.settings)}
     name = unique("local-client")
-    added = run_cormorant("credentials", "add", name, "--type", "x509",
+    added = run_cormorant("credentials", "add", name, "--type", "x509", "--allow-all",
                           "--cert-file", str(tls / "client.pem"), env=env)  # fmt: skip
     assert added.returncode == 0, added.stderr
     try:

@@ -41,10 +41,14 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+PW = b"long-enough-pw"
+"""A password of 14 characters: the default minimum is 12."""
+
+
 async def test_a_credential_is_stored_changed_and_deleted(admin: CredentialAdmin) -> None:
     name = _name("basic")
     added = await admin.add(
-        CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, password=b"pw",
+        CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, password=PW,
                        rules=["allow publish a/${username}/#"])
     )  # fmt: skip
     assert added.revision == 1 and added.password_hash and added.created_at is not None
@@ -65,21 +69,80 @@ async def test_conflicts_and_bad_input_are_refused_with_their_reason(
     admin: CredentialAdmin,
 ) -> None:
     name = _name("dup")
-    await admin.add(CredentialSpec(name, CredentialType.MQTT_BASIC, username=name))
+    basic = CredentialType.MQTT_BASIC
+    await admin.add(CredentialSpec(name, basic, username=name, password=PW))
     with pytest.raises(CredentialConflict, match="with this name"):
-        await admin.add(CredentialSpec(name, CredentialType.MQTT_BASIC, username="other"))
+        await admin.add(CredentialSpec(name, basic, username="other", password=PW))
     with pytest.raises(CredentialConflict, match="user name and client id"):
-        await admin.add(CredentialSpec(_name("dup"), CredentialType.MQTT_BASIC, username=name))
+        await admin.add(CredentialSpec(_name("dup"), basic, username=name, password=PW))
     with pytest.raises(CredentialError, match="needs a client id or a user name"):
-        await admin.add(CredentialSpec(_name("x"), CredentialType.MQTT_BASIC))
+        await admin.add(CredentialSpec(_name("x"), basic, password=PW))
     with pytest.raises(CredentialError, match="has no password"):
-        await admin.add(CredentialSpec(_name("x"), CredentialType.X509, password=b"p"))
+        await admin.add(CredentialSpec(_name("x"), CredentialType.X509, password=PW))
     with pytest.raises(CredentialError, match="at most 1024 bytes"):
-        await admin.add(CredentialSpec(_name("x"), CredentialType.MQTT_BASIC, username="u" * 2000))
+        await admin.add(CredentialSpec(_name("x"), basic, username="u" * 2000, password=PW))
     with pytest.raises(ValueError, match="permission must be allow or deny"):
-        await admin.add(CredentialSpec(_name("x"), CredentialType.MQTT_BASIC, username="r",
+        await admin.add(CredentialSpec(_name("x"), basic, username="r", password=PW,
                                        rules=["maybe publish a"]))  # fmt: skip
     await admin.delete(name)
+
+
+async def test_no_rules_allow_nothing_and_everything_is_asked_for(
+    admin: CredentialAdmin,
+) -> None:
+    basic = CredentialType.MQTT_BASIC
+    none = await admin.add(CredentialSpec(_name("none"), basic, username=_name("u"), password=PW))
+    assert none.rules == ()
+    everything = await admin.add(
+        CredentialSpec(
+            _name("all"),
+            basic,
+            username=_name("u"),
+            password=PW,
+            rules=["deny all admin/#"],
+            allow_all=True,
+        )
+    )
+    assert [str(rule) for rule in everything.rules] == ["deny all admin/#", "allow all #"]
+    changed = await admin.update(none.name, CredentialChanges(allow_all=True))
+    assert [str(rule) for rule in changed.rules] == ["allow all #"]
+    for credential in (none, everything):
+        await admin.delete(credential.name)
+
+
+async def test_passwords_are_required_and_long_enough(
+    admin: CredentialAdmin, postgres_server: str
+) -> None:
+    basic, scram = CredentialType.MQTT_BASIC, CredentialType.SCRAM
+    with pytest.raises(CredentialError, match="needs a password"):
+        await admin.add(CredentialSpec(_name("x"), basic, username=_name("u")))
+    with pytest.raises(CredentialError, match="at least 12 characters"):
+        await admin.add(CredentialSpec(_name("x"), basic, username=_name("u"), password=b"short"))
+    with pytest.raises(CredentialError, match="at least 12 characters"):
+        await admin.add(CredentialSpec(_name("x"), scram, username=_name("u"), password=b"short"))
+    with pytest.raises(CredentialError, match="needs a client id"):
+        await admin.add(CredentialSpec(_name("x"), basic, username=_name("u"), no_password=True))
+    # Twelve characters, not bytes: "é" is two bytes of UTF-8.
+    with pytest.raises(CredentialError, match="at least 12 characters"):
+        await admin.add(CredentialSpec(_name("x"), basic, username=_name("u"),
+                                       password="ééééééééééé".encode()))  # fmt: skip
+    by_id = await admin.add(
+        CredentialSpec(_name("id"), basic, client_id=_name("c"), no_password=True)
+    )
+    assert by_id.password_hash is None
+    with pytest.raises(CredentialError, match="at least 12 characters"):
+        await admin.update(by_id.name, CredentialChanges(password=b"short"))
+    with pytest.raises(CredentialError, match="needs a client id"):
+        await admin.update(by_id.name, CredentialChanges(client_id="", username=_name("u")))
+    await admin.delete(by_id.name)
+    lenient = CredentialAdmin(CredentialStore(postgres_server), min_password_length=4)
+    try:
+        short = await lenient.add(
+            CredentialSpec(_name("short"), basic, username=_name("u"), password=b"four")
+        )
+        await lenient.delete(short.name)
+    finally:
+        await lenient.close()
 
 
 async def test_every_change_is_announced_and_the_cache_forgets_it(
@@ -99,20 +162,20 @@ async def test_every_change_is_announced_and_the_cache_forgets_it(
         await asyncio.wait_for(connected.wait(), 10)
         name = _name("late")
         auth = Authenticator(cache)
-        refused = await auth.authenticate(AuthRequest("c", name, b"pw"))
+        refused = await auth.authenticate(AuthRequest("c", name, PW))
         assert isinstance(refused, Refused) and len(cache) == 2  # both misses remembered
         added = await admin.add(
-            CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, password=b"pw")
+            CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, password=PW)
         )
         await wait_for(lambda: any(c.id == added.id for c in changes), "the INSERT notification")
         assert changes[-1].op == "INSERT" and changes[-1].types == {CredentialType.MQTT_BASIC}
-        assert isinstance(await auth.authenticate(AuthRequest("c", name, b"pw")), Accepted)
+        assert isinstance(await auth.authenticate(AuthRequest("c", name, PW)), Accepted)
         await admin.set_enabled(name, False)
         await wait_for(lambda: changes[-1].op == "UPDATE", "the UPDATE notification")
-        assert (await auth.authenticate(AuthRequest("c", name, b"pw"))).reason_code == 0x8A  # type: ignore[union-attr]
+        assert (await auth.authenticate(AuthRequest("c", name, PW))).reason_code == 0x8A  # type: ignore[union-attr]
         await admin.delete(name)
         await wait_for(lambda: changes[-1].op == "DELETE", "the DELETE notification")
-        assert isinstance(await auth.authenticate(AuthRequest("c", name, b"pw")), Refused)
+        assert isinstance(await auth.authenticate(AuthRequest("c", name, PW)), Refused)
     finally:
         task.cancel()
         await listener.close()
@@ -151,7 +214,11 @@ async def test_client_ids_without_a_credential_are_answered_without_postgresql(
         legacy = _name("legacy")
         added = await admin.add(
             CredentialSpec(
-                legacy, CredentialType.MQTT_BASIC, client_id=legacy, kind=ClientKind.APPLICATION
+                legacy,
+                CredentialType.MQTT_BASIC,
+                client_id=legacy,
+                kind=ClientKind.APPLICATION,
+                no_password=True,
             )
         )
 
@@ -203,7 +270,7 @@ def test_the_cli_manages_credentials_and_never_prints_secrets(
     password.write_text("never-shown-s3cret\n")
     added = run_cormorant(
         "credentials", "add", name, "--username", name, "--password-file", str(password),
-        "--kind", "application", "--rule", "allow publish d/${client_id}/#",
+        "--client-id", name, "--kind", "application", "--rule", "allow publish d/${client_id}/#",
         "--rule", "deny all #", "--json", env=env,
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
@@ -243,7 +310,7 @@ def test_the_cli_shows_jwt_and_scram_credentials_without_their_keys(
     scram = _name("scram")
     made = run_cormorant(
         "credentials", "add", scram, "--type", "scram", "--username", scram,
-        "--password", "pw", "--json", env=env,
+        "--password", PW.decode(), "--json", env=env,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["scram"] == [
@@ -254,13 +321,70 @@ def test_the_cli_shows_jwt_and_scram_credentials_without_their_keys(
         assert run_cormorant("credentials", "delete", ref, env=env).returncode == 0
 
 
+def test_the_cli_allows_everything_only_when_asked_and_reads_the_minimum(
+    postgres_server: str,
+) -> None:
+    env = _env(postgres_server)
+    nothing, everything = _name("nothing"), _name("everything")
+    added = run_cormorant("credentials", "add", nothing, "--username", nothing,
+                          "--password", PW.decode(), env=env)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "rules: (none: nothing allowed)" in added.stdout
+    made = run_cormorant("credentials", "add", everything, "--username", everything,
+                         "--password", PW.decode(), "--rule", "deny all admin/#",
+                         "--allow-all", "--json", env=env)  # fmt: skip
+    assert json.loads(made.stdout)["rules"] == ["deny all admin/#", "allow all #"]
+    opened = run_cormorant("credentials", "update", nothing, "--allow-all", "--json", env=env)
+    assert json.loads(opened.stdout)["rules"] == ["allow all #"]
+    both = run_cormorant("credentials", "update", nothing, "--no-rules", "--allow-all", env=env)
+    assert both.returncode == 2 and "--no-rules excludes" in both.stderr
+    stricter = {**env, "CORMORANT_CREDENTIAL_PASSWORD_MIN_LENGTH": "20"}
+    refused = run_cormorant("credentials", "update", nothing, "--password", PW.decode(),
+                            env=stricter)  # fmt: skip
+    assert refused.returncode == 1 and "at least 20 characters" in refused.stderr
+    for name in (nothing, everything):
+        assert run_cormorant("credentials", "delete", name, env=env).returncode == 0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["show", "no-such-credential"], "no credential named 'no-such-credential'"),
-        (["add", "bad rule", "--username", "u"], "name 'bad rule' must be"),
-        (["add", "r1", "--username", "u", "--rule", "allow publish a/#/b"], "'#'"),
+        (
+            ["add", "bad rule", "--username", "u", "--password", PW.decode()],
+            "name 'bad rule' must be",
+        ),
+        (
+            [
+                "add",
+                "r1",
+                "--username",
+                "u",
+                "--password",
+                PW.decode(),
+                "--rule",
+                "allow publish a/#/b",
+            ],
+            "'#'",
+        ),
+        (["add", "n1", "--username", "u"], "needs a password"),
+        (["add", "n2", "--username", "u", "--password", "eleven-char"], "at least 12 characters"),
+        (["add", "n3", "--username", "u", "--no-password"], "needs a client id"),
+        (["add", "n4", "--client-id", "c", "--no-password", "--password", PW.decode()], "not both"),
         (["add", "x1", "--type", "x509", "--cert-fingerprint", "abc"], "64 lowercase hex"),
+        (
+            [
+                "add",
+                "u1",
+                "--username",
+                "u",
+                "--password",
+                PW.decode(),
+                "--rule",
+                "allow all d/${client_id}/#",
+            ],
+            "not bound to a Client Identifier",
+        ),
         (["add", "j1", "--type", "jwt"], "needs its token settings"),
         (["add", "s1", "--type", "scram", "--username", "s"], "needs a password"),
     ],

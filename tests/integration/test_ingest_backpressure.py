@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from services.common.auth.authenticate import Authenticator, NoCredentials
+from services.common.auth.authorize import ALLOW_ALL_RULE
 from services.common.kafka.admin import core_topic_specs, ensure_topics
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Connect, Publish
@@ -101,7 +102,9 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
             send,
             synced,
             no_app_topics,
-            authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+            authenticator=Authenticator(
+                NoCredentials(), allow_anonymous=True, anonymous_rules=(ALLOW_ALL_RULE,)
+            ),
             fetch_credential=NoCredentials().get,
             commit_will=no_wills,
         )

@@ -243,3 +243,73 @@ async def test_scram_goes_through_a_challenge(mechanism: str) -> None:
     assert code(bad_method) == ReasonCode.BAD_AUTHENTICATION_METHOD
     garbage = await auth.authenticate(AuthRequest("c", method=mechanism, data=b"\x00"))
     assert code(garbage) == ReasonCode.NOT_AUTHORIZED
+
+
+# ---------------------------------------------------------------------- bound identities
+
+
+async def test_a_basic_credential_gives_its_own_user_name_not_the_clients() -> None:
+    auth = Authenticator(Memory(BASIC, BY_ID))
+    outcome = await auth.authenticate(AuthRequest("c", "dev-1", b"pw"))
+    assert isinstance(outcome, Accepted) and outcome.principal.username == "dev-1"
+    # Matched by its client id alone: the User Name the client sends is not its identity.
+    by_id = await auth.authenticate(AuthRequest("legacy-1", "admin", None))
+    assert isinstance(by_id, Accepted) and by_id.principal.username is None
+
+
+async def test_a_jwt_user_name_is_its_sub_claim_by_default() -> None:
+    auth = Authenticator(Memory(_issuer(audience="mqtt")))
+    token = _token(aud="mqtt", sub="alice")
+    outcome = await auth.authenticate(AuthRequest("any", None, token))
+    assert isinstance(outcome, Accepted) and outcome.principal.username == "alice"
+    same = await auth.authenticate(AuthRequest("any", "alice", token))
+    assert isinstance(same, Accepted) and same.principal.username == "alice"
+    refused = await auth.authenticate(AuthRequest("any", "bob", token))
+    assert code(refused) == 0x87 and "'sub'" in refused.reason  # type: ignore[union-attr]
+    # A token naming no subject: no User Name, and none may be claimed in its place.
+    anonymous_token = _token(aud="mqtt")
+    nameless = await auth.authenticate(AuthRequest("any", None, anonymous_token))
+    assert isinstance(nameless, Accepted) and nameless.principal.username is None
+    assert code(await auth.authenticate(AuthRequest("any", "bob", anonymous_token))) == 0x87
+
+
+async def test_a_certificate_user_name_is_its_cn_or_the_san_its_credential_matches() -> None:
+    by_cn = credential(
+        "fleet", CredentialType.X509, certificate=CertificateMatch(common_name="*.fleet")
+    )
+    by_san = credential(
+        "gateways", CredentialType.X509, certificate=CertificateMatch(san="*.gw.example")
+    )
+    auth = Authenticator(Memory(by_cn, by_san))
+    device = CertificateIdentity("dev-3.fleet", ("dev-3.other",), "a" * 64, "CN=dev-3.fleet")
+    outcome = await auth.authenticate(AuthRequest("c", certificate=device))
+    assert isinstance(outcome, Accepted) and outcome.principal.username == "dev-3.fleet"
+    same = await auth.authenticate(AuthRequest("c", "dev-3.fleet", certificate=device))
+    assert isinstance(same, Accepted)
+    other = await auth.authenticate(AuthRequest("c", "dev-4.fleet", certificate=device))
+    assert code(other) == 0x87 and "CN" in other.reason  # type: ignore[union-attr]
+    gateway = CertificateIdentity(
+        "Gateway 1", ("ops@example.com", "g-1.gw.example"), "b" * 64, "CN=Gateway 1"
+    )
+    outcome = await auth.authenticate(AuthRequest("c", certificate=gateway))
+    assert isinstance(outcome, Accepted) and outcome.principal.username == "g-1.gw.example"
+    assert code(await auth.authenticate(AuthRequest("c", "Gateway 1", certificate=gateway))) == 0x87
+
+
+async def test_scram_gives_the_credentials_user_name() -> None:
+    scram = credential(
+        "s",
+        CredentialType.SCRAM,
+        username="sam",
+        scram=tuple(derive_secret(m, b"pw") for m in MECHANISMS),
+    )
+    auth = Authenticator(Memory(scram))
+    client = ScramClient(["SCRAM-SHA-256"], "sam", "pw")
+    first = await auth.authenticate(
+        AuthRequest("c", "x", method="SCRAM-SHA-256", data=client.get_client_first().encode())
+    )
+    assert isinstance(first, Challenge)
+    client.set_server_first(first.data.decode())
+    final = AuthRequest("c", method="SCRAM-SHA-256", data=client.get_client_final().encode())
+    outcome = await auth.authenticate(final, first.exchange)
+    assert isinstance(outcome, Accepted) and outcome.principal.username == "sam"

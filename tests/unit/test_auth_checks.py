@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import ssl
 import time
+import uuid
 from pathlib import Path
 
 import jwt
@@ -17,10 +18,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from scramp import ScramClient
 
+from services.common.auth.authorize import parse_rules
 from services.common.auth.certificates import (
     CertificateIdentity,
     CertificateMatch,
     match_certificate,
+)
+from services.common.auth.credentials import (
+    Credential,
+    CredentialError,
+    CredentialType,
+    check_credential,
 )
 from services.common.auth.jwt_auth import (
     JwtSettings,
@@ -245,3 +253,44 @@ def test_scram_secrets_round_trip_base64() -> None:
     secret = derive_secret("SCRAM-SHA-512", b"p", salt=b"salt" * 4, iterations=4096)
     assert base64.b64decode(base64.b64encode(secret.stored_key)) == secret.stored_key
     assert len(secret.stored_key) == 64
+
+
+# ---------------------------------------------------------------------- ${client_id} rules
+
+_CLIENT_ID_RULE = parse_rules(["allow all devices/${client_id}/#"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"type": CredentialType.MQTT_BASIC, "username": "u", "password_hash": "h"},
+         "--client-id"),
+        ({"type": CredentialType.JWT, "jwt": JwtSettings(("HS256",), "k" * 32)},
+         "--jwt-client-id-claim"),
+        ({"type": CredentialType.X509, "certificate": CertificateMatch(common_name="*")},
+         "X509 credential cannot be"),
+    ],
+)  # fmt: skip
+def test_client_id_rules_need_a_credential_bound_to_the_client_id(
+    fields: dict[str, object], error: str
+) -> None:
+    unbound = Credential(uuid.uuid4(), "c", rules=_CLIENT_ID_RULE, **fields)  # type: ignore[arg-type]
+    with pytest.raises(CredentialError, match="not bound to a Client Identifier") as refused:
+        check_credential(unbound)
+    assert error in str(refused.value)
+    # ${username} rules are for every type: authentication binds the User Name.
+    check_credential(
+        Credential(uuid.uuid4(), "c", rules=parse_rules(["allow all d/${username}/#"]), **fields)  # type: ignore[arg-type]
+    )
+
+
+def test_client_id_rules_of_bound_credentials_are_accepted() -> None:
+    check_credential(
+        Credential(
+            uuid.uuid4(), "c", CredentialType.MQTT_BASIC, rules=_CLIENT_ID_RULE, client_id="dev-1"
+        )
+    )
+    settings = JwtSettings(("HS256",), "k" * 32, client_id_claim="sub")
+    check_credential(
+        Credential(uuid.uuid4(), "c", CredentialType.JWT, rules=_CLIENT_ID_RULE, jwt=settings)
+    )

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from services.common.auth.authorize import (
     ALLOW_ALL,
+    ALLOW_ALL_RULE,
     Action,
     Authorizer,
     Permission,
@@ -123,7 +124,7 @@ def test_a_publish_is_decided_by_the_first_matching_rule(
 ) -> None:
     rules = _rules(drawn)
     authorizer = Authorizer(rules, "c1", "u1")
-    expected = naive_decision(_of(rules, Action.PUBLISH), topic) if rules else True
+    expected = naive_decision(_of(rules, Action.PUBLISH), topic)
     assert authorizer.may_publish(topic) == expected
     assert authorizer.may_publish(topic) == expected  # the cached decision
 
@@ -139,9 +140,6 @@ def test_a_granted_subscription_only_reaches_readable_topics(
     authorizer = Authorizer(rules, "c1", "u1")
     read_rules = _of(rules, Action.SUBSCRIBE)
     granted = authorizer.may_subscribe(topic_filter)
-    if not rules:
-        assert granted
-        return
     reached = [t for t in UNIVERSE if naive_matches(topic_filter, t)]
     if granted:
         assert all(naive_decision(read_rules, t) for t in reached)
@@ -217,6 +215,11 @@ def test_a_deny_rule_that_overlaps_a_filter_refuses_it() -> None:
     assert authorizer.may_publish("admin/x")  # the deny rule is about subscribing only
 
 
-def test_no_rules_allow_everything_and_cost_nothing_per_connection() -> None:
-    assert ALLOW_ALL.allows_all and Authorizer((), "c", "u").allows_all
-    assert ALLOW_ALL.may_publish("$SYS/x") and ALLOW_ALL.may_subscribe("#")
+def test_no_rules_allow_nothing_and_allow_all_is_an_explicit_rule() -> None:
+    nothing = Authorizer((), "c", "u")
+    assert not nothing.may_publish("a/b") and not nothing.may_subscribe("#")
+    assert not nothing.may_subscribe("c/#") and not nothing.may_publish("c")
+    assert parse_rules(["allow all #"]) == (ALLOW_ALL_RULE,) == ALLOW_ALL.rules
+    assert ALLOW_ALL.may_publish("any/topic") and ALLOW_ALL.may_subscribe("#")
+    assert ALLOW_ALL.may_subscribe("$share/g/#")
+    assert not ALLOW_ALL.may_publish("$SYS/x")  # "#" matches no $ topic (MQTT 4.7.2)

@@ -10,6 +10,7 @@ test gives (services/common/auth/authenticate.py decides them; tested on its own
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -19,6 +20,7 @@ from services.common.auth.authorize import parse_rules
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Accepted, Challenge, Principal, Refused, ScramState
 from services.common.auth.scram import ScramExchange
+from services.common.metrics import MQTT
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import (
     Auth,
@@ -62,7 +64,7 @@ SCRAM = "SCRAM-SHA-256"
 
 def device(rules: tuple[object, ...] = RULES, revision: int = 1) -> Principal:
     """A DEVICE credential's principal with ``rules``."""
-    return Principal(CREDENTIAL, "dev", ClientKind.DEVICE, rules, "alice", revision)  # type: ignore[arg-type]
+    return Principal(CREDENTIAL, "dev", ClientKind.DEVICE, rules, "alice", revision, True)  # type: ignore[arg-type]
 
 
 def connected(version: int = 5, principal: Principal | None = None, **connect: object) -> Client:
@@ -151,6 +153,105 @@ def test_a_resumed_session_keeps_only_the_subscriptions_the_rules_grant() -> Non
     assert [s.topic_filter for s in kept] == ["commands/dev-1/#", "a/b"]
     dropped = [e.event for e in client.events if e.event.kind is EventKind.UNSUBSCRIBED]
     assert dropped[0].topic_filters == (("admin/#", 0),)
+
+
+def test_client_id_rules_of_a_principal_not_bound_to_it_grant_nothing() -> None:
+    # A credential stored before such rules were refused at creation: any client id would do.
+    unbound = Principal(CREDENTIAL, "dev", ClientKind.DEVICE, RULES, "alice", 1, False)
+    client = connected(5, unbound)
+    effects = client.send(Publish("devices/dev-1/t", b"x", qos=1, packet_id=1))
+    assert only(client.packets(effects), PubAck).reason_code == 0x87
+    bound = connected(5)
+    effects = bound.send(Publish("devices/dev-1/t", b"x", qos=1, packet_id=1))
+    assert only(effects, StorePublish)
+
+
+# ---------------------------------------------------------------------- session ownership
+
+
+OTHER = Principal(uuid.UUID(int=8), "other", ClientKind.DEVICE, RULES, "mallory")
+
+
+def _owned(connected: bool, owner: str | None = str(CREDENTIAL)) -> SessionRecord:
+    return SessionRecord(
+        "n2", b"p" * 16, connected, 5, False, True, session_expiry_interval=60,
+        updated_at_ms=NOW_MS, owner=owner,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("owner_connected", [True, False])
+@pytest.mark.parametrize(("version", "code"), [(5, 0x87), (4, 5)])
+@pytest.mark.parametrize("clean_start", [False, True])
+def test_another_principal_cannot_resume_or_replace_a_session(
+    owner_connected: bool, version: int, code: int, clean_start: bool
+) -> None:
+    subs = [Subscription("dev-1", "commands/dev-1/#", 1)]
+    client = Client(
+        version, previous=(_owned(owner_connected), subs), authenticate=lambda _r: Accepted(OTHER)
+    )
+    effects = client.send(Connect(version, "dev-1", clean_start, 30))
+    connack = only(client.packets(effects), ConnAck)
+    assert (connack.reason_code, connack.session_present) == (code, False)
+    assert closes(effects)
+    assert store_effects(effects) == []  # neither the session nor its subscriptions touched
+    assert [(e.event.kind, e.event.reason_code) for e in client.events] == [
+        (EventKind.AUTH_FAILED, 0x87)
+    ]
+
+
+def test_the_owner_resumes_its_session_and_its_record_names_it() -> None:
+    subs = [Subscription("dev-1", "commands/dev-1/#", 1)]
+    client = Client(5, previous=(_owned(False), subs), authenticate=lambda _r: Accepted(device()))
+    effects = client.send(Connect(5, "dev-1", False, 30))
+    record = only(effects, StoreSession).record
+    assert record is not None and record.owner == str(CREDENTIAL)
+    client.conn.session_stored_at(11)
+    after = client.stored(only(effects, StoreSession).token)
+    assert only(client.packets(after), ConnAck).session_present
+
+
+@pytest.mark.parametrize(
+    "previous",
+    [
+        _owned(False, owner=None),  # written before owners were recorded
+        SessionRecord("n2", b"p" * 16, False, 5, False, True, session_expiry_interval=60,
+                      updated_at_ms=NOW_MS - 61_000, owner=str(CREDENTIAL)),  # expired
+        SessionRecord("n2", b"p" * 16, False, 5, True, False, owner=str(CREDENTIAL)),  # ended
+    ],
+)  # fmt: skip
+def test_a_session_nobody_holds_goes_to_the_next_principal(previous: SessionRecord) -> None:
+    client = Client(5, previous=(previous, []), authenticate=lambda _r: Accepted(OTHER))
+    record = only(client.send(Connect(5, "dev-1", False, 30)), StoreSession).record
+    assert record is not None and record.owner == str(OTHER.credential_id)
+
+
+def test_anonymous_is_a_principal_of_its_own() -> None:
+    anonymous_session = _owned(False, owner="anonymous")
+    client = Client(5, previous=(anonymous_session, []), authenticate=lambda _r: Accepted(device()))
+    refused = client.packets(client.send(Connect(5, "dev-1", False, 30)))
+    assert only(refused, ConnAck).reason_code == 0x87
+    mine = Client(5, previous=(_owned(True), []))  # anonymous, against a credential's session
+    assert only(mine.packets(mine.send(Connect(5, "dev-1", True, 30))), ConnAck).reason_code == 0x87
+    again = Client(5, previous=(anonymous_session, []))
+    record = only(again.send(Connect(5, "dev-1", False, 30)), StoreSession).record
+    assert record is not None and record.owner == "anonymous"
+
+
+def test_refused_takeovers_are_counted_and_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = MQTT.session_owner_refusals
+    client = Client(5, previous=(_owned(True), []), authenticate=lambda _r: Accepted(OTHER))
+    context = client.conn.state.server
+    for at in (NOW_MS, NOW_MS + 30_000, NOW_MS + 61_000):
+        client.now = at
+        attempt = Client(5, previous=(_owned(True), []), authenticate=lambda _r: Accepted(OTHER))
+        attempt.conn.state.server = context  # one node: one context shared by its connections
+        with caplog.at_level(logging.WARNING, "services.ingest.handle_connect"):
+            attempt.send(Connect(5, "dev-1", True, 30))
+    assert MQTT.session_owner_refusals == before + 3
+    warnings = [r for r in caplog.records if "belongs to" in r.getMessage()]
+    assert len(warnings) == 2
 
 
 # ---------------------------------------------------------------------- PUBLISH
@@ -319,6 +420,16 @@ def test_re_authentication_ends_with_auth_success_and_the_new_rules() -> None:
     assert (done.reason_code, done.properties.authentication_data) == (0, b"v=2")
     refused = client.send(Publish("devices/dev-1/x", b"", qos=1, packet_id=5))
     assert only(client.packets(refused), PubAck).reason_code == ReasonCode.NOT_AUTHORIZED
+
+
+def test_re_authentication_as_another_principal_disconnects_with_0x87() -> None:
+    client = _enhanced_connected()
+    client.send(Auth(0x19, Properties(authentication_method=SCRAM, authentication_data=b"x")))
+    effects = client.authenticated(Accepted(OTHER, b"v=2"))
+    assert only(client.packets(effects), Disconnect).reason_code == ReasonCode.NOT_AUTHORIZED
+    assert closes(effects)
+    assert client.conn.state.principal is not None
+    assert client.conn.state.principal.owner == str(CREDENTIAL)  # still the owner's
 
 
 def test_a_failed_re_authentication_disconnects_with_0x87() -> None:

@@ -100,6 +100,7 @@ def test_connack_only_after_the_session_record_is_stored(version: int) -> None:
         connected_at_ms=NOW_MS,
         updated_at_ms=NOW_MS,
         session_id=CONNECTION_ID,  # a new session is named after the connection starting it
+        owner="anonymous",  # who may resume it
     )
     assert client.conn.client_id == "dev-1"
     assert not client.conn.awaiting_connect

@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaConnectionError
 from test_ingest_support import make_settings
 
 from services.common.auth.authenticate import Authenticator, NoCredentials
+from services.common.auth.authorize import ALLOW_ALL_RULE
 from services.common.mqtt.codec import StreamDecoder, encode
 from services.common.mqtt.packets import (
     ConnAck,
@@ -193,7 +194,9 @@ def _node(
         sync_state,
         no_app_topics,
         commit_will=commits or WillCommits(),
-        authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
+        authenticator=Authenticator(
+            NoCredentials(), allow_anonymous=True, anonymous_rules=(ALLOW_ALL_RULE,)
+        ),
         fetch_credential=NoCredentials().get,
         clock=lambda: NOW_MS,
     )

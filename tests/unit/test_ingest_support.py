@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from services.common.auth.authorize import ALLOW_ALL_RULE
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Accepted, Outcome, Principal
 from services.common.mqtt.codec import StreamDecoder, encode
@@ -53,8 +54,8 @@ LATER = SESSION_OFFSET + 1
 _ASSIGNED = itertools.count(1)
 
 
-ANONYMOUS = Principal(None, None, None, (), None)
-"""An anonymous client with no rules: everything allowed."""
+ANONYMOUS = Principal(None, None, None, (ALLOW_ALL_RULE,), None, client_id_bound=True)
+"""An anonymous client allowed everything (``allow all #``, as the local cluster's)."""
 
 
 def accept_anonymous(_request: Authenticate) -> Outcome:

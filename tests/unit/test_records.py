@@ -131,6 +131,7 @@ sessions = st.builds(
     session_id=st.binary(min_size=16, max_size=16),
     receive_maximum=st.integers(1, 65535),
     unreleased=st.lists(PACKET_ID, max_size=5).map(tuple),
+    owner=st.none() | st.just("anonymous") | st.uuids().map(str),
 )
 
 
@@ -193,6 +194,22 @@ def test_session_round_trip(record: SessionRecord) -> None:
 def test_subscription_identifier_zero_means_none() -> None:
     [sub] = decode_subscriptions("c", encode_subscriptions([Subscription("c", "t", 1)]))
     assert sub.subscription_identifier is None
+
+
+def test_a_session_record_of_an_older_version_reads_without_an_owner() -> None:
+    # The bytes an older node wrote (no owner after the unreleased Packet Identifiers): the
+    # session is read as owned by nobody yet, and a record with an owner keeps it.
+    old = bytes.fromhex(
+        "01050500000000000000000000000000000000000000000000"
+        "000102030405060708090a0b0c0d0e0f"
+        "00066e6f64652d31"
+        "00000000000000000000000000000000ffff0001002a"
+    )
+    record = decode_session(old)
+    assert (record.node_id, record.unreleased, record.owner) == ("node-1", (42,), None)
+    record.owner = "anonymous"
+    encoded = encode_session(record)
+    assert encoded.startswith(old) and decode_session(encoded).owner == "anonymous"
 
 
 def test_session_connection_id_must_be_16_bytes() -> None:

@@ -408,7 +408,7 @@ async function showCredentials() {
       return row([
         cell(c.name), cell(c.type), cell(c.kind), cell(identity(c)),
         cell(c.password === undefined || c.password === null ? "–" : c.password),
-        cell(c.rules.length ? rulesText(c.rules) : "everything allowed", "rules"),
+        cell(c.rules.length ? rulesText(c.rules) : "nothing allowed", "rules"),
         cell(c.enabled ? badge("enabled", "ok") : badge("disabled", "bad")),
         cell(actions),
       ]);

@@ -26,6 +26,12 @@ Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
    this server does not know);
 6. no User Name, Password or certificate at all: anonymous, when allowed.
 
+The User Name ``${username}`` stands for is the one authentication bound, never one the
+client merely claims: an MQTT_BASIC or SCRAM credential's own User Name; a JWT's claim
+(``username_claim``, default ``sub``); an X509 certificate's CN, or the SAN its credential's
+SAN pattern matches (:func:`certificate_username`). A JWT or certificate client whose
+CONNECT carries another User Name is refused with 0x87.
+
 Refusals: 0x86 Bad User Name or Password (unknown user, wrong password, a token or SCRAM
 proof that does not verify), 0x87 Not authorized (anonymous access off, a certificate no
 credential matches, a token claim that does not match the client), 0x8A Banned (a
@@ -41,12 +47,14 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from fnmatch import fnmatchcase
 from typing import Protocol
 
 from services.common.auth.authorize import Rule
 from services.common.auth.certificates import CertificateIdentity, match_certificate
 from services.common.auth.credentials import Credential, CredentialType
 from services.common.auth.jwt_auth import (
+    DEFAULT_USERNAME_CLAIM,
     NotThisIssuer,
     TokenError,
     looks_like_token,
@@ -117,7 +125,9 @@ class Authenticator:
     ) -> None:
         self.source = source
         self.allow_anonymous = allow_anonymous
-        self.anonymous = Principal(None, None, None, tuple(anonymous_rules), None)
+        self.anonymous = Principal(
+            None, None, None, tuple(anonymous_rules), None, client_id_bound=True
+        )
         self._executor = ThreadPoolExecutor(hash_workers, thread_name_prefix="password-check")
         self._max_pending = max_pending_hashes
         self.pending_hashes = 0
@@ -143,7 +153,13 @@ class Authenticator:
         if request.certificate is not None:
             credential = await self._certificate_credential(request.certificate)
             if credential is not None:
-                return self._admitted(credential, request.username)
+                name = certificate_username(credential, request.certificate)
+                if request.username is not None and request.username != name:
+                    return Refused(
+                        ReasonCode.NOT_AUTHORIZED,
+                        f"user name is not the certificate's {_certificate_field(credential)}",
+                    )
+                return self._admitted(credential, name)
         username, password = request.username, request.password
         basic = await self._basic_credential(request)
         if basic is not None:
@@ -152,7 +168,9 @@ class Authenticator:
             )
             if not checked:
                 return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "wrong password")
-            return self._admitted(basic, username)
+            # The credential's own User Name: a client matched by its client id alone does
+            # not choose the ${username} of its rules with the User Name it sends.
+            return self._admitted(basic, basic.username)
         if password is not None and looks_like_token(password):
             issuers = [c for c in await self.source.unkeyed() if c.type is CredentialType.JWT]
             if issuers:
@@ -249,7 +267,6 @@ class Authenticator:
             except TokenError as exc:
                 return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, str(exc))
             settings = issuer.jwt
-            username = request.username
             if settings.client_id_claim is not None and (
                 str(claims.get(settings.client_id_claim)) != request.client_id
             ):
@@ -257,14 +274,14 @@ class Authenticator:
                     ReasonCode.NOT_AUTHORIZED,
                     f"client id is not the token's {settings.client_id_claim!r} claim",
                 )
-            if settings.username_claim is not None:
-                claimed = claims.get(settings.username_claim)
-                if claimed is None or (username is not None and str(claimed) != username):
-                    return Refused(
-                        ReasonCode.NOT_AUTHORIZED,
-                        f"user name is not the token's {settings.username_claim!r} claim",
-                    )
-                username = str(claimed)
+            claim = settings.username_claim or DEFAULT_USERNAME_CLAIM
+            claimed = claims.get(claim)
+            username = None if claimed is None else str(claimed)
+            required = settings.username_claim is not None and claimed is None
+            if required or (request.username is not None and request.username != username):
+                return Refused(
+                    ReasonCode.NOT_AUTHORIZED, f"user name is not the token's {claim!r} claim"
+                )
             return self._admitted(issuer, username)
         return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "token signature does not verify")
 
@@ -299,7 +316,7 @@ class Authenticator:
             return Refused(reason, f"SCRAM: {exc}")
         if state.credential is None:
             return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "SCRAM: unknown user name")
-        outcome = self._admitted(state.credential, state.exchange.username)
+        outcome = self._admitted(state.credential, state.credential.username)
         if isinstance(outcome, Accepted):
             return Accepted(outcome.principal, final)
         return outcome
@@ -307,6 +324,24 @@ class Authenticator:
     def close(self) -> None:
         """Stop the password-check threads (waiting for none)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def certificate_username(credential: Credential, identity: CertificateIdentity) -> str | None:
+    """The User Name ``${username}`` stands for on a connection an X509 ``credential``
+    recognised by its client certificate ``identity``: the first Subject Alternative Name
+    the credential's SAN pattern matches when it recognises certificates by SAN, else the
+    certificate's CN (None: it has none)."""
+    match = credential.certificate
+    if match is not None and match.san is not None:
+        for name in identity.subject_alt_names:
+            if fnmatchcase(name, match.san):
+                return name
+    return identity.common_name
+
+
+def _certificate_field(credential: Credential) -> str:
+    match = credential.certificate
+    return "SAN" if match is not None and match.san is not None else "CN"
 
 
 class _Busy(Exception):

@@ -5,8 +5,9 @@ A credential carries a list of :class:`Rule`, written ``<allow|deny> <publish|su
 users know. The filter may use the placeholders ``${client_id}`` and ``${username}`` as whole
 topic levels; they are replaced once per connection, at CONNECT (:class:`Authorizer`).
 
-Decisions (first matching rule wins; no rule at all allows everything; when rules exist,
-what no rule allows is denied):
+Decisions (first matching rule wins; what no rule allows is denied, so a credential without
+rules may do nothing: "everything" is the explicit rule :data:`ALLOW_ALL_RULE`,
+``allow all #``, what ``cormorant credentials add --allow-all`` stores):
 
 - a PUBLISH to Topic Name ``T`` (also the Will Topic, and a retained PUBLISH) is decided
   by the first ``publish``/``all`` rule whose filter matches ``T`` (MQTT 4.7 matching);
@@ -273,8 +274,9 @@ class Authorizer:
     """One connection's rules, compiled at CONNECT (placeholders replaced by ``client_id``
     and ``username``), with its PUBLISH decisions cached per Topic Name.
 
-    ``rules`` empty allows everything (:data:`ALLOW_ALL` is the shared instance for that).
-    Each check costs a dict lookup once a Topic Name was seen; a miss walks the rules.
+    ``rules`` empty allows nothing (deny by default); :data:`ALLOW_ALL` is the shared
+    instance of ``allow all #`` alone. Each check costs a dict lookup once a Topic Name was
+    seen; a miss walks the rules.
     """
 
     __slots__ = ("_by_first_level", "_decisions", "_publish", "_subscribe", "rules")
@@ -296,15 +298,8 @@ class Authorizer:
         # the publish rules that can match a topic, by the topic's first level, in order
         self._by_first_level: dict[str, list[_Compiled]] = {}
 
-    @property
-    def allows_all(self) -> bool:
-        """True when there are no rules: every operation is allowed."""
-        return not self.rules
-
     def may_publish(self, topic: str) -> bool:
         """Whether a PUBLISH (or Will Message) to Topic Name ``topic`` is allowed."""
-        if not self.rules:
-            return True
         decision = self._decisions.get(topic)
         if decision is None:
             if len(self._decisions) >= DECISION_CACHE_SIZE:
@@ -315,8 +310,6 @@ class Authorizer:
     def may_subscribe(self, topic_filter: str) -> bool:
         """Whether a SUBSCRIBE to ``topic_filter`` (a valid Topic Filter, shared or not)
         is granted: see the module's rules."""
-        if not self.rules:
-            return True
         shared = parse_shared(topic_filter)
         levels = (shared.topic_filter if shared is not None else topic_filter).split("/")
         for rule in self._subscribe:
@@ -342,5 +335,13 @@ class Authorizer:
         return False
 
 
-ALLOW_ALL = Authorizer(())
-"""The authorizer of a client without rules: everything allowed, no state of its own."""
+ALLOW_ALL_RULE = Rule(Permission.ALLOW, Action.ALL, "#")
+"""``allow all #``: every topic (but ``$`` topics, MQTT 4.7.2), both ways. What
+``--allow-all`` stores, and the local cluster's anonymous rule."""
+
+ALLOW_ALL = Authorizer((ALLOW_ALL_RULE,))
+"""The authorizer of ``allow all #`` alone, shared by every connection with those rules."""
+
+DENY_ALL = Authorizer(())
+"""The authorizer of a client without rules, and of a connection not authenticated yet:
+nothing allowed."""

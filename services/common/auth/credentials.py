@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from services.common.auth.authorize import Rule
+from services.common.auth.authorize import CLIENT_ID, Rule
 from services.common.auth.certificates import CertificateMatch
 from services.common.auth.jwt_auth import JwtSettings, check_settings
 from services.common.auth.scram import ScramSecret
@@ -111,13 +111,44 @@ def _check_certificate(match: CertificateMatch | None) -> None:
         raise CredentialError("a certificate pattern must not be empty")
 
 
+def client_id_bound(credential: Credential) -> bool:
+    """Whether authentication ties ``credential`` to the Client Identifier its client
+    connects with, so that ``${client_id}`` in its rules names the client's own topics
+    rather than any the client chooses: an MQTT_BASIC credential with a client id (the
+    CONNECT must carry it), a JWT credential with a ``client_id_claim`` (the token must
+    name it)."""
+    if credential.type is CredentialType.MQTT_BASIC:
+        return credential.client_id is not None
+    if credential.type is CredentialType.JWT:
+        return credential.jwt is not None and credential.jwt.client_id_claim is not None
+    return False
+
+
+def _check_client_id_rules(credential: Credential) -> None:
+    if client_id_bound(credential):
+        return
+    for rule in credential.rules:
+        if CLIENT_ID in rule.topic_filter.split("/"):
+            how = {
+                CredentialType.MQTT_BASIC: "give it a client id (--client-id)",
+                CredentialType.JWT: "give it a client id claim (--jwt-client-id-claim)",
+            }.get(credential.type, f"a {credential.type.value} credential cannot be")
+            raise CredentialError(
+                f"rule '{rule}' uses {CLIENT_ID}, but the credential is not bound to a "
+                f"Client Identifier, so any client id would do: {how}; or write the rule "
+                "with ${username}, which authentication binds"
+            )
+
+
 def check_credential(credential: Credential) -> None:
     """Raise :class:`CredentialError` if ``credential`` is not valid for its type.
 
-    MQTT_BASIC: a Client Identifier or a User Name (or both), an optional password hash, no
-    certificate, token or SCRAM fields. X509: a certificate match only. JWT: token settings
+    MQTT_BASIC: a Client Identifier or a User Name (or both), a password hash unless it has
+    a Client Identifier (client-id-only authentication), no certificate, token or SCRAM
+    fields. X509: a certificate match only. JWT: token settings
     PyJWT accepts (:func:`~.jwt_auth.check_settings`). SCRAM: a User Name and secrets for
-    its mechanisms. Every type: a valid name.
+    its mechanisms. Every type: a valid name, and ``${client_id}`` in its rules only when
+    it is :func:`client_id_bound`.
     """
     if not NAME_PATTERN.match(credential.name):
         raise CredentialError(
@@ -142,6 +173,11 @@ def check_credential(credential: Credential) -> None:
     if kind is CredentialType.MQTT_BASIC:
         if credential.client_id is None and credential.username is None:
             raise CredentialError("an MQTT_BASIC credential needs a client id or a user name")
+        if credential.password_hash is None and credential.client_id is None:
+            raise CredentialError(
+                "an MQTT_BASIC credential without a password authenticates its client by "
+                "its client id alone: it needs a client id"
+            )
     elif kind is CredentialType.X509:
         _check_certificate(credential.certificate)
     elif kind is CredentialType.JWT:
@@ -156,6 +192,7 @@ def check_credential(credential: Credential) -> None:
             raise CredentialError("a SCRAM credential needs a user name")
         if not credential.scram:
             raise CredentialError("a SCRAM credential needs a password")
+    _check_client_id_rules(credential)
 
 
 def public_view(credential: Credential) -> dict[str, Any]:

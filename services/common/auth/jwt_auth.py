@@ -5,8 +5,9 @@ A JWT credential stands for one token issuer: its verification key (an HMAC secr
 RSA / EC / Ed25519 public key in PEM), the algorithms it signs with, and optionally the
 audience (``aud``) and issuer (``iss``) its tokens must name. ``exp`` is required and, with
 ``nbf``, checked against the clock (with :attr:`JwtSettings.leeway_seconds`). The claims
-named by ``client_id_claim`` / ``username_claim`` must equal the CONNECT's Client
-Identifier / User Name (:mod:`.authenticate`).
+named by ``client_id_claim`` must equal the CONNECT's Client Identifier; the claim named by
+``username_claim`` (default ``sub``) is the client's User Name, which a CONNECT User Name
+must not contradict (:mod:`.authenticate`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ MAX_TOKEN_BYTES = 16_384
 """Longer passwords are not taken for tokens (a JWT of a few claims is well under 2 KiB)."""
 
 
+DEFAULT_USERNAME_CLAIM = "sub"
+"""The claim a token's User Name comes from when a credential names none (RFC 7519 4.1.2:
+the principal that is the subject of the token)."""
+
+
 class TokenError(ValueError):
     """A token that does not verify: malformed, wrong signature, expired, not yet valid,
     wrong audience or issuer, or a required claim missing. The message says which."""
@@ -46,9 +52,11 @@ class JwtSettings:
     secret) or all public-key (``RS*``, ``PS*``, ``ES*``, ``EdDSA``; ``key`` is a PEM public
     key): never both, so a public key can never be used as an HMAC secret. ``audience`` /
     ``issuer``: the ``aud`` / ``iss`` tokens must carry (None: not checked).
-    ``client_id_claim`` / ``username_claim``: claims that must equal the CONNECT's Client
-    Identifier / User Name (None: not checked). ``leeway_seconds``: clock skew allowed on
-    ``exp`` and ``nbf``.
+    ``client_id_claim``: the claim that must equal the CONNECT's Client Identifier (None: not
+    checked; ``${client_id}`` rules then refused). ``username_claim``: the claim that is the
+    client's User Name, ``${username}`` (None: :data:`DEFAULT_USERNAME_CLAIM`, and a token
+    without it has no User Name; named: a token without it is refused).
+    ``leeway_seconds``: clock skew allowed on ``exp`` and ``nbf``.
     """
 
     algorithms: tuple[str, ...]

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.auth.authorize import parse_rules
+from services.common.auth.authorize import ALLOW_ALL_RULE, Rule, parse_rules
 from services.common.auth.certificates import CertificateMatch
 from services.common.auth.credentials import (
     Credential,
@@ -29,7 +29,12 @@ from services.common.auth.credentials import (
     check_credential,
 )
 from services.common.auth.jwt_auth import JwtSettings
-from services.common.auth.passwords import MAX_PASSWORD_BYTES, hash_password
+from services.common.auth.passwords import (
+    MAX_PASSWORD_BYTES,
+    MIN_PASSWORD_LENGTH,
+    hash_password,
+    password_length,
+)
 from services.common.auth.scram import MECHANISMS, ScramSecret, derive_secret
 from services.common.auth.store import CredentialStore
 from services.common.records import ClientKind
@@ -42,8 +47,11 @@ class CredentialNotFound(LookupError):
 @dataclass(frozen=True, slots=True)
 class CredentialSpec:
     """A new credential as an operator describes it. ``rules`` are rules in text or JSON
-    form (:func:`~.authorize.parse_rules`); ``password`` (bytes, any) is hashed for
-    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given."""
+    form (:func:`~.authorize.parse_rules`; none: the credential may do nothing), and
+    ``allow_all`` adds ``allow all #`` after them; ``password`` (bytes, any) is hashed for
+    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given: an
+    MQTT_BASIC credential needs one unless ``no_password`` (it then authenticates by its
+    Client Identifier alone)."""
 
     name: str
     type: CredentialType
@@ -55,12 +63,15 @@ class CredentialSpec:
     certificate: CertificateMatch | None = None
     jwt: JwtSettings | None = None
     enabled: bool = True
+    allow_all: bool = False
+    no_password: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class CredentialChanges:
     """Changes to a credential; a field left None is kept. ``rules`` replaces the whole
-    list (``()`` removes every rule: everything is then allowed); ``password`` replaces
+    list (``()`` removes every rule: nothing is then allowed), and ``allow_all`` adds
+    ``allow all #`` after the new rules (alone if ``rules`` is None); ``password`` replaces
     the password (MQTT_BASIC, SCRAM) and ``remove_password`` removes it (MQTT_BASIC);
     ``client_id`` / ``username`` ``""`` remove them (MQTT_BASIC)."""
 
@@ -73,20 +84,34 @@ class CredentialChanges:
     certificate: CertificateMatch | None = None
     jwt: JwtSettings | None = None
     enabled: bool | None = None
+    allow_all: bool = False
 
 
-def _check_password(password: bytes) -> bytes:
+def _check_password(password: bytes, min_length: int) -> bytes:
     if len(password) > MAX_PASSWORD_BYTES:
         raise CredentialError(f"a password is at most {MAX_PASSWORD_BYTES} bytes (MQTT 1.5.6)")
+    if password_length(password) < min_length:
+        raise CredentialError(
+            f"a password must be at least {min_length} characters "
+            "(the setting credential_password_min_length)"
+        )
     return password
 
 
+def _rules(rules: Sequence[object], allow_all: bool) -> tuple[Rule, ...]:
+    parsed = parse_rules(rules)
+    return (*parsed, ALLOW_ALL_RULE) if allow_all else parsed
+
+
 async def _secrets(
-    credential_type: CredentialType, password: bytes
+    credential_type: CredentialType, password: bytes, min_length: int
 ) -> tuple[str | None, tuple[ScramSecret, ...]]:
     """(password hash, SCRAM secrets) of ``password`` for ``credential_type``, computed in a
-    thread (argon2id: about 20 ms; PBKDF2: a few ms per mechanism)."""
-    _check_password(password)
+    thread (argon2id: about 20 ms; PBKDF2: a few ms per mechanism). Raises
+    :class:`CredentialError` for a password shorter than ``min_length`` characters."""
+    if credential_type not in (CredentialType.MQTT_BASIC, CredentialType.SCRAM):
+        raise CredentialError(f"a {credential_type.value} credential has no password")
+    _check_password(password, min_length)
     if credential_type is CredentialType.MQTT_BASIC:
         return await asyncio.to_thread(hash_password, password), ()
     if credential_type is CredentialType.SCRAM:
@@ -94,30 +119,55 @@ async def _secrets(
             lambda: tuple(derive_secret(mechanism, password) for mechanism in MECHANISMS)
         )
         return None, secrets
-    raise CredentialError(f"a {credential_type.value} credential has no password")
+    raise AssertionError(credential_type)
 
 
 class CredentialAdmin:
-    """Credential management over a :class:`~.store.CredentialStore`."""
+    """Credential management over a :class:`~.store.CredentialStore`; passwords shorter
+    than ``min_password_length`` characters (the setting ``credential_password_min_length``)
+    are refused."""
 
-    def __init__(self, store: CredentialStore) -> None:
+    def __init__(
+        self, store: CredentialStore, min_password_length: int = MIN_PASSWORD_LENGTH
+    ) -> None:
         self.store = store
+        self.min_password_length = min_password_length
 
     async def add(self, spec: CredentialSpec) -> Credential:
-        """Create a credential from ``spec``; returns it as stored."""
+        """Create a credential from ``spec``; returns it as stored.
+
+        Raises :class:`~.credentials.CredentialError` for an MQTT_BASIC credential without
+        a password and without ``no_password`` (or with both), a password too short, and
+        whatever :func:`~.credentials.check_credential` refuses.
+        """
         password_hash: str | None = None
         scram: tuple[ScramSecret, ...] = ()
+        if spec.no_password and spec.password is not None:
+            raise CredentialError("give a password or --no-password, not both")
+        if spec.no_password and spec.type is not CredentialType.MQTT_BASIC:
+            raise CredentialError("only an MQTT_BASIC credential may have no password")
         if spec.password is not None:
-            password_hash, scram = await _secrets(spec.type, spec.password)
+            password_hash, scram = await _secrets(
+                spec.type, spec.password, self.min_password_length
+            )
         elif spec.type is CredentialType.SCRAM:
             raise CredentialError("a SCRAM credential needs a password")
+        elif (
+            spec.type is CredentialType.MQTT_BASIC
+            and not spec.no_password
+            and (spec.client_id is not None or spec.username is not None)
+        ):
+            raise CredentialError(
+                "an MQTT_BASIC credential needs a password (--password or --password-file), "
+                "or --no-password to authenticate its client by its client id alone"
+            )
         credential = Credential(
             id=uuid.uuid4(),
             name=spec.name,
             type=spec.type,
             kind=spec.kind,
             enabled=spec.enabled,
-            rules=parse_rules(spec.rules),
+            rules=_rules(spec.rules, spec.allow_all),
             client_id=spec.client_id,
             username=spec.username,
             password_hash=password_hash,
@@ -164,8 +214,8 @@ class CredentialAdmin:
             value = getattr(changes, name)
             if value is not None:
                 values[name] = value
-        if changes.rules is not None:
-            values["rules"] = parse_rules(changes.rules)
+        if changes.rules is not None or changes.allow_all:
+            values["rules"] = _rules(changes.rules or (), changes.allow_all)
         for name in ("client_id", "username"):
             value = getattr(changes, name)
             if value is not None:
@@ -176,7 +226,7 @@ class CredentialAdmin:
             values["password_hash"] = None
         if changes.password is not None:
             values["password_hash"], values["scram"] = await _secrets(
-                current.type, changes.password
+                current.type, changes.password, self.min_password_length
             )
         return dataclasses.replace(current, **values)  # type: ignore[arg-type]
 

@@ -26,6 +26,17 @@ HASHER = PasswordHasher(time_cost=2, memory_cost=19_456, parallelism=1, type=Typ
 MAX_PASSWORD_BYTES = 65_535
 """The longest password MQTT can carry (Binary Data, MQTT 1.5.6)."""
 
+MIN_PASSWORD_LENGTH = 12
+"""The default shortest password a credential may be given, in characters (the setting
+``credential_password_min_length``; OWASP's and NIST SP 800-63B's advice for passwords
+that are not the only factor, rounded up for machine-held secrets)."""
+
+
+def password_length(password: bytes) -> int:
+    """The length of ``password`` in characters: its UTF-8 characters, each byte that is not
+    UTF-8 counting as one."""
+    return len(password.decode("utf-8", "surrogateescape"))
+
 
 def hash_password(password: bytes) -> str:
     """The argon2id hash (PHC string, ``$argon2id$v=19$m=19456,t=2,p=1$...``) of ``password``

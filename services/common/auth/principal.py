@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from services.common.auth.authorize import Rule
 from services.common.auth.certificates import CertificateIdentity
-from services.common.auth.credentials import Credential
+from services.common.auth.credentials import Credential, client_id_bound
 from services.common.auth.scram import ScramExchange
 from services.common.metrics import reason_name
 from services.common.records import ClientKind
+from services.common.sessions import owner_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +34,11 @@ class AuthRequest:
 class Principal:
     """Who a connection is, once authenticated: its credential (``credential_id``,
     ``credential_name``, ``revision``; None for an anonymous client), its ``kind`` (None:
-    anonymous, the ``application_client_ids`` setting decides), its ``rules``, and the
-    user name ``${username}`` stands for."""
+    anonymous, the ``application_client_ids`` setting decides), its ``rules``, the
+    user name ``${username}`` stands for, and whether ``${client_id}`` may stand for the
+    connection's Client Identifier (``client_id_bound``: the credential is tied to it,
+    :func:`~.credentials.client_id_bound`, or anonymous clients under the operator's own
+    rules; otherwise allow rules naming it match nothing)."""
 
     credential_id: uuid.UUID | None
     credential_name: str | None
@@ -42,6 +46,12 @@ class Principal:
     rules: tuple[Rule, ...]
     username: str | None
     revision: int = 0
+    client_id_bound: bool = False
+
+    @property
+    def owner(self) -> str:
+        """The owner its sessions record (:func:`~services.common.sessions.owner_of`)."""
+        return owner_of(self.credential_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,7 @@ def principal_of(credential: Credential, username: str | None) -> Principal:
         credential.rules,
         username,
         credential.revision,
+        client_id_bound(credential),
     )
 
 
