@@ -390,6 +390,20 @@ class Settings(BaseSettings):
         "second's worth); beyond it: CONNACK 0x9F Connection rate exceeded (v3.1.1: 0x03). "
         "0: no limit.",
     )
+    flapping_max_connects: int = Field(
+        0,
+        ge=0,
+        description="Flapping detection: a Client Identifier that connects more than this "
+        "many times within flapping_window_seconds (counted per ingest node) is blocked "
+        "for flapping_block_seconds on every node (a block with reason 'flapping', listed "
+        "by `cormorant blocked list`). 0: off (the default).",
+    )
+    flapping_window_seconds: float = Field(
+        60.0, gt=0, description="Flapping detection's window (seconds)."
+    )
+    flapping_block_seconds: float = Field(
+        300.0, gt=0, description="How long flapping detection blocks a client id (seconds)."
+    )
     max_connection_rate_per_address: float = Field(
         500.0,
         ge=0,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.blocked import Verdict
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
@@ -27,6 +28,15 @@ W = TypeVar("W")
 PreviousSession = Callable[[str], tuple[SessionRecord | None, list[Subscription]]]
 """Looks up a client id's latest session record and subscriptions (from the state topics)."""
 
+CheckBlocked = Callable[[str, str | None, str], Verdict | None]
+"""``check(client_id, username, client_address)``: the verdict on a CONNECT before its
+credentials are checked (:meth:`~services.common.auth.blocked.ConnectGate.check`), None
+when it may go on."""
+
+
+def _nothing_blocked(client_id: str, username: str | None, address: str) -> Verdict | None:
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class ServerContext:
@@ -35,8 +45,9 @@ class ServerContext:
     ``limits`` are the server's; ``node_id`` names the node in session records;
     ``previous_session`` is consulted on CONNECT; ``now_ms`` returns Unix time in
     milliseconds; ``new_client_id`` makes the Assigned Client Identifier of a v5 client that
-    sent none (MQTT 5.0 3.1.3.1). The shell passes the real clock and generator, tests their
-    own.
+    sent none (MQTT 5.0 3.1.3.1); ``blocked`` judges each CONNECT against the blocked
+    clients (:data:`CheckBlocked`; none by default). The shell passes the real clock and
+    generator, tests their own.
     """
 
     limits: Limits
@@ -44,6 +55,7 @@ class ServerContext:
     previous_session: PreviousSession
     now_ms: Callable[[], int]
     new_client_id: Callable[[], str]
+    blocked: CheckBlocked = _nothing_blocked
 
 
 class Phase(enum.Enum):
