@@ -1,19 +1,22 @@
 """Blocked clients end to end: blocks made with ``cormorant blocked`` and the admin API in the
 cluster's PostgreSQL, refused by both ingest nodes (paho-mqtt, mosquitto_pub, raw CONNECTs)
-before their credentials are checked, and let in again once lifted."""
+before their credentials are checked, and let in again once lifted; the console's page."""
 
 from __future__ import annotations
 
 import json
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
+from playwright.sync_api import Browser, expect
 
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
+from tests.browser import chromium
 from tests.commands import run_cormorant
-from tests.e2e.admin import AdminApi, admin_api, running
+from tests.e2e.admin import AdminApi, admin_api, open_console, running
 from tests.e2e.clients import HOST, TIMEOUT, PahoClient, connect_packet, mosquitto_pub, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
@@ -139,3 +142,37 @@ def test_the_admin_api_blocks_user_names_and_client_id_patterns(
     assert api.call("DELETE", f"/api/blocked/{made[0]}").status_code == 404
     for port in (node1, node2):
         wait_until(lambda p=port: v3_connack(p, f"{prefix}-7") == 0, "the lifted pattern ban")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless."""
+    with chromium() as found:
+        yield found
+
+
+def test_a_client_blocked_in_the_console_is_banned_until_unblocked(
+    cluster: LocalCluster, api: AdminApi, browser: Browser
+) -> None:
+    node1, node2 = cluster.node_ports
+    client_id = unique("console-bad")
+    with open_console(browser, api) as page:
+        page.click("#nav a[data-view=blocked]")
+        page.select_option("#blocked-kind", "client_id")
+        page.fill("#blocked-value", client_id)
+        page.fill("#blocked-reason", "console test")
+        page.fill("#blocked-minutes", "10")
+        page.click("#blocked-add-form button[type=submit]")
+        expect(page.locator("#blocked-message")).to_have_text(f"client_id {client_id} blocked.")
+        row = page.locator("#blocked tbody tr", has_text=client_id)
+        expect(row).to_contain_text("console test")
+        expect(row).to_contain_text(api.username)
+        for port in (node1, node2):
+            wait_until(
+                lambda p=port: v5_connack(p, client_id) == BANNED, "the ban", PROPAGATION_SECONDS
+            )
+        row.get_by_role("button", name="Unblock").click()
+        expect(page.locator("#blocked-message")).to_have_text(f"client_id {client_id} unblocked.")
+        expect(page.locator("#blocked tbody tr", has_text=client_id)).to_have_count(0)
+    for port in (node1, node2):
+        wait_until(lambda p=port: v5_connack(p, client_id) == 0, "the lifted ban")
