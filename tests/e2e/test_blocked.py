@@ -176,3 +176,45 @@ def test_a_client_blocked_in_the_console_is_banned_until_unblocked(
         expect(page.locator("#blocked tbody tr", has_text=client_id)).to_have_count(0)
     for port in (node1, node2):
         wait_until(lambda p=port: v5_connack(p, client_id) == 0, "the lifted ban")
+
+
+def test_a_flapping_client_is_blocked_on_every_node(
+    settings: LocalSettings, cluster: LocalCluster
+) -> None:
+    """A node with flapping detection on (more than 3 CONNECTs in 60 s: blocked for 5
+    minutes) blocks the client on its fourth CONNECT and stores the block, so the cluster's
+    nodes, which detect nothing themselves, refuse it too."""
+    port = settings.ingest_base_port + 92  # free in this session's block (test_limits: 90, 91)
+    cluster.start_extra(
+        "ingest-flapping",
+        "ingest",
+        port,
+        node_id="flapping",
+        mqtt_port=str(port),
+        flapping_max_connects="3",
+        flapping_window_seconds="60",
+        flapping_block_seconds="300",
+    )
+    client_id = unique("flappy")
+    try:
+        assert [v5_connack(port, client_id) for _ in range(3)] == [0, 0, 0]
+        assert v5_connack(port, client_id) == BANNED
+        assert v5_connack(port, unique("steady")) == 0
+        for node in cluster.node_ports:
+            wait_until(
+                lambda p=node: v5_connack(p, client_id) == BANNED,
+                "the flapping block on the cluster's nodes",
+                PROPAGATION_SECONDS,
+            )
+        [stored] = [
+            b
+            for b in json.loads(blocked_cli(cluster, "list", "--json"))["blocked"]
+            if b["value"] == client_id
+        ]
+        assert stored["created_by"] == "flapping detection"
+        assert stored["reason"].startswith("flapping: more than 3 connects in 60 s")
+        assert "blocked" in cluster.log("ingest-flapping").read_text()
+        blocked_cli(cluster, "delete", stored["id"])
+        wait_until(lambda: v5_connack(cluster.node_ports[0], client_id) == 0, "the lifted block")
+    finally:
+        cluster.stop_extra("ingest-flapping")

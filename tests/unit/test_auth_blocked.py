@@ -136,3 +136,16 @@ def test_the_gate_refuses_stored_blocks_and_counts_nothing_without_flapping() ->
     gate.blocks = BlockList([block(BlockKind.CLIENT_ID, "c")])
     verdict = gate.check("c", None, "", NOW)
     assert verdict is not None and not verdict.new
+
+
+def test_a_stored_flapping_block_takes_over_from_the_nodes_own() -> None:
+    """Once the node's flapping block is among the stored ones, the stored one decides: an
+    operator who deletes it lets the client in on this node too."""
+    gate = ConnectGate(FlappingSettings(max_connects=1, window_seconds=5, block_seconds=30))
+    assert gate.check("c", None, "", NOW) is None
+    verdict = gate.check("c", None, "", NOW + 1)
+    assert verdict is not None and verdict.new
+    gate.blocks = BlockList([verdict.block])  # stored, and loaded again
+    assert gate.check("c", None, "", NOW + 2) is not None
+    gate.blocks = BlockList()  # deleted by an operator
+    assert gate.check("c", None, "", NOW + 3) is None

@@ -289,16 +289,31 @@ class ConnectGate:
     (kept until they expire) and everywhere once stored."""
 
     def __init__(self, flapping: FlappingSettings | None = None) -> None:
-        self.blocks = BlockList()
+        self._blocks = BlockList()
         self._flaps = None if flapping is None else FlapDetector(flapping)
         self._local: dict[str, Block] = {}
+
+    @property
+    def blocks(self) -> BlockList:
+        """The stored blocks in force. Setting them forgets this node's own flapping blocks
+        that are among them: from then on the stored one decides (an operator who deletes
+        it lets the client in here too)."""
+        return self._blocks
+
+    @blocks.setter
+    def blocks(self, blocks: BlockList) -> None:
+        self._blocks = blocks
+        if self._local:
+            stored = {b.value for b in blocks.blocks() if b.kind is BlockKind.CLIENT_ID}
+            for client_id in stored & self._local.keys():
+                del self._local[client_id]
 
     def check(
         self, client_id: str, username: str | None, address: str, now_ms: int
     ) -> Verdict | None:
         """The verdict on a CONNECT (see :meth:`BlockList.match`; ``now_ms``: Unix ms),
         None when it may go on to authentication."""
-        found = self.blocks.match(client_id, username, address, now_ms)
+        found = self._blocks.match(client_id, username, address, now_ms)
         if found is None:
             local = self._local.get(client_id)
             if local is not None and not local.expired(now_ms):
