@@ -10,6 +10,7 @@ import os
 
 import click
 
+from services.blocked_cli import blocked
 from services.cloud.cli import cloud
 from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
@@ -253,6 +254,7 @@ main.add_command(fetch_kafka)
 main.add_command(cloud)
 main.add_command(analytics)
 main.add_command(credentials)
+main.add_command(blocked)
 
 if __name__ == "__main__":
     main()

@@ -188,7 +188,12 @@ _TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--cert-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
                  help="X509: the client's certificate (PEM); its SHA-256 fingerprint is kept."),
     click.option("--cert-cn", help="X509: a pattern (* ? [..]) over the certificate's CN."),
-    click.option("--cert-san", help="X509: a pattern over its Subject Alternative Names."),
+    click.option(
+        "--cert-san",
+        help="X509: a typed pattern over one type of its Subject Alternative Names: "
+        "dns:*.devices.example.com, uri:spiffe://example.com/*, email:*@example.com, "
+        "ip:10.0.0.0/8.",
+    ),
     click.option("--jwt-secret-file", type=click.Path(exists=True, dir_okay=False),
                  help="JWT: the HMAC secret (HS256/384/512), from a file."),
     click.option("--jwt-public-key-file", type=click.Path(exists=True, dir_okay=False),

@@ -213,8 +213,9 @@ class Compute(pulumi.ComponentResource):
 
     def _ingest(self, spec: TaskSpec) -> None:
         """The ingest task: one listener per NLB target port, PROXY protocol v2 exactly
-        when the target groups send it; with TLS passed through, the certificate and key
-        (and client CA for mutual TLS) from the Secrets Manager secret as PEM text."""
+        when the target groups send it (and taken from the VPC's addresses only); with TLS
+        passed through, the certificate and key (and client CA for mutual TLS) from the
+        Secrets Manager secret as PEM text."""
         config = self._config
         spec.tier = "ingest"
         spec.args = ["--node-id-from-ecs-task"]
@@ -223,7 +224,14 @@ class Compute(pulumi.ComponentResource):
         spec.settings |= {
             "mqtt_host": "0.0.0.0",
             "listeners": [
-                {"kind": kinds[port], "port": port, "proxy_protocol": config.proxy_protocol_v2}
+                {
+                    "kind": kinds[port],
+                    "port": port,
+                    "proxy_protocol": config.proxy_protocol_v2,
+                    # A PROXY header is taken from the NLB only, whose addresses are the
+                    # VPC's: anyone else in reach could claim any client address.
+                    "proxy_trusted_cidrs": [config.vpc_cidr],
+                }
                 for port in spec.ports
             ],
             "max_keep_alive": config.max_keep_alive,

@@ -5,12 +5,13 @@ the program declares; the tests call each ``validate`` function directly. Proper
 the providers' camelCase inputs. During a preview some values are not known yet (ARNs,
 JSON built from them); a rule then checks what is known and reports nothing for the rest.
 
-Rules: MQTT is the only thing open to the internet, the admin API's load balancer is
-internal; encryption at rest and in transit on MSK, ElastiCache, RDS, S3, SNS and the load
-balancers' listeners (HTTPS, TLS 1.3 policies); failover for Redis, Multi-AZ for RDS
-(advisory: off in dev); no public database; IAM policies never allow ``*`` on ``*``; every
-ECS service logs and autoscales; the EMR release runs the Spark line the jobs pin; the
-NLB's idle timeouts and the broker's largest Keep Alive agree.
+Rules: MQTT is the only thing open to the internet, and plaintext MQTT (1883) not
+(advisory: a dev stack may keep it); the admin API's load balancer is internal; encryption
+at rest and in transit on MSK, ElastiCache, RDS, S3, SNS and the load balancers' listeners
+(HTTPS, TLS 1.3 policies); failover for Redis, Multi-AZ for RDS (advisory: off in dev); no
+public database; IAM policies never allow ``*`` on ``*``; every ECS service logs and
+autoscales; the EMR release runs the Spark line the jobs pin; the NLB's idle timeouts and
+the broker's largest Keep Alive agree.
 """
 
 from __future__ import annotations
@@ -119,6 +120,32 @@ def validate_internet_ingress(args: ResourceValidationArgs, report: ReportViolat
             report(
                 f"ingress from the whole internet on {protocol} "
                 f"{rule.get('fromPort')}-{rule.get('toPort')}: only MQTT (1883, 8883) may be",
+                None,
+            )
+
+
+def _covers(rule: Props, port: int) -> bool:
+    """Whether an ingress rule's port range includes ``port`` (every protocol: all ports)."""
+    if rule.get("protocol", rule.get("ipProtocol")) in ("-1", "all"):
+        return True
+    low, high = rule.get("fromPort"), rule.get("toPort")
+    if not isinstance(low, int | float) or not isinstance(high, int | float):
+        return False
+    return int(low) <= port <= int(high)
+
+
+def validate_plaintext_mqtt(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Plaintext MQTT (1883) is not open to 0.0.0.0/0 or ::/0: passwords, tokens and
+    messages would cross the internet in clear (advisory: a dev stack may keep it; a
+    production stack sets ``plainMqtt: false`` or narrows ``allowedCidrs``)."""
+    if args.resource_type not in (SG, SG_RULE, SG_INGRESS):
+        return
+    for rule in _internet_ingress(args.props):
+        if _covers(rule, shared.MQTT_PORT):
+            report(
+                f"plaintext MQTT ({shared.MQTT_PORT}) is open to the whole internet: set "
+                "cormorant:plainMqtt false (clients use 8883, TLS) or narrow "
+                "cormorant:allowedCidrs",
                 None,
             )
 
@@ -349,6 +376,12 @@ POLICIES: list[Policy] = [
         name="mqtt-only-from-internet",
         description="Only the NLB's MQTT listener ports are open to 0.0.0.0/0.",
         validate=validate_internet_ingress,
+    ),
+    ResourceValidationPolicy(
+        name="no-plaintext-mqtt-from-internet",
+        description="Plaintext MQTT (1883) is not open to 0.0.0.0/0 (production stacks).",
+        validate=validate_plaintext_mqtt,
+        enforcement_level=EnforcementLevel.ADVISORY,
     ),
     ResourceValidationPolicy(
         name="encryption-everywhere",

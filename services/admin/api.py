@@ -27,7 +27,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
-from services.admin import admin_users_api, credentials_api, models
+from services.admin import admin_users_api, blocked_api, credentials_api, models
 from services.admin.auth import ERRORS, Credentials, User
 from services.admin.cluster import Probe, StatsSampler
 from services.admin.commands import CommandWriter, disconnect_records, retained_delete_record
@@ -574,6 +574,7 @@ def create_app(context: AdminContext) -> FastAPI:
 
     app.include_router(admin_users_api.router)
     app.include_router(credentials_api.router)
+    app.include_router(blocked_api.router)
     return app
 
 

@@ -252,7 +252,9 @@ class RuleBody(BaseModel):
 
 class CertificateBody(BaseModel):
     """How an X509 credential recognises its certificate: exactly one of ``fingerprint``
-    (SHA-256 of the DER certificate, hex), ``common_name`` or ``san`` (shell patterns)."""
+    (SHA-256 of the DER certificate, hex), ``common_name`` (a shell pattern) or ``san``, a
+    typed pattern over one type of Subject Alternative Name (``dns:*.devices.example.com``,
+    ``uri:spiffe://example.com/*``, ``email:*@example.com``, ``ip:10.0.0.0/8``)."""
 
     fingerprint: str | None = Field(None, max_length=128, pattern=NO_NUL)
     common_name: str | None = Field(None, min_length=1, max_length=1024, pattern=NO_NUL)

@@ -8,7 +8,9 @@ Environment variables win over the file. Durations are in seconds, sizes in byte
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -36,13 +38,32 @@ TlsClientAuth = Literal["none", "optional", "required"]
 """Client certificates on the TLS listeners: not asked for, verified when sent, or required."""
 
 
+PRIVATE_NETWORKS = (
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "fc00::/7",
+)
+"""Where load balancers live by default: loopback and the private ranges (RFC 1918, RFC
+4193). A listener's ``proxy_trusted_cidrs`` default."""
+
+
 class Listener(BaseModel):
     """One more MQTT listener of an ingest node (besides ``mqtt_port``), on ``mqtt_host``.
 
     ``kind``: :data:`ListenerKind`; ``port``: its TCP port; ``proxy_protocol``: every
     connection must start with a PROXY protocol header (v1 or v2) naming the client's
     address, as a load balancer sends it (HAProxy ``send-proxy-v2``, an NLB target group's
-    ``proxy_protocol_v2``); one without it is closed.
+    ``proxy_protocol_v2``); one without it is closed. ``proxy_trusted_cidrs``: the networks
+    a PROXY header is taken from (the load balancers'); a connection from anywhere else is
+    closed before a byte is read, so nobody outside them can claim another address
+    (default: loopback and the private ranges, :data:`PRIVATE_NETWORKS`).
+    ``allowed_origins`` (ws, wss): the ``Origin`` values a WebSocket upgrade may carry
+    (``https://console.example.com``); a browser page from any other origin gets HTTP 403.
+    Clients that send no ``Origin`` (devices, non-browser libraries) are not concerned.
+    Empty: every origin.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +71,47 @@ class Listener(BaseModel):
     kind: ListenerKind
     port: int = Field(ge=0, le=65535)
     proxy_protocol: bool = False
+    proxy_trusted_cidrs: tuple[str, ...] = PRIVATE_NETWORKS
+    allowed_origins: tuple[str, ...] = ()
+
+    @field_validator("proxy_trusted_cidrs")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                message = f"proxy_trusted_cidrs: {cidr!r} is not a CIDR network ({exc})"
+                raise ValueError(message) from None
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if not re.fullmatch(r"(https?)://[^/\s?#]+", origin):
+                raise ValueError(
+                    f"allowed_origins: {origin!r} is not an origin (scheme://host[:port], "
+                    "no path: what a browser sends in Origin)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _websocket_only(self) -> Listener:
+        if self.allowed_origins and not self.websocket:
+            raise ValueError("allowed_origins applies to WebSocket listeners (ws, wss) only")
+        return self
+
+    def proxy_trusted(self, host: str) -> bool:
+        """Whether a PROXY header may come from peer IP address ``host`` (an IPv4-mapped
+        IPv6 address counts as its IPv4 one); False for anything not an IP address."""
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in ipaddress.ip_network(c, strict=False) for c in self.proxy_trusted_cidrs)
 
     @property
     def tls(self) -> bool:
@@ -343,10 +405,15 @@ class Settings(BaseSettings):
     listeners: list[Listener] = Field(
         default_factory=list,
         description="More listeners besides mqtt_port (which is plain MQTT over TCP without "
-        "PROXY protocol), as a JSON list of {kind: mqtt|mqtts|ws|wss, port, proxy_protocol}: "
-        'CORMORANT_LISTENERS=\'[{"kind": "mqtts", "port": 8883, "proxy_protocol": true}, '
-        '{"kind": "ws", "port": 8083}]\'. mqtts and wss need the TLS certificate; ws and wss '
-        "serve MQTT over WebSocket on /mqtt (subprotocol mqtt).",
+        "PROXY protocol), as a JSON list of {kind: mqtt|mqtts|ws|wss, port, proxy_protocol, "
+        "proxy_trusted_cidrs, allowed_origins}: "
+        'CORMORANT_LISTENERS=\'[{"kind": "mqtts", "port": 8883, "proxy_protocol": true, '
+        '"proxy_trusted_cidrs": ["10.40.0.0/16"]}, {"kind": "ws", "port": 8083, '
+        '"allowed_origins": ["https://console.example.com"]}]\'. mqtts and wss need the TLS '
+        "certificate; ws and wss serve MQTT over WebSocket on /mqtt (subprotocol mqtt). A "
+        "PROXY header is taken only from proxy_trusted_cidrs (default: loopback and the "
+        "private ranges); a WebSocket upgrade whose Origin is not in allowed_origins (when "
+        "set) gets HTTP 403.",
     )
     tls_cert_file: Path | None = Field(
         None,
@@ -398,6 +465,20 @@ class Settings(BaseSettings):
         description="New connections per second per ingest node (a token bucket holding one "
         "second's worth); beyond it: CONNACK 0x9F Connection rate exceeded (v3.1.1: 0x03). "
         "0: no limit.",
+    )
+    flapping_max_connects: int = Field(
+        0,
+        ge=0,
+        description="Flapping detection: a Client Identifier that connects more than this "
+        "many times within flapping_window_seconds (counted per ingest node) is blocked "
+        "for flapping_block_seconds on every node (a block with reason 'flapping', listed "
+        "by `cormorant blocked list`). 0: off (the default).",
+    )
+    flapping_window_seconds: float = Field(
+        60.0, gt=0, description="Flapping detection's window (seconds)."
+    )
+    flapping_block_seconds: float = Field(
+        300.0, gt=0, description="How long flapping detection blocks a client id (seconds)."
     )
     max_connection_rate_per_address: float = Field(
         500.0,

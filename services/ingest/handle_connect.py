@@ -27,6 +27,7 @@ import logging
 from collections.abc import Iterable
 
 from services.common.auth.authorize import ALLOW_ALL, ALLOW_ALL_RULE, DENY_ALL, Authorizer
+from services.common.auth.blocked import Verdict
 from services.common.auth.principal import AuthRequest, Principal
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
@@ -48,11 +49,13 @@ from services.ingest.effects import (
     Connected,
     CreateAppTopic,
     Effect,
+    LimitRefused,
     Send,
     StoreSession,
     StoreSubscriptions,
     WatchSession,
 )
+from services.ingest.limits import Refusal
 from services.ingest.state import (
     AwaitingAppTopic,
     AwaitingConnAck,
@@ -74,7 +77,8 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
     Raises :class:`MQTTError` with the CONNACK Reason Code for a refused CONNECT: the
     shell's refusal (``state.refusal``: a connection limit, 0x97 or 0x9F), 0x85 Client
     Identifier not valid (empty id with Clean Session 0 in v3.1.1, MQTT 3.1.3-8), 0x90 for
-    an invalid Will Topic.
+    an invalid Will Topic. A blocked client (``ServerContext.blocked``) is refused with
+    0x8A Banned before its credentials are checked (:func:`blocked`).
     """
     state.protocol_version = connect.protocol_version
     if state.refusal is not None:
@@ -96,6 +100,9 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         assigned = True
     if connect.will is not None:
         validate_topic_name(connect.will.topic)
+    verdict = state.server.blocked(client_id, connect.username, state.client_address)
+    if verdict is not None:
+        return blocked(state, client_id, verdict)
 
     limits = state.limits
     state.will = connect.will
@@ -143,6 +150,15 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         props.authentication_data,
     )
     return [Authenticate(request)]
+
+
+def blocked(state: ConnectionState, client_id: str, verdict: Verdict) -> list[Effect]:
+    """Refuse a blocked client before its credentials are checked: CONNACK 0x8A Banned
+    (v3.1.1: 0x05 Not authorized; MQTT 5.0 3.2.2.2), counted and logged by the shell
+    (:class:`LimitRefused`). The client is not told which block refused it."""
+    state.client_id = client_id
+    refused = LimitRefused(Refusal.BLOCKED, verdict.block.describe())
+    return [refused, *refuse(state, MQTTError("banned", ReasonCode.BANNED))]
 
 
 def authorizer_of(principal: Principal, client_id: str) -> Authorizer:

@@ -34,6 +34,7 @@ class Refusal(enum.StrEnum):
     PROXY_HEADER = "proxy_header"  # no valid PROXY header where required: closed
     TLS_HANDSHAKE = "tls_handshake"  # failed TLS handshake (a refused client certificate)
     WEBSOCKET_HANDSHAKE = "websocket_handshake"  # not a WebSocket upgrade on /mqtt
+    BLOCKED = "blocked"  # a blocked client id, user name, address or flapping: CONNACK 0x8A
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ reloaded on SIGHUP serves the next connection while open ones keep theirs. The s
 then handed to the event loop (``connect_accepted_socket``, with TLS when the listener
 speaks it) and becomes an :class:`~services.ingest.server.MQTTServerProtocol` like any.
 
-A connection that sends no valid PROXY header where one is required, or fails its TLS
-handshake, is closed and counted (:class:`~services.ingest.limits.Refusal`); one closed
+A connection that sends no valid PROXY header where one is required, comes from outside
+the listener's ``proxy_trusted_cidrs`` on a PROXY listener, or fails its TLS handshake, is
+closed and counted (:class:`~services.ingest.limits.Refusal`); one closed
 before sending anything (a load balancer's TCP health check) is not.
 """
 
@@ -99,6 +100,12 @@ class _Acceptor:
             return
         client: tuple[str, int] | None = None
         stage = Refusal.PROXY_HEADER
+        if listener.proxy_protocol and not listener.proxy_trusted(host):
+            # Only a load balancer may say where a client is: anyone else could claim any
+            # address (and slip past address blocks and per-address limits).
+            node.refusals.note(stage, host, "PROXY header from outside proxy_trusted_cidrs")
+            sock.close()
+            return
         try:
             async with asyncio.timeout(node.settings.connect_timeout_seconds):
                 if listener.proxy_protocol:
@@ -112,7 +119,11 @@ class _Acceptor:
                     context = self.contexts.current
                 await loop.connect_accepted_socket(
                     lambda: MQTTServerProtocol(
-                        node, websocket=listener.websocket, client=client, listener=listener.kind
+                        node,
+                        websocket=listener.websocket,
+                        client=client,
+                        listener=listener.kind,
+                        origins=listener.allowed_origins,
                     ),
                     sock,
                     ssl=context,
@@ -185,6 +196,7 @@ async def start_listeners(node: IngestNode) -> Listeners:
                         node,
                         websocket=listener.websocket,
                         listener=listener.kind,
+                        origins=listener.allowed_origins,
                     ),
                     settings.mqtt_host,
                     listener.port,

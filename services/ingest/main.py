@@ -9,7 +9,8 @@ in full for session takeover, session resumption and Will Messages waiting out t
 another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
 Credentials come from PostgreSQL through a cache that the store's change notifications
 keep right (:mod:`services.common.auth.cache`), as they keep the passwords verified lately
-(:mod:`services.common.auth.verified`); a task follows them.
+(:mod:`services.common.auth.verified`) and the blocked clients
+(:mod:`services.common.auth.blocked_store`); a task follows them.
 
 At start, once the state is read and before the listener opens, the sessions still shown
 connected to this node are ended (their connections died with the previous process); at
@@ -30,6 +31,8 @@ from aiokafka import TopicPartition
 from services.common import metrics
 from services.common.auth.authenticate import Authenticator
 from services.common.auth.authorize import parse_rules
+from services.common.auth.blocked_store import CHANNEL as BLOCKED_CHANNEL
+from services.common.auth.blocked_store import BlockedFollower, BlockedStore
 from services.common.auth.cache import CredentialCache
 from services.common.auth.store import Change, CredentialStore
 from services.common.auth.verified import VerifiedPasswords
@@ -106,6 +109,7 @@ def build_app(settings: Settings) -> faust.App:
         await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
 
     cache = CredentialCache(CredentialStore.from_settings(settings))
+    blocked_store = BlockedStore(cache.store.pool)
     verified = VerifiedPasswords(
         settings.auth_verified_cache_entries, settings.auth_verified_cache_seconds
     )
@@ -130,7 +134,9 @@ def build_app(settings: Settings) -> faust.App:
         authenticator=authenticator,
         fetch_credential=cache.get,
         commit_will=commit_will,
+        store_block=blocked_store.extend,
     )
+    blocked = BlockedFollower(blocked_store, node.gate)
 
     def credential_changed(change: Change) -> None:
         cache.changed(change)
@@ -141,6 +147,7 @@ def build_app(settings: Settings) -> faust.App:
         cache.clear()
         verified.clear()
         node.credentials_resynced()
+        blocked.changed()
 
     reader = CompactedTopicReader(
         settings.kafka_bootstrap,
@@ -188,8 +195,13 @@ def build_app(settings: Settings) -> faust.App:
     async def serve() -> None:
         await reader.start()
         tasks.append(
-            asyncio.create_task(cache.store.listen(credential_changed, credentials_resynced))
+            asyncio.create_task(
+                cache.store.listen(
+                    credential_changed, credentials_resynced, {BLOCKED_CHANNEL: blocked.changed}
+                )
+            )
         )
+        tasks.append(asyncio.create_task(blocked.run(), name="blocked-clients"))
         tasks.append(asyncio.create_task(cache.follow_client_ids(), name="client-ids"))
         if settings.allow_anonymous:
             log.warning("node %s: anonymous clients may connect", settings.node_id)

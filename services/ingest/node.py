@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 
 from services.common import metrics
 from services.common.auth.authenticate import Authenticator
+from services.common.auth.blocked import Block, ConnectGate, FlappingSettings, Verdict
 from services.common.auth.credentials import Credential
 from services.common.auth.principal import (
     Accepted,
@@ -80,6 +81,9 @@ from services.ingest.wills import Commit, WillTimers
 
 log = logging.getLogger(__name__)
 
+StoreBlock = Callable[[Block], Awaitable[None]]
+"""``await store(block)``: store a block flapping detection made (every node then has it)."""
+
 FetchCredential = Callable[[uuid.UUID], Awaitable[Credential | None]]
 """``await fetch(id)``: the credential as PostgreSQL has it now (None: deleted)."""
 
@@ -98,7 +102,8 @@ class IngestNode:
     state topics have been applied up to their current end; ``ensure_app_topic`` makes
     sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`);
     ``authenticator`` checks credentials and ``fetch_credential`` reads one that changed
-    (:data:`FetchCredential`); ``settings``
+    (:data:`FetchCredential`); ``store_block`` stores the blocks flapping detection makes
+    (:data:`StoreBlock`; None: they hold on this node only); ``settings``
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
     ``ensure_app_topic``. ``commit_will`` writes records in one transaction of a
@@ -116,6 +121,7 @@ class IngestNode:
         commit_will: Commit,
         authenticator: Authenticator,
         fetch_credential: FetchCredential,
+        store_block: StoreBlock | None = None,
         clock: Callable[[], int] = now_ms,
         new_client_id: Callable[[], str] = assigned_client_id,
     ) -> None:
@@ -127,12 +133,22 @@ class IngestNode:
         self.sessions: dict[str, SessionRecord] = {}
         self.session_offsets: dict[str, int] = {}
         self.subscriptions: dict[str, list[Subscription]] = {}
+        flapping = None
+        if settings.flapping_max_connects:
+            flapping = FlappingSettings(
+                settings.flapping_max_connects,
+                settings.flapping_window_seconds,
+                settings.flapping_block_seconds,
+            )
+        self.gate = ConnectGate(flapping)
+        self._store_block = store_block
         self.context = ServerContext(
             Limits.from_settings(settings),
             settings.node_id,
             self.previous_session,
             clock,
             new_client_id,
+            self.check_blocked,
         )
         self.registry = ClientRegistry()
         self.pipeline = StorePipeline(
@@ -166,6 +182,23 @@ class IngestNode:
         refusal = self.admission.admit(host, time.monotonic())
         self.admission.opened()
         return refusal
+
+    def check_blocked(self, client_id: str, username: str | None, address: str) -> Verdict | None:
+        """The verdict of :attr:`gate` on a CONNECT (:data:`~services.ingest.state.
+        CheckBlocked`); a client that flapping detection blocks just now has its block
+        stored (in the background), so every node refuses it."""
+        verdict = self.gate.check(client_id, username, address, self.clock())
+        if verdict is not None and verdict.new and self._store_block is not None:
+            log.warning("client %r: %s", client_id, verdict.block.describe())
+            self.pipeline.background(self._keep_block(verdict.block))
+        return verdict
+
+    async def _keep_block(self, block: Block) -> None:
+        assert self._store_block is not None
+        try:
+            await self._store_block(block)
+        except Exception as exc:  # PostgreSQL unreachable: the block holds on this node
+            log.warning("block of %r not stored: %r", block.value, exc)
 
     @property
     def pending_records(self) -> int:

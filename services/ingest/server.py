@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import cast
 
 from services.common.auth.principal import Refused
@@ -109,6 +110,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         websocket: bool = False,
         client: Address | None = None,
         listener: str = "mqtt",
+        origins: Sequence[str] = (),
     ) -> None:
         self.node = node
         self.connection = ServerConnection(node.context, new_connection_id())
@@ -121,7 +123,9 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._held: bytearray | None = None
         self._out: list[bytes] | None = None
         self._client = client
-        self._ws = WebSocketFraming(2 * node.settings.max_packet_size) if websocket else None
+        self._ws = (
+            WebSocketFraming(2 * node.settings.max_packet_size, origins) if websocket else None
+        )
         self._paused: set[str] = set()
         self._closing: asyncio.TimerHandle | bool = False
         settings = node.settings

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from services.common.auth.authorize import DENY_ALL, Authorizer
+from services.common.auth.blocked import Verdict
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Principal, ScramState
 from services.common.mqtt.codec import encode
@@ -27,6 +28,15 @@ W = TypeVar("W")
 
 PreviousSession = Callable[[str], tuple[SessionRecord | None, list[Subscription]]]
 """Looks up a client id's latest session record and subscriptions (from the state topics)."""
+
+CheckBlocked = Callable[[str, str | None, str], Verdict | None]
+"""``check(client_id, username, client_address)``: the verdict on a CONNECT before its
+credentials are checked (:meth:`~services.common.auth.blocked.ConnectGate.check`), None
+when it may go on."""
+
+
+def _nothing_blocked(client_id: str, username: str | None, address: str) -> Verdict | None:
+    return None
 
 
 class OncePerInterval:
@@ -58,10 +68,12 @@ class ServerContext:
     ``previous_session`` is consulted on CONNECT; ``now_ms`` returns Unix time in
     milliseconds; ``new_client_id`` makes the Assigned Client Identifier of a v5 client that
     sent none (MQTT 5.0 3.1.3.1); ``monotonic`` returns seconds on a clock that never steps
-    back (the keep-alive clock: :attr:`ServerConnection.keep_alive_deadline`). The shell
-    passes the real clocks and generator, tests their own. ``owner_refusals_logged`` says
-    which refused session takeovers (another principal's CONNECT for a Client Identifier
-    whose session is not its own) are logged: once per client id and minute.
+    back (the keep-alive clock: :attr:`ServerConnection.keep_alive_deadline`); ``blocked``
+    judges each CONNECT against the blocked clients (:data:`CheckBlocked`; none by
+    default). The shell passes the real clocks and generator, tests their own.
+    ``owner_refusals_logged`` says which refused session takeovers (another principal's
+    CONNECT for a Client Identifier whose session is not its own) are logged: once per
+    client id and minute.
     """
 
     limits: Limits
@@ -71,6 +83,7 @@ class ServerContext:
     new_client_id: Callable[[], str]
     monotonic: Callable[[], float] = time.monotonic
     owner_refusals_logged: OncePerInterval = field(default_factory=lambda: OncePerInterval(60_000))
+    blocked: CheckBlocked = _nothing_blocked
 
 
 class Phase(enum.Enum):

@@ -7,8 +7,11 @@ The opening handshake is an HTTP/1.1 upgrade on :data:`PATH` whose client offers
 Control Packets travel in binary data frames: a packet may span several frames and a frame
 may carry several packets, so the frames' payloads are simply the MQTT byte stream. A text
 frame is a protocol error: the connection is closed (MQTT-6.0.0-1). Pings are answered,
-a close frame is answered and ends the connection. The origin is not checked: who may
-connect is decided by MQTT authentication, as on the TCP listeners.
+a close frame is answered and ends the connection. With ``origins`` (the listener's
+``allowed_origins``), an upgrade whose ``Origin`` header names another origin gets HTTP 403:
+a browser always sends the page's origin, so a page of another site cannot use a visitor's
+browser (its network position, its client certificate) to reach the broker. An upgrade
+without ``Origin`` (devices, non-browser libraries) is not concerned.
 
 Built on the sans-IO protocol of the ``websockets`` package (its ``ServerProtocol``), which
 costs a third of ``wsproto``'s per message on this machine (bench/bench_websocket.py:
@@ -17,6 +20,7 @@ costs a third of ``wsproto``'s per message on this machine (bench/bench_websocke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from websockets.exceptions import InvalidState
@@ -24,7 +28,7 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
-from websockets.typing import Subprotocol
+from websockets.typing import Origin, Subprotocol
 
 PATH = "/mqtt"
 """The request path of MQTT over WebSocket (the path MQTT.js, paho and Mosquitto use)."""
@@ -53,15 +57,21 @@ class WebSocketFraming:
     """The server side of one WebSocket connection carrying MQTT.
 
     ``max_frame_size`` (bytes) bounds one frame (larger ones close the connection with
-    1009); the MQTT decoder bounds each packet on its own. :meth:`receive` takes socket
+    1009); the MQTT decoder bounds each packet on its own. ``origins``: the ``Origin``
+    values accepted (empty: any; see the module). :meth:`receive` takes socket
     bytes; :meth:`frame` wraps MQTT bytes for the socket; :meth:`close` gives the close
     frame. :attr:`open` is True from the accepted handshake until a close.
     """
 
     __slots__ = ("_protocol", "path")
 
-    def __init__(self, max_frame_size: int) -> None:
-        self._protocol = ServerProtocol(subprotocols=list(SUBPROTOCOLS), max_size=max_frame_size)
+    def __init__(self, max_frame_size: int, origins: Sequence[str] = ()) -> None:
+        allowed: list[Origin | None] | None = None
+        if origins:
+            allowed = [*(Origin(o) for o in origins), None]  # None: no Origin header
+        self._protocol = ServerProtocol(
+            subprotocols=list(SUBPROTOCOLS), max_size=max_frame_size, origins=allowed
+        )
         self.path = ""
 
     @property

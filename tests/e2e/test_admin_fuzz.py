@@ -25,18 +25,20 @@ EXAMPLES = 12
 #: say (an MQTT_BASIC credential names a user or a client, an X509 match exactly one of
 #: fingerprint, CN and SAN, a JWT public key must load for its algorithms, a rule's
 #: placeholders stand for whole levels): a well-formed credential may be refused with 422,
-#: which says why. Every other operation accepts what its schema allows.
+#: which says why. So may a block (an address that is no address, an expression that does
+#: not compile; 409 when it exists). Every other operation accepts what its schema allows.
 CONFIG = SchemathesisConfig.from_dict(
     {
         "operations": [
             {
-                "include-path-regex": "^/api/credentials",
+                "include-path-regex": path,
                 "checks": {
                     "positive_data_acceptance": {
                         "expected-statuses": ["2xx", "401", "404", "409", "422"]
                     }
                 },
             }
+            for path in ("^/api/credentials", "^/api/blocked")
         ]
     }
 )
@@ -61,6 +63,7 @@ def test_the_admin_api_keeps_its_openapi_document(
     # plugin does not run on pytest 9 yet, so its strategies are driven here).
     calls: list[int] = []
     credentials_before = {c["name"] for c in api.get("/api/credentials")["credentials"]}
+    blocks_before = {b["id"] for b in api.get("/api/blocked")["blocked"]}
     operations = [result.ok() for result in admin_schema.get_all_operations()]
     assert len(operations) >= 9
     try:
@@ -71,8 +74,14 @@ def test_the_admin_api_keeps_its_openapi_document(
         for credential in api.get("/api/credentials")["credentials"]:
             if credential["name"] not in credentials_before:
                 api.call("DELETE", f"/api/credentials/{credential['id']}")
+        # And the blocks it made: an address block of 0.0.0.0/0 or the expression .* would
+        # refuse every client of the tests that follow.
+        for block in api.get("/api/blocked")["blocked"]:
+            if block["id"] not in blocks_before:
+                api.call("DELETE", f"/api/blocked/{block['id']}")
     assert len(calls) > 5 * EXAMPLES, calls  # the operations were reached
     assert {c["name"] for c in api.get("/api/credentials")["credentials"]} <= credentials_before
+    assert {b["id"] for b in api.get("/api/blocked")["blocked"]} <= blocks_before
 
 
 def _fuzz(operations: list[Any], api: AdminApi, calls: list[int]) -> None:

@@ -450,7 +450,7 @@ async def test_x509_credentials_authenticate_client_certificates_over_mutual_tls
         CredentialSpec(f"{tag}-by-cn", CredentialType.X509, rules=rules,
                        certificate=CertificateMatch(common_name=f"{tag}-line-*")),
         CredentialSpec(f"{tag}-by-san", CredentialType.X509, rules=["allow all #"],
-                       certificate=CertificateMatch(san=f"*.{tag}.example")),
+                       certificate=CertificateMatch(san=f"dns:*.{tag}.example")),
         CredentialSpec(f"{tag}-pinned", CredentialType.X509, rules=["allow all #"],
                        certificate=CertificateMatch(fingerprint=_fingerprint(pinned.cert))),
     ]  # fmt: skip

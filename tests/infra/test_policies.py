@@ -97,15 +97,37 @@ def test_prod_and_the_alternatives_pass_every_rule(
     assert run_pack(serverless) == {}
 
 
-def test_dev_gets_only_the_advisory_multi_az_notes(dev: Deployment) -> None:
+def test_dev_gets_only_the_advisory_notes(dev: Deployment) -> None:
     assert run_pack(dev) == {
         "database-multi-az": [
             "RDS: not Multi-AZ (a zone failure stops the database)",
             "RDS: deletion protection is off",
-        ]
+        ],
+        "no-plaintext-mqtt-from-internet": [
+            "plaintext MQTT (1883) is open to the whole internet: set cormorant:plainMqtt "
+            "false (clients use 8883, TLS) or narrow cormorant:allowedCidrs"
+        ],
     }
-    [policy] = [p for p in rules.POLICIES if p.name == "database-multi-az"]
-    assert policy.enforcement_level is not None and policy.enforcement_level.value == "advisory"
+    for name in ("database-multi-az", "no-plaintext-mqtt-from-internet"):
+        [policy] = [p for p in rules.POLICIES if p.name == name]
+        assert policy.enforcement_level is not None
+        assert policy.enforcement_level.value == "advisory"
+
+
+@pytest.mark.parametrize(
+    ("props", "noted"),
+    [
+        ({"cidrIpv4": "0.0.0.0/0", "ipProtocol": "tcp", "fromPort": 1883, "toPort": 1883}, True),
+        ({"cidrIpv6": "::/0", "ipProtocol": "tcp", "fromPort": 1800, "toPort": 1900}, True),
+        ({"cidrIpv4": "0.0.0.0/0", "ipProtocol": "-1"}, True),
+        ({"cidrIpv4": "0.0.0.0/0", "ipProtocol": "tcp", "fromPort": 8883, "toPort": 8883}, False),
+        ({"cidrIpv4": "198.51.100.0/24", "ipProtocol": "tcp", "fromPort": 1883, "toPort": 1883},
+         False),
+    ],
+)  # fmt: skip
+def test_plaintext_mqtt_rule(props: dict[str, Any], noted: bool) -> None:
+    found = check(rules.validate_plaintext_mqtt, rules.SG_INGRESS, props)
+    assert bool(found) is noted, found
 
 
 def test_the_pack_catches_a_stack_gone_wrong(prod: Deployment) -> None:

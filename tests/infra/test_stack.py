@@ -181,6 +181,17 @@ def test_only_the_nlb_is_open_to_the_internet_and_only_on_mqtt_ports(
     )
 
 
+def test_the_prod_stack_keeps_plaintext_mqtt_off_the_internet(
+    prod: Deployment, dev: Deployment
+) -> None:
+    """Production serves MQTT over TLS only (8883); 1883 is neither an NLB listener nor open
+    to any address. The dev stack keeps 1883 (trying Cormorant out), which the policy pack
+    notes."""
+    assert list(nlb_listeners(prod)) == [shared.MQTT_TLS_PORT]
+    assert {port for _cidr, port in address_rules(prod, "nlb")} == {shared.MQTT_TLS_PORT}
+    assert ("0.0.0.0/0", shared.MQTT_PORT) in address_rules(dev, "nlb")
+
+
 def address_rules(deployment: Deployment, tier: str) -> set[tuple[str, int]]:
     """(CIDR, port) of every ingress rule of ``tier`` that names addresses."""
     tiers = group_tier(deployment)
@@ -445,7 +456,12 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     env = environment(ingest)
     assert env["CORMORANT_MQTT_HOST"] == "0.0.0.0"
     assert json.loads(env["CORMORANT_LISTENERS"]) == [
-        {"kind": "mqtt", "port": shared.MQTT_PORT, "proxy_protocol": False}
+        {
+            "kind": "mqtt",
+            "port": shared.MQTT_PORT,
+            "proxy_protocol": False,
+            "proxy_trusted_cidrs": ["10.40.0.0/16"],  # the VPC: only the NLB may send PROXY
+        }
     ]
     assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
@@ -556,8 +572,10 @@ def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:
     assert ingest["portMappings"] == [{"containerPort": 8883, "protocol": "tcp"}]
     env = environment(ingest)
     assert json.loads(env["CORMORANT_LISTENERS"]) == [
-        {"kind": "mqtts", "port": 8883, "proxy_protocol": True}  # as the target group sends
-    ]
+        # PROXY v2 as the target group sends it, taken from the VPC's addresses only
+        {"kind": "mqtts", "port": 8883, "proxy_protocol": True,
+         "proxy_trusted_cidrs": ["10.40.0.0/16"]}
+    ]  # fmt: skip
     assert env["CORMORANT_TLS_CLIENT_AUTH"] == "optional"
     secrets = {s["name"]: s["valueFrom"] for s in ingest["secrets"]}
     assert {name: secrets[name] for name in secrets if "TLS" in name} == {

@@ -177,7 +177,8 @@ async def test_a_jwt_authenticates_and_its_claims_must_match_the_client() -> Non
 
 
 async def test_a_verified_certificate_is_enough() -> None:
-    identity = CertificateIdentity("dev-3.fleet", ("dev-3.fleet",), "a" * 64, "CN=dev-3.fleet")
+    sans = (("dns", "dev-3.fleet"),)
+    identity = CertificateIdentity("dev-3.fleet", sans, "a" * 64, "CN=dev-3.fleet")
     by_cn = credential(
         "fleet", CredentialType.X509, certificate=CertificateMatch(common_name="*.fleet")
     )

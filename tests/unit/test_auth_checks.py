@@ -23,6 +23,7 @@ from services.common.auth.certificates import (
     CertificateIdentity,
     CertificateMatch,
     match_certificate,
+    parse_san_pattern,
 )
 from services.common.auth.credentials import (
     Credential,
@@ -223,13 +224,13 @@ def _identity(pem: Path) -> CertificateIdentity:
 def test_a_certificate_is_matched_by_fingerprint_before_patterns(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     identity = _identity(pki.cert)
-    assert len(identity.fingerprint) == 64 and "localhost" in identity.subject_alt_names
+    assert len(identity.fingerprint) == 64 and ("dns", "localhost") in identity.subject_alt_names
     assert identity.subject == "CN=localhost,O=Cormorant local cluster"
     assert identity.common_name == "localhost"
     candidates = [
-        ("any-host", CertificateMatch(san="*")),
+        ("any-host", CertificateMatch(san="dns:*")),
         ("by-cn", CertificateMatch(common_name=f"{identity.common_name}")),
-        ("by-san", CertificateMatch(san="local*")),
+        ("by-san", CertificateMatch(san="dns:local*")),
         ("exact", CertificateMatch(fingerprint=identity.fingerprint)),
         ("other", CertificateMatch(fingerprint="0" * 64)),
     ]
@@ -240,9 +241,10 @@ def test_a_certificate_is_matched_by_fingerprint_before_patterns(tmp_path: Path)
 
 
 def test_equally_specific_patterns_are_chosen_the_same_way_everywhere() -> None:
-    identity = CertificateIdentity("dev-7.fleet", ("dev-7.fleet",), "f" * 64, "CN=dev-7.fleet")
+    sans = (("dns", "dev-7.fleet"),)
+    identity = CertificateIdentity("dev-7.fleet", sans, "f" * 64, "CN=dev-7.fleet")
     candidates = [("b", CertificateMatch(common_name="dev-?.fleet")),
-                  ("a", CertificateMatch(san="dev-?.fleet"))]  # fmt: skip
+                  ("a", CertificateMatch(san="dns:dev-?.fleet"))]  # fmt: skip
     assert match_certificate(identity, candidates) == "a"
     assert match_certificate(identity, list(reversed(candidates))) == "a"
     nameless = CertificateIdentity(None, (), "f" * 64, "O=nameless")
@@ -294,3 +296,46 @@ def test_client_id_rules_of_bound_credentials_are_accepted() -> None:
     check_credential(
         Credential(uuid.uuid4(), "c", CredentialType.JWT, rules=_CLIENT_ID_RULE, jwt=settings)
     )
+
+
+def test_a_san_pattern_matches_sans_of_its_type_only() -> None:
+    """``*.devices.example.com`` is a DNS pattern: a URI (or e-mail) SAN that happens to
+    fit it is not a match, and a pattern must say its type when it is made."""
+    uri_only = CertificateIdentity(
+        None, (("uri", "spiffe://x.devices.example.com"),), "f" * 64, "O=x"
+    )
+    dns = CertificateIdentity(None, (("dns", "Dev-1.Devices.Example.com"),), "f" * 64, "O=x")
+    by_dns = CertificateMatch(san="dns:*.devices.example.com")
+    assert not by_dns.matches(uri_only)
+    assert by_dns.matches(dns)  # DNS names are compared without case
+    assert CertificateMatch(san="uri:spiffe://*.devices.example.com").matches(uri_only)
+    assert not CertificateMatch(san="uri:spiffe://*.devices.example.com").matches(dns)
+    sans = (("email", "ops@example.com"), ("ip", "10.1.2.3"))
+    mail = CertificateIdentity(None, sans, "f" * 64, "")
+    assert CertificateMatch(san="email:*@example.com").matches(mail)
+    assert not CertificateMatch(san="dns:*example.com").matches(mail)
+    assert CertificateMatch(san="ip:10.0.0.0/8").matches(mail)
+    assert not CertificateMatch(san="ip:10.1.2.4").matches(mail)
+    # stored before SAN types existed: a DNS pattern
+    assert not CertificateMatch(san="*.devices.example.com").matches(uri_only)
+    assert CertificateMatch(san="*.devices.example.com").matches(dns)
+
+
+@pytest.mark.parametrize(
+    ("san", "words"),
+    [
+        ("*.devices.example.com", "names no SAN type"),
+        ("dir:CN=x", "names no SAN type"),
+        ("dns:", "empty after its type"),
+        ("ip:10.0.0.300", "not an IP address or CIDR"),
+    ],
+)
+def test_an_x509_credential_needs_a_typed_san_pattern(san: str, words: str) -> None:
+    credential = Credential(
+        uuid.uuid4(), "x", CredentialType.X509, certificate=CertificateMatch(san=san)
+    )
+    with pytest.raises(CredentialError, match=words):
+        check_credential(credential)
+    with pytest.raises(ValueError, match=words):
+        parse_san_pattern(san)
+    assert parse_san_pattern("DNS:*.devices.example.com") == ("dns", "*.devices.example.com")

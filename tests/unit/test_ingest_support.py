@@ -39,7 +39,7 @@ from services.ingest.effects import (
 )
 from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
-from services.ingest.state import ServerContext
+from services.ingest.state import CheckBlocked, ServerContext
 
 E = TypeVar("E")
 
@@ -77,7 +77,8 @@ class Client:
     they ride along every connect, subscription and disconnect, and are checked on their own.
     ``authenticate`` plays the shell's credential check: each
     :class:`~services.ingest.effects.Authenticate` effect is answered with its outcome at
-    once (kept in :attr:`auth_requests`); None leaves them in the effects.
+    once (kept in :attr:`auth_requests`); None leaves them in the effects. ``blocked``
+    judges each CONNECT against blocked clients (none blocked by default).
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class Client:
         previous: tuple[SessionRecord | None, list[Subscription]] = (None, []),
         authenticate: Callable[[Authenticate], Outcome] | None = accept_anonymous,
         certificate: CertificateIdentity | None = None,
+        blocked: CheckBlocked | None = None,
     ) -> None:
         self.version = version
         self.authenticate = authenticate
@@ -104,6 +106,7 @@ class Client:
             lambda: self.now,
             lambda: f"assigned-{next(_ASSIGNED)}",
             lambda: self.clock,
+            **({} if blocked is None else {"blocked": blocked}),
         )
         self.conn = ServerConnection(server, CONNECTION_ID, certificate)
         self.decoder = StreamDecoder(protocol_version=version)

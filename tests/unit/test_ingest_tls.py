@@ -67,7 +67,11 @@ def test_a_verified_client_certificate_is_reported(pki: Pki, tmp_path: Path) -> 
     der = ssl.PEM_cert_to_DER_cert(device.cert.read_text())
     assert identity == CertificateIdentity(
         common_name="device-17",
-        subject_alt_names=("device-17.fleet.example", "ops@example.com", "10.0.0.7"),
+        subject_alt_names=(
+            ("dns", "device-17.fleet.example"),
+            ("email", "ops@example.com"),
+            ("ip", "10.0.0.7"),
+        ),
         fingerprint=hashlib.sha256(der).hexdigest(),
         subject="CN=device-17,O=Cormorant local cluster",
     )

@@ -447,6 +447,42 @@ async function showCredentials() {
   await load();
 }
 
+async function showBlocked() {
+  const message = $("#blocked-message");
+  const load = async () => {
+    const { blocked } = await api("/api/blocked");
+    fill("#blocked", blocked.map((b) => {
+      const remove = document.createElement("button");
+      remove.className = "link";
+      remove.textContent = "Unblock";
+      remove.onclick = async () => {
+        try {
+          await api(`/api/blocked/${encodeURIComponent(b.id)}`, { method: "DELETE" });
+          message.textContent = `${b.kind} ${b.value} unblocked.`;
+          await load();
+        } catch (error) { report(error); }
+      };
+      return row([
+        cell(b.kind), cell(b.value), cell(b.reason || "–"),
+        cell(b.expires_at_ms === null ? "never" : when(b.expires_at_ms)), cell(b.created_by), cell(remove),
+      ]);
+    }), "No client is blocked.");
+  };
+  $("#blocked-add-form").onsubmit = async (event) => {
+    event.preventDefault();
+    const values = formValues(event.target);
+    try {
+      const body = { kind: values.kind, value: values.value, reason: values.reason };
+      if (values.minutes) body.expires_in_seconds = Number(values.minutes) * 60;
+      await api("/api/blocked", { method: "POST", body });
+      event.target.reset();
+      message.textContent = `${body.kind} ${body.value} blocked.`;
+      await load();
+    } catch (error) { report(error); }
+  };
+  await load();
+}
+
 async function showAudit() {
   const load = async (offset = 0) => {
     const page = await api(`/api/audit${query({ offset, limit: PAGE })}`);
@@ -532,6 +568,7 @@ const VIEWS = {
   subscriptions: showSubscriptions,
   retained: showRetained,
   credentials: showCredentials,
+  blocked: showBlocked,
   audit: showAudit,
   users: showUsers,
 };

@@ -10,5 +10,8 @@ nodes, ``cormorant credentials``, the admin API):
 - :mod:`.store` (PostgreSQL, with change notifications), :mod:`.cache` (an ingest node's
   cache, emptied by those notifications), :mod:`.authenticate` (the entry point an ingest
   node calls for every CONNECT and AUTH), :mod:`.manage` (add, list, show, update, enable,
-  disable, delete: what the CLI and the admin API call).
+  disable, delete: what the CLI and the admin API call);
+- :mod:`.blocked` (blocked clients and flapping detection, sans-IO: refused before any
+  check above), :mod:`.blocked_store` (their table, followed on the store's notification
+  connection: ``cormorant blocked`` and the admin API manage them).
 """

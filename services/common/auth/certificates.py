@@ -10,6 +10,7 @@ X509 credentials, it picks one.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -20,13 +21,13 @@ from typing import Any
 class CertificateIdentity:
     """A client certificate a TLS listener verified (mutual TLS): its subject's
     ``common_name`` (the most specific CN; None if it has none), its ``subject_alt_names``
-    (the values of its DNS, e-mail, URI and IP address entries, as text, in certificate
-    order), ``fingerprint``, the SHA-256 of its DER encoding in lowercase hex (64
-    characters), and ``subject``, the whole subject as RFC 4514 text (most specific RDN
-    first: ``CN=dev-7,O=Example``), for logs."""
+    (its DNS, e-mail, URI and IP address entries as ``(type, value)`` pairs, type one of
+    :data:`SAN_TYPES`, in certificate order; other kinds are left out), ``fingerprint``, the
+    SHA-256 of its DER encoding in lowercase hex (64 characters), and ``subject``, the whole
+    subject as RFC 4514 text (most specific RDN first: ``CN=dev-7,O=Example``), for logs."""
 
     common_name: str | None
-    subject_alt_names: tuple[str, ...]
+    subject_alt_names: tuple[tuple[str, str], ...]
     fingerprint: str
     subject: str
 
@@ -43,13 +44,61 @@ class CertificateIdentity:
             "+".join(f"{_RFC4514_NAMES.get(key, key)}={value}" for key, value in rdn)
             for rdn in reversed(rdns)
         )
-        sans = tuple(str(value) for _kind, value in decoded.get("subjectAltName", ()))
+        sans = tuple(
+            (_SSL_SAN_TYPES[kind], str(value).rstrip("\n"))
+            for kind, value in decoded.get("subjectAltName", ())
+            if kind in _SSL_SAN_TYPES
+        )
         return cls(
             common_names[-1] if common_names else None,
             sans,
             hashlib.sha256(der).hexdigest(),
             subject,
         )
+
+
+SAN_TYPES = ("dns", "uri", "email", "ip")
+"""The Subject Alternative Name types a pattern names (RFC 5280 4.2.1.6: dNSName,
+uniformResourceIdentifier, rfc822Name, iPAddress)."""
+
+_SSL_SAN_TYPES = {"DNS": "dns", "URI": "uri", "email": "email", "IP Address": "ip"}
+"""Python's :mod:`ssl` names of the SAN types (``getpeercert()['subjectAltName']``)."""
+
+
+def parse_san_pattern(pattern: str) -> tuple[str, str]:
+    """A typed SAN pattern as ``(type, pattern)``: ``dns:*.devices.example.com``,
+    ``uri:spiffe://example.com/fleet/*``, ``email:*@example.com`` (shell-style, ``fnmatch``;
+    DNS names compared in lowercase), ``ip:10.0.0.0/8`` (an address or a CIDR network).
+    Raises ``ValueError`` (saying what is accepted) for a pattern without a known type, an
+    empty one, or an ``ip:`` value that is not an address or network."""
+    kind, sep, rest = pattern.partition(":")
+    if not sep or kind.lower() not in SAN_TYPES:
+        raise ValueError(
+            f"SAN pattern {pattern!r} names no SAN type: write dns:<pattern>, uri:<pattern>, "
+            "email:<pattern> or ip:<address or CIDR> (a pattern matches SANs of its type only)"
+        )
+    kind = kind.lower()
+    if not rest:
+        raise ValueError(f"SAN pattern {pattern!r} is empty after its type")
+    if kind == "ip":
+        try:
+            ipaddress.ip_network(rest, strict=False)
+        except ValueError:
+            raise ValueError(f"SAN pattern {pattern!r}: not an IP address or CIDR") from None
+    return kind, rest
+
+
+def _san_matches(kind: str, pattern: str, san_kind: str, value: str) -> bool:
+    if san_kind != kind:
+        return False
+    if kind == "ip":
+        try:
+            return ipaddress.ip_address(value) in ipaddress.ip_network(pattern, strict=False)
+        except ValueError:
+            return False
+    if kind == "dns":
+        return fnmatchcase(value.lower(), pattern.lower())
+    return fnmatchcase(value, pattern)
 
 
 _RFC4514_NAMES = {
@@ -70,8 +119,10 @@ _RFC4514_NAMES = {
 class CertificateMatch:
     """How an X509 credential recognises its certificate: exactly one of ``fingerprint``
     (SHA-256 of the DER certificate, lowercase hex), ``common_name`` (a shell-style pattern,
-    ``fnmatch``, case-sensitive, over the subject's CN) or ``san`` (the same over each
-    Subject Alternative Name)."""
+    ``fnmatch``, case-sensitive, over the subject's CN) or ``san``, a typed pattern over the
+    Subject Alternative Names of its type only (:func:`parse_san_pattern`:
+    ``*.devices.example.com`` as ``dns:`` never matches a URI SAN). A ``san`` stored
+    without a type (before types existed) is a ``dns:`` pattern."""
 
     fingerprint: str | None = None
     common_name: str | None = None
@@ -86,7 +137,21 @@ class CertificateMatch:
                 identity.common_name, self.common_name
             )
         assert self.san is not None
-        return any(fnmatchcase(name, self.san) for name in identity.subject_alt_names)
+        kind, pattern = self.san_pattern
+        return any(
+            _san_matches(kind, pattern, san_kind, value)
+            for san_kind, value in identity.subject_alt_names
+        )
+
+    @property
+    def san_pattern(self) -> tuple[str, str]:
+        """``san`` as ``(type, pattern)`` (an untyped one, stored before types existed:
+        ``dns``). Raises ``ValueError`` for a typed one :func:`parse_san_pattern` refuses."""
+        assert self.san is not None
+        kind = self.san.partition(":")[0].lower()
+        if kind not in SAN_TYPES:
+            return "dns", self.san
+        return parse_san_pattern(self.san)
 
     @property
     def specificity(self) -> tuple[int, int]:
@@ -94,7 +159,7 @@ class CertificateMatch:
         patterns by how many literal (non-wildcard) characters they hold."""
         if self.fingerprint is not None:
             return (2, 0)
-        pattern = self.common_name or self.san or ""
+        pattern = self.common_name or (self.san_pattern[1] if self.san else "")
         return (1, sum(c not in "*?[]" for c in pattern))
 
 

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from services.common.auth.authorize import CLIENT_ID, Rule
-from services.common.auth.certificates import CertificateMatch
+from services.common.auth.certificates import CertificateMatch, parse_san_pattern
 from services.common.auth.jwt_auth import JwtSettings, check_settings
 from services.common.auth.scram import ScramSecret
 from services.common.records import ClientKind
@@ -109,6 +109,11 @@ def _check_certificate(match: CertificateMatch | None) -> None:
         raise CredentialError("a certificate fingerprint is 64 lowercase hex digits (SHA-256)")
     if not given[0]:
         raise CredentialError("a certificate pattern must not be empty")
+    if match.san is not None:
+        try:
+            parse_san_pattern(match.san)
+        except ValueError as exc:
+            raise CredentialError(str(exc)) from None
 
 
 def client_id_bound(credential: Credential) -> bool:

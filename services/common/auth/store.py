@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -220,6 +220,11 @@ class CredentialStore:
             sslrootcert=sslrootcert,
         )
 
+    @property
+    def pool(self) -> MigratedPool:
+        """The store's connection pool (what :class:`~.blocked_store.BlockedStore` shares)."""
+        return self._pool
+
     @classmethod
     def from_settings(cls, settings: Settings) -> CredentialStore:
         """The store at ``settings.postgres_dsn`` with the PostgreSQL settings' password and
@@ -346,20 +351,31 @@ class CredentialStore:
         return await self._select("lookup", where, ())
 
     async def listen(
-        self, on_change: Callable[[Change], None], on_connected: Callable[[], None]
+        self,
+        on_change: Callable[[Change], None],
+        on_connected: Callable[[], None],
+        also: Mapping[str, Callable[[], None]] | None = None,
     ) -> None:
         """Follow the change notifications until cancelled: ``on_connected()`` each time
         the listening connection is (re)established (notifications sent while it was down
         are lost: the caller forgets what it cached), then ``on_change`` for each change.
+        ``also`` maps further channels to what a notification on each calls (the blocked
+        clients', :data:`.blocked_store.CHANNEL`), on the same connection.
         Reconnects after :data:`RECONNECT_SECONDS` when PostgreSQL is lost (logged)."""
+        also = also or {}
         while True:
             try:
                 await self._pool.ensure_ready()
                 conn = await self._pool.connect_unpooled()
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    for channel in also:
+                        await conn.execute(f"LISTEN {channel}")
                     on_connected()
                     async for notification in conn.notifies():
+                        if notification.channel in also:
+                            also[notification.channel]()
+                            continue
                         try:
                             change = Change.parse(notification.payload)
                         except ValueError as exc:
