@@ -148,7 +148,7 @@ class IngestNode:
             self.previous_session,
             clock,
             new_client_id,
-            self.check_blocked,
+            blocked=self.check_blocked,
         )
         self.registry = ClientRegistry()
         self.pipeline = StorePipeline(

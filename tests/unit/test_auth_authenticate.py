@@ -279,10 +279,12 @@ async def test_a_certificate_user_name_is_its_cn_or_the_san_its_credential_match
         "fleet", CredentialType.X509, certificate=CertificateMatch(common_name="*.fleet")
     )
     by_san = credential(
-        "gateways", CredentialType.X509, certificate=CertificateMatch(san="*.gw.example")
+        "gateways", CredentialType.X509, certificate=CertificateMatch(san="dns:*.gw.example")
     )
     auth = Authenticator(Memory(by_cn, by_san))
-    device = CertificateIdentity("dev-3.fleet", ("dev-3.other",), "a" * 64, "CN=dev-3.fleet")
+    device = CertificateIdentity(
+        "dev-3.fleet", (("dns", "dev-3.other"),), "a" * 64, "CN=dev-3.fleet"
+    )
     outcome = await auth.authenticate(AuthRequest("c", certificate=device))
     assert isinstance(outcome, Accepted) and outcome.principal.username == "dev-3.fleet"
     same = await auth.authenticate(AuthRequest("c", "dev-3.fleet", certificate=device))
@@ -290,7 +292,10 @@ async def test_a_certificate_user_name_is_its_cn_or_the_san_its_credential_match
     other = await auth.authenticate(AuthRequest("c", "dev-4.fleet", certificate=device))
     assert code(other) == 0x87 and "CN" in other.reason  # type: ignore[union-attr]
     gateway = CertificateIdentity(
-        "Gateway 1", ("ops@example.com", "g-1.gw.example"), "b" * 64, "CN=Gateway 1"
+        "Gateway 1",
+        (("email", "ops@example.com"), ("dns", "g-1.gw.example")),
+        "b" * 64,
+        "CN=Gateway 1",
     )
     outcome = await auth.authenticate(AuthRequest("c", certificate=gateway))
     assert isinstance(outcome, Accepted) and outcome.principal.username == "g-1.gw.example"

@@ -47,7 +47,6 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from fnmatch import fnmatchcase
 from typing import Protocol
 
 from services.common.auth.authorize import Rule
@@ -333,9 +332,7 @@ def certificate_username(credential: Credential, identity: CertificateIdentity) 
     certificate's CN (None: it has none)."""
     match = credential.certificate
     if match is not None and match.san is not None:
-        for name in identity.subject_alt_names:
-            if fnmatchcase(name, match.san):
-                return name
+        return match.matched_san(identity)
     return identity.common_name
 
 

@@ -89,6 +89,8 @@ def parse_san_pattern(pattern: str) -> tuple[str, str]:
 
 
 def _san_matches(kind: str, pattern: str, san_kind: str, value: str) -> bool:
+    """Whether the SAN ``value`` of type ``san_kind`` fits the typed ``pattern`` of type
+    ``kind`` (DNS names without case, IP addresses by network, others ``fnmatch``)."""
     if san_kind != kind:
         return False
     if kind == "ip":
@@ -128,6 +130,17 @@ class CertificateMatch:
     common_name: str | None = None
     san: str | None = None
 
+    def matched_san(self, identity: CertificateIdentity) -> str | None:
+        """The first Subject Alternative Name of ``identity`` that the ``san`` pattern
+        matches (None: none, or this match is not by SAN)."""
+        if self.san is None:
+            return None
+        kind, pattern = self.san_pattern
+        for san_kind, value in identity.subject_alt_names:
+            if _san_matches(kind, pattern, san_kind, value):
+                return value
+        return None
+
     def matches(self, identity: CertificateIdentity) -> bool:
         """Whether ``identity`` is the certificate this match describes."""
         if self.fingerprint is not None:
@@ -136,12 +149,7 @@ class CertificateMatch:
             return identity.common_name is not None and fnmatchcase(
                 identity.common_name, self.common_name
             )
-        assert self.san is not None
-        kind, pattern = self.san_pattern
-        return any(
-            _san_matches(kind, pattern, san_kind, value)
-            for san_kind, value in identity.subject_alt_names
-        )
+        return self.matched_san(identity) is not None
 
     @property
     def san_pattern(self) -> tuple[str, str]:
