@@ -102,7 +102,8 @@ class MqttCounters:
     refusal counted under the v5 code it maps from); ``authentications[(method,
     outcome)]``: CONNECT authentications (:func:`authentication`);
     ``backpressure_pauses``: times the node stopped reading from publishers because Kafka
-    fell behind.
+    fell behind; ``publish_withheld``: messages not sent to a subscriber because its rules
+    deny it their topic (a wildcard granted over a denied subtree).
     """
 
     publish_received: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -111,6 +112,7 @@ class MqttCounters:
     authentications: dict[tuple[str, str], int] = field(default_factory=dict)
     listeners: dict[str, ListenerCounters] = field(default_factory=dict)
     backpressure_pauses: int = 0
+    publish_withheld: int = 0
 
     def listener(self, name: str) -> ListenerCounters:
         """The byte counters of listener ``name`` (created at first use)."""
@@ -338,6 +340,11 @@ def mqtt_families(
         for qos, count in enumerate(values):
             family.add_metric([str(qos)], count)
         yield family
+    yield CounterMetricFamily(
+        "cormorant_mqtt_publish_withheld",
+        "Messages not sent to a subscriber because its rules deny it their topic.",
+        value=counters.publish_withheld,
+    )
     received = CounterMetricFamily(
         "cormorant_mqtt_received_bytes", "Bytes read from MQTT sockets.", labels=["listener"]
     )
