@@ -278,13 +278,16 @@ class JwtBody(BaseModel):
 class NewCredential(BaseModel):
     """A credential to create. MQTT_BASIC: ``client_id`` and/or ``username``, optional
     ``password``; SCRAM: ``username`` and ``password``; X509: ``certificate``; JWT:
-    ``jwt``. Passwords are stored as argon2id hashes (SCRAM: salted keys), never as given."""
+    ``jwt``. Passwords are stored as argon2id hashes (SCRAM: salted keys), never as given.
+    ``strict_subscribe``: refuse a SUBSCRIBE overlapping a denied subtree instead of
+    withholding the denied topics at delivery."""
 
     name: str = Field(pattern=CREDENTIAL_NAME_PATTERN)
     type: CredentialTypeName
     kind: ClientKindName = "DEVICE"
     enabled: bool = True
     rules: list[RuleBody] = Field(default_factory=list, max_length=1000)
+    strict_subscribe: bool = False
     client_id: str | None = Field(None, min_length=1, max_length=1024)
     username: str | None = Field(None, min_length=1, max_length=1024)
     password: str | None = Field(None, max_length=65535)
@@ -301,6 +304,7 @@ class CredentialChangesBody(BaseModel):
     kind: ClientKindName | None = None
     enabled: bool | None = None
     rules: list[RuleBody] | None = Field(None, max_length=1000)
+    strict_subscribe: bool | None = None
     client_id: str | None = Field(None, max_length=1024)
     username: str | None = Field(None, max_length=1024)
     password: str | None = Field(None, max_length=65535)
@@ -319,6 +323,7 @@ class CredentialView(BaseModel):
     kind: ClientKindName
     enabled: bool
     rules: list[RuleBody]
+    strict_subscribe: bool = False
     client_id: str | None = None
     username: str | None = None
     password: Literal["set", "none"] | None = None

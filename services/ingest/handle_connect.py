@@ -144,7 +144,9 @@ def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
     """The compiled rules of ``principal`` on the connection of ``client_id``."""
     if not principal.rules:
         return ALLOW_ALL
-    return Authorizer(principal.rules, client_id, principal.username)
+    return Authorizer(
+        principal.rules, client_id, principal.username, strict=principal.strict_subscribe
+    )
 
 
 def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None) -> list[Effect]:

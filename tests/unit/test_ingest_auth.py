@@ -267,6 +267,14 @@ def test_a_withheld_stored_message_is_reported_complete_to_its_store(
     assert _published(client, live) == [("a/b", b"ok")]
 
 
+def test_a_strict_credential_refuses_a_filter_overlapping_a_denied_subtree() -> None:
+    strict = Principal(CREDENTIAL, "dev", ClientKind.DEVICE, RULES, "alice", 1, True)
+    client = connected(5, strict)
+    requests = [SubscriptionRequest(f, 1) for f in ("#", "news/#")]
+    effects = client.send(Subscribe(1, requests))
+    assert only(client.packets(client.store_all(effects)), SubAck).reason_codes == [0x87, 1]
+
+
 def test_a_shared_subscription_member_gets_only_the_readable_topics() -> None:
     client = connected(5)
     effects = client.send(Subscribe(1, [SubscriptionRequest("$share/g/#", 1)]))

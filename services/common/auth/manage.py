@@ -43,12 +43,14 @@ class CredentialNotFound(LookupError):
 class CredentialSpec:
     """A new credential as an operator describes it. ``rules`` are rules in text or JSON
     form (:func:`~.authorize.parse_rules`); ``password`` (bytes, any) is hashed for
-    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given."""
+    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given;
+    ``strict_subscribe``: see :class:`~.credentials.Credential`."""
 
     name: str
     type: CredentialType
     kind: ClientKind = ClientKind.DEVICE
     rules: Sequence[object] = ()
+    strict_subscribe: bool = False
     client_id: str | None = None
     username: str | None = None
     password: bytes | None = None
@@ -66,6 +68,7 @@ class CredentialChanges:
 
     kind: ClientKind | None = None
     rules: Sequence[object] | None = None
+    strict_subscribe: bool | None = None
     client_id: str | None = None
     username: str | None = None
     password: bytes | None = None
@@ -118,6 +121,7 @@ class CredentialAdmin:
             kind=spec.kind,
             enabled=spec.enabled,
             rules=parse_rules(spec.rules),
+            strict_subscribe=spec.strict_subscribe,
             client_id=spec.client_id,
             username=spec.username,
             password_hash=password_hash,
@@ -160,7 +164,7 @@ class CredentialAdmin:
 
     async def _changed(self, current: Credential, changes: CredentialChanges) -> Credential:
         values: dict[str, object] = {}
-        for name in ("kind", "certificate", "jwt", "enabled"):
+        for name in ("kind", "certificate", "jwt", "enabled", "strict_subscribe"):
             value = getattr(changes, name)
             if value is not None:
                 values[name] = value

@@ -33,8 +33,9 @@ class AuthRequest:
 class Principal:
     """Who a connection is, once authenticated: its credential (``credential_id``,
     ``credential_name``, ``revision``; None for an anonymous client), its ``kind`` (None:
-    anonymous, the ``application_client_ids`` setting decides), its ``rules``, and the
-    user name ``${username}`` stands for."""
+    anonymous, the ``application_client_ids`` setting decides), its ``rules``, the
+    user name ``${username}`` stands for, and whether its SUBSCRIBEs are decided strictly
+    (``strict_subscribe``: :class:`~services.common.auth.credentials.Credential`)."""
 
     credential_id: uuid.UUID | None
     credential_name: str | None
@@ -42,6 +43,7 @@ class Principal:
     rules: tuple[Rule, ...]
     username: str | None
     revision: int = 0
+    strict_subscribe: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ def principal_of(credential: Credential, username: str | None) -> Principal:
         credential.rules,
         username,
         credential.revision,
+        credential.strict_subscribe,
     )
 
 
