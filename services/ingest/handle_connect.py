@@ -26,7 +26,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from services.common.auth.authorize import ALLOW_ALL, Authorizer
+from services.common.auth.authorize import ALLOW_ALL, Authorizer, authorizer_for
 from services.common.auth.principal import AuthRequest, Principal
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
@@ -144,7 +144,7 @@ def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
     """The compiled rules of ``principal`` on the connection of ``client_id``."""
     if not principal.rules:
         return ALLOW_ALL
-    return Authorizer(
+    return authorizer_for(
         principal.rules, client_id, principal.username, strict=principal.strict_subscribe
     )
 

@@ -24,6 +24,7 @@ from services.common.auth.authorize import (
     Permission,
     Rule,
     RuleError,
+    authorizer_for,
     covers,
     intersection,
     matches,
@@ -57,7 +58,7 @@ def _regex(topic_filter: str) -> re.Pattern[str]:
 
 def naive_matches(topic_filter: str, topic: str) -> bool:
     """MQTT 4.7 matching by regular expression; wildcards first never match ``$`` topics."""
-    if topic_filter[0] in "+#" and topic.startswith("$"):
+    if topic_filter[:1] in ("+", "#") and topic.startswith("$"):
         return False
     return _regex(topic_filter).match(topic) is not None
 
@@ -276,3 +277,13 @@ def test_no_rules_allow_everything_and_cost_nothing_per_connection() -> None:
     assert ALLOW_ALL.allows_all and Authorizer((), "c", "u").allows_all
     assert ALLOW_ALL.may_publish("$SYS/x") and ALLOW_ALL.may_subscribe("#")
     assert ALLOW_ALL.may_receive("$SYS/x") and ALLOW_ALL.subscribe_grant("#") is Grant.FULL
+
+
+def test_connections_share_the_authorizer_of_rules_without_placeholders() -> None:
+    rules = parse_rules(["deny subscribe admin/#", "allow all #"])
+    first = authorizer_for(rules, "c1", "u1")
+    assert authorizer_for(list(rules), "c2", None) is first  # one decision cache for all
+    assert authorizer_for(rules, "c1", "u1", strict=True) is not first
+    own = parse_rules(["allow all d/${client_id}/#"])
+    mine, theirs = authorizer_for(own, "c1", None), authorizer_for(own, "c2", None)
+    assert mine.may_receive("d/c1/x") and not theirs.may_receive("d/c1/x")

@@ -36,6 +36,7 @@ that level: a client never gains access from its identifier's shape.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -442,3 +443,24 @@ def _first_match(
 
 ALLOW_ALL = Authorizer(())
 """The authorizer of a client without rules: everything allowed, no state of its own."""
+
+SHARED_AUTHORIZERS = 256
+"""Rule lists without placeholders whose :class:`Authorizer` is kept for sharing."""
+
+
+@functools.lru_cache(maxsize=SHARED_AUTHORIZERS)
+def _shared(rules: tuple[Rule, ...], strict: bool) -> Authorizer:
+    return Authorizer(rules, strict=strict)
+
+
+def authorizer_for(
+    rules: Sequence[Rule], client_id: str, username: str | None, *, strict: bool = False
+) -> Authorizer:
+    """The :class:`Authorizer` of a connection with ``rules``, Client Identifier
+    ``client_id`` and user name ``username``. Rules without placeholders decide the same
+    for every connection, so those connections share one authorizer and its decision
+    caches (the anonymous clients, the many devices of one credential, a fan-out to many
+    ``#`` subscribers): a topic's decision is made once, not once per connection."""
+    if any("${" in rule.topic_filter for rule in rules):
+        return Authorizer(rules, client_id, username, strict=strict)
+    return _shared(tuple(rules), strict)
