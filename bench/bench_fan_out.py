@@ -12,7 +12,13 @@ what they cost, per kind of subscriber:
     (two encodings: the first message sets the alias, the others share the alias-only one);
   - ``v5-alias-distinct``: the same, but each connection's alias for the topic differs (it
     saw a different number of other topics first): one encoding per connection, the worst
-    case.
+    case;
+  - ``v311-rules``: v3.1.1 subscribers whose credential has rules (``deny subscribe
+    admin/#``, ``allow all #``: a ``#`` subscriber whose denied topics are withheld at
+    delivery), every message on one topic: each delivery asks the subscriber's cached
+    decision for the topic;
+  - ``v311-rules-topics``: the same, each message on another of 4,096 topics, more than a
+    connection's decision cache holds: every delivery walks the rules (the worst case).
 
 Connections are sans-IO (no sockets, no Kafka): the figure is the node's own CPU per
 delivery. Prints and appends one JSON line per kind to ``bench/results/ingest_fan_out.jsonl``.
@@ -52,7 +58,11 @@ if TYPE_CHECKING:  # type checking only: an older checkout's bench/ may lack it
     from bench import legacy
 
 RESULTS = REPO_ROOT / "bench" / "results" / "ingest_fan_out.jsonl"
-KINDS = ("v311", "v5", "v5-alias", "v5-alias-distinct")
+KINDS = ("v311", "v5", "v5-alias", "v5-alias-distinct", "v311-rules", "v311-rules-topics")
+RULES = ("deny subscribe admin/#", "allow all #")
+"""The rules of the ``v311-rules*`` subscribers."""
+TOPICS = 4096
+"""Topics the ``v311-rules-topics`` messages go round."""
 NOW_MS = 1_700_000_000_000
 
 #: ``deliver(meta, payload, targets)``: one QoS 0 message to its targets on the node.
@@ -117,7 +127,7 @@ def _connection(node: ingest_node.IngestNode, index: int) -> ServerConnection:
 
 def _connect(node: ingest_node.IngestNode, index: int, kind: str) -> Shell:
     """A connected subscriber of ``kind`` registered with ``node``."""
-    version = 4 if kind == "v311" else 5
+    version = 4 if kind.startswith("v311") else 5
     props = Properties(topic_alias_maximum=50) if "alias" in kind else Properties()
     shell = Shell(_connection(node, index))
     client_id = f"sub-{index}"
@@ -127,8 +137,13 @@ def _connect(node: ingest_node.IngestNode, index: int, kind: str) -> Shell:
     if hasattr(shell.connection, "authenticated"):  # the credential check of an anonymous client
         from services.common.auth.principal import Accepted, Principal
 
-        anonymous = Principal(None, None, None, (), None)
-        effects = shell.connection.authenticated(Accepted(anonymous))
+        rules: tuple[Any, ...] = ()
+        if "rules" in kind:
+            from services.common.auth.authorize import parse_rules
+
+            rules = parse_rules(RULES)
+        principal = Principal(None, None, None, rules, None)
+        effects = shell.connection.authenticated(Accepted(principal))
     [store] = [e for e in effects if hasattr(e, "token")]
     shell.connection.stored(store.token)
     if hasattr(node, "registry"):
@@ -157,14 +172,17 @@ def run(kind: str, subscribers: int, messages: int, repeats: int) -> dict[str, A
     shells = [_connect(node, i, kind) for i in range(subscribers)]
     deliver = _deliver(node)
     targets = [Target(f"sub-{i}", 0) for i in range(subscribers)]
-    meta = PublishMeta("fan/out/topic", 0, False, NOW_MS, 5)
+    count = TOPICS if kind == "v311-rules-topics" else 1
+    metas = [PublishMeta(f"fan/out/topic{i or ''}", 0, False, NOW_MS, 5) for i in range(count)]
     payload = b"x" * 64
-    deliver(meta, payload, targets)  # warm-up; sets the aliases up
+    deliver(metas[0], payload, targets)  # warm-up; sets the aliases up
     rates = []
+    sent = 1
     for _ in range(repeats):
         started = time.perf_counter()
         for _ in range(messages):
-            deliver(meta, payload, targets)
+            deliver(metas[sent % count], payload, targets)
+            sent += 1
         rates.append(messages * subscribers / (time.perf_counter() - started))
     median = statistics.median(rates)
     return {

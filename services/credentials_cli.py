@@ -184,6 +184,9 @@ _TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
                  "Without rules a credential may do nothing."),
     click.option("--allow-all", is_flag=True,
                  help="Allow everything: adds the rule 'allow all #' after the --rule ones."),
+    click.option("--strict-subscribe/--filtered-subscribe", default=None,
+                 help="Refuse a SUBSCRIBE whose filter overlaps a denied subtree (strict), or "
+                 "grant it and withhold the denied topics at delivery (filtered, the default)."),
     click.option("--cert-fingerprint", help="X509: SHA-256 of the DER certificate (hex)."),
     click.option("--cert-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
                  help="X509: the client's certificate (PEM); its SHA-256 fingerprint is kept."),
@@ -248,6 +251,7 @@ def add(name: str, credential_type: str, disabled: bool, no_password: bool, **op
         type=CredentialType(credential_type.upper()),
         kind=_kind(options["kind"]) or ClientKind.DEVICE,
         rules=options["rules"],
+        strict_subscribe=bool(options["strict_subscribe"]),
         client_id=options["client_id"],
         username=options["username"],
         password=_password(options["password"], options["password_file"]),
@@ -312,6 +316,7 @@ def update(name: str, no_rules: bool, no_password: bool, **options: Any) -> None
         changes = CredentialChanges(
             kind=_kind(options["kind"]),
             rules=rules,
+            strict_subscribe=options["strict_subscribe"],
             client_id=options["client_id"],
             username=options["username"],
             password=password,

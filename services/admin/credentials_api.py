@@ -183,6 +183,7 @@ async def add_credential(
         type=CredentialType(body.type),
         kind=ClientKind[body.kind],
         rules=_rules(body.rules),
+        strict_subscribe=body.strict_subscribe,
         client_id=body.client_id,
         username=body.username,
         password=_password(body.password),
@@ -227,6 +228,7 @@ async def change_credential(
     changes = CredentialChanges(
         kind=None if body.kind is None else ClientKind[body.kind],
         rules=None if body.rules is None else _rules(body.rules),
+        strict_subscribe=body.strict_subscribe,
         client_id=body.client_id,
         username=body.username,
         password=_password(body.password),
@@ -238,7 +240,7 @@ async def change_credential(
     )
     # What changed, never a password or key.
     detail = {
-        name: (value if name in ("kind", "enabled", "allow_all") else True)
+        name: (value if name in ("kind", "enabled", "allow_all", "strict_subscribe") else True)
         for name, value in body.model_dump(exclude_unset=True).items()
     }
     changed = await _audited(

@@ -284,13 +284,16 @@ class NewCredential(BaseModel):
     SCRAM: ``username`` and ``password``; X509: ``certificate``; JWT: ``jwt``. Passwords
     have at least ``credential_password_min_length`` characters (default 12) and are stored
     as argon2id hashes (SCRAM: salted keys), never as given. Without ``rules`` the
-    credential may do nothing; ``allow_all`` adds ``allow all #`` after them."""
+    credential may do nothing; ``allow_all`` adds ``allow all #`` after them.
+    ``strict_subscribe``: refuse a SUBSCRIBE overlapping a denied subtree instead of
+    withholding the denied topics at delivery."""
 
     name: str = Field(pattern=CREDENTIAL_NAME_PATTERN)
     type: CredentialTypeName
     kind: ClientKindName = "DEVICE"
     enabled: bool = True
     rules: list[RuleBody] = Field(default_factory=list, max_length=1000)
+    strict_subscribe: bool = False
     client_id: str | None = Field(None, min_length=1, max_length=1024)
     username: str | None = Field(None, min_length=1, max_length=1024)
     password: str | None = Field(None, max_length=65535)
@@ -310,6 +313,7 @@ class CredentialChangesBody(BaseModel):
     kind: ClientKindName | None = None
     enabled: bool | None = None
     rules: list[RuleBody] | None = Field(None, max_length=1000)
+    strict_subscribe: bool | None = None
     client_id: str | None = Field(None, max_length=1024)
     username: str | None = Field(None, max_length=1024)
     password: str | None = Field(None, max_length=65535)
@@ -329,6 +333,7 @@ class CredentialView(BaseModel):
     kind: ClientKindName
     enabled: bool
     rules: list[RuleBody]
+    strict_subscribe: bool = False
     client_id: str | None = None
     username: str | None = None
     password: Literal["set", "none"] | None = None

@@ -103,7 +103,9 @@ class MqttCounters:
     outcome)]``: CONNECT authentications (:func:`authentication`);
     ``backpressure_pauses``: times the node stopped reading from publishers because Kafka
     fell behind; ``session_owner_refusals``: CONNECTs refused because the Client
-    Identifier's session belongs to another principal.
+    Identifier's session belongs to another principal; ``publish_withheld``: messages not
+    sent to a subscriber because its rules deny it their topic (a wildcard granted over a
+    denied subtree).
     """
 
     publish_received: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -113,6 +115,7 @@ class MqttCounters:
     listeners: dict[str, ListenerCounters] = field(default_factory=dict)
     backpressure_pauses: int = 0
     session_owner_refusals: int = 0
+    publish_withheld: int = 0
 
     def listener(self, name: str) -> ListenerCounters:
         """The byte counters of listener ``name`` (created at first use)."""
@@ -340,6 +343,11 @@ def mqtt_families(
         for qos, count in enumerate(values):
             family.add_metric([str(qos)], count)
         yield family
+    yield CounterMetricFamily(
+        "cormorant_mqtt_publish_withheld",
+        "Messages not sent to a subscriber because its rules deny it their topic.",
+        value=counters.publish_withheld,
+    )
     received = CounterMetricFamily(
         "cormorant_mqtt_received_bytes", "Bytes read from MQTT sockets.", labels=["listener"]
     )

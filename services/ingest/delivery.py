@@ -25,6 +25,14 @@ Message Expiry (MQTT 5.0 3.3.2.3.3): a message is sent with the time it has left
 to whole seconds; one whose interval has passed before onward delivery started is not sent
 [MQTT-3.3.2-5]. A store's resend (DUP) was started before, so it is always sent.
 
+Authorization: every PUBLISH to a client is first checked against its rules
+(:meth:`~services.common.auth.authorize.Authorizer.may_receive`, a dict lookup per topic
+seen): a Topic Filter granted over a denied subtree (``#`` with ``deny subscribe admin/#``)
+gets the messages of the topics it may read only. This one check covers every path a
+message takes to a client: live fan-out, retained messages sent on SUBSCRIBE, Shared
+Subscriptions, a persistent session's stored messages and an APPLICATION client's feed. A
+withheld store-assigned delivery is reported to the store as complete, like one too large.
+
 A routed message (:func:`deliver_routed`) comes as a :class:`~services.ingest.fan_out.FanOut`
 shared by the node's targets: a QoS 0 copy is one of its shared encodings. Every PUBLISH
 to a v5 client that allows Topic Aliases carries a server-assigned one
@@ -78,8 +86,10 @@ def deliver_routed(state: ConnectionState, message: FanOut, target: Target) -> l
     of this connection's variant (its time left as of the fan-out); QoS 1/2 go through
     :func:`deliver`."""
     version = state.protocol_version
-    if target.qos:
+    if target.qos:  # deliver() checks the rules
         return deliver(state, message.publish(target, version), message.expires_at_ms)
+    if not state.authorizer.may_receive(message.meta.topic):
+        return _withheld(state, message.meta.topic)
     expires_at_ms = message.expires_at_ms
     if expires_at_ms is not None and expires_at_ms <= state.now_ms():
         return []
@@ -100,8 +110,14 @@ def deliver(
     """Send ``packet`` to the client, or queue it behind the in-flight window.
 
     ``packet.packet_id`` is set for a store-assigned delivery (QoS 1/2) and None otherwise.
-    ``expires_at_ms`` is when the message expires (Unix ms; None: never).
+    ``expires_at_ms`` is when the message expires (Unix ms; None: never). A message on a
+    topic the client's rules do not let it read is withheld (a store-assigned one reported
+    complete).
     """
+    if not state.authorizer.may_receive(packet.topic):
+        if packet.qos and packet.packet_id and packet.packet_id not in state.outbound:
+            _completed_unsent(state, packet.qos, packet.packet_id)
+        return _withheld(state, packet.topic)
     if packet.qos and packet.packet_id:
         return _deliver_store_assigned(state, packet, expires_at_ms)
     if packet.qos == 0:
@@ -119,6 +135,13 @@ def deliver(
         state.outbound_queue.append(Queued(packet, expires_at_ms))
         return []
     return _send_with_packet_id(state, packet, expires_at_ms)
+
+
+def _withheld(state: ConnectionState, topic: str) -> list[Effect]:
+    """Nothing is sent: the client's rules deny it ``topic``; counted and logged."""
+    MQTT.publish_withheld += 1
+    log.debug("client %r: a message on %r withheld by its rules", state.client_id, topic)
+    return []
 
 
 def _aliases(state: ConnectionState) -> OutboundAliases | None:

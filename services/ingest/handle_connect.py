@@ -26,7 +26,13 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from services.common.auth.authorize import ALLOW_ALL, ALLOW_ALL_RULE, DENY_ALL, Authorizer
+from services.common.auth.authorize import (
+    ALLOW_ALL,
+    ALLOW_ALL_RULE,
+    DENY_ALL,
+    Authorizer,
+    authorizer_for,
+)
 from services.common.auth.blocked import Verdict
 from services.common.auth.principal import AuthRequest, Principal
 from services.common.metrics import MQTT
@@ -168,10 +174,12 @@ def authorizer_of(principal: Principal, client_id: str) -> Authorizer:
     nothing, and a deny rule any client id."""
     if not principal.rules:
         return DENY_ALL
-    if principal.rules == (ALLOW_ALL_RULE,):
+    if principal.rules == (ALLOW_ALL_RULE,) and not principal.strict_subscribe:
         return ALLOW_ALL
     bound = client_id if principal.client_id_bound else ""
-    return Authorizer(principal.rules, bound, principal.username)
+    return authorizer_for(
+        principal.rules, bound, principal.username, strict=principal.strict_subscribe
+    )
 
 
 def admit(state: ConnectionState, principal: Principal, auth_data: bytes | None) -> list[Effect]:

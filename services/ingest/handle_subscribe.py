@@ -8,16 +8,19 @@ Retained messages (MQTT 3.3.1.3, 5.0 3.8.3.1 Retain Handling) are kept and sent 
 router; a SUBSCRIBE asks for them with one ``msg.all`` record listing the new subscriptions
 that want them, and its SUBACK also waits for that record.
 
-A Topic Filter the client's rules do not grant (:mod:`services.common.auth.authorize`) fails
-its own entry: 0x87 Not authorized (v5), 0x80 Failure (v3.1.1); it asks for no retained
-messages. A filter is granted only when every topic it can match may be read, so every
-retained message sent for a granted filter is one the client may read.
+A Topic Filter the client's rules do not grant (:mod:`services.common.auth.authorize`: one
+lying wholly inside a denied subtree, or reaching no allowed topic) fails its own entry:
+0x87 Not authorized (v5), 0x80 Failure (v3.1.1); it asks for no retained messages. A filter
+granted over a denied subtree (``#`` with ``deny subscribe admin/#``) is granted: the
+messages of the denied topics, retained ones included, are withheld at delivery
+(:mod:`services.ingest.delivery`).
 """
 
 from __future__ import annotations
 
 import logging
 
+from services.common.auth.authorize import Grant
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
 from services.common.mqtt.reason_codes import ReasonCode
@@ -63,7 +66,8 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
 
     Raises :class:`ProtocolError` for No Local on a Shared Subscription (MQTT 5.0 3.8.3-4).
     An invalid Topic Filter fails only its own entry (0x8F in v5, 0x80 in v3.1.1), and so
-    does one the client may not subscribe to (0x87 in v5, 0x80 in v3.1.1), and one over the
+    does one the client may not subscribe to (0x87 in v5, 0x80 in v3.1.1; one granted over a
+    denied subtree is granted, its denied topics withheld at delivery), and one over the
     server's limits (``max_topic_levels`` levels, a new filter beyond ``max_subscriptions``):
     0x97 Quota exceeded in v5, 0x80 in v3.1.1, with a :class:`LimitRefused` effect per limit for
     the node's counters.
@@ -84,11 +88,15 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             continue
         if shared is not None and request.no_local:
             raise ProtocolError("No Local is not allowed on a Shared Subscription")
-        if not state.authorizer.may_subscribe(request.topic_filter):
+        grant = state.authorizer.subscribe_grant(request.topic_filter)
+        if grant is Grant.REFUSED:
             log.info("client %r may not subscribe to %r: refused", state.client_id,
                      request.topic_filter)  # fmt: skip
             codes.append(_failure(state, MQTTError("not authorized", ReasonCode.NOT_AUTHORIZED)))
             continue
+        if grant is Grant.FILTERED:
+            log.debug("client %r subscribes to %r: its denied topics will be withheld",
+                      state.client_id, request.topic_filter)  # fmt: skip
         inner = request.topic_filter if shared is None else shared.topic_filter
         over = None
         if inner.count("/") >= limits.max_topic_levels:

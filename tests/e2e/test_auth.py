@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiomqtt
 import jwt
 import pytest
 import pytest_asyncio
@@ -214,9 +215,9 @@ async def test_rules_with_placeholders_decide_publish_and_subscribe(
     assert [acks[m].value for m in mids] == [0, NOT_AUTHORIZED, NOT_AUTHORIZED]
     assert [c.value for c in client.subscribe(f"commands/{user}/#", 1)] == [1]
     assert [c.value for c in client.subscribe("commands/other/#", 1)] == [NOT_AUTHORIZED]
-    assert [c.value for c in client.subscribe("#", 1)] == [NOT_AUTHORIZED]  # overlaps the deny
+    assert [c.value for c in client.subscribe("#", 1)] == [1]  # filtered at delivery
     assert [c.value for c in client.subscribe("$share/g/devices/+/status", 1)] == [1]
-    assert [c.value for c in client.subscribe("$share/g/commands/#", 1)] == [NOT_AUTHORIZED]
+    assert [c.value for c in client.subscribe("$share/g/commands/x/#", 1)] == [NOT_AUTHORIZED]
     client.close()
     # v3.1.1: the refused PUBLISH is acknowledged, and proven dropped by a later marker
     async with aio_client(node2, unique("watch")) as watcher:
@@ -260,29 +261,71 @@ async def test_a_will_topic_is_authorized_at_connect(
         assert (str(will.topic), will.payload) == (f"wills/{allowed.client_id}", b"gone")
 
 
-async def test_retained_messages_sent_on_subscribe_are_only_readable_ones(
+def _code(granted: object) -> int:
+    """A SUBACK return/Reason Code as aiomqtt gives it (v5: a ReasonCode; v3.1.1: either)."""
+    return int(getattr(granted, "value", granted))  # type: ignore[call-overload]
+
+
+def _under(messages: list[aiomqtt.Message], base: str) -> list[tuple[str, bytes, bool]]:
+    """The messages on topics under ``base`` (a ``#`` subscriber also gets other tests')."""
+    return [
+        (str(m.topic), m.payload, m.retain)  # type: ignore[misc]
+        for m in messages
+        if str(m.topic).startswith(f"{base}/")
+    ]
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+async def test_a_wildcard_subscriber_gets_everything_but_the_denied_topics(
+    cluster: LocalCluster, admin: CredentialAdmin, version: int
+) -> None:
+    """Rules ``deny subscribe test/nosubscribe``, ``allow all #`` (under a fresh prefix):
+    ``#`` is granted, ``test/nosubscribe`` itself refused; neither a retained nor a live
+    message of the denied topic reaches the ``#`` subscriber, both of ``test/other`` do.
+    Absence proven by order: the denied message is published first, a marker last."""
+    node1, node2 = cluster.node_ports
+    base = unique("test")
+    denied, other = f"{base}/nosubscribe", f"{base}/other"
+    refused = NOT_AUTHORIZED if version == 5 else 0x80
+    async with aio_client(node1, unique("keeper")) as keeper:
+        await keeper.subscribe(f"{base}/#", qos=1)
+        await keeper.publish(denied, b"retained secret", qos=1, retain=True)
+        await keeper.publish(other, b"retained public", qos=1, retain=True)
+        await collect(keeper, 2)  # routed: they are retained before the SUBSCRIBE below
+        credential, password = await basic(admin, [f"deny subscribe {denied}", "allow all #"])
+        user = credential.username
+        async with aio_client(node2, unique("dev"), version, username=user,
+                              password=password) as sub:  # fmt: skip
+            assert [_code(c) for c in await sub.subscribe("#", qos=1)] == [1]
+            assert [_code(c) for c in await sub.subscribe(denied, qos=1)] == [refused]
+            # its own marker follows its retained request (one client id, one partition)
+            await sub.publish(f"{base}/marker", b"marker 1", qos=1)
+            retained = _under(await until_marker(sub, b"marker 1"), base)
+            assert retained == [(other, b"retained public", True)]
+            await keeper.publish(denied, b"live secret", qos=1)
+            await keeper.publish(other, b"live public", qos=1)
+            await keeper.publish(f"{base}/marker", b"marker 2", qos=1)
+            live = _under(await until_marker(sub, b"marker 2"), base)
+            assert live == [(other, b"live public", False)]
+
+
+async def test_a_shared_wildcard_subscriber_gets_everything_but_the_denied_topics(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
-    base = unique("retained-acl")
-    async with aio_client(cluster.node_ports[0], unique("keeper")) as keeper:
-        await keeper.subscribe(f"{base}/zz-marker", qos=1)
-        for leaf in ("public", "secret", "zz-marker"):
-            await keeper.publish(f"{base}/{leaf}", leaf.encode(), qos=1, retain=True)
-        await collect(keeper, 1)  # routed (one partition, in order): none can reach it live
-    credential, password = await basic(
-        admin, [f"deny subscribe {base}/secret", f"allow subscribe {base}/#"]
-    )
-    client = paho(cluster.node_ports[1], credential, password)
-    assert client.connect().value == 0
-    # One SUBSCRIBE: the router answers its retained request at once, in filter order, so
-    # the secret (if the refused filter had asked for it) would come before the marker.
-    client.client.subscribe([(f"{base}/#", 1), (f"{base}/public", 1), (f"{base}/zz-marker", 1)])
-    assert [c.value for c in client.subacks.get(timeout=TIMEOUT)] == [NOT_AUTHORIZED, 1, 1]
-    received = []
-    while not received or received[-1] != b"zz-marker":
-        received.append(client.messages.get(timeout=TIMEOUT).payload)
-    assert received == [b"public", b"zz-marker"]
-    client.close()
+    node1, node2 = cluster.node_ports
+    base = unique("test")
+    denied, other = f"{base}/nosubscribe", f"{base}/other"
+    credential, password = await basic(admin, [f"deny subscribe {denied}", "allow all #"])
+    async with (
+        aio_client(node2, unique("dev"), username=credential.username, password=password) as sub,
+        aio_client(node1, unique("pub")) as pub,
+    ):
+        group = unique("g")
+        assert [_code(c) for c in await sub.subscribe(f"$share/{group}/#", qos=1)] == [1]
+        await pub.publish(denied, b"secret", qos=1)
+        await pub.publish(other, b"public", qos=1)
+        await pub.publish(f"{base}/marker", b"marker", qos=1)
+        assert _under(await until_marker(sub, b"marker"), base) == [(other, b"public", False)]
 
 
 # ---------------------------------------------------------------------- every node agrees

@@ -65,6 +65,24 @@ async def test_a_credential_is_stored_changed_and_deleted(admin: CredentialAdmin
         await admin.get(name)
 
 
+async def test_strict_subscribe_is_stored_changed_and_set_from_the_cli(
+    admin: CredentialAdmin, postgres_server: str
+) -> None:
+    name = _name("strict")
+    added = await admin.add(
+        CredentialSpec(name, CredentialType.MQTT_BASIC, client_id=name, password=b"pw",
+                       rules=["allow all #"], strict_subscribe=True)
+    )  # fmt: skip
+    assert (await admin.get(name)).strict_subscribe is True
+    changed = await admin.update(name, CredentialChanges(strict_subscribe=False))
+    assert changed.strict_subscribe is False and changed.revision == added.revision + 1
+    updated = run_cormorant("credentials", "update", name, "--strict-subscribe", "--json",
+                            env=_env(postgres_server))  # fmt: skip
+    assert updated.returncode == 0, updated.stderr
+    assert json.loads(updated.stdout)["strict_subscribe"] is True
+    assert (await admin.get(name)).strict_subscribe is True
+
+
 async def test_conflicts_and_bad_input_are_refused_with_their_reason(
     admin: CredentialAdmin,
 ) -> None:

@@ -21,10 +21,13 @@ from services.common.auth.authorize import (
     ALLOW_ALL_RULE,
     Action,
     Authorizer,
+    Grant,
     Permission,
     Rule,
     RuleError,
+    authorizer_for,
     covers,
+    intersection,
     matches,
     overlaps,
     parse_rule,
@@ -56,7 +59,7 @@ def _regex(topic_filter: str) -> re.Pattern[str]:
 
 def naive_matches(topic_filter: str, topic: str) -> bool:
     """MQTT 4.7 matching by regular expression; wildcards first never match ``$`` topics."""
-    if topic_filter[0] in "+#" and topic.startswith("$"):
+    if topic_filter[:1] in ("+", "#") and topic.startswith("$"):
         return False
     return _regex(topic_filter).match(topic) is not None
 
@@ -129,23 +132,63 @@ def test_a_publish_is_decided_by_the_first_matching_rule(
     assert authorizer.may_publish(topic) == expected  # the cached decision
 
 
+@settings(max_examples=300)
+@given(filters(), filters())
+def test_the_intersection_matches_what_both_filters_match(a: str, b: str) -> None:
+    both = {t for t in UNIVERSE if naive_matches(a, t) and naive_matches(b, t)}
+    common = intersection(a.split("/"), b.split("/"))
+    if common is None:
+        assert not both
+    else:
+        assert {t for t in UNIVERSE if naive_matches("/".join(common), t)} == both
+
+
 @settings(max_examples=400)
+@given(rule_lists, topics)
+def test_a_delivery_is_decided_by_the_first_matching_read_rule(
+    drawn: list[tuple[bool, Action, str]], topic: str
+) -> None:
+    rules = _rules(drawn)
+    authorizer = Authorizer(rules, "c1", "u1")
+    expected = naive_decision(_of(rules, Action.SUBSCRIBE), topic)
+    assert authorizer.may_receive(topic) == expected
+    assert authorizer.may_receive(topic) == expected  # the cached decision
+
+
+@settings(max_examples=600)
 @given(rule_lists, filters())
-def test_a_granted_subscription_only_reaches_readable_topics(
+def test_a_subscription_is_granted_when_some_topic_of_it_may_be_read(
     drawn: list[tuple[bool, Action, str]], topic_filter: str
 ) -> None:
-    """Granted ⇒ every topic of the filter may be read; a filter without wildcards is
-    granted exactly when its one topic may be read."""
+    """FULL ⇒ every topic of the filter may be read; REFUSED ⇒ none may be (nothing readable
+    is ever refused); a filter without wildcards is granted exactly when its one topic may
+    be read; a filter inside one deny rule's filter that no earlier allow rule reaches is
+    refused; strict grants FULL filters only."""
     rules = _rules(drawn)
     authorizer = Authorizer(rules, "c1", "u1")
     read_rules = _of(rules, Action.SUBSCRIBE)
-    granted = authorizer.may_subscribe(topic_filter)
-    reached = [t for t in UNIVERSE if naive_matches(topic_filter, t)]
-    if granted:
-        assert all(naive_decision(read_rules, t) for t in reached)
+    grant = authorizer.subscribe_grant(topic_filter)
+    strict = Authorizer(rules, "c1", "u1", strict=True).subscribe_grant(topic_filter)
+    assert authorizer.subscribe_grant(f"$share/g/{topic_filter}") is grant
+    if not rules:
+        assert grant is Grant.REFUSED and strict is Grant.REFUSED
+        return
+    readable = [naive_decision(read_rules, t) for t in UNIVERSE if naive_matches(topic_filter, t)]
+    if grant is Grant.FULL:
+        assert all(readable)
+    if grant is Grant.REFUSED:
+        assert not any(readable)
     if "+" not in topic_filter and "#" not in topic_filter:
-        assert granted == naive_decision(read_rules, topic_filter)
-    assert authorizer.may_subscribe(f"$share/g/{topic_filter}") == granted
+        assert (grant is not Grant.REFUSED) == naive_decision(read_rules, topic_filter)
+    levels = topic_filter.split("/")
+    for allow, rule_filter in read_rules:
+        if allow and overlaps(rule_filter.split("/"), levels):
+            break
+        if not allow and covers(rule_filter.split("/"), levels):
+            assert grant is Grant.REFUSED
+            break
+    assert strict is (Grant.FULL if grant is Grant.FULL else Grant.REFUSED)
+    assert authorizer.may_subscribe(topic_filter) == (grant is not Grant.REFUSED)
 
 
 # ---------------------------------------------------------------------- examples
@@ -207,19 +250,46 @@ def test_an_identifier_that_cannot_fill_a_level_never_widens_access(client_id: s
     assert not without_user.may_publish("u/c/x") and not without_user.may_subscribe("u/+/x")
 
 
-def test_a_deny_rule_that_overlaps_a_filter_refuses_it() -> None:
+def test_a_wildcard_over_a_denied_subtree_is_granted_and_filtered() -> None:
     rules = parse_rules(["deny subscribe admin/#", "allow all #"])
     authorizer = Authorizer(rules, "c", None)
-    assert not authorizer.may_subscribe("#") and not authorizer.may_subscribe("+/users")
-    assert authorizer.may_subscribe("sensors/#") and authorizer.may_subscribe("$share/g/x/+")
+    assert authorizer.subscribe_grant("#") is Grant.FILTERED
+    assert authorizer.subscribe_grant("+/users") is Grant.FILTERED
+    assert authorizer.subscribe_grant("$share/g/+/users") is Grant.FILTERED
+    assert authorizer.subscribe_grant("sensors/#") is Grant.FULL
+    assert authorizer.subscribe_grant("admin/users/#") is Grant.REFUSED  # wholly denied
+    assert authorizer.subscribe_grant("admin/#") is Grant.REFUSED
+    assert not authorizer.may_receive("admin/users") and authorizer.may_receive("sensors/t")
     assert authorizer.may_publish("admin/x")  # the deny rule is about subscribing only
+    strict = Authorizer(rules, "c", None, strict=True)
+    assert not strict.may_subscribe("#") and not strict.may_subscribe("+/users")
+    assert strict.may_subscribe("sensors/#") and strict.may_subscribe("$share/g/x/+")
+
+
+def test_an_allow_rule_shadowed_by_an_earlier_deny_grants_nothing() -> None:
+    rules = parse_rules(["deny subscribe a/b/#", "allow subscribe a/b/c", "allow subscribe x"])
+    authorizer = Authorizer(rules, "c", None)
+    assert authorizer.subscribe_grant("a/+/c") is Grant.REFUSED  # only a/b/c, denied
+    assert authorizer.subscribe_grant("+/+/c") is Grant.REFUSED
+    assert authorizer.subscribe_grant("#") is Grant.FILTERED  # x may be read
 
 
 def test_no_rules_allow_nothing_and_allow_all_is_an_explicit_rule() -> None:
     nothing = Authorizer((), "c", "u")
     assert not nothing.may_publish("a/b") and not nothing.may_subscribe("#")
     assert not nothing.may_subscribe("c/#") and not nothing.may_publish("c")
+    assert not nothing.may_receive("a/b") and nothing.subscribe_grant("#") is Grant.REFUSED
     assert parse_rules(["allow all #"]) == (ALLOW_ALL_RULE,) == ALLOW_ALL.rules
     assert ALLOW_ALL.may_publish("any/topic") and ALLOW_ALL.may_subscribe("#")
-    assert ALLOW_ALL.may_subscribe("$share/g/#")
+    assert ALLOW_ALL.may_subscribe("$share/g/#") and ALLOW_ALL.subscribe_grant("#") is Grant.FULL
     assert not ALLOW_ALL.may_publish("$SYS/x")  # "#" matches no $ topic (MQTT 4.7.2)
+
+
+def test_connections_share_the_authorizer_of_rules_without_placeholders() -> None:
+    rules = parse_rules(["deny subscribe admin/#", "allow all #"])
+    first = authorizer_for(rules, "c1", "u1")
+    assert authorizer_for(list(rules), "c2", None) is first  # one decision cache for all
+    assert authorizer_for(rules, "c1", "u1", strict=True) is not first
+    own = parse_rules(["allow all d/${client_id}/#"])
+    mine, theirs = authorizer_for(own, "c1", None), authorizer_for(own, "c2", None)
+    assert mine.may_receive("d/c1/x") and not theirs.may_receive("d/c1/x")

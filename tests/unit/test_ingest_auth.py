@@ -14,7 +14,16 @@ import logging
 import uuid
 
 import pytest
-from test_ingest_support import ANONYMOUS, NOW_MS, Client, closes, of_type, only, store_effects
+from test_ingest_support import (
+    ANONYMOUS,
+    NOW_MS,
+    Client,
+    closes,
+    fan_out,
+    of_type,
+    only,
+    store_effects,
+)
 
 from services.common.auth.authorize import parse_rules
 from services.common.auth.certificates import CertificateIdentity
@@ -39,10 +48,19 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import ClientKind, DisconnectCause, EventKind, SessionRecord
+from services.common.records import (
+    AckKind,
+    ClientKind,
+    DisconnectCause,
+    EventKind,
+    SessionRecord,
+    Target,
+)
 from services.common.subscription import Subscription
 from services.ingest.effects import (
     Authenticate,
+    Effect,
+    StoreAcks,
     StorePublish,
     StoreRetainedRequest,
     StoreSession,
@@ -303,9 +321,70 @@ def test_subscribe_filters_are_granted_one_by_one(version: int, refused: int) ->
     requests = [SubscriptionRequest(f, 1) for f in ("#", "admin/users", "$share/g/shared/+", "x/+")]
     effects = client.send(Subscribe(1, requests))
     wanted = only(effects, StoreRetainedRequest).subscriptions
-    assert [s.topic_filter for s in wanted] == ["x/+"]  # no retained messages for refusals
+    assert [s.topic_filter for s in wanted] == ["#", "x/+"]  # none for the refusal
     suback = only(client.packets(client.store_all(effects)), SubAck)
-    assert suback.reason_codes == [refused, refused, 1, 1]
+    # "#" overlaps the denied admin/# but reaches allowed topics: granted, filtered at delivery
+    assert suback.reason_codes == [1, refused, 1, 1]
+
+
+def _published(client: Client, effects: list[Effect]) -> list[tuple[str, bytes]]:
+    return [(p.topic, p.payload) for p in of_type(client.packets(effects), Publish)]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_wildcard_over_a_denied_subtree_gets_only_the_readable_topics(version: int) -> None:
+    client = connected(version)
+    client.store_all(client.send(Subscribe(1, [SubscriptionRequest("#", 1)])))
+    for qos in (0, 1):
+        for retain in (False, True):  # live, and retained as sent on SUBSCRIBE
+            denied = fan_out("admin/users", b"secret", retain=retain, qos=qos)
+            target = Target("dev-1", qos, retain_as_published=retain)
+            assert client._keep(client.conn.deliver_routed(denied, target)) == []
+            allowed = fan_out("news/today", b"public", retain=retain, qos=qos)
+            effects = client._keep(client.conn.deliver_routed(allowed, target))
+            assert _published(client, effects) == [("news/today", b"public")]
+    assert MQTT.publish_withheld >= 4
+
+
+@pytest.mark.parametrize(("qos", "acks"), [
+    (1, [(AckKind.PUBACK, 40)]), (2, [(AckKind.PUBREC, 40), (AckKind.PUBCOMP, 40)])
+])  # fmt: skip
+def test_a_withheld_stored_message_is_reported_complete_to_its_store(
+    qos: int, acks: list[tuple[AckKind, int]]
+) -> None:
+    """A persistent session's stored message (or an APPLICATION client's) comes with the
+    store's Packet Identifier: withheld, it must not stay in the store's window forever."""
+    client = connected(5)
+    client.store_all(client.send(Subscribe(1, [SubscriptionRequest("#", 2)])))
+    target = Target("dev-1", qos, packet_id=40)
+    effects = client._keep(client.conn.deliver_routed(fan_out("admin/x", b"s", qos=qos), target))
+    assert _published(client, effects) == []
+    assert only(effects, StoreAcks).record.acks == acks
+    resent = client._keep(client.conn.deliver(Publish("admin/x", b"s", qos, True, True, 41)))
+    assert _published(client, resent) == [] and only(resent, StoreAcks)
+    live = client._keep(client.conn.deliver_routed(fan_out("a/b", b"ok", qos=qos), Target(
+        "dev-1", qos, packet_id=42)))  # fmt: skip
+    assert _published(client, live) == [("a/b", b"ok")]
+
+
+def test_a_strict_credential_refuses_a_filter_overlapping_a_denied_subtree() -> None:
+    strict = Principal(
+        CREDENTIAL, "dev", ClientKind.DEVICE, RULES, "alice", 1, strict_subscribe=True
+    )
+    client = connected(5, strict)
+    requests = [SubscriptionRequest(f, 1) for f in ("#", "news/#")]
+    effects = client.send(Subscribe(1, requests))
+    assert only(client.packets(client.store_all(effects)), SubAck).reason_codes == [0x87, 1]
+
+
+def test_a_shared_subscription_member_gets_only_the_readable_topics() -> None:
+    client = connected(5)
+    effects = client.send(Subscribe(1, [SubscriptionRequest("$share/g/#", 1)]))
+    assert only(client.packets(client.store_all(effects)), SubAck).reason_codes == [1]
+    target = Target("dev-1", 1)
+    assert client._keep(client.conn.deliver_routed(fan_out("admin/a", b"s"), target)) == []
+    effects = client._keep(client.conn.deliver_routed(fan_out("shared/a", b"ok"), target))
+    assert _published(client, effects) == [("shared/a", b"ok")]
 
 
 @pytest.mark.parametrize(("version", "code"), [(5, ReasonCode.SERVER_BUSY), (4, 0x03)])

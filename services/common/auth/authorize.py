@@ -11,14 +11,23 @@ rules may do nothing: "everything" is the explicit rule :data:`ALLOW_ALL_RULE`,
 
 - a PUBLISH to Topic Name ``T`` (also the Will Topic, and a retained PUBLISH) is decided
   by the first ``publish``/``all`` rule whose filter matches ``T`` (MQTT 4.7 matching);
+- a message on Topic Name ``T`` reaches a subscriber only if the first ``subscribe``/``all``
+  rule whose filter matches ``T`` allows it (:meth:`Authorizer.may_receive`, checked by the
+  ingest node before every delivery: live, retained, shared, stored for a persistent
+  session, or an APPLICATION client's);
 - a SUBSCRIBE to Topic Filter ``F`` (a Shared Subscription is checked on the filter after
-  ``$share/<group>/``, MQTT 4.8.2) is granted only if every topic ``F`` can match may be
-  read: going through the ``subscribe``/``all`` rules in order, a deny rule whose filter
-  overlaps ``F`` refuses it, and an allow rule whose filter covers ``F`` grants it. So a
-  client denied ``admin/#`` cannot subscribe to ``#``, and nothing it may not read ever
-  reaches it, retained messages sent on SUBSCRIBE included, without a check per delivered
-  message. The test is conservative: a SUBSCRIBE covered only by several allow rules
-  together, or overlapping a deny rule that an earlier allow rule shadows, is refused.
+  ``$share/<group>/``, MQTT 4.8.2) is decided by :meth:`Authorizer.subscribe_grant`, going
+  through the ``subscribe``/``all`` rules in order: :attr:`Grant.FULL` when an allow rule
+  covers ``F`` before any deny rule overlaps it (every topic ``F`` matches may be read);
+  :attr:`Grant.REFUSED` when ``F`` lies wholly inside one deny rule's filter before any
+  allow rule could grant part of it, or when no allow rule reaches ``F`` at all; otherwise
+  :attr:`Grant.FILTERED`: granted, and the topics the rules deny are withheld message by
+  message. So with ``deny subscribe admin/#`` and ``allow all #``, ``#`` is granted without
+  ``admin/...`` messages and ``admin/users/#`` is refused. An allow rule counts as granting
+  part of ``F`` unless the part it shares with ``F`` lies inside one earlier deny rule: a
+  filter denied only by several deny rules together is granted and receives nothing.
+  A credential may ask for the strict behaviour instead (``strict=True``): a filter that is
+  not :attr:`Grant.FULL` is refused.
 
 A value that cannot stand for a placeholder (no user name, an empty one, or one holding
 ``/``, ``+`` or ``#``) makes an allow rule match nothing and a deny rule match any value of
@@ -28,6 +37,7 @@ that level: a client never gains access from its identifier's shape.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -209,6 +219,41 @@ def overlaps(a: Sequence[str], b: Sequence[str]) -> bool:
     return True
 
 
+def intersection(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...] | None:
+    """The Topic Filter (split on ``/``) matching exactly the Topic Names both filters ``a``
+    and ``b`` match, or None if they share none (MQTT 4.7 matching)."""
+    if _dollar_excluded(a, b) or _dollar_excluded(b, a):
+        return None
+    out: list[str] = []
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else None
+        y = b[i] if i < len(b) else None
+        if x == "#":
+            return (*out, *b[i:])
+        if y == "#":
+            return (*out, *a[i:])
+        if x is None or y is None:
+            return None
+        if x == "+":
+            out.append(y)
+        elif y == "+" or x == y:
+            out.append(x)
+        else:
+            return None
+    return tuple(out)
+
+
+class Grant(enum.Enum):
+    """What a SUBSCRIBE to one Topic Filter is granted (see the module)."""
+
+    REFUSED = "refused"
+    """Not granted: 0x87 Not authorized (v5), 0x80 Failure (v3.1.1)."""
+    FULL = "full"
+    """Granted; every topic the filter matches may be read."""
+    FILTERED = "filtered"
+    """Granted; some topics the filter matches are denied and withheld at delivery."""
+
+
 # ---------------------------------------------------------------------------- per connection
 
 
@@ -272,17 +317,35 @@ class _Compiled:
 
 class Authorizer:
     """One connection's rules, compiled at CONNECT (placeholders replaced by ``client_id``
-    and ``username``), with its PUBLISH decisions cached per Topic Name.
+    and ``username``), with its PUBLISH and delivery decisions cached per Topic Name.
 
     ``rules`` empty allows nothing (deny by default); :data:`ALLOW_ALL` is the shared
-    instance of ``allow all #`` alone. Each check costs a dict lookup once a Topic Name was
-    seen; a miss walks the rules.
+    instance of ``allow all #`` alone. ``strict`` refuses a SUBSCRIBE that would be
+    :attr:`Grant.FILTERED`. Each check costs a dict lookup once a Topic Name was seen; a
+    miss walks the rules that can match it.
     """
 
-    __slots__ = ("_by_first_level", "_decisions", "_publish", "_subscribe", "rules")
+    __slots__ = (
+        "_by_first_level",
+        "_decisions",
+        "_publish",
+        "_received",
+        "_subscribe",
+        "_subscribe_by_first_level",
+        "rules",
+        "strict",
+    )
 
-    def __init__(self, rules: Sequence[Rule], client_id: str = "", username: str | None = None):
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        client_id: str = "",
+        username: str | None = None,
+        *,
+        strict: bool = False,
+    ):
         self.rules = tuple(rules)
+        self.strict = strict
         self._publish: list[_Compiled] = []
         self._subscribe: list[_Compiled] = []
         for rule in self.rules:
@@ -295,8 +358,10 @@ class Authorizer:
             if rule.action is not Action.PUBLISH:
                 self._subscribe.append(compiled)
         self._decisions: dict[str, bool] = {}
-        # the publish rules that can match a topic, by the topic's first level, in order
+        self._received: dict[str, bool] = {}
+        # the rules that can match a topic, by the topic's first level, in order
         self._by_first_level: dict[str, list[_Compiled]] = {}
+        self._subscribe_by_first_level: dict[str, list[_Compiled]] = {}
 
     def may_publish(self, topic: str) -> bool:
         """Whether a PUBLISH (or Will Message) to Topic Name ``topic`` is allowed."""
@@ -304,35 +369,67 @@ class Authorizer:
         if decision is None:
             if len(self._decisions) >= DECISION_CACHE_SIZE:
                 self._decisions.clear()
-            decision = self._decisions[topic] = self._first_match(topic)
+            decision = self._decisions[topic] = _first_match(
+                self._publish, self._by_first_level, topic
+            )
+        return decision
+
+    def may_receive(self, topic: str) -> bool:
+        """Whether a message on Topic Name ``topic`` may be delivered to this subscriber:
+        the first ``subscribe``/``all`` rule matching it allows it. The ingest node asks
+        before every delivery; a topic seen before costs one dict lookup."""
+        decision = self._received.get(topic)
+        if decision is None:
+            if len(self._received) >= DECISION_CACHE_SIZE:
+                self._received.clear()
+            decision = self._received[topic] = _first_match(
+                self._subscribe, self._subscribe_by_first_level, topic
+            )
         return decision
 
     def may_subscribe(self, topic_filter: str) -> bool:
         """Whether a SUBSCRIBE to ``topic_filter`` (a valid Topic Filter, shared or not)
-        is granted: see the module's rules."""
+        is granted at all (:meth:`subscribe_grant` is not :attr:`Grant.REFUSED`)."""
+        return self.subscribe_grant(topic_filter) is not Grant.REFUSED
+
+    def subscribe_grant(self, topic_filter: str) -> Grant:
+        """What a SUBSCRIBE to ``topic_filter`` (a valid Topic Filter, shared or not) is
+        granted: see the module's rules."""
         shared = parse_shared(topic_filter)
         levels = (shared.topic_filter if shared is not None else topic_filter).split("/")
+        denied: list[tuple[str, ...]] = []  # the earlier deny rules overlapping the filter
+        partial = False  # an earlier allow rule grants part of the filter
         for rule in self._subscribe:
             if rule.allow:
-                if covers(rule.levels, levels):
-                    return True
+                if not denied and covers(rule.levels, levels):
+                    return Grant.FULL
+                common = intersection(rule.levels, levels)
+                if common is not None and not any(covers(d, common) for d in denied):
+                    partial = True
             elif overlaps(rule.levels, levels):
-                return False
-        return False
+                if self.strict or (not partial and covers(rule.levels, levels)):
+                    return Grant.REFUSED
+                denied.append(rule.levels)
+        return Grant.FILTERED if partial and not self.strict else Grant.REFUSED
 
-    def _first_match(self, topic: str) -> bool:
-        first = topic.split("/", 1)[0]
-        candidates = self._by_first_level.get(first)
-        if candidates is None:
-            if len(self._by_first_level) >= DECISION_CACHE_SIZE:
-                self._by_first_level.clear()
-            candidates = self._by_first_level[first] = [
-                rule for rule in self._publish if rule.levels[0] in (first, "+", "#")
-            ]
-        for rule in candidates:
-            if rule.matches(topic):
-                return rule.allow
-        return False
+
+def _first_match(
+    rules: Sequence[_Compiled], by_first_level: dict[str, list[_Compiled]], topic: str
+) -> bool:
+    """The decision of the first of ``rules`` matching Topic Name ``topic`` (none: denied).
+    ``by_first_level`` remembers, per first topic level, the rules that can match."""
+    first = topic.split("/", 1)[0]
+    candidates = by_first_level.get(first)
+    if candidates is None:
+        if len(by_first_level) >= DECISION_CACHE_SIZE:
+            by_first_level.clear()
+        candidates = by_first_level[first] = [
+            rule for rule in rules if rule.levels[0] in (first, "+", "#")
+        ]
+    for rule in candidates:
+        if rule.matches(topic):
+            return rule.allow
+    return False
 
 
 ALLOW_ALL_RULE = Rule(Permission.ALLOW, Action.ALL, "#")
@@ -345,3 +442,24 @@ ALLOW_ALL = Authorizer((ALLOW_ALL_RULE,))
 DENY_ALL = Authorizer(())
 """The authorizer of a client without rules, and of a connection not authenticated yet:
 nothing allowed."""
+
+SHARED_AUTHORIZERS = 256
+"""Rule lists without placeholders whose :class:`Authorizer` is kept for sharing."""
+
+
+@functools.lru_cache(maxsize=SHARED_AUTHORIZERS)
+def _shared(rules: tuple[Rule, ...], strict: bool) -> Authorizer:
+    return Authorizer(rules, strict=strict)
+
+
+def authorizer_for(
+    rules: Sequence[Rule], client_id: str, username: str | None, *, strict: bool = False
+) -> Authorizer:
+    """The :class:`Authorizer` of a connection with ``rules``, Client Identifier
+    ``client_id`` and user name ``username``. Rules without placeholders decide the same
+    for every connection, so those connections share one authorizer and its decision
+    caches (the anonymous clients, the many devices of one credential, a fan-out to many
+    ``#`` subscribers): a topic's decision is made once, not once per connection."""
+    if any("${" in rule.topic_filter for rule in rules):
+        return Authorizer(rules, client_id, username, strict=strict)
+    return _shared(tuple(rules), strict)

@@ -59,7 +59,9 @@ class CredentialType(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Credential:
-    """One credential (see the module). ``created_at`` / ``updated_at`` are set by the store;
+    """One credential (see the module). ``strict_subscribe`` refuses a SUBSCRIBE whose
+    Topic Filter overlaps a denied subtree instead of withholding the denied topics
+    (:class:`~.authorize.Grant`). ``created_at`` / ``updated_at`` are set by the store;
     ``revision`` grows by one with every change (the store's trigger)."""
 
     id: uuid.UUID
@@ -68,6 +70,7 @@ class Credential:
     kind: ClientKind = ClientKind.DEVICE
     enabled: bool = True
     rules: tuple[Rule, ...] = ()
+    strict_subscribe: bool = False
     client_id: str | None = None
     username: str | None = None
     password_hash: str | None = None
@@ -211,6 +214,7 @@ def public_view(credential: Credential) -> dict[str, Any]:
         "enabled": credential.enabled,
         "kind": credential.kind.name,
         "rules": [str(rule) for rule in credential.rules],
+        "strict_subscribe": credential.strict_subscribe,
     }
     if credential.type is CredentialType.MQTT_BASIC:
         view["client_id"] = credential.client_id

@@ -51,12 +51,13 @@ class CredentialSpec:
     ``allow_all`` adds ``allow all #`` after them; ``password`` (bytes, any) is hashed for
     MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given: an
     MQTT_BASIC credential needs one unless ``no_password`` (it then authenticates by its
-    Client Identifier alone)."""
+    Client Identifier alone); ``strict_subscribe``: see :class:`~.credentials.Credential`."""
 
     name: str
     type: CredentialType
     kind: ClientKind = ClientKind.DEVICE
     rules: Sequence[object] = ()
+    strict_subscribe: bool = False
     client_id: str | None = None
     username: str | None = None
     password: bytes | None = None
@@ -77,6 +78,7 @@ class CredentialChanges:
 
     kind: ClientKind | None = None
     rules: Sequence[object] | None = None
+    strict_subscribe: bool | None = None
     client_id: str | None = None
     username: str | None = None
     password: bytes | None = None
@@ -168,6 +170,7 @@ class CredentialAdmin:
             kind=spec.kind,
             enabled=spec.enabled,
             rules=_rules(spec.rules, spec.allow_all),
+            strict_subscribe=spec.strict_subscribe,
             client_id=spec.client_id,
             username=spec.username,
             password_hash=password_hash,
@@ -210,7 +213,7 @@ class CredentialAdmin:
 
     async def _changed(self, current: Credential, changes: CredentialChanges) -> Credential:
         values: dict[str, object] = {}
-        for name in ("kind", "certificate", "jwt", "enabled"):
+        for name in ("kind", "certificate", "jwt", "enabled", "strict_subscribe"):
             value = getattr(changes, name)
             if value is not None:
                 values[name] = value

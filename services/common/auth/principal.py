@@ -35,10 +35,11 @@ class Principal:
     """Who a connection is, once authenticated: its credential (``credential_id``,
     ``credential_name``, ``revision``; None for an anonymous client), its ``kind`` (None:
     anonymous, the ``application_client_ids`` setting decides), its ``rules``, the
-    user name ``${username}`` stands for, and whether ``${client_id}`` may stand for the
+    user name ``${username}`` stands for, whether ``${client_id}`` may stand for the
     connection's Client Identifier (``client_id_bound``: the credential is tied to it,
     :func:`~.credentials.client_id_bound`, or anonymous clients under the operator's own
-    rules; otherwise allow rules naming it match nothing)."""
+    rules; otherwise allow rules naming it match nothing), and whether its SUBSCRIBEs are
+    decided strictly (``strict_subscribe``: :class:`~.credentials.Credential`)."""
 
     credential_id: uuid.UUID | None
     credential_name: str | None
@@ -47,6 +48,7 @@ class Principal:
     username: str | None
     revision: int = 0
     client_id_bound: bool = False
+    strict_subscribe: bool = False
 
     @property
     def owner(self) -> str:
@@ -104,6 +106,7 @@ def principal_of(credential: Credential, username: str | None) -> Principal:
         username,
         credential.revision,
         client_id_bound(credential),
+        credential.strict_subscribe,
     )
 
 

@@ -93,6 +93,8 @@ def _b64(data: bytes) -> str:
 
 def _details(credential: Credential) -> dict[str, Any]:
     details: dict[str, Any] = {}
+    if credential.strict_subscribe:
+        details["strict_subscribe"] = True
     if credential.password_hash is not None:
         details["password_hash"] = credential.password_hash
     if credential.certificate is not None:
@@ -161,6 +163,7 @@ def _credential(row: dict[str, Any]) -> Credential:
         kind=ClientKind[row["kind"]],
         enabled=row["enabled"],
         rules=parse_rules(row["rules"]),
+        strict_subscribe=bool(details.get("strict_subscribe", False)),
         client_id=row["client_id"],
         username=row["username"],
         password_hash=details.get("password_hash"),
