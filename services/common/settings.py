@@ -8,6 +8,7 @@ Environment variables win over the file. Durations are in seconds, sizes in byte
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -318,6 +319,20 @@ class Settings(BaseSettings):
     auth_failure_ban_seconds: float = Field(
         900.0, gt=0, description="How long a banned source address stays banned (seconds)."
     )
+
+    auth_failure_exempt_networks: list[str] = Field(
+        default_factory=list,
+        description="Source networks (CIDR, as a JSON list: '[\"10.1.2.0/24\"]') whose "
+        "addresses are never delayed, refused or banned for authentication failures (their "
+        "User Names still are): monitoring probes, a test harness. Empty by default.",
+    )
+
+    @field_validator("auth_failure_exempt_networks")
+    @classmethod
+    def _valid_networks(cls, networks: list[str]) -> list[str]:
+        for network in networks:
+            ipaddress.ip_network(network)  # ValueError: pydantic reports it with the field
+        return networks
 
     @field_validator("anonymous_rules")
     @classmethod

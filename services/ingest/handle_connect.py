@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterable
 
 from services.common.auth.authorize import ALLOW_ALL, Authorizer
-from services.common.auth.principal import AuthRequest, Principal
+from services.common.auth.principal import AuthRequest, Principal, host_of
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
@@ -136,6 +136,7 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         state.certificate,
         props.authentication_method,
         props.authentication_data,
+        host_of(state.client_address),
     )
     return [Authenticate(request)]
 

@@ -10,9 +10,11 @@ clock), so tests drive them without waiting.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -141,3 +143,114 @@ class HashingPool:
     def close(self) -> None:
         """Stop the threads (waiting for none; queued checks are cancelled)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What :meth:`AuthThrottle.verdict` says of a CONNECT: refuse it at once with the MQTT 5
+    Reason Code ``refuse`` (None: go on), after ``delay`` seconds (0: none); ``reason`` is
+    for the log and client.events."""
+
+    refuse: int | None = None
+    delay: float = 0.0
+    reason: str = ""
+
+
+class AuthThrottle:
+    """Authentication failures of MQTT clients, per source address and per User Name, in a
+    sliding window of ``window`` seconds, and what they cost the next CONNECT:
+
+    - from ``delay_after`` failures (of its address or its User Name, whichever has more) a
+      delay before anything is checked: ``delay`` seconds, doubled per further failure, at
+      most ``max_delay``;
+    - from ``limit`` failures: refused at once with 0x9F Connection rate exceeded (MQTT 5.0
+      3.2.2.2; v3.1.1: return code 0x03 Server unavailable), nothing checked; such refused
+      attempts count against the address as failures;
+    - from ``ban_after`` failures of an address: it is banned for ``ban_seconds``, every
+      CONNECT refused with 0x8A Banned (v3.1.1: 0x05 Not authorized).
+
+    A User Name that authenticates has its failures forgotten; an address keeps them (one
+    valid credential must not launder another's guesses). ``max_keys`` bounds the addresses
+    and names remembered (see :class:`FailureWindow`). Addresses in the ``exempt``
+    networks are neither counted nor throttled (their User Names are). Raises
+    ``ValueError`` for bounds below 1 or a network that is not one. Times are seconds of a
+    monotonic clock.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: float,
+        delay_after: int,
+        delay: float,
+        max_delay: float,
+        limit: int,
+        ban_after: int,
+        ban_seconds: float,
+        max_keys: int = 100_000,
+        exempt: Sequence[str] = (),
+    ) -> None:
+        self.exempt = [ipaddress.ip_network(network) for network in exempt]
+        self.failures = FailureWindow(window, max(limit, ban_after, delay_after, 1), max_keys)
+        self.delay_after = delay_after
+        self.delay = delay
+        self.max_delay = max_delay
+        self.limit = limit
+        self.ban_after = ban_after
+        self.ban_seconds = ban_seconds
+        self.max_keys = max_keys
+        self._banned: OrderedDict[str, float] = OrderedDict()
+
+    def verdict(self, address: str | None, username: str | None, now: float) -> Verdict:
+        """What to do with a CONNECT from ``address`` presenting ``username`` (either may
+        be None: not known, not presented)."""
+        address = self._counted(address)
+        if address is not None:
+            until = self._banned.get(address)
+            if until is not None:
+                if until > now:
+                    return Verdict(0x8A, reason=f"address banned for {until - now:.0f} s more")
+                del self._banned[address]
+        by_address = 0 if address is None else self.failures.count(("address", address), now)
+        by_user = 0 if username is None else self.failures.count(("user", username), now)
+        if by_address >= self.limit or by_user >= self.limit:
+            if address is not None:
+                self._failed_address(address, now)
+            which = "address" if by_address >= self.limit else "user name"
+            return Verdict(0x9F, reason=f"too many authentication failures of this {which}")
+        worst = max(by_address, by_user)
+        if worst < self.delay_after or worst == 0:
+            return Verdict()
+        delay = min(self.max_delay, self.delay * 2.0 ** (worst - self.delay_after))
+        return Verdict(delay=delay, reason=f"{worst} recent authentication failures")
+
+    def failed(self, address: str | None, username: str | None, now: float) -> None:
+        """Count an authentication failure of ``address`` and ``username``."""
+        address = self._counted(address)
+        if username is not None:
+            self.failures.failed(("user", username), now)
+        if address is not None:
+            self._failed_address(address, now)
+
+    def _counted(self, address: str | None) -> str | None:
+        """``address``, or None if it is exempt (or not an IP address)."""
+        if address is None or not self.exempt:
+            return address
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return address
+        return None if any(ip in network for network in self.exempt) else address
+
+    def _failed_address(self, address: str, now: float) -> None:
+        if self.failures.failed(("address", address), now) >= self.ban_after:
+            self._banned[address] = now + self.ban_seconds
+            self._banned.move_to_end(address)
+            while len(self._banned) > self.max_keys:
+                self._banned.popitem(last=False)
+            self.failures.forget(("address", address))
+
+    def succeeded(self, username: str | None) -> None:
+        """``username`` authenticated: its failures are forgotten."""
+        if username is not None:
+            self.failures.forget(("user", username))
