@@ -1,0 +1,87 @@
+"""MQTT authentication under attack, end to end: wrong passwords from one source address
+through HAProxy (which names the address in its PROXY header) are answered 0x86 up to the
+cluster's ``auth_failure_limit``, then 0x9F Connection rate exceeded (v3.1.1: 3), then the
+address is banned (0x8A; v3.1.1: 5); a client of another address connects meanwhile.
+
+The attacker is a loopback address of its own (127.x.y.z): the test cluster exempts
+127.0.0.1, where the other tests' clients come from (tests/servers.py)."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+import pytest_asyncio
+
+from services.common.auth.credentials import CredentialType
+from services.common.auth.manage import CredentialAdmin, CredentialSpec
+from services.common.auth.store import CredentialStore
+from services.local import postgres
+from tests.e2e.clients import TIMEOUT, RawSocket, connect_packet, unique
+from tests.servers import LocalCluster
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def credential(cluster: LocalCluster) -> tuple[str, str]:
+    """A new MQTT_BASIC credential: its user name and password."""
+    manager = CredentialAdmin(CredentialStore(postgres.dsn(cluster.settings)))
+    name, password = unique("user"), unique("password")
+    try:
+        await manager.add(
+            CredentialSpec(
+                name,
+                CredentialType.MQTT_BASIC,
+                username=name,
+                password=password.encode(),
+                rules=["allow all #"],
+            )  # fmt: skip
+        )
+    finally:
+        await manager.close()
+    return name, password
+
+
+def connack(port: int, source: str, level: int, username: str, password: str) -> int:
+    """The Reason Code (v5) or return code (v3.1.1) of a CONNECT from address ``source``."""
+    sock = socket.create_connection(("127.0.0.1", port), TIMEOUT, source_address=(source, 0))
+    raw = RawSocket.__new__(RawSocket)
+    raw.sock = sock
+    with raw:
+        raw.send(connect_packet(unique("c"), level=level, username=username.encode(),
+                                password=password.encode()))  # fmt: skip
+        kind, body = raw.read_packet()
+        assert kind == 0x20, kind
+        return body[1]
+
+
+async def test_wrong_passwords_from_one_address_are_throttled_then_banned(
+    cluster: LocalCluster, credential: tuple[str, str]
+) -> None:
+    settings = cluster.settings
+    attacker = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
+    port = cluster.mqtt_port  # HAProxy: the nodes see the attacker's address in PROXY v2
+    username, password = credential
+    answers = [
+        connack(port, attacker, 5, unique("nobody"), "guess")
+        for _ in range(settings.auth_failure_limit)
+    ]
+    assert answers == [0x86] * settings.auth_failure_limit
+    assert connack(port, attacker, 5, unique("nobody"), "guess") == 0x9F
+    assert connack(port, attacker, 4, unique("nobody"), "guess") == 3
+    # The right password from the attacker's address is not even checked...
+    assert connack(port, attacker, 5, username, password) == 0x9F
+    # ...another address connects with it...
+    assert connack(port, "127.0.0.1", 5, username, password) == 0
+    # ...and the refused attempts keep counting until the address is banned.
+    refused = settings.auth_failure_limit + 3
+    answers = [
+        connack(port, attacker, 5, unique("nobody"), "guess")
+        for _ in range(settings.auth_failure_ban_after - refused)
+    ]
+    assert answers == [0x9F] * (settings.auth_failure_ban_after - refused)
+    assert connack(port, attacker, 5, username, password) == 0x8A
+    assert connack(port, attacker, 4, username, password) == 5
+    assert connack(port, "127.0.0.1", 4, username, password) == 0
