@@ -37,7 +37,7 @@ async def credential(cluster: LocalCluster) -> tuple[str, str]:
                 username=name,
                 password=password.encode(),
                 rules=["allow all #"],
-            )  # fmt: skip
+            )
         )
     finally:
         await manager.close()
