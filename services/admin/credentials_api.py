@@ -106,6 +106,7 @@ def _jwt(body: models.JwtBody | None) -> JwtSettings | None:
         body.client_id_claim,
         body.username_claim,
         body.leeway_seconds,
+        body.max_age_seconds,
     )
 
 
@@ -189,6 +190,8 @@ async def add_credential(
         certificate=_certificate(body.certificate),
         jwt=_jwt(body.jwt),
         enabled=body.enabled,
+        scram_iterations=body.scram_iterations,
+        jwt_no_audience=body.jwt.no_audience if body.jwt is not None else False,
     )
     detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules)}
     created = await _audited(

@@ -320,6 +320,15 @@ class Settings(BaseSettings):
         900.0, gt=0, description="How long a banned source address stays banned (seconds)."
     )
 
+    scram_unknown_user_key: SecretStr | None = Field(
+        None,
+        description="A secret every ingest node shares (32 random bytes or more, e.g. "
+        "`openssl rand -base64 32`): the SCRAM salt of a user name without a SCRAM "
+        "credential is an HMAC of the name under it, so every node answers it alike, every "
+        "time, as for a real user. Unset: each node draws its own (logged as a warning), "
+        "and comparing two nodes' answers tells which user names exist.",
+        min_length=32,
+    )
     auth_failure_exempt_networks: list[str] = Field(
         default_factory=list,
         description="Source networks (CIDR, as a JSON list: '[\"10.1.2.0/24\"]') whose "

@@ -128,6 +128,11 @@ def build_app(settings: Settings) -> faust.App:
             ban_seconds=settings.auth_failure_ban_seconds,
             exempt=settings.auth_failure_exempt_networks,
         ),
+        scram_unknown_user_key=(
+            None
+            if settings.scram_unknown_user_key is None
+            else settings.scram_unknown_user_key.get_secret_value().encode()
+        ),
     )
     node = IngestNode(
         settings,

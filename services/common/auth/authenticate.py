@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -113,6 +114,9 @@ class Authenticator:
     (:mod:`.verified`; default: none are remembered), which the caller tells of credential
     changes. ``throttle``: the failures counted per address and User Name (None: none are;
     for tests of other behaviour), on ``clock`` (monotonic seconds).
+    ``scram_unknown_user_key``: the key every node shares that an unknown SCRAM user's salt
+    is derived from (:func:`~.scram.unknown_user_secret`; None: a random one of this
+    process, logged as a warning).
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class Authenticator:
         verified: VerifiedPasswords | None = None,
         throttle: AuthThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
+        scram_unknown_user_key: bytes | None = None,
     ) -> None:
         self.source = source
         self.allow_anonymous = allow_anonymous
@@ -139,6 +144,12 @@ class Authenticator:
         )
         self.throttle = throttle
         self.clock = clock
+        if scram_unknown_user_key is None:
+            log.warning(
+                "scram_unknown_user_key is not set: an unknown SCRAM user's salt differs "
+                "from node to node and restart to restart, which tells that it is unknown"
+            )
+        self._scram_key = scram_unknown_user_key or os.urandom(32)
         self.verified = VerifiedPasswords(0, 0) if verified is None else verified
         # Verifications running, by (credential id, digest of its hash and the password).
         self._verifying: dict[tuple[uuid.UUID, bytes], asyncio.Future[bool]] = {}
@@ -338,7 +349,7 @@ class Authenticator:
                 credential = found[0] if found else None
                 secret = None if credential is None else credential.scram_secret(method)
                 if secret is None:
-                    secret = unknown_user_secret(method, username)
+                    secret = unknown_user_secret(method, username, self._scram_key)
                 first = exchange.server_first(secret)
                 return Challenge(first, ScramState(exchange, credential))
             final = state.exchange.client_final(data)

@@ -12,6 +12,7 @@ Identifier / User Name (:mod:`.authenticate`).
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,10 @@ PUBLIC_KEY_ALGORITHMS = frozenset(
 )
 
 _SHAPE = re.compile(rb"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+
+MIN_HMAC_SECRET_BYTES = 32
+"""The shortest HMAC secret a JWT credential may have (UTF-8 bytes): RFC 7518 3.2 asks a key
+at least as long as the hash (HS256: 32 bytes); a short one can be found by trying."""
 
 MAX_TOKEN_BYTES = 16_384
 """Longer passwords are not taken for tokens (a JWT of a few claims is well under 2 KiB)."""
@@ -48,7 +53,8 @@ class JwtSettings:
     ``issuer``: the ``aud`` / ``iss`` tokens must carry (None: not checked).
     ``client_id_claim`` / ``username_claim``: claims that must equal the CONNECT's Client
     Identifier / User Name (None: not checked). ``leeway_seconds``: clock skew allowed on
-    ``exp`` and ``nbf``.
+    ``exp``, ``nbf`` and ``iat``. ``max_age_seconds``: tokens must carry ``iat`` (issued
+    at, RFC 7519 4.1.6) no older than this (None: not checked).
     """
 
     algorithms: tuple[str, ...]
@@ -58,6 +64,7 @@ class JwtSettings:
     client_id_claim: str | None = None
     username_claim: str | None = None
     leeway_seconds: int = 0
+    max_age_seconds: int | None = None
 
     @property
     def hmac(self) -> bool:
@@ -67,8 +74,9 @@ class JwtSettings:
 
 def check_settings(settings: JwtSettings) -> None:
     """Raise ``ValueError`` naming the problem if ``settings`` cannot verify tokens: no or
-    unknown algorithms, HMAC and public-key algorithms mixed, an empty secret, or a key
-    that PyJWT cannot load for the algorithms."""
+    unknown algorithms, HMAC and public-key algorithms mixed, an empty key, an HMAC secret
+    shorter than :data:`MIN_HMAC_SECRET_BYTES`, a maximum age below 1 second, or a key that
+    PyJWT cannot load for the algorithms."""
     algorithms = set(settings.algorithms)
     if not algorithms:
         raise ValueError("a JWT credential needs at least one algorithm")
@@ -79,8 +87,15 @@ def check_settings(settings: JwtSettings) -> None:
         raise ValueError("JWT algorithms mix HMAC (HS*) and public-key ones")
     if not settings.key:
         raise ValueError("a JWT credential needs a key")
+    if settings.hmac and len(settings.key.encode("utf-8")) < MIN_HMAC_SECRET_BYTES:
+        raise ValueError(
+            f"a JWT HMAC secret has at least {MIN_HMAC_SECRET_BYTES} bytes (RFC 7518 3.2), "
+            f"not {len(settings.key.encode('utf-8'))}"
+        )
     if settings.leeway_seconds < 0:
         raise ValueError("JWT leeway must be >= 0 seconds")
+    if settings.max_age_seconds is not None and settings.max_age_seconds < 1:
+        raise ValueError("a JWT maximum token age is at least 1 second")
     for name in algorithms:
         algorithm = jwt.get_algorithm_by_name(name)
         try:
@@ -108,12 +123,15 @@ def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
             audience=settings.audience,
             issuer=settings.issuer,
             leeway=settings.leeway_seconds,
-            options={"require": ["exp"], "verify_aud": settings.audience is not None},
+            options={
+                "require": ["exp"] if settings.max_age_seconds is None else ["exp", "iat"],
+                "verify_aud": settings.audience is not None,
+            },
         )
     except jwt.ExpiredSignatureError:
         raise TokenError("token expired (exp)") from None
     except jwt.ImmatureSignatureError:
-        raise TokenError("token not valid yet (nbf)") from None
+        raise TokenError("token not valid yet (nbf, or iat in the future)") from None
     except jwt.InvalidAudienceError:
         raise TokenError("token audience (aud) is not the credential's") from None
     except jwt.InvalidIssuerError:
@@ -124,4 +142,9 @@ def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
         raise NotThisIssuer("token signature does not verify") from None
     except (jwt.InvalidTokenError, UnicodeDecodeError) as exc:
         raise TokenError(f"malformed token ({type(exc).__name__})") from None
+    if settings.max_age_seconds is not None:
+        issued = claims["iat"]  # required above; PyJWT checked it is a number
+        age = time.time() - float(issued)
+        if age > settings.max_age_seconds + settings.leeway_seconds:
+            raise TokenError(f"token older than {settings.max_age_seconds} s (iat)")
     return claims

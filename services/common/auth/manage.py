@@ -30,7 +30,13 @@ from services.common.auth.credentials import (
 )
 from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.passwords import MAX_PASSWORD_BYTES, hash_password
-from services.common.auth.scram import MECHANISMS, ScramSecret, derive_secret
+from services.common.auth.scram import (
+    MAX_ITERATIONS,
+    MECHANISMS,
+    MIN_ITERATIONS,
+    ScramSecret,
+    derive_secret,
+)
 from services.common.auth.store import CredentialStore
 from services.common.records import ClientKind
 
@@ -43,7 +49,11 @@ class CredentialNotFound(LookupError):
 class CredentialSpec:
     """A new credential as an operator describes it. ``rules`` are rules in text or JSON
     form (:func:`~.authorize.parse_rules`); ``password`` (bytes, any) is hashed for
-    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given."""
+    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given, with
+    ``scram_iterations`` PBKDF2 iterations (SCRAM only; None: each mechanism's default,
+    :data:`~.scram.ITERATIONS`). A JWT credential with public-key algorithms needs an
+    audience unless ``jwt_no_audience`` (tokens of the same issuer meant for other services
+    would be taken otherwise)."""
 
     name: str
     type: CredentialType
@@ -55,6 +65,8 @@ class CredentialSpec:
     certificate: CertificateMatch | None = None
     jwt: JwtSettings | None = None
     enabled: bool = True
+    scram_iterations: int | None = None
+    jwt_no_audience: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +94,28 @@ def _check_password(password: bytes) -> bytes:
 
 
 async def _secrets(
-    credential_type: CredentialType, password: bytes
+    credential_type: CredentialType, password: bytes, iterations: int | None = None
 ) -> tuple[str | None, tuple[ScramSecret, ...]]:
-    """(password hash, SCRAM secrets) of ``password`` for ``credential_type``, computed in a
-    thread (argon2id: about 20 ms; PBKDF2: a few ms per mechanism)."""
+    """(password hash, SCRAM secrets with ``iterations``: None for the defaults) of
+    ``password`` for ``credential_type``, computed in a thread (argon2id: about 20 ms;
+    PBKDF2: about 0.3 s per mechanism at the default counts). Raises
+    :class:`CredentialError` for an iteration count out of bounds."""
     _check_password(password)
     if credential_type is CredentialType.MQTT_BASIC:
+        if iterations is not None:
+            raise CredentialError("only a SCRAM credential has an iteration count")
         return await asyncio.to_thread(hash_password, password), ()
     if credential_type is CredentialType.SCRAM:
+        if iterations is not None and not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            raise CredentialError(
+                f"a SCRAM iteration count is {MIN_ITERATIONS:,} to {MAX_ITERATIONS:,} "
+                f"(RFC 7677 asks at least 4,096), not {iterations:,}"
+            )
         secrets = await asyncio.to_thread(
-            lambda: tuple(derive_secret(mechanism, password) for mechanism in MECHANISMS)
+            lambda: tuple(
+                derive_secret(mechanism, password, iterations=iterations)
+                for mechanism in MECHANISMS
+            )
         )
         return None, secrets
     raise CredentialError(f"a {credential_type.value} credential has no password")
@@ -108,9 +132,15 @@ class CredentialAdmin:
         password_hash: str | None = None
         scram: tuple[ScramSecret, ...] = ()
         if spec.password is not None:
-            password_hash, scram = await _secrets(spec.type, spec.password)
+            password_hash, scram = await _secrets(spec.type, spec.password, spec.scram_iterations)
         elif spec.type is CredentialType.SCRAM:
             raise CredentialError("a SCRAM credential needs a password")
+        jwt = spec.jwt
+        if jwt is not None and not jwt.hmac and jwt.audience is None and not spec.jwt_no_audience:
+            raise CredentialError(
+                "a public-key JWT credential needs an audience (--jwt-audience): its issuer "
+                "signs tokens for other services too; --no-audience to accept any"
+            )
         credential = Credential(
             id=uuid.uuid4(),
             name=spec.name,
@@ -175,8 +205,10 @@ class CredentialAdmin:
                 raise CredentialError("only an MQTT_BASIC credential may have no password")
             values["password_hash"] = None
         if changes.password is not None:
+            # A SCRAM credential keeps its iteration count (the first mechanism's: all alike).
+            iterations = current.scram[0].iterations if current.scram else None
             values["password_hash"], values["scram"] = await _secrets(
-                current.type, changes.password
+                current.type, changes.password, iterations
             )
         return dataclasses.replace(current, **values)  # type: ignore[arg-type]
 
