@@ -1,4 +1,5 @@
-"""MQTT authentication under attack, end to end: wrong passwords from one source address
+"""MQTT authentication under attack, end to end (and SCRAM's answer to an unknown user, the
+same from every node): wrong passwords from one source address
 through HAProxy (which names the address in its PROXY header) are answered 0x86 up to the
 cluster's ``auth_failure_limit``, then 0x9F Connection rate exceeded (v3.1.1: 3), then the
 address is banned (0x8A; v3.1.1: 5); a client of another address connects meanwhile.
@@ -13,12 +14,21 @@ import socket
 
 import pytest
 import pytest_asyncio
+from scramp import ScramClient
 
 from services.common.auth.credentials import CredentialType
 from services.common.auth.manage import CredentialAdmin, CredentialSpec
+from services.common.auth.scram import ITERATIONS
 from services.common.auth.store import CredentialStore
 from services.local import postgres
-from tests.e2e.clients import TIMEOUT, RawSocket, connect_packet, unique
+from tests.e2e.clients import (
+    TIMEOUT,
+    RawSocket,
+    connect_packet,
+    enhanced_connect_packet,
+    reason_and_properties,
+    unique,
+)
 from tests.servers import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -85,3 +95,25 @@ async def test_wrong_passwords_from_one_address_are_throttled_then_banned(
     assert connack(port, attacker, 5, username, password) == 0x8A
     assert connack(port, attacker, 4, username, password) == 5
     assert connack(port, "127.0.0.1", 4, username, password) == 0
+
+
+@pytest.mark.parametrize("method", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_an_unknown_scram_user_gets_the_same_salt_from_every_node(
+    cluster: LocalCluster, method: str
+) -> None:
+    user = unique("ghost")
+
+    def server_first(port: int) -> str:
+        scram = ScramClient([method], user, "any password")
+        with RawSocket(port) as sock:
+            sock.send(enhanced_connect_packet(unique("scram"), method,
+                                              scram.get_client_first().encode()))  # fmt: skip
+            code, props = reason_and_properties(*sock.read_packet())
+        assert code == 0x18
+        salt, iterations = props.AuthenticationData.decode().split(",")[1:3]
+        return f"{salt},{iterations}"
+
+    ports = cluster.node_ports
+    answers = {server_first(port) for port in (*ports, *ports)}
+    assert len(ports) >= 2 and len(answers) == 1, answers
+    assert answers.pop().endswith(f",i={ITERATIONS[method]}")
