@@ -102,7 +102,7 @@ async def test_one_source_gets_a_bounded_share_and_the_pool_a_bounded_queue() ->
         pool.close()
 
 
-def throttle(**overrides: float) -> AuthThrottle:
+def throttle(**overrides: Any) -> AuthThrottle:
     values: dict[str, Any] = {
         "window": 60, "delay_after": 2, "delay": 0.5, "max_delay": 3, "limit": 6,
         "ban_after": 10, "ban_seconds": 600, **overrides,
