@@ -1,8 +1,8 @@
 """MQTT authentication under attack, end to end (and SCRAM's answer to an unknown user, the
-same from every node): wrong passwords from one source address
-through HAProxy (which names the address in its PROXY header) are answered 0x86 up to the
-cluster's ``auth_failure_limit``, then 0x9F Connection rate exceeded (v3.1.1: 3), then the
-address is banned (0x8A; v3.1.1: 5); a client of another address connects meanwhile.
+same from every node): wrong passwords from one source address to a node are answered 0x86
+up to the cluster's ``auth_failure_limit``, then 0x9F Connection rate exceeded (v3.1.1: 3),
+then the address is banned (0x8A; v3.1.1: 5); a client of another address connects
+meanwhile.
 
 The attacker is a loopback address of its own (127.x.y.z): the test cluster exempts
 127.0.0.1, where the other tests' clients come from (tests/servers.py)."""
@@ -72,7 +72,7 @@ async def test_wrong_passwords_from_one_address_are_throttled_then_banned(
 ) -> None:
     settings = cluster.settings
     attacker = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
-    port = cluster.mqtt_port  # HAProxy: the nodes see the attacker's address in PROXY v2
+    port = cluster.node_ports[0]  # each node counts its own (HAProxy would spread them)
     username, password = credential
     answers = [
         connack(port, attacker, 5, unique("nobody"), "guess")
