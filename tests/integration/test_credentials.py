@@ -328,3 +328,13 @@ def test_a_public_key_issuer_needs_an_audience_or_no_audience(
     view = json.loads(accepted.stdout)["jwt"]
     assert view["audience"] is None and view["max_age_seconds"] == 300
     assert run_cormorant("credentials", "delete", name, env=env).returncode == 0
+
+
+def test_a_scram_iteration_count_out_of_range_is_a_usage_error(postgres_server: str) -> None:
+    result = run_cormorant(
+        "credentials", "add", _name("scram"), "--type", "scram", "--username", "s",
+        "--password", "p", "--scram-iterations", "1000", env=_env(postgres_server),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "1000 is not in the range 4096<=x<=10000000" in result.stderr
+    assert "Traceback" not in result.stderr
