@@ -138,6 +138,7 @@ def _jwt(options: dict[str, Any], current: JwtSettings | None = None) -> JwtSett
         client_id_claim=pick("client_id_claim", "jwt_client_id_claim"),
         username_claim=pick("username_claim", "jwt_username_claim"),
         leeway_seconds=pick("leeway_seconds", "jwt_leeway"),
+        max_age_seconds=pick("max_age_seconds", "jwt_max_age"),
     )
 
 
@@ -208,6 +209,8 @@ _TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--jwt-client-id-claim", help="JWT: the claim that must equal the client id."),
     click.option("--jwt-username-claim", help="JWT: the claim that must equal the user name."),
     click.option("--jwt-leeway", type=int, help="JWT: clock skew allowed on exp/nbf, seconds."),
+    click.option("--jwt-max-age", type=click.IntRange(min=1),
+                 help="JWT: tokens must carry an 'iat' no older than this, seconds."),
     click.option("--json", "as_json", is_flag=True, help="Print JSON."),
 ]  # fmt: skip
 
@@ -236,8 +239,21 @@ def credentials() -> None:
     is_flag=True,
     help="MQTT_BASIC: no password; the client is recognised by its --client-id alone.",
 )
+@click.option("--scram-iterations", type=click.IntRange(4096, 10_000_000),
+              help="SCRAM: PBKDF2 iterations (default 600,000 for SHA-256, 210,000 for "
+              "SHA-512; each client connect pays them).")  # fmt: skip
+@click.option("--no-audience", is_flag=True,
+              help="JWT with a public key: accept tokens whatever their 'aud'.")  # fmt: skip
 @_type_options
-def add(name: str, credential_type: str, disabled: bool, no_password: bool, **options: Any) -> None:
+def add(
+    name: str,
+    credential_type: str,
+    disabled: bool,
+    no_password: bool,
+    scram_iterations: int | None,
+    no_audience: bool,
+    **options: Any,
+) -> None:
     """Create credential NAME. Without --rule or --allow-all it may do nothing; an
     MQTT_BASIC credential needs a password (at least credential_password_min_length
     characters, default 12) unless --no-password.
@@ -265,6 +281,8 @@ def add(name: str, credential_type: str, disabled: bool, no_password: bool, **op
         enabled=not disabled,
         allow_all=options["allow_all"],
         no_password=no_password,
+        scram_iterations=scram_iterations,
+        jwt_no_audience=no_audience,
     )
     _print(_run(lambda admin: admin.add(spec)), options["as_json"])
 

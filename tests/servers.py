@@ -13,6 +13,7 @@ when the block is chosen, so another session on the same machine takes another b
 
 from __future__ import annotations
 
+import secrets
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -49,6 +50,14 @@ def make_test_settings(
         # Short enough that the Kafka outage test sees a refused PUBLISH quickly.
         "kafka_request_timeout_seconds": KAFKA_REQUEST_TIMEOUT,
         "application_client_ids": [APPLICATION_IDS],
+        # The tests' clients connect from 127.0.0.1: their deliberate wrong passwords must
+        # not delay or ban each other; the throttling tests connect from other loopback
+        # addresses (127.x.y.z), with the shorter delays and ban threshold below.
+        "auth_failure_exempt_networks": ["127.0.0.1/32"],
+        "auth_failure_max_delay_seconds": 0.5,
+        "auth_failure_ban_after": 40,
+        # Every node of the cluster shares it (as a deployment's secret would be).
+        "scram_unknown_user_key": secrets.token_urlsafe(32),
         "ingest_nodes": slot.ingest_nodes,
         "kafka_brokers": slot.layout.kafka_brokers,
         "redis_replicas": slot.layout.redis_replicas,

@@ -22,15 +22,16 @@ from typing import Annotated, Any, Literal
 
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
-from services.admin import admin_users_api, blocked_api, credentials_api, models
+from services.admin import admin_users_api, blocked_api, credentials_api, models, security_headers
 from services.admin.auth import ERRORS, Credentials, User
 from services.admin.cluster import Probe, StatsSampler
 from services.admin.commands import CommandWriter, disconnect_records, retained_delete_record
+from services.admin.login_throttle import RESPONSES as LOGIN_RESPONSES
+from services.admin.login_throttle import LoginGuard
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers, AuditEntry
 from services.common import metrics
@@ -186,7 +187,9 @@ def create_app(context: AdminContext) -> FastAPI:
         redoc_url=None,
     )
     app.state.context = context
+    security_headers.install(app)
     users = context.users
+    guard = LoginGuard(users, context.settings)
     state = context.state
 
     @app.exception_handler(HTTPException)
@@ -254,13 +257,7 @@ def create_app(context: AdminContext) -> FastAPI:
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> Any:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="Cormorant admin API",
-            swagger_js_url="/docs/assets/swagger-ui-bundle.js",
-            swagger_css_url="/docs/assets/swagger-ui.css",
-            swagger_favicon_url="/docs/assets/favicon-32x32.png",
-        )
+        return security_headers.swagger_page("Cormorant admin API", "/openapi.json", "/docs/assets")
 
     @app.get("/redoc", include_in_schema=False)
     async def no_redoc() -> RedirectResponse:
@@ -271,15 +268,20 @@ def create_app(context: AdminContext) -> FastAPI:
     @app.post(
         "/api/login",
         response_model=models.TokenResponse,
-        responses={401: {"model": models.Problem, "description": "Wrong name or password."}},
+        responses=LOGIN_RESPONSES,
         tags=["login"],
     )
-    async def login(body: models.LoginRequest) -> models.TokenResponse:
-        """Exchange an admin user's name and password for a bearer token."""
-        token = await users.login(body.username, body.password)
-        await users.audit(body.username, "login", body.username, {}, 200 if token else 401)
-        if token is None:
-            raise HTTPException(401, "wrong user name or password", {"WWW-Authenticate": "Bearer"})
+    async def login(body: models.LoginRequest, request: Request) -> models.TokenResponse:
+        """Exchange an admin user's name and password for a bearer token (429 after too
+        many failed logins from the address or for the user name)."""
+        address = request.client.host if request.client else ""
+        try:
+            token = await guard.login(address, body.username, body.password)
+        except HTTPException as exc:
+            if exc.status_code == 401:  # a throttled storm is not written to the audit trail
+                await users.audit(body.username, "login", body.username, {}, 401)
+            raise
+        await users.audit(body.username, "login", body.username, {}, 200)
         return models.TokenResponse(
             token=token.value, username=token.username, expires_at=token.expires_at
         )

@@ -106,6 +106,7 @@ def _jwt(body: models.JwtBody | None) -> JwtSettings | None:
         body.client_id_claim,
         body.username_claim,
         body.leeway_seconds,
+        body.max_age_seconds,
     )
 
 
@@ -192,6 +193,8 @@ async def add_credential(
         enabled=body.enabled,
         allow_all=body.allow_all,
         no_password=body.no_password,
+        scram_iterations=body.scram_iterations,
+        jwt_no_audience=body.jwt.no_audience if body.jwt is not None else False,
     )
     detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules),
               "allow_all": body.allow_all}  # fmt: skip

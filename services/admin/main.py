@@ -25,6 +25,7 @@ from services.admin.users import AdminUsers, UserError
 from services.common import metrics
 from services.common.auth.manage import CredentialAdmin
 from services.common.auth.store import CredentialStore
+from services.common.auth.throttle import HashingPool
 from services.common.kafka import uvloop_writes
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
@@ -56,7 +57,11 @@ def users_of(settings: Settings) -> AdminUsers:
         sslmode=settings.postgres_sslmode,
         sslrootcert=settings.postgres_sslrootcert,
     )
-    return AdminUsers(pool, settings.admin_token_ttl_seconds)
+    pending = settings.admin_max_pending_hashes
+    hashing = HashingPool(
+        settings.admin_hash_workers, pending, max(1, pending // 4), "admin-password"
+    )
+    return AdminUsers(pool, settings.admin_token_ttl_seconds, hashing)
 
 
 async def bootstrap_user(settings: Settings, users: AdminUsers) -> None:

@@ -276,6 +276,14 @@ class JwtBody(BaseModel):
     client_id_claim: str | None = Field(None, max_length=256, pattern=NO_NUL)
     username_claim: str | None = Field(None, max_length=256, pattern=NO_NUL)
     leeway_seconds: int = Field(0, ge=0, le=86400)
+    max_age_seconds: int | None = Field(
+        None, ge=1, description="Tokens must carry an 'iat' no older than this (seconds)."
+    )
+    no_audience: bool = Field(
+        False,
+        description="Public-key algorithms: accept tokens without checking 'aud' (else an "
+        "audience is required).",
+    )
 
 
 class NewCredential(BaseModel):
@@ -297,6 +305,13 @@ class NewCredential(BaseModel):
     client_id: str | None = Field(None, min_length=1, max_length=1024)
     username: str | None = Field(None, min_length=1, max_length=1024)
     password: str | None = Field(None, max_length=65535)
+    scram_iterations: int | None = Field(
+        None,
+        ge=4096,
+        le=10_000_000,
+        description="SCRAM: PBKDF2 iterations (default 600,000 for SCRAM-SHA-256, 210,000 for "
+        "SCRAM-SHA-512; every client connect pays them).",
+    )
     certificate: CertificateBody | None = None
     jwt: JwtBody | None = None
     allow_all: bool = False

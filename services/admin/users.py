@@ -23,6 +23,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from psycopg.types.json import Jsonb
 
+from services.common.auth.throttle import HashingPool
 from services.common.stores.postgres_pool import Connection, MigratedPool
 
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
@@ -83,17 +84,29 @@ class AdminUsers:
     """The admin users of one PostgreSQL database, reached through ``pool``. ``token_ttl``
     is how long a token lives (seconds). Every method raises
     :class:`~services.common.stores.base.StoreUnavailable` when PostgreSQL cannot answer
-    in time."""
+    in time.
 
-    def __init__(self, pool: MigratedPool, token_ttl: float) -> None:
+    Passwords are hashed and verified in ``hashing`` (default: one thread, 64 checks
+    waiting at most), never on the event loop, so a storm of logins leaves every other
+    request of the admin service its share of the loop; a check the pool refuses raises
+    :class:`~services.common.auth.throttle.PoolBusy` or
+    :class:`~services.common.auth.throttle.SourceBusy`."""
+
+    def __init__(
+        self, pool: MigratedPool, token_ttl: float, hashing: HashingPool | None = None
+    ) -> None:
         self.pool = pool
         self.token_ttl = token_ttl
+        self.hashing = hashing or HashingPool(1, 64, 64, "admin-password")
+
+    async def _hash(self, password: str) -> str:
+        return await self.hashing.run(None, lambda: _HASHER.hash(password))
 
     async def add(self, username: str, password: str) -> None:
         """Create user ``username`` with ``password``. Raises :class:`UserError` for a bad
         name, a short password or a name already taken."""
         check_new_user(username, password)
-        password_hash = _HASHER.hash(password)
+        password_hash = await self._hash(password)
 
         async def body(conn: Connection) -> None:
             await conn.execute(
@@ -111,7 +124,7 @@ class AdminUsers:
         its password may have been changed since). True if it was created. Raises
         :class:`UserError` for a bad name or a short password."""
         check_new_user(username, password)
-        password_hash = _HASHER.hash(password)
+        password_hash = await self._hash(password)
 
         async def body(conn: Connection) -> bool:
             cursor = await conn.execute(
@@ -127,7 +140,7 @@ class AdminUsers:
         """Change ``username``'s password and revoke its tokens. Raises :class:`UserError`
         for an unknown user or a short password."""
         check_password(password)
-        password_hash = _HASHER.hash(password)
+        password_hash = await self._hash(password)
 
         async def body(conn: Connection) -> None:
             cursor = await conn.execute(
@@ -158,9 +171,10 @@ class AdminUsers:
 
         return await self.pool.run("list admin users", body)
 
-    async def login(self, username: str, password: str) -> Token | None:
+    async def login(self, username: str, password: str, source: str | None = None) -> Token | None:
         """A new token if ``password`` is ``username``'s, else None (an unknown user costs
-        a hash too, so timing does not tell which names exist)."""
+        a hash too, so timing does not tell which names exist). ``source``: the caller's IP
+        address, whose share of the hashing pool the check takes."""
 
         async def stored_hash(conn: Connection) -> str | None:
             cursor = await conn.execute(
@@ -170,15 +184,13 @@ class AdminUsers:
             return None if row is None else str(row[0])
 
         stored = await self.pool.run("login", stored_hash)
-        try:
-            _HASHER.verify(stored or _DUMMY_HASH, password)
-        except (VerificationError, InvalidHashError):
+        if not await self.hashing.run(source, lambda: _verify(stored or _DUMMY_HASH, password)):
             return None
         if stored is None:
             return None
         token = secrets.token_urlsafe(32)
         expires_at = datetime.now(UTC) + timedelta(seconds=self.token_ttl)
-        rehashed = _HASHER.hash(password) if _HASHER.check_needs_rehash(stored) else None
+        rehashed = await self._hash(password) if _HASHER.check_needs_rehash(stored) else None
 
         async def issue(conn: Connection) -> None:
             await conn.execute("DELETE FROM admin_tokens WHERE expires_at < now()")
@@ -256,6 +268,13 @@ class AdminUsers:
             await conn.execute("SELECT 1")
 
         await self.pool.run("ping", body)
+
+
+def _verify(encoded: str, password: str) -> bool:
+    try:
+        return _HASHER.verify(encoded, password)
+    except (VerificationError, InvalidHashError):
+        return False
 
 
 _DUMMY_HASH = _HASHER.hash(secrets.token_urlsafe(16))

@@ -344,6 +344,75 @@ class Settings(BaseSettings):
         "match (seconds; 0: none is remembered).",
     )
 
+    auth_max_pending_per_address: int = Field(
+        8,
+        ge=1,
+        description="Of auth_max_pending, the password checks one source address may have "
+        "waiting or running; past it that address's CONNECT is refused with Connection rate "
+        "exceeded (v5 0x9F, v3.1.1 return code 3), so a storm of wrong passwords from one "
+        "address cannot make other clients get Server busy.",
+    )
+    auth_failure_window_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="The sliding window in which an ingest node counts the authentication "
+        "failures (wrong password, unknown user name, bad token or SCRAM proof) of each source "
+        "address and of each User Name (seconds).",
+    )
+    auth_failure_delay_after: int = Field(
+        3,
+        ge=0,
+        description="Failures of an address or User Name in the window after which each new "
+        "CONNECT of it is answered only after a delay: auth_failure_delay_seconds, doubled "
+        "for each further failure, at most auth_failure_max_delay_seconds.",
+    )
+    auth_failure_delay_seconds: float = Field(
+        0.25, ge=0, description="The first delay of a throttled CONNECT (seconds)."
+    )
+    auth_failure_max_delay_seconds: float = Field(
+        4.0, ge=0, description="The longest delay of a throttled CONNECT (seconds)."
+    )
+    auth_failure_limit: int = Field(
+        20,
+        ge=1,
+        description="Failures of an address or User Name in the window after which its "
+        "CONNECTs are refused without checking anything, with Connection rate exceeded (v5 "
+        "0x9F, v3.1.1 return code 3), until older failures leave the window.",
+    )
+    auth_failure_ban_after: int = Field(
+        100,
+        ge=1,
+        description="Failures of a source address in the window after which it is banned "
+        "for auth_failure_ban_seconds: its CONNECTs get Banned (v5 0x8A, v3.1.1 return code "
+        "5).",
+    )
+    auth_failure_ban_seconds: float = Field(
+        900.0, gt=0, description="How long a banned source address stays banned (seconds)."
+    )
+
+    scram_unknown_user_key: SecretStr | None = Field(
+        None,
+        description="A secret every ingest node shares (32 random bytes or more, e.g. "
+        "`openssl rand -base64 32`): the SCRAM salt of a user name without a SCRAM "
+        "credential is an HMAC of the name under it, so every node answers it alike, every "
+        "time, as for a real user. Unset: each node draws its own (logged as a warning), "
+        "and comparing two nodes' answers tells which user names exist.",
+        min_length=32,
+    )
+    auth_failure_exempt_networks: list[str] = Field(
+        default_factory=list,
+        description="Source networks (CIDR, as a JSON list: '[\"10.1.2.0/24\"]') whose "
+        "addresses are never delayed, refused or banned for authentication failures (their "
+        "User Names still are): monitoring probes, a test harness. Empty by default.",
+    )
+
+    @field_validator("auth_failure_exempt_networks")
+    @classmethod
+    def _valid_networks(cls, networks: list[str]) -> list[str]:
+        for network in networks:
+            ipaddress.ip_network(network)  # ValueError: pydantic reports it with the field
+        return networks
+
     @field_validator("anonymous_rules")
     @classmethod
     def _valid_rules(cls, rules: list[str]) -> list[str]:
@@ -569,6 +638,36 @@ class Settings(BaseSettings):
     admin_port: int = Field(9170, ge=1, le=65535, description="Port of the admin API and console.")
     admin_token_ttl_seconds: int = Field(
         12 * 3600, ge=60, description="How long an admin user's bearer token is valid (seconds)."
+    )
+    admin_login_max_failures_per_address: int = Field(
+        20,
+        ge=1,
+        description="Failed admin logins from one IP address within "
+        "admin_login_window_seconds after which its logins get 429 Too Many Requests (with "
+        "Retry-After) without a password check, until older failures leave the window.",
+    )
+    admin_login_max_failures_per_user: int = Field(
+        5,
+        ge=1,
+        description="Failed logins of one admin user name within admin_login_window_seconds "
+        "after which its logins get 429 Too Many Requests (with Retry-After), from any "
+        "address; a successful login clears them.",
+    )
+    admin_login_window_seconds: float = Field(
+        300.0, gt=0, description="The sliding window of failed admin logins (seconds)."
+    )
+    admin_hash_workers: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Threads of the admin service that hash and verify admin passwords "
+        "(argon2id), beside the event loop.",
+    )
+    admin_max_pending_hashes: int = Field(
+        32,
+        ge=1,
+        description="Admin password checks that may wait for those threads; past it a login "
+        "gets 503 with Retry-After; one address may hold at most a quarter of them (429).",
     )
     admin_bootstrap_user: str | None = Field(
         None,

@@ -45,6 +45,7 @@ REFUSALS = {
     ReasonCode.BAD_AUTHENTICATION_METHOD: "bad authentication method",
     ReasonCode.SERVER_UNAVAILABLE: "server unavailable",
     ReasonCode.SERVER_BUSY: "server busy",
+    ReasonCode.CONNECTION_RATE_EXCEEDED: "connection rate exceeded",
 }
 """What the client is told (v5 Reason String) for each refusal: the same words whatever the
 detail, so that a wrong password and an unknown user name look alike."""

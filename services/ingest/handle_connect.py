@@ -34,7 +34,7 @@ from services.common.auth.authorize import (
     authorizer_for,
 )
 from services.common.auth.blocked import Verdict
-from services.common.auth.principal import AuthRequest, Principal
+from services.common.auth.principal import AuthRequest, Principal, host_of
 from services.common.metrics import MQTT
 from services.common.mqtt.errors import MQTTError, ProtocolError, UnsupportedProtocolVersion
 from services.common.mqtt.packets import ConnAck, Connect, Disconnect
@@ -154,6 +154,7 @@ def handle_connect(state: ConnectionState, connect: Connect) -> list[Effect]:
         state.certificate,
         props.authentication_method,
         props.authentication_data,
+        host_of(state.client_address),
     )
     return [Authenticate(request)]
 

@@ -35,6 +35,7 @@ from services.common.auth.blocked_store import CHANNEL as BLOCKED_CHANNEL
 from services.common.auth.blocked_store import BlockedFollower, BlockedStore
 from services.common.auth.cache import CredentialCache
 from services.common.auth.store import Change, CredentialStore
+from services.common.auth.throttle import AuthThrottle
 from services.common.auth.verified import VerifiedPasswords
 from services.common.faust_app import (
     make_app,
@@ -124,7 +125,23 @@ def build_app(settings: Settings) -> faust.App:
         anonymous_rules=parse_rules(settings.anonymous_rules),
         hash_workers=settings.auth_hash_workers,
         max_pending_hashes=settings.auth_max_pending,
+        max_pending_per_address=settings.auth_max_pending_per_address,
         verified=verified,
+        throttle=AuthThrottle(
+            window=settings.auth_failure_window_seconds,
+            delay_after=settings.auth_failure_delay_after,
+            delay=settings.auth_failure_delay_seconds,
+            max_delay=settings.auth_failure_max_delay_seconds,
+            limit=settings.auth_failure_limit,
+            ban_after=settings.auth_failure_ban_after,
+            ban_seconds=settings.auth_failure_ban_seconds,
+            exempt=settings.auth_failure_exempt_networks,
+        ),
+        scram_unknown_user_key=(
+            None
+            if settings.scram_unknown_user_key is None
+            else settings.scram_unknown_user_key.get_secret_value().encode()
+        ),
     )
     node = IngestNode(
         settings,

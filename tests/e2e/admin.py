@@ -84,7 +84,7 @@ def admin_api(settings: LocalSettings) -> AdminApi:
 def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
     """The web console in a new page of ``browser``, logged in as ``api``'s user through
     its form; on leaving the block, AssertionError if the page requested anything from
-    elsewhere than the admin service."""
+    elsewhere than the admin service or its Content-Security-Policy blocked anything."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     outside: list[str] = []
@@ -92,6 +92,7 @@ def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
         "request",
         lambda request: None if request.url.startswith(api.url) else outside.append(request.url),
     )
+    blocked = csp_violations(page)
     try:
         page.goto(api.url + "/")
         page.fill("#login-username", api.username)
@@ -102,3 +103,17 @@ def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
     finally:
         context.close()
     assert outside == [], "the console loaded something from elsewhere"
+    assert blocked == [], "the Content-Security-Policy blocked part of the console"
+
+
+def csp_violations(page: Page) -> list[str]:
+    """The Content-Security-Policy violations ``page`` reports to its console from now on
+    (a list that fills as they come)."""
+    found: list[str] = []
+    page.on(
+        "console",
+        lambda message: (
+            found.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
+    return found

@@ -544,9 +544,9 @@ async def test_x509_credentials_authenticate_client_certificates_over_mutual_tls
 async def test_a_storm_of_wrong_passwords_does_not_stall_other_clients(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
-    """Hundreds of CONNECTs with wrong passwords, each another guess (argon2 checks queue for
-    the node's one password thread) while another client's PUBLISH round trips keep
-    completing on the same node before the storm is over."""
+    """Hundreds of CONNECTs with wrong passwords from one address, each another guess (argon2
+    checks queue for the node's one password thread, a bounded share of them for one
+    address) while another client's PUBLISH round trips keep completing on the same node."""
     node1 = cluster.node_ports[0]
     credential, _password = await basic(admin)
     storm_size = 300
@@ -578,8 +578,8 @@ async def test_a_storm_of_wrong_passwords_does_not_stall_other_clients(
             await steady.publish(topic, str(i).encode(), qos=1)
             [echo] = await collect(steady, 1)
             assert echo.payload == str(i).encode()
-        with lock:
-            during = len(answers)
-    assert during < storm_size, "the storm ended before the round trips: make it longer"
     thread.join(180)
-    assert len(answers) == storm_size and set(answers) <= {4, 3}  # bad password, or busy
+    assert len(answers) == storm_size and set(answers) <= {4, 3}  # bad password, or refused
+    # One address holds at most auth_max_pending_per_address checks: the rest of its storm
+    # is refused at once (0x9F, v3.1.1 code 3) instead of queueing ahead of other clients.
+    assert answers.count(3) >= storm_size - 10 * cluster.settings.auth_max_pending_per_address

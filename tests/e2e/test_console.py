@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from services.local.settings import LocalSettings
 from tests.browser import chromium
-from tests.e2e.admin import AdminApi, admin_api, open_console, running
+from tests.e2e.admin import AdminApi, admin_api, csp_violations, open_console, running
 from tests.e2e.clients import PahoClient, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
@@ -202,3 +202,15 @@ def test_a_credential_created_in_the_console_connects(cluster: LocalCluster, pag
     row.get_by_role("button", name="Delete").click()
     expect(page.locator("#credentials-message")).to_have_text(f"{name} deleted.")
     expect(page.locator("#credentials tbody tr", has_text=name)).to_have_count(0)
+
+
+def test_the_docs_page_runs_under_its_content_security_policy(
+    browser: Browser, api: AdminApi
+) -> None:
+    page = browser.new_page()
+    blocked = csp_violations(page)
+    page.goto(api.url + "/docs")
+    expect(page.locator(".swagger-ui .information-container")).to_be_visible(timeout=SHOW_MS)
+    expect(page.locator(".opblock-summary-path").first).to_be_visible()
+    page.close()
+    assert blocked == []

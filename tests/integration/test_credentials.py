@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from services.common.auth.authenticate import Authenticator
 from services.common.auth.cache import CredentialCache
@@ -331,11 +333,18 @@ def test_the_cli_shows_jwt_and_scram_credentials_without_their_keys(
         "--password", PW.decode(), "--json", env=env,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    assert json.loads(made.stdout)["scram"] == [
-        {"mechanism": "SCRAM-SHA-256", "iterations": 4096},
-        {"mechanism": "SCRAM-SHA-512", "iterations": 4096},
+    assert json.loads(made.stdout)["scram"] == [  # OWASP's PBKDF2 counts by default
+        {"mechanism": "SCRAM-SHA-256", "iterations": 600_000},
+        {"mechanism": "SCRAM-SHA-512", "iterations": 210_000},
     ]
-    for ref in (issuer, scram):
+    cheap = _name("scram")
+    made = run_cormorant(
+        "credentials", "add", cheap, "--type", "scram", "--username", cheap,
+        "--password", "pw", "--scram-iterations", "10000", "--json", env=env,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert {s["iterations"] for s in json.loads(made.stdout)["scram"]} == {10_000}
+    for ref in (issuer, scram, cheap):
         assert run_cormorant("credentials", "delete", ref, env=env).returncode == 0
 
 
@@ -405,10 +414,69 @@ def test_the_cli_allows_everything_only_when_asked_and_reads_the_minimum(
         ),
         (["add", "j1", "--type", "jwt"], "needs its token settings"),
         (["add", "s1", "--type", "scram", "--username", "s"], "needs a password"),
+        (
+            [
+                "add",
+                "s2",
+                "--type",
+                "scram",
+                "--username",
+                "s",
+                "--password",
+                "p",
+                "--scram-iterations",
+                "1000",
+            ],
+            "1000 is not in the range 4096",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(postgres_server: str, args: list[str], message: str) -> None:
     result = run_cormorant("credentials", *args, env=_env(postgres_server))
     assert result.returncode == 1
     assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_short_hmac_secret_is_refused(postgres_server: str, tmp_path: Path) -> None:
+    secret = tmp_path / "hmac"
+    secret.write_text("31 bytes, one short of enough!!\n")
+    result = run_cormorant(
+        "credentials", "add", _name("short"), "--type", "jwt", "--jwt-secret-file", str(secret),
+        env=_env(postgres_server),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "a JWT HMAC secret has at least 32 bytes (RFC 7518 3.2), not 31" in result.stderr
+
+
+def test_a_public_key_issuer_needs_an_audience_or_no_audience(
+    postgres_server: str, tmp_path: Path
+) -> None:
+    public = tmp_path / "issuer.pem"
+    public.write_bytes(
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    env = _env(postgres_server)
+    name = _name("issuer")
+    base = ["credentials", "add", name, "--type", "jwt", "--jwt-public-key-file", str(public),
+            "--jwt-algorithm", "ES256"]  # fmt: skip
+    refused = run_cormorant(*base, env=env)
+    assert refused.returncode == 1
+    assert "a public-key JWT credential needs an audience" in refused.stderr
+    accepted = run_cormorant(*base, "--no-audience", "--jwt-max-age", "300", "--json", env=env)
+    assert accepted.returncode == 0, accepted.stderr
+    view = json.loads(accepted.stdout)["jwt"]
+    assert view["audience"] is None and view["max_age_seconds"] == 300
+    assert run_cormorant("credentials", "delete", name, env=env).returncode == 0
+
+
+def test_a_scram_iteration_count_out_of_range_is_a_usage_error(postgres_server: str) -> None:
+    result = run_cormorant(
+        "credentials", "add", _name("scram"), "--type", "scram", "--username", "s",
+        "--password", "p", "--scram-iterations", "1000", env=_env(postgres_server),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "1000 is not in the range 4096<=x<=10000000" in result.stderr
     assert "Traceback" not in result.stderr

@@ -319,3 +319,25 @@ async def test_scram_gives_the_credentials_user_name() -> None:
     final = AuthRequest("c", method="SCRAM-SHA-256", data=client.get_client_final().encode())
     outcome = await auth.authenticate(final, first.exchange)
     assert isinstance(outcome, Accepted) and outcome.principal.username == "sam"
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+async def test_an_unknown_scram_user_gets_the_same_salt_from_every_node(mechanism: str) -> None:
+    key = b"the cluster's scram_unknown_user_key, 32 bytes+"
+    node1 = Authenticator(Memory(), scram_unknown_user_key=key)
+    node2 = Authenticator(Memory(), scram_unknown_user_key=key)
+
+    async def server_first(node: Authenticator) -> str:
+        client = ScramClient([mechanism], "ghost", "any password")
+        request = AuthRequest("c", method=mechanism, data=client.get_client_first().encode())
+        outcome = await node.authenticate(request)
+        assert isinstance(outcome, Challenge)
+        salt, iterations = outcome.data.decode().split(",")[1:3]
+        return f"{salt},{iterations}"
+
+    try:
+        answers = {await server_first(node) for node in (node1, node2, node1)}
+    finally:
+        node1.close()
+        node2.close()
+    assert len(answers) == 1, answers

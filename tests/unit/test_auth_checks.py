@@ -45,6 +45,7 @@ from services.common.auth.passwords import (
     verify_password,
 )
 from services.common.auth.scram import (
+    ITERATIONS,
     MECHANISMS,
     ScramError,
     ScramExchange,
@@ -93,11 +94,25 @@ def test_a_wrong_scram_proof_is_refused(mechanism: str) -> None:
         _exchange(mechanism, "dev-1", "wrong", "s3cret")
 
 
-def test_an_unknown_user_gets_the_same_salt_every_time() -> None:
-    first = unknown_user_secret("SCRAM-SHA-256", "ghost")
-    assert first.salt == unknown_user_secret("SCRAM-SHA-256", "ghost").salt
-    assert first.salt != unknown_user_secret("SCRAM-SHA-256", "other").salt
-    assert first.iterations == derive_secret("SCRAM-SHA-256", b"x").iterations
+def test_an_unknown_user_gets_the_same_salt_from_every_node_with_the_shared_key() -> None:
+    shared = b"the key every node of the cluster shares, 32+ bytes"
+    first = unknown_user_secret("SCRAM-SHA-256", "ghost", shared)
+    # Another node (another process: nothing but the key in common) answers alike...
+    assert first.salt == unknown_user_secret("SCRAM-SHA-256", "ghost", bytes(shared)).salt
+    assert first.salt != unknown_user_secret("SCRAM-SHA-256", "other", shared).salt
+    assert first.salt != unknown_user_secret("SCRAM-SHA-512", "ghost", shared).salt
+    # ...with the iteration count a real user of the mechanism has by default.
+    assert first.iterations == ITERATIONS["SCRAM-SHA-256"] == 600_000
+    assert unknown_user_secret("SCRAM-SHA-512", "ghost", shared).iterations == 210_000
+    assert first.salt != unknown_user_secret("SCRAM-SHA-256", "ghost", b"k" * 32).salt
+
+
+def test_the_iteration_count_is_owasps_by_default_and_bounded() -> None:
+    assert derive_secret("SCRAM-SHA-256", b"x").iterations == 600_000
+    assert derive_secret("SCRAM-SHA-512", b"x").iterations == 210_000
+    assert derive_secret("SCRAM-SHA-256", b"x", iterations=5000).iterations == 5000
+    with pytest.raises(ScramError, match="4,096 to 10,000,000, not 1,000"):
+        derive_secret("SCRAM-SHA-256", b"x", iterations=1000)
 
 
 @pytest.mark.parametrize(
@@ -166,6 +181,29 @@ def test_a_token_is_refused_with_its_reason(claims: dict[str, object], error: st
     body = {"aud": "mqtt", "iss": "us", **claims}
     with pytest.raises(TokenError, match=error):
         verify_token(_token(**body), settings)
+
+
+def test_an_hmac_secret_shorter_than_32_bytes_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"at least 32 bytes \(RFC 7518 3.2\), not 31"):
+        check_settings(JwtSettings(("HS256",), "x" * 31))
+    with pytest.raises(ValueError, match="not 1"):
+        check_settings(JwtSettings(("HS512",), "k"))
+    check_settings(JwtSettings(("HS256",), "x" * 32))
+
+
+def test_a_maximum_age_needs_a_recent_iat() -> None:
+    settings = JwtSettings(("HS256",), SECRET, max_age_seconds=300)
+    now = int(time.time())
+    assert verify_token(_token(iat=now - 10), settings)["sub"] == "dev-1"
+    with pytest.raises(TokenError, match="lacks the 'iat' claim"):
+        verify_token(_token(), settings)
+    with pytest.raises(TokenError, match="older than 300 s"):
+        verify_token(_token(iat=now - 1000, exp=now + 60), settings)
+    with pytest.raises(TokenError, match="not valid yet"):
+        verify_token(_token(iat=now + 3600), settings)
+    assert verify_token(_token(iat=now - 1000), JwtSettings(("HS256",), SECRET))  # no maximum
+    with pytest.raises(ValueError, match="at least 1 second"):
+        check_settings(JwtSettings(("HS256",), SECRET, max_age_seconds=0))
 
 
 def test_a_token_of_another_issuer_or_algorithm_is_not_this_issuers() -> None:

@@ -66,6 +66,7 @@ from services.ingest.effects import (
     StoreSession,
     StoreSubscriptions,
 )
+from services.ingest.handle_auth import REFUSALS
 
 CREDENTIAL = uuid.UUID(int=7)
 RULES = parse_rules(
@@ -103,8 +104,10 @@ def _scram_state() -> ScramState:
 def test_connect_asks_the_shell_with_what_the_client_presents() -> None:
     identity = CertificateIdentity("dev-1", (), "c" * 64, "CN=dev-1")
     client = Client(5, authenticate=None, certificate=identity)
+    client.conn.state.client_address = "[2001:db8::7]:50123"
     effects = client.send(Connect(5, "dev-1", True, 30, "alice", b"\x00pw\xff"))
     request = only(effects, Authenticate).request
+    assert request.address == "2001:db8::7"  # failures are counted against it
     assert (request.client_id, request.username, request.password) == (
         "dev-1",
         "alice",
@@ -124,6 +127,7 @@ def test_connect_asks_the_shell_with_what_the_client_presents() -> None:
         (ReasonCode.BANNED, 5),
         (ReasonCode.SERVER_UNAVAILABLE, 3),
         (ReasonCode.SERVER_BUSY, 3),
+        (ReasonCode.CONNECTION_RATE_EXCEEDED, 3),
     ],
 )
 @pytest.mark.parametrize("version", [4, 5])
@@ -134,9 +138,14 @@ def test_a_refused_connect_gets_its_reason_code(version: int, reason: int, v3_co
     assert connack.reason_code == (reason if version == 5 else v3_code)
     if version == 5:  # the same words whatever the detail: nothing about alice
         assert "alice" not in (connack.properties.reason_string or "")
+        assert connack.properties.reason_string in REFUSALS.values()
     assert closes(effects)
     failures = [e.event for e in client.events if e.event.kind is EventKind.AUTH_FAILED]
-    credential_refusal = reason not in (ReasonCode.SERVER_UNAVAILABLE, ReasonCode.SERVER_BUSY)
+    credential_refusal = reason not in (
+        ReasonCode.SERVER_UNAVAILABLE,
+        ReasonCode.SERVER_BUSY,
+        ReasonCode.CONNECTION_RATE_EXCEEDED,  # throttled: nothing was checked
+    )
     assert [f.reason_code for f in failures] == ([reason] if credential_refusal else [])
 
 

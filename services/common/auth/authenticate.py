@@ -32,6 +32,12 @@ client merely claims: an MQTT_BASIC or SCRAM credential's own User Name; a JWT's
 SAN pattern matches (:func:`certificate_username`). A JWT or certificate client whose
 CONNECT carries another User Name is refused with 0x87.
 
+Throttling (:class:`~.throttle.AuthThrottle`): before any of that, a source address or
+User Name with recent failures waits a growing delay, then is refused with 0x9F Connection
+rate exceeded, and an address with many is banned (0x8A Banned) for a while. Each source
+address may hold only a share of the password-check queue (:class:`~.throttle.HashingPool`):
+past it, 0x9F Connection rate exceeded, so a storm from one address leaves room for others.
+
 Refusals: 0x86 Bad User Name or Password (unknown user, wrong password, a token or SCRAM
 proof that does not verify), 0x87 Not authorized (anonymous access off, a certificate no
 credential matches, a token claim that does not match the client), 0x8A Banned (a
@@ -44,9 +50,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from services.common.auth.authorize import Rule
@@ -76,6 +83,7 @@ from services.common.auth.scram import (
     ScramExchange,
     unknown_user_secret,
 )
+from services.common.auth.throttle import AuthThrottle, HashingPool, PoolBusy, SourceBusy
 from services.common.auth.verified import VerifiedPasswords
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.stores.base import StoreUnavailable
@@ -107,9 +115,15 @@ class Authenticator:
     ``anonymous_rules``. ``hash_workers``: threads that verify passwords (argon2id: about
     20 ms of a core each); ``max_pending_hashes``: verifications allowed to wait for them
     before CONNECTs are refused with 0x89 Server busy, so a storm of wrong passwords
-    queues in bounded memory and leaves the event loop to everyone else's traffic.
-    ``verified``: the passwords verified lately (:mod:`.verified`; default: none are
-    remembered), which the caller tells of credential changes.
+    queues in bounded memory and leaves the event loop to everyone else's traffic;
+    ``max_pending_per_address``: of those, the checks one source address may hold (past
+    it: 0x9F Connection rate exceeded). ``verified``: the passwords verified lately
+    (:mod:`.verified`; default: none are remembered), which the caller tells of credential
+    changes. ``throttle``: the failures counted per address and User Name (None: none are;
+    for tests of other behaviour), on ``clock`` (monotonic seconds).
+    ``scram_unknown_user_key``: the key every node shares that an unknown SCRAM user's salt
+    is derived from (:func:`~.scram.unknown_user_secret`; None: a random one of this
+    process, logged as a warning).
     """
 
     def __init__(
@@ -120,16 +134,31 @@ class Authenticator:
         anonymous_rules: Sequence[Rule] = (),
         hash_workers: int = 1,
         max_pending_hashes: int = 1000,
+        max_pending_per_address: int | None = None,
         verified: VerifiedPasswords | None = None,
+        throttle: AuthThrottle | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        scram_unknown_user_key: bytes | None = None,
     ) -> None:
         self.source = source
         self.allow_anonymous = allow_anonymous
         self.anonymous = Principal(
             None, None, None, tuple(anonymous_rules), None, client_id_bound=True
         )
-        self._executor = ThreadPoolExecutor(hash_workers, thread_name_prefix="password-check")
-        self._max_pending = max_pending_hashes
-        self.pending_hashes = 0
+        self.hashing = HashingPool(
+            hash_workers,
+            max_pending_hashes,
+            max_pending_per_address or max_pending_hashes,
+            "password-check",
+        )
+        self.throttle = throttle
+        self.clock = clock
+        if scram_unknown_user_key is None:
+            log.warning(
+                "scram_unknown_user_key is not set: an unknown SCRAM user's salt differs "
+                "from node to node and restart to restart, which tells that it is unknown"
+            )
+        self._scram_key = scram_unknown_user_key or os.urandom(32)
         self.verified = VerifiedPasswords(0, 0) if verified is None else verified
         # Verifications running, by (credential id, digest of its hash and the password).
         self._verifying: dict[tuple[uuid.UUID, bytes], asyncio.Future[bool]] = {}
@@ -138,6 +167,23 @@ class Authenticator:
         """The outcome of ``request``; ``state`` is the :class:`Challenge`'s exchange when
         ``request`` answers one. Never raises: PostgreSQL trouble is a :class:`Refused`
         with 0x88 Server unavailable (logged)."""
+        throttle = self.throttle
+        username = request.username if state is None else state.exchange.username
+        if throttle is not None and state is None:
+            verdict = throttle.verdict(request.address, username, self.clock())
+            if verdict.refuse is not None:
+                return Refused(verdict.refuse, verdict.reason)
+            if verdict.delay:
+                await asyncio.sleep(verdict.delay)
+        outcome = await self._checked(request, state)
+        if throttle is not None:
+            if isinstance(outcome, Refused) and outcome.reason_code in FAILURES:
+                throttle.failed(request.address, username, self.clock())
+            elif isinstance(outcome, Accepted):
+                throttle.succeeded(username)
+        return outcome
+
+    async def _checked(self, request: AuthRequest, state: ScramState | None) -> Outcome:
         try:
             if request.method is not None:
                 return await self._enhanced(request, state)
@@ -145,8 +191,13 @@ class Authenticator:
         except StoreUnavailable as exc:
             log.warning("credentials unavailable: %s", exc)
             return Refused(ReasonCode.SERVER_UNAVAILABLE, "credentials unavailable")
-        except _Busy:
+        except PoolBusy:
             return Refused(ReasonCode.SERVER_BUSY, "too many password checks waiting")
+        except SourceBusy:
+            return Refused(
+                ReasonCode.CONNECTION_RATE_EXCEEDED,
+                "too many password checks of this address waiting",
+            )
 
     async def _plain(self, request: AuthRequest) -> Outcome:
         if request.certificate is not None:
@@ -163,7 +214,8 @@ class Authenticator:
         basic = await self._basic_credential(request)
         if basic is not None:
             checked = basic.password_hash is None or (
-                password is not None and await self._password_matches(basic, password)
+                password is not None
+                and await self._password_matches(basic, password, request.address)
             )
             if not checked:
                 return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "wrong password")
@@ -175,7 +227,9 @@ class Authenticator:
             if issuers:
                 return self._token(request, password, issuers)
         if username is not None or password is not None:
-            await self._hashed(lambda _hash, given: verify_against_dummy(given), None, password)
+            await self._hashed(
+                lambda _hash, given: verify_against_dummy(given), None, password, request.address
+            )
             return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "unknown user name")
         if request.certificate is not None:
             identity = request.certificate
@@ -214,10 +268,13 @@ class Authenticator:
                 return by_id[0]
         return None
 
-    async def _password_matches(self, credential: Credential, password: bytes) -> bool:
+    async def _password_matches(
+        self, credential: Credential, password: bytes, address: str | None
+    ) -> bool:
         """Whether ``password`` is ``credential``'s: from :attr:`verified` when this node
         verified it lately for the credential's current hash, else by argon2id (shared
-        with the CONNECTs presenting the same pair meanwhile). Raises :class:`_Busy`."""
+        with the CONNECTs presenting the same pair meanwhile). Raises
+        :class:`~.throttle.PoolBusy` or :class:`~.throttle.SourceBusy`."""
         encoded = credential.password_hash or ""
         digest = self.verified.digest(encoded, password)
         if self.verified.matches(credential.id, digest):
@@ -225,15 +282,17 @@ class Authenticator:
         key = (credential.id, digest)
         running = self._verifying.get(key)
         if running is None:
-            running = asyncio.ensure_future(self._verify(credential, password, digest))
+            running = asyncio.ensure_future(self._verify(credential, password, digest, address))
             self._verifying[key] = running
             running.add_done_callback(lambda _done: self._verifying.pop(key, None))
         # Shielded: a waiter that goes away (its client closed) does not cancel the others'.
         return await asyncio.shield(running)
 
-    async def _verify(self, credential: Credential, password: bytes, digest: bytes) -> bool:
+    async def _verify(
+        self, credential: Credential, password: bytes, digest: bytes, address: str | None
+    ) -> bool:
         generation = self.verified.generation
-        matched = await self._hashed(verify_password, credential, password)
+        matched = await self._hashed(verify_password, credential, password, address)
         if matched:
             self.verified.remember(credential.id, digest, generation)
         return matched
@@ -243,18 +302,18 @@ class Authenticator:
         check: Callable[[str, bytes], bool],
         credential: Credential | None,
         password: bytes | None,
+        address: str | None,
     ) -> bool:
-        """Run the argon2id ``check`` in the bounded pool. Raises :class:`_Busy` when
-        too many wait."""
-        if self.pending_hashes >= self._max_pending:
-            raise _Busy()
+        """Run the argon2id ``check`` in the bounded pool, on ``address``'s share. Raises
+        :class:`~.throttle.PoolBusy` or :class:`~.throttle.SourceBusy` when too many wait."""
         encoded = "" if credential is None else credential.password_hash or ""
-        self.pending_hashes += 1
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, check, encoded, password or b"")
-        finally:
-            self.pending_hashes -= 1
+        given = password or b""
+        return await self.hashing.run(address, lambda: check(encoded, given))
+
+    @property
+    def pending_hashes(self) -> int:
+        """Password checks waiting for the pool's threads or running."""
+        return self.hashing.pending
 
     def _token(self, request: AuthRequest, token: bytes, issuers: Sequence[Credential]) -> Outcome:
         for issuer in issuers:
@@ -306,7 +365,7 @@ class Authenticator:
                 credential = found[0] if found else None
                 secret = None if credential is None else credential.scram_secret(method)
                 if secret is None:
-                    secret = unknown_user_secret(method, username)
+                    secret = unknown_user_secret(method, username, self._scram_key)
                 first = exchange.server_first(secret)
                 return Challenge(first, ScramState(exchange, credential))
             final = state.exchange.client_final(data)
@@ -322,7 +381,7 @@ class Authenticator:
 
     def close(self) -> None:
         """Stop the password-check threads (waiting for none)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.hashing.close()
 
 
 def certificate_username(credential: Credential, identity: CertificateIdentity) -> str | None:
@@ -341,8 +400,10 @@ def _certificate_field(credential: Credential) -> str:
     return "SAN" if match is not None and match.san is not None else "CN"
 
 
-class _Busy(Exception):
-    """Too many password checks wait for the pool (answered 0x89 Server busy)."""
+FAILURES = frozenset({ReasonCode.BAD_USER_NAME_OR_PASSWORD})
+"""The refusals :attr:`Authenticator.throttle` counts: a wrong password, an unknown user
+name, a token or SCRAM proof that does not verify (not a disabled credential, nor the
+server's own trouble)."""
 
 
 class NoCredentials:

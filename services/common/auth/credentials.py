@@ -246,6 +246,7 @@ def public_view(credential: Credential) -> dict[str, Any]:
             "client_id_claim": settings.client_id_claim,
             "username_claim": settings.username_claim,
             "leeway_seconds": settings.leeway_seconds,
+            "max_age_seconds": settings.max_age_seconds,
         }
     for stamp in ("created_at", "updated_at"):
         value = getattr(credential, stamp)

@@ -13,6 +13,7 @@ must not contradict (:mod:`.authenticate`).
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,10 @@ PUBLIC_KEY_ALGORITHMS = frozenset(
 )
 
 _SHAPE = re.compile(rb"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+
+MIN_HMAC_SECRET_BYTES = 32
+"""The shortest HMAC secret a JWT credential may have (UTF-8 bytes): RFC 7518 3.2 asks a key
+at least as long as the hash (HS256: 32 bytes); a short one can be found by trying."""
 
 MAX_TOKEN_BYTES = 16_384
 """Longer passwords are not taken for tokens (a JWT of a few claims is well under 2 KiB)."""
@@ -56,7 +61,9 @@ class JwtSettings:
     checked; ``${client_id}`` rules then refused). ``username_claim``: the claim that is the
     client's User Name, ``${username}`` (None: :data:`DEFAULT_USERNAME_CLAIM`, and a token
     without it has no User Name; named: a token without it is refused).
-    ``leeway_seconds``: clock skew allowed on ``exp`` and ``nbf``.
+    ``leeway_seconds``: clock skew allowed on ``exp``, ``nbf`` and ``iat``.
+    ``max_age_seconds``: tokens must carry ``iat`` (issued at, RFC 7519 4.1.6) no older
+    than this (None: not checked).
     """
 
     algorithms: tuple[str, ...]
@@ -66,6 +73,7 @@ class JwtSettings:
     client_id_claim: str | None = None
     username_claim: str | None = None
     leeway_seconds: int = 0
+    max_age_seconds: int | None = None
 
     @property
     def hmac(self) -> bool:
@@ -75,8 +83,9 @@ class JwtSettings:
 
 def check_settings(settings: JwtSettings) -> None:
     """Raise ``ValueError`` naming the problem if ``settings`` cannot verify tokens: no or
-    unknown algorithms, HMAC and public-key algorithms mixed, an empty secret, or a key
-    that PyJWT cannot load for the algorithms."""
+    unknown algorithms, HMAC and public-key algorithms mixed, an empty key, an HMAC secret
+    shorter than :data:`MIN_HMAC_SECRET_BYTES`, a maximum age below 1 second, or a key that
+    PyJWT cannot load for the algorithms."""
     algorithms = set(settings.algorithms)
     if not algorithms:
         raise ValueError("a JWT credential needs at least one algorithm")
@@ -87,8 +96,15 @@ def check_settings(settings: JwtSettings) -> None:
         raise ValueError("JWT algorithms mix HMAC (HS*) and public-key ones")
     if not settings.key:
         raise ValueError("a JWT credential needs a key")
+    if settings.hmac and len(settings.key.encode("utf-8")) < MIN_HMAC_SECRET_BYTES:
+        raise ValueError(
+            f"a JWT HMAC secret has at least {MIN_HMAC_SECRET_BYTES} bytes (RFC 7518 3.2), "
+            f"not {len(settings.key.encode('utf-8'))}"
+        )
     if settings.leeway_seconds < 0:
         raise ValueError("JWT leeway must be >= 0 seconds")
+    if settings.max_age_seconds is not None and settings.max_age_seconds < 1:
+        raise ValueError("a JWT maximum token age is at least 1 second")
     for name in algorithms:
         algorithm = jwt.get_algorithm_by_name(name)
         try:
@@ -116,12 +132,15 @@ def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
             audience=settings.audience,
             issuer=settings.issuer,
             leeway=settings.leeway_seconds,
-            options={"require": ["exp"], "verify_aud": settings.audience is not None},
+            options={
+                "require": ["exp"] if settings.max_age_seconds is None else ["exp", "iat"],
+                "verify_aud": settings.audience is not None,
+            },
         )
     except jwt.ExpiredSignatureError:
         raise TokenError("token expired (exp)") from None
     except jwt.ImmatureSignatureError:
-        raise TokenError("token not valid yet (nbf)") from None
+        raise TokenError("token not valid yet (nbf, or iat in the future)") from None
     except jwt.InvalidAudienceError:
         raise TokenError("token audience (aud) is not the credential's") from None
     except jwt.InvalidIssuerError:
@@ -132,4 +151,9 @@ def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
         raise NotThisIssuer("token signature does not verify") from None
     except (jwt.InvalidTokenError, UnicodeDecodeError) as exc:
         raise TokenError(f"malformed token ({type(exc).__name__})") from None
+    if settings.max_age_seconds is not None:
+        issued = claims["iat"]  # required above; PyJWT checked it is a number
+        age = time.time() - float(issued)
+        if age > settings.max_age_seconds + settings.leeway_seconds:
+            raise TokenError(f"token older than {settings.max_age_seconds} s (iat)")
     return claims

@@ -35,7 +35,13 @@ from services.common.auth.passwords import (
     hash_password,
     password_length,
 )
-from services.common.auth.scram import MECHANISMS, ScramSecret, derive_secret
+from services.common.auth.scram import (
+    MAX_ITERATIONS,
+    MECHANISMS,
+    MIN_ITERATIONS,
+    ScramSecret,
+    derive_secret,
+)
 from services.common.auth.store import CredentialStore
 from services.common.records import ClientKind
 
@@ -49,9 +55,13 @@ class CredentialSpec:
     """A new credential as an operator describes it. ``rules`` are rules in text or JSON
     form (:func:`~.authorize.parse_rules`; none: the credential may do nothing), and
     ``allow_all`` adds ``allow all #`` after them; ``password`` (bytes, any) is hashed for
-    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given: an
-    MQTT_BASIC credential needs one unless ``no_password`` (it then authenticates by its
-    Client Identifier alone); ``strict_subscribe``: see :class:`~.credentials.Credential`."""
+    MQTT_BASIC and turned into SCRAM secrets for SCRAM, never stored as given, with
+    ``scram_iterations`` PBKDF2 iterations (SCRAM only; None: each mechanism's default,
+    :data:`~.scram.ITERATIONS`): an MQTT_BASIC credential needs one unless ``no_password``
+    (it then authenticates by its Client Identifier alone). A JWT credential with
+    public-key algorithms needs an audience unless ``jwt_no_audience`` (tokens of the same
+    issuer meant for other services would be taken otherwise); ``strict_subscribe``: see
+    :class:`~.credentials.Credential`."""
 
     name: str
     type: CredentialType
@@ -66,6 +76,8 @@ class CredentialSpec:
     enabled: bool = True
     allow_all: bool = False
     no_password: bool = False
+    scram_iterations: int | None = None
+    jwt_no_audience: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,19 +118,34 @@ def _rules(rules: Sequence[object], allow_all: bool) -> tuple[Rule, ...]:
 
 
 async def _secrets(
-    credential_type: CredentialType, password: bytes, min_length: int
+    credential_type: CredentialType,
+    password: bytes,
+    min_length: int,
+    iterations: int | None = None,
 ) -> tuple[str | None, tuple[ScramSecret, ...]]:
-    """(password hash, SCRAM secrets) of ``password`` for ``credential_type``, computed in a
-    thread (argon2id: about 20 ms; PBKDF2: a few ms per mechanism). Raises
-    :class:`CredentialError` for a password shorter than ``min_length`` characters."""
+    """(password hash, SCRAM secrets with ``iterations``: None for the defaults) of
+    ``password`` for ``credential_type``, computed in a thread (argon2id: about 20 ms;
+    PBKDF2: about 0.3 s per mechanism at the default counts). Raises
+    :class:`CredentialError` for a password shorter than ``min_length`` characters or an
+    iteration count out of bounds."""
     if credential_type not in (CredentialType.MQTT_BASIC, CredentialType.SCRAM):
         raise CredentialError(f"a {credential_type.value} credential has no password")
     _check_password(password, min_length)
     if credential_type is CredentialType.MQTT_BASIC:
+        if iterations is not None:
+            raise CredentialError("only a SCRAM credential has an iteration count")
         return await asyncio.to_thread(hash_password, password), ()
     if credential_type is CredentialType.SCRAM:
+        if iterations is not None and not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            raise CredentialError(
+                f"a SCRAM iteration count is {MIN_ITERATIONS:,} to {MAX_ITERATIONS:,} "
+                f"(RFC 7677 asks at least 4,096), not {iterations:,}"
+            )
         secrets = await asyncio.to_thread(
-            lambda: tuple(derive_secret(mechanism, password) for mechanism in MECHANISMS)
+            lambda: tuple(
+                derive_secret(mechanism, password, iterations=iterations)
+                for mechanism in MECHANISMS
+            )
         )
         return None, secrets
     raise AssertionError(credential_type)
@@ -150,7 +177,7 @@ class CredentialAdmin:
             raise CredentialError("only an MQTT_BASIC credential may have no password")
         if spec.password is not None:
             password_hash, scram = await _secrets(
-                spec.type, spec.password, self.min_password_length
+                spec.type, spec.password, self.min_password_length, spec.scram_iterations
             )
         elif spec.type is CredentialType.SCRAM:
             raise CredentialError("a SCRAM credential needs a password")
@@ -162,6 +189,12 @@ class CredentialAdmin:
             raise CredentialError(
                 "an MQTT_BASIC credential needs a password (--password or --password-file), "
                 "or --no-password to authenticate its client by its client id alone"
+            )
+        jwt = spec.jwt
+        if jwt is not None and not jwt.hmac and jwt.audience is None and not spec.jwt_no_audience:
+            raise CredentialError(
+                "a public-key JWT credential needs an audience (--jwt-audience): its issuer "
+                "signs tokens for other services too; --no-audience to accept any"
             )
         credential = Credential(
             id=uuid.uuid4(),
@@ -228,8 +261,10 @@ class CredentialAdmin:
                 raise CredentialError("only an MQTT_BASIC credential may have no password")
             values["password_hash"] = None
         if changes.password is not None:
+            # A SCRAM credential keeps its iteration count (the first mechanism's: all alike).
+            iterations = current.scram[0].iterations if current.scram else None
             values["password_hash"], values["scram"] = await _secrets(
-                current.type, changes.password, self.min_password_length
+                current.type, changes.password, self.min_password_length, iterations
             )
         return dataclasses.replace(current, **values)  # type: ignore[arg-type]
 

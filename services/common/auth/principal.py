@@ -19,8 +19,10 @@ from services.common.sessions import owner_of
 class AuthRequest:
     """What a CONNECT (or AUTH) presents: ``client_id`` (the assigned one for a v5 client
     that sent none), ``username`` and ``password`` as sent (None if absent), the verified
-    TLS ``certificate`` of the connection (None on plain TCP), and for enhanced
-    authentication the Authentication ``method`` and ``data`` of the packet."""
+    TLS ``certificate`` of the connection (None on plain TCP), for enhanced
+    authentication the Authentication ``method`` and ``data`` of the packet, and the
+    client's IP ``address`` (its PROXY header's when there is one; None if unknown), which
+    failures are counted against."""
 
     client_id: str
     username: str | None = None
@@ -28,6 +30,12 @@ class AuthRequest:
     certificate: CertificateIdentity | None = None
     method: str | None = None
     data: bytes | None = None
+    address: str | None = None
+
+
+def host_of(client_address: str) -> str | None:
+    """The IP address of a ``host:port`` / ``[host]:port`` client address (None if ``""``)."""
+    return client_address.rsplit(":", 1)[0].strip("[]") or None
 
 
 @dataclass(frozen=True, slots=True)

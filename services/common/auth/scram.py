@@ -28,8 +28,17 @@ from dataclasses import dataclass
 MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 """The SASL mechanism names supported (RFC 7677 and its SHA-512 sibling) and their hashes."""
 
-ITERATIONS = 4096
-"""PBKDF2 iterations of new secrets: RFC 7677's minimum recommendation."""
+ITERATIONS = {"SCRAM-SHA-256": 600_000, "SCRAM-SHA-512": 210_000}
+"""PBKDF2 iterations of new secrets by default, per mechanism: OWASP's Password Storage
+Cheat Sheet (PBKDF2-HMAC-SHA256: 600,000; PBKDF2-HMAC-SHA512: 210,000). A client pays the
+same count once per connection (the server only compares keys): about 0.3 s of one core of
+bench/'s machine for SHA-256 (a client may cache its SaltedPassword per salt and count)."""
+
+MIN_ITERATIONS = 4096
+"""The fewest PBKDF2 iterations a credential may have: RFC 7677's minimum (RFC 5802 5.1)."""
+
+MAX_ITERATIONS = 10_000_000
+"""The most PBKDF2 iterations a credential may have (each client connect pays them)."""
 
 NONCE_BYTES = 18
 """Random bytes of the server's part of the nonce (24 base64 characters)."""
@@ -64,14 +73,21 @@ def _hmac(name: str, key: bytes, message: bytes) -> bytes:
 
 
 def derive_secret(
-    mechanism: str, password: bytes, salt: bytes | None = None, iterations: int = ITERATIONS
+    mechanism: str, password: bytes, salt: bytes | None = None, iterations: int | None = None
 ) -> ScramSecret:
     """The :class:`ScramSecret` of ``password`` (bytes; a text password is its UTF-8 form)
     for ``mechanism`` (a key of :data:`MECHANISMS`), with a fresh 16-byte salt unless one is
-    given. PBKDF2 with ``iterations`` rounds: run it off any event loop. Raises
-    :class:`ScramError` for an unknown mechanism."""
+    given. PBKDF2 with ``iterations`` rounds (default: :data:`ITERATIONS` of the mechanism):
+    run it off any event loop. Raises :class:`ScramError` for an unknown mechanism or an
+    iteration count outside [:data:`MIN_ITERATIONS`, :data:`MAX_ITERATIONS`]."""
     name = _hash_name(mechanism)
     salt = os.urandom(16) if salt is None else salt
+    iterations = ITERATIONS[mechanism] if iterations is None else iterations
+    if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise ScramError(
+            f"a SCRAM iteration count is {MIN_ITERATIONS:,} to {MAX_ITERATIONS:,}, "
+            f"not {iterations:,}"
+        )
     salted = hashlib.pbkdf2_hmac(name, password, salt, iterations)
     client_key = _hmac(name, salted, b"Client Key")
     return ScramSecret(
@@ -207,13 +223,14 @@ class ScramExchange:
         return b"v=" + base64.b64encode(server_signature)
 
 
-_FAKE_SALT_KEY = os.urandom(32)
-
-
-def unknown_user_secret(mechanism: str, username: str) -> ScramSecret:
+def unknown_user_secret(mechanism: str, username: str, key: bytes) -> ScramSecret:
     """A secret for a user name without a SCRAM credential: the exchange goes on as for a
-    real one (the same salt each time for that name, from a key of this process) and fails
-    only at the proof, so its answers do not tell whether the user exists (RFC 5802 9)."""
-    salt = _hmac("sha256", _FAKE_SALT_KEY, username.encode("utf-8"))[:16]
+    real one and fails only at the proof, so its answers do not tell whether the user
+    exists (RFC 5802 9). The salt is HMAC-SHA-256(``key``, mechanism NUL user name), first
+    16 bytes: with the key every node shares (the ``scram_unknown_user_key`` setting) the
+    same on every node, every time, as a real user's is; the iteration count is the
+    mechanism's default (:data:`ITERATIONS`). Raises :class:`ScramError` for an unknown
+    mechanism."""
     size = hashlib.new(_hash_name(mechanism)).digest_size
-    return ScramSecret(mechanism, salt, ITERATIONS, os.urandom(size), os.urandom(size))
+    salt = _hmac("sha256", key, f"{mechanism}\0{username}".encode())[:16]
+    return ScramSecret(mechanism, salt, ITERATIONS[mechanism], os.urandom(size), os.urandom(size))

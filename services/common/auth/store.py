@@ -112,6 +112,7 @@ def _details(credential: Credential) -> dict[str, Any]:
             "client_id_claim": settings.client_id_claim,
             "username_claim": settings.username_claim,
             "leeway_seconds": settings.leeway_seconds,
+            "max_age_seconds": settings.max_age_seconds,
         }
     if credential.scram:
         details["scram"] = [
@@ -145,6 +146,7 @@ def _credential(row: dict[str, Any]) -> Credential:
             j.get("client_id_claim"),
             j.get("username_claim"),
             int(j.get("leeway_seconds", 0)),
+            j.get("max_age_seconds"),
         )
     scram = tuple(
         ScramSecret(
