@@ -32,3 +32,28 @@ def test_chaos_over_an_ingest_node_and_device_persist_loses_nothing(
     assert result.report is not None
     assert result.report.lost == 0, result.report
     assert result.report.reordered == 0, result.report
+
+
+#: The production rounds' short form: two Redis primary kills in a row (the second kills
+#: the node promoted by the first) and one Kafka broker, each down longer than the failover
+#: thresholds (chaos.PRODUCTION_DOWN), with short settling phases.
+PRODUCTION_TIMING = chaos.Timing(
+    warmup=3.0, down=chaos.PRODUCTION_DOWN, settle=3.0, recovery_timeout=60.0, drain=120.0
+)
+
+
+def test_production_chaos_over_redis_failovers_and_a_broker_loses_nothing(
+    topology: LocalCluster,
+) -> None:
+    rounds = [chaos.REDIS_PRIMARY, chaos.REDIS_PRIMARY, "kafka2"]
+    result = chaos.run(
+        topology.settings, rounds, publishers=20, rate=200.0, timing=PRODUCTION_TIMING, log=print
+    )
+    print(chaos.table(result))
+    assert [d.error for d in result.disruptions] == [None, None, None]
+    assert all(d.outage_s is not None for d in result.disruptions), result.disruptions
+    for d in result.disruptions:
+        assert d.round is not None
+        assert (d.round.lost, d.round.reordered) == (0, 0), (d.process, d.round)
+    assert result.report is not None
+    assert (result.report.lost, result.report.reordered) == (0, 0), result.report
