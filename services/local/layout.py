@@ -31,7 +31,7 @@ class Layout:
     redis_sentinel_count: int = 3
 
     def describe(self) -> str:
-        """E.g. ``3 Kafka brokers, Redis with 1 replica and 3 Sentinels``."""
+        """E.g. ``3 Kafka brokers, Redis with 2 replicas and 3 Sentinels``."""
         brokers = f"{self.kafka_brokers} Kafka broker{'s' if self.kafka_brokers > 1 else ''}"
         if not self.redis_replicas:
             return f"{brokers}, one Redis"
