@@ -20,6 +20,17 @@ over the whole run, and per process:
 
 ``redis-primary`` names whichever Redis node is primary at the moment of the kill (a
 cluster started with ``--production``).
+
+Each disruption is also a round of the durability accounting: the messages published from
+its kill until the next kill (the last one: until publishing stops) are its share of lost,
+duplicated and reordered (``round``). ``resumed_while_down`` says whether delivery came back
+before the killed process did (a failover, not the restart, brought it back).
+
+With ``--production``, the default rounds are :data:`PRODUCTION_ROUNDS`: five Redis
+primary kills in a row (each one a Sentinel failover, the restarted node rejoining as a
+replica), then a rolling kill and restart of the three Kafka brokers, each down
+:data:`PRODUCTION_DOWN` seconds: longer than Sentinel's down-after and Kafka's broker
+session timeout, so every kill is a failover, not a quick restart.
 """
 
 from __future__ import annotations
@@ -39,6 +50,15 @@ from services.local.settings import LocalSettings
 
 #: The alias of the Redis node that is primary when the kill comes.
 REDIS_PRIMARY = "redis-primary"
+
+#: The production layout's rounds: five Redis primary kills in a row, then the three Kafka
+#: brokers one after another (a rolling restart, by kill -9).
+PRODUCTION_ROUNDS = (*[REDIS_PRIMARY] * 5, "kafka1", "kafka2", "kafka3")
+
+#: Seconds each process of :data:`PRODUCTION_ROUNDS` stays dead: beyond Sentinel's
+#: down-after (:data:`services.local.redis.SENTINEL_DOWN_AFTER_MS`) and the brokers'
+#: session timeout (:data:`services.local.kafka.BROKER_SESSION_TIMEOUT_MS`).
+PRODUCTION_DOWN = 8.0
 
 #: Stored messages per persistent client in a cluster of the chaos run's own: the most the
 #: store allows, so that the backlog an outage leaves at the subscriber (500 msg/s for tens of
@@ -73,6 +93,8 @@ class Disruption:
     outage_s: float | None = None
     publish_resumed_s: float | None = None
     error: str | None = None
+    resumed_while_down: bool | None = None
+    round: Report | None = None
     killed_at: float = 0.0
     back_at: float | None = None
 
@@ -92,6 +114,8 @@ class ChaosResult:
         for d in self.disruptions:
             row = asdict(d)
             del row["killed_at"], row["back_at"]
+            if row["round"] is not None:
+                row["round"] = {k: v for k, v in row["round"].items() if "examples" not in k}
             rows.append(row)
         return {
             "disruptions": rows,
@@ -143,14 +167,19 @@ def _disrupt(
 
 
 def _measure(result: ChaosResult, load: DurabilityLoad) -> None:
-    """Fill in each disruption's recovery figures from the whole run's timelines."""
+    """Fill in each disruption's recovery figures from the whole run's timelines, and its
+    round's share of the durability report."""
     deliveries = load.ledger.delivery_timeline()
     acks = list(load.ledger.ack_timelines().values())
-    for d in result.disruptions:
+    kills = [d.killed_at for d in result.disruptions]
+    for d, until in zip(result.disruptions, [*kills[1:], None], strict=True):
         d.outage_s = resumption.resume_seconds(deliveries, d.killed_at)
         d.publish_resumed_s = resumption.all_resumed_seconds(acks, d.killed_at)
         if d.back_at is not None:
             d.recovery_s = resumption.resume_seconds(deliveries, d.back_at)
+        if d.outage_s is not None and d.back_at is not None:
+            d.resumed_while_down = d.killed_at + d.outage_s < d.back_at
+        d.round = load.ledger.report(since=d.killed_at, until=until)
 
 
 def run(
@@ -213,14 +242,22 @@ def table(result: ChaosResult) -> str:
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
+    def counts(r: Report | None) -> str:
+        if r is None:
+            return "- | - | - | -"
+        return f"{r.acknowledged:,} | {r.lost:,} | {r.duplicates:,} | {r.reordered:,}"
+
     lines = [
-        "| process | restart s | recovery s | outage s | publishing resumed s | note |",
-        "|---|---:|---:|---:|---:|---|",
+        "| process | restart s | recovery s | outage s | while down | publishing resumed s "
+        "| acknowledged | lost | duplicates | reordered | note |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for d in result.disruptions:
+        down = "-" if d.resumed_while_down is None else ("yes" if d.resumed_while_down else "no")
         lines.append(
             f"| {d.process} | {cell(d.restart_s)} | {cell(d.recovery_s)} | "
-            f"{cell(d.outage_s)} | {cell(d.publish_resumed_s)} | {d.error or ''} |"
+            f"{cell(d.outage_s)} | {down} | {cell(d.publish_resumed_s)} | {counts(d.round)} "
+            f"| {d.error or ''} |"
         )
     r = result.report
     if r is not None:

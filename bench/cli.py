@@ -278,7 +278,8 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--production",
         action="store_true",
-        help="with --own-cluster: 3 Kafka brokers, Redis with a replica and Sentinels",
+        help="3 Kafka brokers, Redis with replicas and Sentinels (with --own-cluster: start "
+        "one; else the running cluster must be one); chaos: the production rounds",
     )
 
 
@@ -290,6 +291,8 @@ def _cluster(args: argparse.Namespace, stack: contextlib.ExitStack) -> LocalSett
         settings = stack.enter_context(chaos.own_cluster(args.production))
     else:
         settings = layout.current(LocalSettings())
+        if args.production and not settings.redis_replicas:
+            raise SystemExit("--production: the running cluster is not in the production layout")
     cluster.up(settings)
     return settings
 
@@ -299,13 +302,19 @@ def chaos_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--processes",
         help="comma-separated processes to kill, in order (default: every process of the "
-        f"cluster; {chaos.REDIS_PRIMARY} = the Redis node that is primary then)",
+        f"cluster; with --production: {','.join(chaos.PRODUCTION_ROUNDS)}; "
+        f"{chaos.REDIS_PRIMARY} = the Redis node that is primary then)",
     )
     parser.add_argument("--publishers", type=int, default=20, help="QoS 1 publishers")
     parser.add_argument("--rate", type=float, default=500.0, help="msg/s over all publishers")
     parser.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the first kill")
-    parser.add_argument("--down", type=float, default=1.0, help="seconds a process stays dead")
+    parser.add_argument(
+        "--down",
+        type=float,
+        help="seconds a process stays dead (default 1; with --production "
+        f"{chaos.PRODUCTION_DOWN:g}: beyond the failover thresholds)",
+    )
     parser.add_argument(
         "--settle", type=float, default=10.0, help="seconds of load after recovery, per kill"
     )
@@ -333,16 +342,24 @@ def default_processes(settings: LocalSettings) -> list[str]:
 
 def do_chaos(args: argparse.Namespace) -> None:
     """``chaos``: kill each process in turn under load; print and record the result."""
+    down = args.down
+    if down is None:
+        down = chaos.PRODUCTION_DOWN if args.production else 1.0
     timing = chaos.Timing(
         warmup=args.warmup,
-        down=args.down,
+        down=down,
         settle=args.settle,
         recovery_timeout=args.recovery_timeout,
         drain=args.drain,
     )
     with contextlib.ExitStack() as stack:
         settings = _cluster(args, stack)
-        names = args.processes.split(",") if args.processes else default_processes(settings)
+        if args.processes:
+            names = args.processes.split(",")
+        elif args.production:
+            names = list(chaos.PRODUCTION_ROUNDS)
+        else:
+            names = default_processes(settings)
         _log(f"chaos over {', '.join(names)} ({layout.of(settings).describe()})")
         result = chaos.run(
             settings,

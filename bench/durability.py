@@ -138,8 +138,18 @@ class Ledger:
                 out.setdefault(p, []).append((self.sent_at.get((p, s), at), at))
             return out
 
-    def report(self) -> Report:
-        """The counts as they stand."""
+    def report(self, since: float | None = None, until: float | None = None) -> Report:
+        """The counts as they stand: of every message, or with ``since`` / ``until``
+        (monotonic seconds) of the messages published in ``[since, until)`` alone (a chaos
+        round's share; a message is reordered when it came after a newer one of its
+        publisher, whenever that one was published)."""
+
+        def counted(key: tuple[int, int]) -> bool:
+            at = self.sent_at.get(key)
+            if at is None:
+                return since is None and until is None
+            return (since is None or at >= since) and (until is None or at < until)
+
         with self._lock:
             seen: set[tuple[int, int]] = set()
             newest: dict[int, int] = {}
@@ -147,18 +157,18 @@ class Ledger:
             reordered: list[tuple[int, int]] = []
             for p, s, _ in self.deliveries:
                 if (p, s) in seen:
-                    duplicates += 1
+                    duplicates += counted((p, s))
                     continue
                 seen.add((p, s))
-                if s < newest.get(p, 0):
+                if s < newest.get(p, 0) and counted((p, s)):
                     reordered.append((p, s))
                 newest[p] = max(newest.get(p, 0), s)
-            lost = sorted(key for key in self.acked_at if key not in seen)
+            lost = sorted(key for key in self.acked_at if key not in seen and counted(key))
             return Report(
-                published=len(self.sent_at),
-                acknowledged=len(self.acked_at),
-                refused=len(self.refused),
-                delivered=len(seen),
+                published=sum(1 for key in self.sent_at if counted(key)),
+                acknowledged=sum(1 for key in self.acked_at if counted(key)),
+                refused=sum(1 for key in self.refused if counted(key)),
+                delivered=sum(1 for key in seen if counted(key)),
                 lost=len(lost),
                 duplicates=duplicates,
                 reordered=len(reordered),

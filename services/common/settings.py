@@ -457,11 +457,14 @@ class Settings(BaseSettings):
 
     # --- device_persist ----------------------------------------------------------------
     persisted_inflight_max: int = Field(
-        256,
+        2048,
         ge=1,
         le=65535,
         description="Stored messages in flight (sent, not yet acknowledged) per persistent "
-        "DEVICE client, within its Receive Maximum.",
+        "DEVICE client, within its Receive Maximum. A backlog (after an outage) drains at "
+        "most this many per acknowledgement round trip (three Kafka hops): at 256 a backlog "
+        "behind a 500 msg/s publisher never drained on the production layout and grew until "
+        "persisted_max_messages dropped its oldest (docs/guarantees/production-failover.md).",
     )
     session_expiry_check_seconds: float = Field(
         5.0, gt=0, description="How often device_persist looks for expired sessions."

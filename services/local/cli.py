@@ -140,7 +140,7 @@ def _layout_to_run(settings: LocalSettings, asked: dict[str, int]) -> LocalSetti
     "--production",
     is_flag=True,
     help="As in AWS: 3 Kafka brokers (replication factor 3, min.insync.replicas 2) and Redis "
-    "with a replica and 3 Sentinels that fail over to it.",
+    "with 2 replicas and 3 Sentinels that fail over to one of them.",
 )
 @click.option(
     "--kafka-brokers", type=click.IntRange(1, 9), help="Kafka brokers (setting kafka_brokers)."

@@ -56,6 +56,16 @@ START_TIMEOUT = 120.0
 #: Seconds a controlled shutdown may take before the broker is killed.
 STOP_TIMEOUT = 60.0
 
+#: Milliseconds without a heartbeat before the controller fences a broker and moves its
+#: partitions' leadership (Kafka's default 9,000): a broker killed with -9 says nothing,
+#: so this is how long the partitions it led have no leader
+#: (docs/guarantees/production-failover.md).
+BROKER_SESSION_TIMEOUT_MS = 4000
+
+#: Milliseconds between a broker's heartbeats to the controller (default 2,000): four
+#: heartbeats per session timeout, so one slow one on a loaded machine fences nobody.
+BROKER_HEARTBEAT_INTERVAL_MS = 1000
+
 T = TypeVar("T")
 
 
@@ -190,6 +200,8 @@ def _write_config(settings: LocalSettings, node: int) -> tuple[Path, Path]:
                 f"transaction.state.log.replication.factor={replicas}",
                 f"transaction.state.log.min.isr={min_insync}",
                 f"min.insync.replicas={min_insync}",
+                f"broker.session.timeout.ms={BROKER_SESSION_TIMEOUT_MS}",
+                f"broker.heartbeat.interval.ms={BROKER_HEARTBEAT_INTERVAL_MS}",
                 # Consumer groups form at once instead of waiting 3 s for more members.
                 "group.initial.rebalance.delay.ms=0",
                 # Session timeouts of a few seconds (the stages' 3 s: a dead instance's

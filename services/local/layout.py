@@ -31,7 +31,7 @@ class Layout:
     redis_sentinel_count: int = 3
 
     def describe(self) -> str:
-        """E.g. ``3 Kafka brokers, Redis with 1 replica and 3 Sentinels``."""
+        """E.g. ``3 Kafka brokers, Redis with 2 replicas and 3 Sentinels``."""
         brokers = f"{self.kafka_brokers} Kafka broker{'s' if self.kafka_brokers > 1 else ''}"
         if not self.redis_replicas:
             return f"{brokers}, one Redis"
@@ -40,8 +40,11 @@ class Layout:
 
 
 #: As in AWS: three MSK brokers (replication factor 3, min.insync.replicas 2) and a Redis
-#: primary with a replica it fails over to.
-PRODUCTION = Layout(kafka_brokers=3, redis_replicas=1, redis_sentinel_count=3)
+#: primary with two replicas it fails over to. Two, not one: device_persist counts a store
+#: write done once a replica has it (Redis ``WAIT 1``), and a primary promoted from the only
+#: replica has none until the dead one is back, so with one replica every write waited for
+#: the killed node's return (docs/guarantees/production-failover.md).
+PRODUCTION = Layout(kafka_brokers=3, redis_replicas=2, redis_sentinel_count=3)
 
 
 def of(settings: LocalSettings) -> Layout:

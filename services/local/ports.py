@@ -14,7 +14,7 @@ A block holds four clusters, each in its **slot**: the block moved by a few port
 - :data:`SESSION` (+0): a test session's shared cluster;
 - :data:`SECURED` (+8): the test session's secured cluster (TLS, SASL, passwords);
 - :data:`PRODUCTION` (+12): the test session's production-layout cluster (3 Kafka brokers,
-  Redis with a replica and Sentinels);
+  Redis with two replicas and Sentinels);
 - :data:`BENCH` (+38): a benchmark's own cluster (``python -m bench chaos --own-cluster``).
 
 A test session takes the first block whose three slots are free; a benchmark the first

@@ -1,4 +1,4 @@
-"""The production-topology test cluster: 3 KRaft brokers and Redis with a replica and
+"""The production-topology test cluster: 3 KRaft brokers and Redis with two replicas and
 Sentinels (the production layout of :mod:`services.local.layout`), started once for the
 session on the first test that needs it, beside the shared test cluster (in the session's
 block of ports, its PRODUCTION slot: :mod:`services.local.ports`; its own state dir), and

@@ -1,10 +1,13 @@
-"""Redis with a replica and Sentinels (as ElastiCache with failover): device_persist follows
-the new primary, and never commits a Kafka offset for a store write a failover could drop.
+"""Redis with replicas and Sentinels (as ElastiCache with failover): device_persist follows
+the new primary, never commits a Kafka offset for a store write a failover could drop, and
+delivers again while the killed primary is still down.
 
 A write of the Redis store counts as done only once a replica has it (``WAIT 1``, the
 store's ``wait_replicas``); device_persist commits the offsets of a batch only once its
-writes are done. So a record whose write the replica does not confirm is read again, and a
-failover, which promotes the replica, cannot drop a write behind a committed offset.
+writes are done. So a record whose write no replica confirms is read again, and a
+failover, which promotes the most up-to-date replica, cannot drop a write behind a
+committed offset. With two replicas, the promoted one still has a replica to confirm its
+writes while the killed node is down (with one, every write waited for its return).
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ async def _committed(cluster: LocalCluster, group: str, tp: TopicPartition) -> i
     return None if meta is None else meta.offset
 
 
-def _replica(cluster: LocalCluster) -> str:
+def _replicas(cluster: LocalCluster) -> list[str]:
     primary = redis.primary(cluster.settings)
-    [node] = [n for n in redis.node_ids(cluster.settings) if n != primary]
-    return redis.node_name(cluster.settings, node)
+    nodes = [n for n in redis.node_ids(cluster.settings) if n != primary]
+    return [redis.node_name(cluster.settings, node) for node in nodes]
 
 
 async def test_no_offset_is_committed_for_a_store_write_no_replica_confirmed(
@@ -59,7 +62,7 @@ async def test_no_offset_is_committed_for_a_store_write_no_replica_confirmed(
     names = TopicNames.from_settings(topology.settings)
     group = names.service_group("device-persist")
     subscriber_id, topic = unique("replicated"), unique("replicated/topic")
-    replica = _replica(topology)
+    replicas = _replicas(topology)
     log = topology.log("device-persist")
     persistent = aiomqtt.Client(
         HOST,
@@ -74,7 +77,7 @@ async def test_no_offset_is_committed_for_a_store_write_no_replica_confirmed(
         await pub.publish(topic, b"confirmed", qos=1)
         assert [m.payload for m in await collect(sub, 1)] == [b"confirmed"]
         async with TopicTail.open(topology.kafka_bootstrap, names.msg_persisted) as tail:
-            assert topology.stop(replica)
+            assert all([topology.stop(replica) for replica in replicas])
             try:
                 seen = log.stat().st_size
                 await pub.publish(topic, b"unconfirmed", qos=1)  # acknowledged: in Kafka
@@ -82,13 +85,14 @@ async def test_no_offset_is_committed_for_a_store_write_no_replica_confirmed(
                 # device_persist stored it on the primary alone, and failed the batch.
                 await wait_for(
                     lambda: "confirmed by 0 of 1 replicas" in log.read_text()[seen:],
-                    "device_persist refusing a write the replica did not confirm",
+                    "device_persist refusing a write no replica confirmed",
                 )
                 tp = TopicPartition(record.topic, record.partition)
                 committed = await _committed(topology, group, tp)
                 assert committed is None or committed <= record.offset
             finally:
-                await asyncio.to_thread(topology.start, replica)
+                for replica in replicas:
+                    await asyncio.to_thread(topology.start, replica)
         [message] = await collect(sub, 1, timeout=RESUME_BOUND)
         assert message.payload == b"unconfirmed"
 
@@ -114,5 +118,29 @@ def test_kill_9_of_the_redis_primary_loses_nothing_acknowledged(topology: LocalC
         topology.start(redis.node_name(settings, old))
         assert redis.primary(settings) not in (None, old)
         note("deliveries resumed after the kill", wait_for_delivery_since(running, killed_at))
+        report = finish(running)
+    assert report.lost == 0, report
+
+
+def test_deliveries_resume_while_the_killed_redis_primary_is_still_down(
+    topology: LocalCluster,
+) -> None:
+    settings = topology.settings
+    with load(topology) as running:
+        wait_for_traffic(running)
+        old = redis.primary(settings)
+        assert old is not None
+        name = redis.node_name(settings, old)
+        killed_at = time.monotonic()
+        assert topology.kill(name)
+        try:
+            wait_until(
+                lambda: redis.primary(settings) not in (None, old), "a failover", RESUME_BOUND
+            )
+            resumed = wait_for_delivery_since(running, killed_at)
+            assert topology.pid(name) is None  # delivered again without the killed node
+            note("deliveries resumed with the killed primary still down", resumed)
+        finally:
+            topology.start(name)
         report = finish(running)
     assert report.lost == 0, report

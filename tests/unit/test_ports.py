@@ -40,7 +40,7 @@ def test_a_cluster_lists_every_port_it_listens_on() -> None:
     expected |= set(cluster.http_ports(settings).values())  # /health /ready /metrics
     for node in (1, 2, 3):
         expected |= {kafka.client_port(settings, node), kafka.controller_port(settings, node)}
-    expected |= {redis.node_port(settings, 1), redis.node_port(settings, 2)}
+    expected |= {redis.node_port(settings, node) for node in (1, 2, 3)}
     expected |= {redis.sentinel_port(settings, j) for j in (1, 2, 3)}
     assert set(found) == expected
 

@@ -487,7 +487,9 @@ class RedisMessageStore(MessageStore):
             for client_id in client_ids:
                 pipe.zcard(self._keys(client_id)[0])
 
-        return [int(n) for n in await self._pipeline("counts", queue)] if client_ids else []
+        if not client_ids:
+            return []
+        return [int(n) for n in await self._pipeline("counts", queue, writes=False)]
 
     async def ping(self) -> None:
         """See :meth:`MessageStore.ping`. One PING."""
