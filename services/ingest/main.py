@@ -6,7 +6,7 @@ the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, 
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
 in full for session takeover, session resumption and Will Messages waiting out their delay;
-another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
+another task owns this node's share of ``client.wills`` (:mod:`services.ingest.delayed_wills`).
 Credentials come from PostgreSQL through a cache that the store's change notifications
 keep right (:mod:`services.common.auth.cache`), as they keep the passwords verified lately
 (:mod:`services.common.auth.verified`); a task follows them.
@@ -66,9 +66,9 @@ from services.common.records import (
 )
 from services.common.settings import Settings
 from services.common.web import serve_http
+from services.ingest.delayed_wills import WillOwnership
 from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
-from services.ingest.wills import WillOwnership
 
 log = logging.getLogger(__name__)
 
