@@ -25,7 +25,7 @@ import signal
 from collections.abc import Awaitable
 
 import faust
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from services.common import metrics
 from services.common.auth.authenticate import Authenticator
@@ -38,6 +38,7 @@ from services.common.faust_app import (
     on_shutdown,
     run_service,
     run_task,
+    send_in_transaction,
     sender,
     transactional_producer,
 )
@@ -99,8 +100,8 @@ def build_app(settings: Settings) -> faust.App:
     )
 
     async def commit_will(partition: int, records: list[KafkaRecord]) -> None:
-        async def produce() -> list[Awaitable[object]]:
-            return [await send(*record) for record in records]
+        async def produce(producer: AIOKafkaProducer) -> list[Awaitable[object]]:
+            return [await send_in_transaction(producer, *record) for record in records]
 
         tp = TopicPartition(names.client_wills, partition)
         await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
