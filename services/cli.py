@@ -12,19 +12,10 @@ import click
 
 from services.blocked_cli import blocked
 from services.cloud.cli import cloud
+from services.command_names import ADMIN_COMMAND, TOPICS_COMMAND
 from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
 from spark_emr.cli import analytics
-
-SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery", "admin")
-"""The commands that each run one deployable service: one container image target
-(Dockerfile) and one ECS service (infra/) each."""
-
-ADMIN_COMMAND = "admin"
-"""The operators' REST API and console: a deployable service, not a stage of the data path."""
-
-TOPICS_COMMAND = "create-topics"
-"""The command of the one-off task that creates Cormorant's core Kafka topics."""
 
 
 def _apply(**overrides: object) -> None:

@@ -1,6 +1,6 @@
 """Compute: an ECS cluster on Fargate, one service per Cormorant service, one one-off topics task.
 
-Each service (``services/cli.py`` ``SERVICE_COMMANDS``) runs its own image target
+Each service (``services/command_names.py`` ``SERVICE_COMMANDS``) runs its own image target
 (``<image>:<tag>-<command>``, Dockerfile) with its own log group, an execution role that
 may read only that service's secrets (ECS injects them at start), a task role with only
 the Kafka permissions it needs (MSK IAM; none with SCRAM), deployment circuit breaker with

@@ -1,6 +1,6 @@
 """What the deployment takes from Cormorant itself: one source of truth for every fact.
 
-Service names and commands (``services/cli.py``), topic names, partitions and consumer
+Service names and commands (``services/command_names.py``), topic names, partitions and consumer
 groups (``services/common/kafka/``), settings and their environment variables
 (``services/common/settings.py``), the MQTT ports and the keep alive rule
 (``services/common/mqtt/``), the Kafka and Spark versions and the EMR release
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from services.cli import ADMIN_COMMAND, SERVICE_COMMANDS, TOPICS_COMMAND
+from services.command_names import ADMIN_COMMAND, SERVICE_COMMANDS, TOPICS_COMMAND
 from services.common.kafka.admin import core_topic_specs
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.keep_alive import max_keep_alive_for_idle_timeout

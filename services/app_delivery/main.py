@@ -37,32 +37,54 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> faust.App:
-    """Build app_delivery's Faust app: the ownership consumer, the feeds, the expiry timer."""
-    names = TopicNames.from_settings(settings)
+    """Build app_delivery's Faust app: an :class:`AppDeliveryService` run by the app's
+    worker, with its session expiry timer."""
     app = make_app(settings, "app-delivery")
-    readiness = serve_http(app, "app-delivery", settings.ready_file)
+    service = AppDeliveryService(settings, app)
+    run_task(app, service.run)
+    every(
+        app, settings.session_expiry_check_seconds, service.expire_sessions, "session expiry check"
+    )
+    on_shutdown(app, service.stop)
+    return app
 
-    send = sender(app)
 
-    clients = AppClients(settings, send)
-    readiness.add("kafka", clients.kafka_reachable)
-    metrics.register(clients.families)
+class AppDeliveryService:
+    """app_delivery in ``app`` (its Faust app): :meth:`run` owns the partitions the
+    consumer group gives it and feeds their APPLICATION clients until cancelled (the app's
+    main task); :meth:`expire_sessions` is its timer, :meth:`stop` its shutdown hook."""
 
-    async def serve() -> None:
-        await clients.start()
+    def __init__(self, settings: Settings, app: faust.App) -> None:
+        self.settings = settings
+        self.group = app.conf.id
+        self.names = TopicNames.from_settings(settings)
+        self.readiness = serve_http(app, "app-delivery", settings.ready_file)
+        self.clients = AppClients(settings, sender(app))
+        self.readiness.add("kafka", self.clients.kafka_reachable)
+        metrics.register(self.clients.families)
+
+    async def start(self) -> None:
+        """Start the clients' Kafka parts."""
+        await self.clients.start()
+
+    async def run(self) -> None:
+        """:meth:`start`, then follow the ownership topics in app_delivery's group until
+        cancelled; ready once the first assignment is read."""
+        await self.start()
+        settings, clients = self.settings, self.clients
         consumer = make_consumer(
             settings,
-            group_id=app.conf.id,
+            group_id=self.group,
             instance_id=settings.group_instance_id,
             partition_assignment_strategy=(RangePartitionAssignor,),
         )
         await consumer.start()
         ready = asyncio.Event()
-        ownership = Ownership(consumer, clients, names, ready)
+        ownership = Ownership(consumer, clients, self.names, ready)
         reading = asyncio.create_task(ownership.run(), name="app-delivery-ownership")
         try:
             await ready.wait()
-            readiness.serving("app_delivery")
+            self.readiness.serving("app_delivery")
             await reading
         finally:
             reading.cancel()
@@ -70,16 +92,13 @@ def build_app(settings: Settings) -> faust.App:
             await clients.close()
             await consumer.stop()
 
-    async def expire_sessions() -> None:
-        await asyncio.gather(*await clients.expire_sessions(now_ms()))
+    async def expire_sessions(self) -> None:
+        """End the sessions whose Session Expiry Interval has passed (the timer's job)."""
+        await asyncio.gather(*await self.clients.expire_sessions(now_ms()))
 
-    async def stop() -> None:
-        readiness.stopping()
-
-    run_task(app, serve)
-    every(app, settings.session_expiry_check_seconds, expire_sessions, "session expiry check")
-    on_shutdown(app, stop)
-    return app
+    async def stop(self) -> None:
+        """The shutdown hook: not ready any more."""
+        self.readiness.stopping()
 
 
 def run() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from botocore.exceptions import WaiterError
 
-from services.cli import TOPICS_COMMAND
 from services.cloud.outputs import StackOutputs
+from services.command_names import TOPICS_COMMAND
 
 #: Seconds between two looks at the task while it runs.
 POLL_SECONDS = 5

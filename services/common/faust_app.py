@@ -20,8 +20,8 @@ while later ones were written (bench/NOTES.md, "Idempotent and transactional wri
 
 A stage that consumes, produces and commits (the router) does it in Kafka transactions
 (:mod:`services.common.kafka.consumer`): :func:`transactional_producer` makes their
-producers with the same settings, and :func:`sender` sends inside the transaction of the
-batch being handled, if any.
+producers with the same settings, and :func:`send_in_transaction` sends with one, inside
+its open transaction.
 
 The apps run in Faust's producer-only mode: Faust's worker gives each service its life cycle
 (signals, logging, ``@app.task``, start-up and shutdown hooks) and its producer, while the
@@ -48,7 +48,7 @@ from services.common import metrics
 from services.common.gc_tuning import tune_gc
 from services.common.kafka import partitioner, uvloop_writes
 from services.common.kafka.admin import TopicSpec, core_topic_specs, ensure_topics
-from services.common.kafka.consumer import close_producer, current_transaction
+from services.common.kafka.consumer import close_producer
 from services.common.kafka.names import TopicNames, kind_of_topic
 from services.common.kafka.security import client_security, faust_credentials
 from services.common.records import Headers
@@ -158,29 +158,39 @@ def transactional_producer(settings: Settings, transactional_id: str) -> AIOKafk
 
 
 def sender(app: faust.App) -> SendRecord:
-    """The :data:`SendRecord` of ``app``: partition by key, no timestamp; inside the
-    transaction of the batch being handled when there is one
-    (:func:`~services.common.kafka.consumer.current_transaction`), else through ``app``'s
-    idempotent producer."""
+    """The :data:`SendRecord` of ``app``: through ``app``'s idempotent producer, partition
+    by key, no timestamp (in no transaction: :func:`send_in_transaction` sends in one)."""
 
     async def send(
         topic: str, key: bytes, value: bytes | None, headers: Headers | None
     ) -> Awaitable[object]:
-        transaction = current_transaction()
         listed = None if headers is None else list(headers)
-        acknowledged: asyncio.Future[Any]
-        if transaction is not None:
-            acknowledged = asyncio.ensure_future(
-                await transaction.send(topic, value, key=key, headers=listed)
-            )
-        else:
-            acknowledged = asyncio.ensure_future(
-                await app.producer.send(topic, key, value, None, None, listed)
-            )
+        acknowledged: asyncio.Future[Any] = asyncio.ensure_future(
+            await app.producer.send(topic, key, value, None, None, listed)
+        )
         watch_produce(acknowledged, topic)
         return acknowledged
 
     return send
+
+
+async def send_in_transaction(
+    producer: AIOKafkaProducer,
+    topic: str,
+    key: bytes,
+    value: bytes | None,
+    headers: Headers | None,
+) -> Awaitable[object]:
+    """Queue a record in the open transaction of ``producer`` (a started
+    :func:`transactional_producer`), partition by key, no timestamp; what
+    :data:`SendRecord` returns: an awaitable of Kafka's acknowledgement (the record is
+    visible to readers once the transaction commits)."""
+    listed = None if headers is None else list(headers)
+    acknowledged: asyncio.Future[Any] = asyncio.ensure_future(
+        await producer.send(topic, value, key=key, headers=listed)
+    )
+    watch_produce(acknowledged, topic)
+    return acknowledged
 
 
 def watch_produce(acknowledged: asyncio.Future[Any], topic: str) -> None:

@@ -142,7 +142,7 @@ class PublishMeta:
     properties: bytes = b""
 
 
-def forwarded_properties(meta: PublishMeta) -> Properties:
+def decode_forwarded_properties(meta: PublishMeta) -> Properties:
     """The publisher's forwarded MQTT 5 PUBLISH properties, decoded (empty when none).
 
     Raises :class:`RecordError` if they do not decode (a garbage record).
@@ -164,7 +164,7 @@ def expires_at_ms(meta: PublishMeta) -> int | None:
     """
     if not meta.properties:
         return None
-    return expiry_deadline(forwarded_properties(meta), meta.received_at_ms)
+    return expiry_deadline(decode_forwarded_properties(meta), meta.received_at_ms)
 
 
 def expiry_deadline(properties: Properties, received_at_ms: int) -> int | None:

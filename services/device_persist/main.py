@@ -45,62 +45,87 @@ BATCH_MAX = 1000
 
 
 def build_app(settings: Settings) -> faust.App:
-    """Build device_persist's Faust app: session reader, store, consumer and timers."""
-    names = TopicNames.from_settings(settings)
+    """Build device_persist's Faust app: a :class:`DevicePersistService` run by the app's
+    worker, with its session expiry timer."""
     app = make_app(settings, "device-persist")
-    readiness = serve_http(app, "device-persist", settings.ready_file)
-    store = open_store(settings)
+    service = DevicePersistService(settings, app)
+    run_task(app, service.run)
+    every(
+        app, settings.session_expiry_check_seconds, service.expire_sessions, "session expiry check"
+    )
+    on_shutdown(app, service.stop)
+    return app
 
-    send = sender(app)
 
-    persister = DevicePersister(settings, store, send)
-    store_metrics = StoreMetrics(persister)
-    metrics.register(store_metrics.families)
-    metrics.on_scrape(store_metrics.refresh)
+class DevicePersistService:
+    """device_persist in ``app`` (its Faust app): :meth:`run` reads the sessions and then
+    stores and delivers ``msg.persisted`` and ``client.acks`` until cancelled (the app's
+    main task); :meth:`expire_sessions` is its timer, :meth:`stop` its shutdown hook. The
+    :class:`~services.device_persist.persister.DevicePersister` decides; this class
+    connects it to Kafka and the store."""
+
+    def __init__(self, settings: Settings, app: faust.App) -> None:
+        self.settings = settings
+        self.group = app.conf.id
+        self.names = TopicNames.from_settings(settings)
+        self.readiness = serve_http(app, "device-persist", settings.ready_file)
+        self.store = open_store(settings)
+        self.persister = DevicePersister(settings, self.store, sender(app))
+        store_metrics = StoreMetrics(self.persister)
+        metrics.register(store_metrics.families)
+        metrics.on_scrape(store_metrics.refresh)
+        self.reader = CompactedTopicReader(
+            settings.kafka_bootstrap,
+            [self.names.client_sessions],
+            self.apply_session,
+            security=client_security(settings),
+        )
+        self.readiness.add("kafka", self.reader.end_offsets)
+        self.readiness.add("store", self.store.ping)
 
     def apply_session(
-        topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
+        self, topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
     ) -> None:
-        persister.apply_session(key, value, headers)
+        """Apply one ``client.sessions`` record (the state reader's callback)."""
+        self.persister.apply_session(key, value, headers)
 
-    reader = CompactedTopicReader(
-        settings.kafka_bootstrap,
-        [names.client_sessions],
-        apply_session,
-        security=client_security(settings),
-    )
-
-    readiness.add("kafka", reader.end_offsets)
-    readiness.add("store", store.ping)
-
-    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+    async def handle(self, records: list[Record]) -> list[Awaitable[object]]:
+        """Handle a batch of ``msg.persisted`` and ``client.acks`` records."""
         # Session records stored before these records were are applied first: a message
         # is stamped with the session it was routed for.
-        await reader.barrier()
-        return await persister.handle_batch(records, now_ms())
+        await self.reader.barrier()
+        return await self.persister.handle_batch(records, now_ms())
 
-    async def assigned(partitions: set[TopicPartition]) -> None:
-        persister.assign(tp.partition for tp in partitions if tp.topic == names.msg_persisted)
+    async def assigned(self, partitions: set[TopicPartition]) -> None:
+        """The consumer group gave this instance ``partitions``."""
+        msg_persisted = self.names.msg_persisted
+        self.persister.assign(tp.partition for tp in partitions if tp.topic == msg_persisted)
 
-    async def serve() -> None:
-        await reader.start()
-        persister.go_live()
+    async def start(self) -> None:
+        """Read the sessions up to their end offsets; the persister goes live."""
+        await self.reader.start()
+        self.persister.go_live()
+
+    async def run(self) -> None:
+        """:meth:`start`, then consume in device_persist's group until cancelled."""
+        await self.start()
+        settings, names = self.settings, self.names
         consumer = make_consumer(
             settings,
-            group_id=app.conf.id,
+            group_id=self.group,
             instance_id=settings.group_instance_id,
             partition_assignment_strategy=(RangePartitionAssignor,),
         )
         await consumer.start()
-        dirty = asyncio.create_task(persister.run_dirty(), name="device-persist-dirty")
+        dirty = asyncio.create_task(self.persister.run_dirty(), name="device-persist-dirty")
         try:
-            readiness.serving("device_persist")
+            self.readiness.serving("device_persist")
             await consume_batches(
                 consumer,
-                handle,
+                self.handle,
                 topics=[names.msg_persisted, names.client_acks],
                 max_records=BATCH_MAX,
-                on_assigned=assigned,
+                on_assigned=self.assigned,
                 first=[names.client_acks],  # they free the windows the messages wait for
                 stage="device-persist",
             )
@@ -108,18 +133,15 @@ def build_app(settings: Settings) -> faust.App:
             dirty.cancel()
             await consumer.stop()
 
-    async def expire_sessions() -> None:
-        await asyncio.gather(*await persister.expire_sessions(now_ms()))
+    async def expire_sessions(self) -> None:
+        """End the sessions whose Session Expiry Interval has passed (the timer's job)."""
+        await asyncio.gather(*await self.persister.expire_sessions(now_ms()))
 
-    async def stop() -> None:
-        readiness.stopping()
-        await reader.stop()
-        await store.close()
-
-    run_task(app, serve)
-    every(app, settings.session_expiry_check_seconds, expire_sessions, "session expiry check")
-    on_shutdown(app, stop)
-    return app
+    async def stop(self) -> None:
+        """The shutdown hook: not ready any more, the reader and the store closed."""
+        self.readiness.stopping()
+        await self.reader.stop()
+        await self.store.close()
 
 
 def run() -> None:

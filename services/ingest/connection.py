@@ -42,7 +42,7 @@ from services.ingest import (
     handle_connect,
     handle_publish,
     handle_subscribe,
-    will,
+    will_rules,
 )
 from services.ingest.effects import Close, Effect, Send, SyncState
 from services.ingest.fan_out import FanOut
@@ -416,12 +416,12 @@ class ServerConnection:
         """Another connection took this client's session (MQTT 3.1.4-3; v5 DISCONNECT 0x8E).
 
         The session now belongs to the new connection, so this one writes no end records;
-        its Will Message is published or discarded as :func:`will.on_taken_over` says, from
+        its Will Message is published or discarded as :func:`will_rules.on_taken_over` says, from
         ``new_clean_start``, the new connection's Clean Start.
         """
         self.state.session_ended = True
         events.ending(self.state, DisconnectCause.TAKEOVER, ReasonCode.SESSION_TAKEN_OVER)
-        effects = will.on_taken_over(self.state, new_clean_start)
+        effects = will_rules.on_taken_over(self.state, new_clean_start)
         return effects + self.disconnect_and_close(
             ReasonCode.SESSION_TAKEN_OVER, "session taken over"
         )
@@ -431,7 +431,7 @@ class ServerConnection:
         the session's end records (none if already ended); each at most once."""
         self.state.phase = Phase.CLOSED
         return [
-            *will.on_close(self.state),
+            *will_rules.on_close(self.state),
             *handle_connect.end_session(self.state),
             *events.disconnected(self.state),
         ]

@@ -6,7 +6,8 @@ each effect in order and reports the outcome of the ``Store*`` effects back with
 outcome of :class:`CreateAppTopic`. A Will Message that must wait out a delay is stored in
 Kafka (:class:`StoreWill`); the ingest node that owns its ``client.wills`` partition
 publishes it when the delay has passed unless a newer connection of the client settles it
-first (:mod:`services.ingest.will` decides, :mod:`services.ingest.wills` keeps the timers).
+first (:mod:`services.ingest.will_rules` decides, :mod:`services.ingest.delayed_wills`
+keeps the timers).
 """
 
 from __future__ import annotations
@@ -99,14 +100,14 @@ class StoreRetainedRequest:
 class StoreWill:
     """Store this client's Will Message in ``client.wills``, to be published after
     ``delay_seconds`` (> 0) unless a newer connection of the client settles it first
-    (:func:`services.ingest.will.settled_by`). The shell writes nothing after it for this
+    (:func:`services.ingest.will_rules.settled_by`). The shell writes nothing after it for this
     connection (its session's end) until Kafka has it: a waiting will outlives its node.
 
     ``connection_id`` and ``session_offset`` (the Kafka offset of its latest connected
     session record, if known) identify the connection the will belongs to, so that its own
     records are not taken for a newer connection's. ``meta.received_at_ms`` is when the
     network connection closed; the Will Message is stamped again when it is published
-    (:func:`services.ingest.will.published_after_delay`).
+    (:func:`services.ingest.will_rules.published_after_delay`).
     """
 
     token: int

@@ -19,7 +19,12 @@ import dataclasses
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Publish
 from services.common.mqtt.properties import Properties
-from services.common.records import PublishMeta, Target, expiry_deadline, forwarded_properties
+from services.common.records import (
+    PublishMeta,
+    Target,
+    decode_forwarded_properties,
+    expiry_deadline,
+)
 
 Variant = tuple[int, bool, tuple[int, ...], int, bool]
 """A QoS 0 encoding: protocol version, RETAIN, Subscription Identifiers, Topic Alias (0:
@@ -45,7 +50,7 @@ class FanOut:
     def __init__(self, meta: PublishMeta, payload: bytes, now_ms: int) -> None:
         self.meta = meta
         self.payload = payload
-        self.properties: Properties = forwarded_properties(meta)
+        self.properties: Properties = decode_forwarded_properties(meta)
         self.expires_at_ms = expiry_deadline(self.properties, meta.received_at_ms)
         if self.expires_at_ms is not None:
             # What the QoS 0 encodings say; a connection that sends later (a QoS 1/2

@@ -48,7 +48,7 @@ from services.common.sessions import (
     session_expired,
 )
 from services.common.topics.validation import validate_topic_name
-from services.ingest import events, will
+from services.ingest import events, will_rules
 from services.ingest.effects import (
     Authenticate,
     Close,
@@ -491,7 +491,7 @@ def handle_disconnect(state: ConnectionState, packet: Disconnect) -> list[Effect
         state.session_expiry_interval = expiry
         state.persistent = expiry > 0
     if state.protocol_version < 5 or packet.reason_code == ReasonCode.SUCCESS:
-        will.discard(state)
+        will_rules.discard(state)
     state.phase = Phase.CLOSED
     events.ending(state, DisconnectCause.CLIENT_DISCONNECT, packet.reason_code)
     ends = end_session(state)

@@ -61,7 +61,7 @@ from services.ingest.topic_alias import resolve_inbound
 log = logging.getLogger(__name__)
 
 
-def forwarded_properties(props: Properties) -> bytes:
+def encode_forwarded_properties(props: Properties) -> bytes:
     """The PUBLISH properties passed on to subscribers (MQTT 5.0 3.3.2.3), wire-encoded.
 
     The Topic Alias is per connection and is not forwarded; b"" when nothing is left.
@@ -119,7 +119,9 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         retain=packet.retain,
         received_at_ms=state.now_ms(),
         protocol_version=state.protocol_version,
-        properties=forwarded_properties(packet.properties) if state.protocol_version == 5 else b"",
+        properties=encode_forwarded_properties(packet.properties)
+        if state.protocol_version == 5
+        else b"",
     )
     # A QoS 0 PUBLISH is stored all the same, but nothing waits for the outcome.
     pending = None

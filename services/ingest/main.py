@@ -6,7 +6,7 @@ the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, 
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
 in full for session takeover, session resumption and Will Messages waiting out their delay;
-another task owns this node's share of ``client.wills`` (:mod:`services.ingest.wills`).
+another task owns this node's share of ``client.wills`` (:mod:`services.ingest.delayed_wills`).
 Credentials come from PostgreSQL through a cache that the store's change notifications
 keep right (:mod:`services.common.auth.cache`), as they keep the passwords verified lately
 (:mod:`services.common.auth.verified`) and the blocked clients
@@ -26,7 +26,7 @@ import signal
 from collections.abc import Awaitable
 
 import faust
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from services.common import metrics
 from services.common.auth.authenticate import Authenticator
@@ -42,6 +42,7 @@ from services.common.faust_app import (
     on_shutdown,
     run_service,
     run_task,
+    send_in_transaction,
     sender,
     transactional_producer,
 )
@@ -70,25 +71,107 @@ from services.common.records import (
 )
 from services.common.settings import Settings
 from services.common.web import serve_http
+from services.ingest.delayed_wills import WillOwnership
 from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
-from services.ingest.wills import WillOwnership
 
 log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> faust.App:
-    """Build the ingest node's Faust app: listener, state reader and downlink reader."""
-    names = TopicNames.from_settings(settings)
+    """Build the ingest node's Faust app: an :class:`IngestService` run by the app's worker."""
     app = make_app(settings, f"ingest-{settings.node_id}")
-    readiness = serve_http(app, "ingest", settings.ready_file, settings.node_id)
+    service = IngestService(settings, app)
+    run_task(app, service.run)
+    on_shutdown(app, service.stop)
+    return app
 
-    send = sender(app)
 
-    async def sync_state() -> None:
-        await reader.barrier()
+class IngestService:
+    """The ingest node of ``app`` (its Faust app): :meth:`run` reads the state, starts the
+    tasks that follow credentials and own this node's wills, opens the listeners and then
+    delivers this node's downlink records until cancelled (the app's main task);
+    :meth:`stop` is its shutdown hook. The :class:`~services.ingest.node.IngestNode` holds
+    the connections; this class connects it to Kafka, PostgreSQL and the sockets."""
 
-    async def ensure_app_topic(client_id: str) -> None:
+    def __init__(self, settings: Settings, app: faust.App) -> None:
+        self.settings = settings
+        self.names = names = TopicNames.from_settings(settings)
+        self.readiness = serve_http(app, "ingest", settings.ready_file, settings.node_id)
+        self.send = sender(app)
+        self.wills_transactions = PartitionTransactions(
+            lambda transactional_id: transactional_producer(settings, transactional_id),
+            f"{names.wills_group}.",
+            names.wills_group,
+        )
+        self.cache = CredentialCache(CredentialStore.from_settings(settings))
+        self.blocked_store = BlockedStore(self.cache.store.pool)
+        self.verified = VerifiedPasswords(
+            settings.auth_verified_cache_entries, settings.auth_verified_cache_seconds
+        )
+        if settings.allow_anonymous:
+            log.warning(
+                "anonymous MQTT clients are allowed, with the rules %s",
+                settings.anonymous_rules or "[] (none: they may do nothing)",
+            )
+        self.authenticator = Authenticator(
+            self.cache,
+            allow_anonymous=settings.allow_anonymous,
+            anonymous_rules=parse_rules(settings.anonymous_rules),
+            hash_workers=settings.auth_hash_workers,
+            max_pending_hashes=settings.auth_max_pending,
+            max_pending_per_address=settings.auth_max_pending_per_address,
+            verified=self.verified,
+            throttle=AuthThrottle(
+                window=settings.auth_failure_window_seconds,
+                delay_after=settings.auth_failure_delay_after,
+                delay=settings.auth_failure_delay_seconds,
+                max_delay=settings.auth_failure_max_delay_seconds,
+                limit=settings.auth_failure_limit,
+                ban_after=settings.auth_failure_ban_after,
+                ban_seconds=settings.auth_failure_ban_seconds,
+                exempt=settings.auth_failure_exempt_networks,
+            ),
+            scram_unknown_user_key=(
+                None
+                if settings.scram_unknown_user_key is None
+                else settings.scram_unknown_user_key.get_secret_value().encode()
+            ),
+        )
+        self.node = node = IngestNode(
+            settings,
+            self.send,
+            self.sync_state,
+            self.ensure_app_topic,
+            authenticator=self.authenticator,
+            fetch_credential=self.cache.get,
+            commit_will=self.commit_will,
+            store_block=self.blocked_store.extend,
+        )
+        self.blocked = BlockedFollower(self.blocked_store, node.gate)
+        self.reader = CompactedTopicReader(
+            settings.kafka_bootstrap,
+            [names.client_sessions, names.client_subscriptions],
+            node.apply_state,
+            security=client_security(settings),
+        )
+        self.listeners: list[Listeners] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.downlink = names.downlink(settings.node_id)
+        self.readiness.add("kafka", self.reader.end_offsets)
+        metrics.register(
+            lambda: metrics.mqtt_families(
+                metrics.MQTT, node.connections, node.pending_records, node.refusals.counts.items()
+            )
+        )
+
+    async def sync_state(self) -> None:
+        """Return once the state reader has applied every state record stored so far."""
+        await self.reader.barrier()
+
+    async def ensure_app_topic(self, client_id: str) -> None:
+        """Create the ``msg.app`` topic of APPLICATION client ``client_id`` if missing."""
+        settings = self.settings
         await ensure_topics(
             settings.kafka_bootstrap,
             [app_topic_spec(settings, client_id)],
@@ -96,93 +179,34 @@ def build_app(settings: Settings) -> faust.App:
             security=client_security(settings),
         )
 
-    wills_transactions = PartitionTransactions(
-        lambda transactional_id: transactional_producer(settings, transactional_id),
-        f"{names.wills_group}.",
-        names.wills_group,
-    )
+    async def commit_will(self, partition: int, records: list[KafkaRecord]) -> None:
+        """Write ``records`` in one transaction of ``client.wills`` partition ``partition``
+        (see :data:`~services.ingest.delayed_wills.Commit`)."""
 
-    async def commit_will(partition: int, records: list[KafkaRecord]) -> None:
-        async def produce() -> list[Awaitable[object]]:
-            return [await send(*record) for record in records]
+        async def produce(producer: AIOKafkaProducer) -> list[Awaitable[object]]:
+            return [await send_in_transaction(producer, *record) for record in records]
 
-        tp = TopicPartition(names.client_wills, partition)
-        await wills_transactions.run_in(tp, produce, settings.kafka_request_timeout_seconds)
-
-    cache = CredentialCache(CredentialStore.from_settings(settings))
-    blocked_store = BlockedStore(cache.store.pool)
-    verified = VerifiedPasswords(
-        settings.auth_verified_cache_entries, settings.auth_verified_cache_seconds
-    )
-    if settings.allow_anonymous:
-        log.warning(
-            "anonymous MQTT clients are allowed, with the rules %s",
-            settings.anonymous_rules or "[] (none: they may do nothing)",
+        tp = TopicPartition(self.names.client_wills, partition)
+        await self.wills_transactions.run_in(
+            tp, produce, self.settings.kafka_request_timeout_seconds
         )
-    authenticator = Authenticator(
-        cache,
-        allow_anonymous=settings.allow_anonymous,
-        anonymous_rules=parse_rules(settings.anonymous_rules),
-        hash_workers=settings.auth_hash_workers,
-        max_pending_hashes=settings.auth_max_pending,
-        max_pending_per_address=settings.auth_max_pending_per_address,
-        verified=verified,
-        throttle=AuthThrottle(
-            window=settings.auth_failure_window_seconds,
-            delay_after=settings.auth_failure_delay_after,
-            delay=settings.auth_failure_delay_seconds,
-            max_delay=settings.auth_failure_max_delay_seconds,
-            limit=settings.auth_failure_limit,
-            ban_after=settings.auth_failure_ban_after,
-            ban_seconds=settings.auth_failure_ban_seconds,
-            exempt=settings.auth_failure_exempt_networks,
-        ),
-        scram_unknown_user_key=(
-            None
-            if settings.scram_unknown_user_key is None
-            else settings.scram_unknown_user_key.get_secret_value().encode()
-        ),
-    )
-    node = IngestNode(
-        settings,
-        send,
-        sync_state,
-        ensure_app_topic,
-        authenticator=authenticator,
-        fetch_credential=cache.get,
-        commit_will=commit_will,
-        store_block=blocked_store.extend,
-    )
-    blocked = BlockedFollower(blocked_store, node.gate)
 
-    def credential_changed(change: Change) -> None:
-        cache.changed(change)
-        verified.forget(change.id)
-        node.credential_changed(change)
+    def credential_changed(self, change: Change) -> None:
+        """A credential changed in the store: forget what was cached or verified of it."""
+        self.cache.changed(change)
+        self.verified.forget(change.id)
+        self.node.credential_changed(change)
 
-    def credentials_resynced() -> None:
-        cache.clear()
-        verified.clear()
-        node.credentials_resynced()
-        blocked.changed()
+    def credentials_resynced(self) -> None:
+        """The store's notifications were lost: forget every cached credential."""
+        self.cache.clear()
+        self.verified.clear()
+        self.node.credentials_resynced()
+        self.blocked.changed()
 
-    reader = CompactedTopicReader(
-        settings.kafka_bootstrap,
-        [names.client_sessions, names.client_subscriptions],
-        node.apply_state,
-        security=client_security(settings),
-    )
-    listeners: list[Listeners] = []
-    tasks: list[asyncio.Task[None]] = []
-    downlink = names.downlink(settings.node_id)
-    readiness.add("kafka", reader.end_offsets)
-    metrics.register(
-        lambda: metrics.mqtt_families(
-            metrics.MQTT, node.connections, node.pending_records, node.refusals.counts.items()
-        )
-    )
-
-    async def deliver_batch(records: list[Record]) -> list[Awaitable[object]]:
+    async def deliver_batch(self, records: list[Record]) -> list[Awaitable[object]]:
+        """Hand a batch of this node's downlink records to the node (nothing to await)."""
+        node = self.node
         for record in records:
             try:
                 parsed = parse_downlink(record.value, record.headers)
@@ -197,34 +221,47 @@ def build_app(settings: Settings) -> faust.App:
                 log_undecodable(log, record, exc)
         return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
-    async def own_wills() -> None:
+    async def own_wills(self) -> None:
+        """Own this node's share of ``client.wills`` until cancelled."""
+        settings, names, node = self.settings, self.names, self.node
         # In the ingest nodes' client.wills group, a static member named by the node id: a
         # restarted node takes its partitions back without a rebalance.
         consumer = make_consumer(settings, group_id=names.wills_group, instance_id=settings.node_id)
         await consumer.start()
         try:
-            await WillOwnership(consumer, wills_transactions, node.wills, names).run()
+            await WillOwnership(consumer, self.wills_transactions, node.wills, names).run()
         finally:
             await node.wills.stop()
-            await wills_transactions.close()
+            await self.wills_transactions.close()
             await consumer.stop()
 
-    async def serve() -> None:
-        await reader.start()
-        tasks.append(
+    async def start(self) -> None:
+        """Read the state, start the credential and will tasks, end the sessions that died
+        with the previous process."""
+        settings, cache = self.settings, self.cache
+        await self.reader.start()
+        self.tasks.append(
             asyncio.create_task(
                 cache.store.listen(
-                    credential_changed, credentials_resynced, {BLOCKED_CHANNEL: blocked.changed}
+                    self.credential_changed,
+                    self.credentials_resynced,
+                    {BLOCKED_CHANNEL: self.blocked.changed},
                 )
             )
         )
-        tasks.append(asyncio.create_task(blocked.run(), name="blocked-clients"))
-        tasks.append(asyncio.create_task(cache.follow_client_ids(), name="client-ids"))
+        self.tasks.append(asyncio.create_task(self.blocked.run(), name="blocked-clients"))
+        self.tasks.append(asyncio.create_task(cache.follow_client_ids(), name="client-ids"))
         if settings.allow_anonymous:
             log.warning("node %s: anonymous clients may connect", settings.node_id)
         # Sessions the state shows connected here died with the previous process.
-        await node.reconcile()
-        tasks.append(asyncio.create_task(own_wills(), name="ingest-wills"))
+        await self.node.reconcile()
+        self.tasks.append(asyncio.create_task(self.own_wills(), name="ingest-wills"))
+
+    async def run(self) -> None:
+        """:meth:`start`, then open the listeners and deliver the downlink records until
+        cancelled."""
+        await self.start()
+        settings = self.settings
         # The downlink topic is read from its end, outside any consumer group: its records
         # are for the connections of this process's life only (a restarted node has none).
         # The position is fixed before the listener opens, so no client misses a record.
@@ -232,31 +269,29 @@ def build_app(settings: Settings) -> faust.App:
         await consumer.start()
         try:
             async with asyncio.timeout(60):
-                await assign_whole_topics(consumer, [downlink], from_end=True)
-            opened = await start_listeners(node)
-            listeners.append(opened)
+                await assign_whole_topics(consumer, [self.downlink], from_end=True)
+            opened = await start_listeners(self.node)
+            self.listeners.append(opened)
             # SIGHUP: new TLS connections get the certificate files' current content.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, opened.reload_tls)
-            readiness.serving(f"ingest {settings.node_id} {settings.mqtt_port}")
-            await consume_batches(consumer, deliver_batch, stage="ingest")
+            self.readiness.serving(f"ingest {settings.node_id} {settings.mqtt_port}")
+            await consume_batches(consumer, self.deliver_batch, stage="ingest")
         finally:
             await consumer.stop()
 
-    async def stop() -> None:
-        readiness.stopping()
-        for opened in listeners:
+    async def stop(self) -> None:
+        """The shutdown hook: close the listeners, end every connection (wills and end
+        records, while the producer still runs), then stop the tasks and readers."""
+        self.readiness.stopping()
+        for opened in self.listeners:
             opened.close()
-        await node.shut_down()  # wills and end records, while the producer still runs
-        for task in tasks:
+        await self.node.shut_down()  # wills and end records, while the producer still runs
+        for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        authenticator.close()
-        await cache.store.close()
-        await reader.stop()
-
-    run_task(app, serve)
-    on_shutdown(app, stop)
-    return app
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.authenticator.close()
+        await self.cache.store.close()
+        await self.reader.stop()
 
 
 def run() -> None:

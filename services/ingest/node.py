@@ -8,7 +8,7 @@ a credential check to the authenticator (:mod:`services.common.auth.authenticate
 event loop's hot path). It follows ``client.sessions`` and ``client.subscriptions`` (session
 lookup at CONNECT; each record is shown to the client's connection here, which decides on a
 session takeover, and to the waiting Will Messages of the ``client.wills`` partitions this
-node owns, :mod:`~services.ingest.wills`), hands downlink records to the target connections
+node owns, :mod:`~services.ingest.delayed_wills`), hands downlink records to the target connections
 (:meth:`IngestNode.deliver`), and applies credential changes announced by PostgreSQL to the
 connections they concern (:meth:`IngestNode.credential_changed`: a disabled or deleted
 credential disconnects its clients, a changed one gives them its new rules). Every MQTT
@@ -55,6 +55,7 @@ from services.common.sessions import assigned_client_id
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest import shutdown
+from services.ingest.delayed_wills import Commit, WillTimers
 from services.ingest.effects import (
     Authenticate,
     Close,
@@ -77,7 +78,6 @@ from services.ingest.refusals import Refusals
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.state import ServerContext
 from services.ingest.store_pipeline import StorePipeline
-from services.ingest.wills import Commit, WillTimers
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class IngestNode:
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
     ``ensure_app_topic``. ``commit_will`` writes records in one transaction of a
-    ``client.wills`` partition this node owns (:data:`~services.ingest.wills.Commit`).
+    ``client.wills`` partition this node owns (:data:`~services.ingest.delayed_wills.Commit`).
     ``clock`` (Unix ms) and ``new_client_id`` are the real ones unless a test gives its own.
     """
 

@@ -61,7 +61,7 @@ from services.ingest.effects import (
     StoreWill,
 )
 from services.ingest.registry import Client
-from services.ingest.will import waiting_record
+from services.ingest.will_rules import waiting_record
 
 log = logging.getLogger(__name__)
 

@@ -24,23 +24,27 @@ Nobody reads what an aborted transaction wrote, so only a routing with every rec
 barrier covers counts. Without transactions, the barrier runs before each batch is routed.
 
 ``msg.all`` is read in the router's consumer group (``<prefix>cormorant-router``: more
-routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`,
-in Kafka transactions: what a partition's records are routed to and the partition's next
-offset are committed together, one transactional producer per ``msg.all`` partition
+routers share its partitions) in Kafka transactions
+(:func:`~services.common.kafka.consumer.consume_in_transactions`, which hands each
+partition's records to the router with the partition's open transaction): what a
+partition's records are routed to and the partition's next offset are committed together,
+one transactional producer per ``msg.all`` partition
 (:class:`~services.common.kafka.consumer.PartitionTransactions`). A router that crashes
 mid-batch leaves an aborted transaction nobody reads (every reader of the router's topics
 reads committed records only), and the batch is routed again: every message is routed
 exactly once (docs/guarantees/index.md). With ``router_transactions``
-off (to measure their cost), offsets are committed after the outputs are stored instead:
-at least once.
+off (to measure their cost), ``msg.all`` is read by
+:func:`~services.common.kafka.consumer.consume_batches` and offsets are committed after the
+outputs are stored instead: at least once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from time import perf_counter
-from typing import Any
 
 import faust
 from aiokafka import TopicPartition
@@ -53,6 +57,7 @@ from services.common.faust_app import (
     on_shutdown,
     run_service,
     run_task,
+    send_in_transaction,
     sender,
     transactional_producer,
 )
@@ -61,8 +66,9 @@ from services.common.kafka.consumer import (
     PartitionTransactions,
     Record,
     StaleOutputs,
+    Transaction,
     consume_batches,
-    current_transaction,
+    consume_in_transactions,
     log_undecodable,
     make_consumer,
 )
@@ -103,71 +109,168 @@ COMMIT_SECONDS = 0.2
 
 
 def build_app(settings: Settings) -> faust.App:
-    """Build the router's Faust app: the state reader and the ``msg.all`` routing task."""
-    names = TopicNames.from_settings(settings)
+    """Build the router's Faust app: a :class:`Router` run by the app's worker."""
     app = make_app(settings, "router")
-    readiness = serve_http(app, "router", settings.ready_file)
-    table = RoutingTable()
-    counters = RouterCounters()
-    metrics.register(counters.families)
+    router = Router(settings, app)
+    run_task(app, router.run)
+    on_shutdown(app, router.stop)
+    return app
+
+
+class Router:
+    """The router stage of ``app`` (its Faust app): :meth:`run` replays the state and then
+    routes ``msg.all`` until cancelled (the app's main task); :meth:`stop` is its shutdown
+    hook. The state reader applies the compacted topics' records with
+    :meth:`apply_state`; a batch is routed by :meth:`route_batch`, or in Kafka transactions
+    by :meth:`route_in_transaction` (setting ``router_transactions``)."""
+
+    def __init__(self, settings: Settings, app: faust.App) -> None:
+        self.settings = settings
+        self.app = app
+        self.names = TopicNames.from_settings(settings)
+        self.readiness = serve_http(app, "router", settings.ready_file)
+        self.table = RoutingTable()
+        self.counters = RouterCounters()
+        metrics.register(self.counters.families)
+        self.reader = CompactedTopicReader(
+            settings.kafka_bootstrap,
+            [self.names.client_subscriptions, self.names.client_sessions, self.names.msg_retained],
+            self.apply_state,
+            security=client_security(settings),
+        )
+        self.readiness.add("kafka", self.reader.end_offsets)
+        self.send = sender(app)
+        # APPLICATION topics known to exist. The ingest node creates a client's msg.app topic
+        # before its CONNACK and app_delivery before serving it; the router makes sure of each
+        # once more (and of msg.app-shared topics, which only it creates) before its first
+        # write, since a write to a missing topic waits for it for the whole request timeout.
+        self.app_topics: set[str] = set()
+        # Partitions whose routing was outdated: their next records are routed after a barrier.
+        self.behind: set[TopicPartition] = set()
+        # The check of each partition's open transaction: later batches join it.
+        self.checks: dict[TopicPartition, _Check] = {}
 
     def apply_state(
-        topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
+        self, topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
     ) -> None:
-        if topic == names.client_subscriptions:
-            table.apply_subscriptions_record(key, value, headers)
-        elif topic == names.client_sessions:
-            table.apply_session_record(key, value, headers)
+        """Apply one record of the compacted state topics to the routing table (the state
+        reader's callback). Raises ``RecordError`` on garbage (the reader logs it)."""
+        if topic == self.names.client_subscriptions:
+            self.table.apply_subscriptions_record(key, value, headers)
+        elif topic == self.names.client_sessions:
+            self.table.apply_session_record(key, value, headers)
         else:
-            table.apply_retained_record(key, value, headers)
+            self.table.apply_retained_record(key, value, headers)
 
-    reader = CompactedTopicReader(
-        settings.kafka_bootstrap,
-        [names.client_subscriptions, names.client_sessions, names.msg_retained],
-        apply_state,
-        security=client_security(settings),
-    )
+    async def start(self) -> None:
+        """Replay the state topics up to their end offsets."""
+        await self.reader.start()
+        log.info(
+            "router ready: %d subscriptions, %d sessions",
+            len(self.table.trie),
+            len(self.table.sessions),
+        )
 
-    # APPLICATION topics known to exist. The ingest node creates a client's msg.app topic
-    # before its CONNACK and app_delivery before serving it; the router makes sure of each
-    # once more (and of msg.app-shared topics, which only it creates) before its first
-    # write, since a write to a missing topic waits for it for the whole request timeout.
-    app_topics: set[str] = set()
+    async def run(self) -> None:
+        """:meth:`start`, then route ``msg.all`` in the router's consumer group until
+        cancelled."""
+        await self.start()
+        settings = self.settings
+        group = self.app.conf.id
+        consumer = make_consumer(settings, group_id=group, instance_id=settings.group_instance_id)
+        await consumer.start()
+        try:
+            self.readiness.serving("router")
+            if settings.router_transactions:
+                transactions = PartitionTransactions(
+                    lambda transactional_id: transactional_producer(settings, transactional_id),
+                    f"{group}.",
+                    group,
+                )
+                await consume_in_transactions(
+                    consumer,
+                    self.route_in_transaction,
+                    transactions,
+                    topics=[self.names.msg_all],
+                    max_records=BATCH_MAX,
+                    commit_interval=TRANSACTION_SECONDS,
+                    stage="router",
+                )
+            else:
+                await consume_batches(
+                    consumer,
+                    self.route_batch,
+                    topics=[self.names.msg_all],
+                    max_records=BATCH_MAX,
+                    commit_interval=COMMIT_SECONDS,
+                    # State stored before the batch's records were is applied first: a
+                    # subscription acknowledged before a PUBLISH applies to it. In
+                    # transactions, route_in_transaction checks that before the commit.
+                    prepare=self.reader.barrier,
+                    stage="router",
+                )
+        finally:
+            await consumer.stop()
 
-    readiness.add("kafka", reader.end_offsets)
-    send = sender(app)
-    # Partitions whose routing was outdated: their next records are routed after a barrier.
-    behind: set[TopicPartition] = set()
-    # The check of each partition's open transaction: later batches join it.
-    checks: dict[TopicPartition, _Check] = {}
+    async def stop(self) -> None:
+        """The shutdown hook: not ready any more, the state reader stopped."""
+        self.readiness.stopping()
+        await self.reader.stop()
 
-    async def confirm(version: int, records: list[Record]) -> None:
+    async def route_batch(self, records: list[Record]) -> list[Awaitable[object]]:
+        """Route ``records`` (a batch of ``msg.all``, after a state barrier) outside
+        transactions; returns the acknowledgements of the records written."""
+        return await self._route(records, None)
+
+    async def route_in_transaction(
+        self, records: list[Record], transaction: Transaction
+    ) -> list[Awaitable[object]]:
+        """Route one partition's ``records`` in its open ``transaction``, with the state
+        the router has; the routing counts only if :meth:`confirm` finds, just before the
+        commit, that no state record it should have seen would change it. Later batches of
+        the same transaction join the check of its first batch. A partition whose routing
+        was outdated is routed after a barrier instead. Returns the acknowledgements of the
+        records written."""
+        tp = TopicPartition(records[0].topic, records[0].partition)
+        if tp in self.behind:
+            await self.reader.barrier()
+            self.behind.discard(tp)
+        elif (joined := self.checks.get(tp)) is not None and joined.transaction is transaction:
+            joined.records.extend(records)  # checked from its first batch's version
+        else:
+            check = self.checks[tp] = _Check(self, self.table.version, list(records), transaction)
+            transaction.before_commit(check.confirm)
+        return await self._route(records, transaction)
+
+    async def confirm(self, version: int, records: list[Record]) -> None:
         """Raise StaleOutputs if state records the barrier covers but the routing of
         ``records`` (at ``version``) did not see would change it."""
-        await reader.barrier()
+        await self.reader.barrier()
+        table = self.table
         if table.version != version and table.outdated(version, *_topics_and_requests(records)):
-            behind.add(TopicPartition(records[0].topic, records[0].partition))
+            self.behind.add(TopicPartition(records[0].topic, records[0].partition))
             raise StaleOutputs("state records applied after routing concern them")
 
-    async def route_batch(records: list[Record]) -> list[Awaitable[object]]:
-        check: _Check | None = None
-        if settings.router_transactions:
-            tp = TopicPartition(records[0].topic, records[0].partition)
-            transaction = current_transaction()
-            if tp in behind:
-                await reader.barrier()
-                behind.discard(tp)
-            elif (joined := checks.get(tp)) is not None and joined.joins(transaction):
-                joined.records.extend(records)  # checked from its first batch's version
-            else:
-                check = checks[tp] = _Check(confirm, table.version, list(records), transaction)
+    async def _route(
+        self, records: list[Record], transaction: Transaction | None
+    ) -> list[Awaitable[object]]:
+        """Write what ``records`` route to, in ``transaction`` if any; returns the
+        acknowledgements."""
+        settings = self.settings
         now = now_ms()
-        batch = [out for record in records for out in outputs(table, names, record, now, counters)]
+        batch = [
+            out
+            for record in records
+            for out in outputs(self.table, self.names, record, now, self.counters)
+        ]
         specs = {
             spec.name: spec
             for topic, *_ in batch
-            if topic not in app_topics and (spec := app_spec_of(settings, topic)) is not None
+            if topic not in self.app_topics and (spec := app_spec_of(settings, topic)) is not None
         }
+        send = self.send
+        if transaction is not None:
+            send = partial(send_in_transaction, transaction.producer)
         acks: list[Awaitable[object]] = []
         try:
             if specs:
@@ -177,93 +280,31 @@ def build_app(settings: Settings) -> faust.App:
                     settings.replication_factor,
                     security=client_security(settings),
                 )
-                app_topics.update(specs)
+                self.app_topics.update(specs)
             for topic, key, value, headers in batch:
                 acks.append(await send(topic, key, value, headers))
         except Exception:
-            app_topics.clear()  # one may have been deleted: the retry makes sure again
+            self.app_topics.clear()  # one may have been deleted: the retry makes sure again
             raise
-        if check is not None:
-            acks.append(check)
         return acks
 
-    async def route() -> None:
-        await reader.start()
-        log.info(
-            "router ready: %d subscriptions, %d sessions", len(table.trie), len(table.sessions)
-        )
-        consumer = make_consumer(
-            settings, group_id=app.conf.id, instance_id=settings.group_instance_id
-        )
-        transactions = (
-            PartitionTransactions(
-                lambda transactional_id: transactional_producer(settings, transactional_id),
-                f"{app.conf.id}.",
-                app.conf.id,
-            )
-            if settings.router_transactions
-            else None
-        )
-        await consumer.start()
-        try:
-            readiness.serving("router")
-            await consume_batches(
-                consumer,
-                route_batch,
-                topics=[names.msg_all],
-                max_records=BATCH_MAX,
-                commit_interval=TRANSACTION_SECONDS if transactions else COMMIT_SECONDS,
-                # State stored before the batch's records were is applied first: a
-                # subscription acknowledged before a PUBLISH applies to it. In
-                # transactions, route_batch checks that before the commit instead.
-                prepare=None if transactions else reader.barrier,
-                transactions=transactions,
-                stage="router",
-            )
-        finally:
-            await consumer.stop()
 
-    async def stop() -> None:
-        readiness.stopping()
-        await reader.stop()
-
-    run_task(app, route)
-    on_shutdown(app, stop)
-    return app
-
-
+@dataclass(slots=True)
 class _Check:
-    """``confirm(version, records)`` for the records one partition's transaction routed,
-    the first of them at ``version``; started only when first awaited: by the
-    transactional loop just before the commit, together with the other partitions' checks
-    (their barriers then share one end-offsets request). ``transaction`` is the
-    partition's producer: later batches of the same transaction join the check
-    (:meth:`joins`) rather than add one each."""
+    """The check of the records one partition's ``transaction`` routed, the first of them
+    at ``version`` (:meth:`Router.confirm`), registered with
+    :meth:`~services.common.kafka.consumer.Transaction.before_commit`: it runs just before
+    the commit, together with the other partitions' checks (their barriers then share one
+    end-offsets request). Later batches of the same transaction add their records to it."""
 
-    __slots__ = ("_confirm", "_started", "_transaction", "records", "version")
+    router: Router
+    version: int
+    records: list[Record]
+    transaction: Transaction
 
-    def __init__(
-        self,
-        confirm: Callable[[int, list[Record]], Coroutine[Any, Any, None]],
-        version: int,
-        records: list[Record],
-        transaction: object,
-    ) -> None:
-        self._confirm = confirm
-        self.version = version
-        self.records = records
-        self._transaction = transaction
-        self._started = False
-
-    def joins(self, transaction: object) -> bool:
-        """Whether records routed in ``transaction`` (a partition's producer) can join this
-        check: the same transaction, not committing yet. An aborted one's producer is
-        replaced, so a transaction after it never joins."""
-        return transaction is self._transaction and not self._started
-
-    def __await__(self) -> Generator[Any, None, None]:
-        self._started = True
-        return self._confirm(self.version, self.records).__await__()
+    async def confirm(self) -> None:
+        """:meth:`Router.confirm` of the records, from the version of the first batch."""
+        await self.router.confirm(self.version, self.records)
 
 
 def _topics_and_requests(records: list[Record]) -> tuple[list[str], list[RetainedRequest]]:

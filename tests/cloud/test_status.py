@@ -23,9 +23,10 @@ from botocore.stub import Stubber
 from click.testing import CliRunner
 from moto import mock_aws
 
-from services.cli import SERVICE_COMMANDS, main
+from services.cli import main
 from services.cloud.outputs import OutputsError, StackOutputs
 from services.cloud.status import Check, Clients, stack_status
+from services.command_names import SERVICE_COMMANDS
 
 REGION = "eu-west-1"
 

@@ -14,8 +14,8 @@ import yaml
 from cormorant_infra import compute, kafka, shared
 from cormorant_infra.config import NLB_TLS_IDLE_TIMEOUT_SECONDS
 from cormorant_infra.network import TIERS
-from services.cli import SERVICE_COMMANDS
 from services.cloud.outputs import StackOutputs
+from services.command_names import SERVICE_COMMANDS
 from services.common.kafka.admin import core_topic_specs
 from services.common.mqtt.keep_alive import GRACE_FACTOR, IDLE_MARGIN_SECONDS
 from services.common.settings import Settings

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import SERVICE_COMMANDS, TOPICS_COMMAND, main
+from services.cli import main
+from services.command_names import SERVICE_COMMANDS, TOPICS_COMMAND
 from services.common.settings import Settings
 from tests.commands import run_cormorant
 

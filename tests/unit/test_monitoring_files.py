@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.cli import SERVICE_COMMANDS
+from services.command_names import SERVICE_COMMANDS
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 

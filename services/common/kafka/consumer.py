@@ -37,7 +37,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -97,16 +96,38 @@ class StaleOutputs(Exception):
 MakeProducer = Callable[[str], AIOKafkaProducer]
 """Makes a transactional producer (not started) with the given ``transactional.id``."""
 
-_transaction: ContextVar[AIOKafkaProducer | None] = ContextVar(
-    "cormorant_transaction", default=None
-)
+
+class Transaction:
+    """One partition's open Kafka transaction, as :func:`consume_in_transactions` hands it
+    to the stage with each batch of the partition's records.
+
+    ``producer`` is the partition's transactional producer: what the stage sends with it
+    belongs to the transaction (:func:`services.common.faust_app.send_in_transaction`).
+    Every batch handled before the transaction commits gets the same object, and the next
+    transaction of the partition a new one, so ``is`` tells whether two batches share a
+    transaction. :meth:`before_commit` registers a check to run just before the commit.
+    """
+
+    __slots__ = ("checks", "producer")
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        #: The checks :meth:`before_commit` registered, in order.
+        self.checks: list[Callable[[], Awaitable[None]]] = []
+
+    def before_commit(self, check: Callable[[], Awaitable[None]]) -> None:
+        """Call ``check()`` just before the transaction commits, beside the wait for the
+        acknowledgements of what it produced and the other partitions' checks (so checks
+        that are best made together, like state barriers sharing one end-offsets request,
+        are). If it raises, the transaction is aborted and the partition read again: at
+        once for :class:`StaleOutputs`, after :data:`RETRY_BACKOFF_SECONDS` otherwise."""
+        self.checks.append(check)
 
 
-def current_transaction() -> AIOKafkaProducer | None:
-    """The transactional producer of the partition whose records :func:`consume_batches`
-    is handing to a transactional stage right now (what the handler produces belongs to
-    that transaction); None anywhere else."""
-    return _transaction.get()
+TransactionalHandler = Callable[[list[Record], Transaction], Awaitable[Sequence[Awaitable[object]]]]
+"""Handles one partition's records inside that partition's open :class:`Transaction`
+(what it produces goes into the transaction through ``transaction.producer``) and returns
+the acknowledgements of what it produced. Raising aborts the transaction."""
 
 
 async def close_producer(producer: AIOKafkaProducer, timeout: float) -> None:
@@ -414,7 +435,6 @@ async def consume_batches(
     first: Sequence[str] = (),
     stage: str = "",
     prepare: Callable[[], Awaitable[None]] | None = None,
-    transactions: PartitionTransactions | None = None,
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
 
@@ -435,28 +455,9 @@ async def consume_batches(
     (device_persist reads acknowledgements before the messages that wait for them).
     ``stage`` names the reader in ``cormorant_kafka_consumer_lag_records``.
     ``prepare`` runs once per fetched batch, before ``handle`` sees it (a failure fails
-    the batch).
-
-    With ``transactions`` (and ``topics``), each partition's records are handled inside
-    that partition's transaction (:class:`PartitionTransactions`; ``handle`` is called once
-    per partition of a batch, and what it produces goes into the transaction through
-    :func:`current_transaction`), and the transactions are committed with the partitions'
-    next offsets as soon as no more records are waiting, or after ``commit_interval``
-    seconds under load: exactly once. A failed partition's transaction is aborted and the
-    partition read again from its committed offset after :data:`RETRY_BACKOFF_SECONDS`
-    (at once when it failed with :class:`StaleOutputs`). The acknowledgements ``handle``
-    returns are awaited just before the commit, those of all partitions at once; one that
-    is an awaitable object rather than a future starts only then (a check whose answer
-    must come after the records were fetched, that calls are best made together).
+    the batch). A stage whose outputs must be written exactly once reads with
+    :func:`consume_in_transactions` instead.
     """
-    if transactions is not None:
-        assert topics, "transactions need a consumer group: give topics"
-        loop = _TransactionalLoop(
-            consumer, handle, transactions, on_assigned, on_revoked, after_fetch, prepare
-        )
-        with _watching(_Watched(stage, consumer, loop.committed)):
-            await loop.run(topics, first, max_records, commit_interval)
-        return
     committer = _Committer(consumer, bool(topics), on_assigned, on_revoked)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
@@ -496,6 +497,41 @@ async def consume_batches(
                     await committer.flush()
 
 
+async def consume_in_transactions(
+    consumer: AIOKafkaConsumer,
+    handle: TransactionalHandler,
+    transactions: PartitionTransactions,
+    *,
+    topics: Sequence[str],
+    max_records: int = 2000,
+    commit_interval: float = 0.2,
+    on_assigned: PartitionsHook | None = None,
+    on_revoked: PartitionsHook | None = None,
+    after_fetch: Callable[[], Awaitable[None]] | None = None,
+    first: Sequence[str] = (),
+    stage: str = "",
+    prepare: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """:func:`consume_batches` in Kafka transactions: read ``topics`` in ``consumer``'s
+    group forever, each partition's records handled inside that partition's transaction
+    (:class:`PartitionTransactions`): ``handle(records, transaction)`` is called once per
+    partition of a batch with the partition's open :class:`Transaction`, and what it
+    produces with ``transaction.producer`` belongs to it. The transactions are committed
+    with the partitions' next offsets as soon as no more records are waiting, or after
+    ``commit_interval`` seconds under load: exactly once. A failed partition's transaction
+    is aborted and the partition read again from its committed offset after
+    :data:`RETRY_BACKOFF_SECONDS` (at once when it failed with :class:`StaleOutputs`). The
+    acknowledgements ``handle`` returns are awaited just before the commit, those of all
+    partitions at once, beside the checks registered with :meth:`Transaction.before_commit`
+    (started only then). The other arguments are :func:`consume_batches`'s.
+    """
+    loop = _TransactionalLoop(
+        consumer, handle, transactions, on_assigned, on_revoked, after_fetch, prepare
+    )
+    with _watching(_Watched(stage, consumer, loop.committed)):
+        await loop.run(topics, first, max_records, commit_interval)
+
+
 class PartitionTransactions:
     """The transactions of a consume → produce → commit stage: one transactional producer
     per input partition the stage owns, ``transactional.id`` ``<id_prefix><topic>-<n>``.
@@ -504,7 +540,7 @@ class PartitionTransactions:
     transactional_producer`); ``group_id`` is the consumer group whose offsets the
     transactions commit. Starting a partition's producer (:meth:`assign`) fences the
     partition's previous owner and aborts its open transaction. Used by
-    :func:`consume_batches` and, for transactions of their own, by stages that follow a
+    :func:`consume_in_transactions` and, for transactions of their own, by stages that follow a
     compacted topic's partitions (:meth:`run_in`); not safe to use from two tasks at once
     for one partition.
     """
@@ -612,21 +648,17 @@ class PartitionTransactions:
     async def run_in(
         self,
         tp: TopicPartition,
-        produce: Callable[[], Awaitable[Sequence[Awaitable[object]]]],
+        produce: Callable[[AIOKafkaProducer], Awaitable[Sequence[Awaitable[object]]]],
         timeout: float,
     ) -> None:
-        """Run ``produce`` (which sends through :func:`current_transaction` and returns the
-        acknowledgements) in a transaction of ``tp`` alone, and commit it (no offsets),
-        within ``timeout`` seconds. Raises what failed (``TimeoutError`` past the timeout);
-        the transaction is then aborted."""
+        """Run ``produce(producer)`` (which sends with ``producer``, ``tp``'s transactional
+        producer, and returns the acknowledgements) in a transaction of ``tp`` alone, and
+        commit it (no offsets), within ``timeout`` seconds. Raises what failed
+        (``TimeoutError`` past the timeout); the transaction is then aborted."""
         try:
             async with asyncio.timeout(timeout):
                 producer = await self.begin(tp)
-                token = _transaction.set(producer)
-                try:
-                    error = await _first_error(await produce())
-                finally:
-                    _transaction.reset(token)
+                error = await _first_error(await produce(producer))
                 if error is not None:
                     raise error
                 failed = await self.commit({tp: None})
@@ -660,21 +692,22 @@ async def fence(
 
 @dataclass
 class _Pending:
-    """A partition's records handled in its open transaction: the next offset to read,
+    """A partition's records handled in its open ``transaction``: the next offset to read,
     and the acknowledgements of what was produced for them."""
 
-    offset: int
+    transaction: Transaction
+    offset: int = 0
     acks: list[Awaitable[object]] = field(default_factory=list)
 
 
 class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
-    """:func:`consume_batches` with ``transactions``: the loop, and the rebalance listener
+    """:func:`consume_in_transactions`: the loop, and the rebalance listener
     that commits before partitions move and fences their previous owners after."""
 
     def __init__(
         self,
         consumer: AIOKafkaConsumer,
-        handle: BatchHandler,
+        handle: TransactionalHandler,
         transactions: PartitionTransactions,
         on_assigned: PartitionsHook | None,
         on_revoked: PartitionsHook | None,
@@ -762,16 +795,14 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp, records in batches.items():
             try:
                 producer = await self.transactions.begin(tp)
-                token = _transaction.set(producer)
-                try:
-                    acks = await self.handle(records)
-                finally:
-                    _transaction.reset(token)
+                pending = self.pending.get(tp)
+                if pending is None:
+                    pending = self.pending[tp] = _Pending(Transaction(producer))
+                acks = await self.handle(records, pending.transaction)
             except Exception as exc:
                 log.warning("records of %s not handled, they will be read again: %r", tp, exc)
                 failed.add(tp)
                 continue
-            pending = self.pending.setdefault(tp, _Pending(0))
             pending.offset = records[-1].offset + 1
             pending.acks.extend(acks)
         await self._abort(failed)
@@ -781,7 +812,12 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         """Commit the transactions of ``partitions`` (those whose produced records were
         all acknowledged; the others are aborted); returns the partitions that failed."""
         todo = {tp: self.pending.pop(tp) for tp in partitions if tp in self.pending}
-        errors = await asyncio.gather(*(_first_error(p.acks) for p in todo.values()))
+        errors = await asyncio.gather(
+            *(
+                _first_error([*p.acks, *(check() for check in p.transaction.checks)])
+                for p in todo.values()
+            )
+        )
         failed = set()
         for tp, error in zip(todo, errors, strict=True):
             if isinstance(error, StaleOutputs):

@@ -22,7 +22,7 @@ from services.common.mqtt.properties import Properties, decode_properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta, SessionRecord, WillRecord, decode_meta
 from services.ingest.effects import StorePublish, StoreRetained, StoreSession, StoreWill
-from services.ingest.will import (
+from services.ingest.will_rules import (
     on_new_connection,
     on_session,
     published_after_delay,

@@ -13,7 +13,7 @@ Message goes out when the delay has passed or the session ends, whichever comes 
 that waits is stored in Kafka (:class:`~services.ingest.effects.StoreWill`, a
 ``client.wills`` record: :func:`waiting_record`) before the connection's end is, so it
 survives its node; the node that owns its partition waits it out
-(:mod:`services.ingest.wills`). A new network connection of the client settles a will still
+(:mod:`services.ingest.delayed_wills`). A new network connection of the client settles a will still
 waiting (:func:`settled_by`, :func:`on_new_connection`), and so does the end of the session
 (:func:`on_session`). With Will Retain it is also the topic's retained message
 (:func:`publication`).

@@ -24,7 +24,7 @@ Exactly one publication, through any single crash:
   once.
 
 Why the ingest nodes, rather than the router or device_persist: they already decide
-everything about Will Messages (:mod:`services.ingest.will`), write the client's other
+everything about Will Messages (:mod:`services.ingest.will_rules`), write the client's other
 ``msg.all`` records, and follow every client's ``client.sessions`` records with their
 offsets, which is what settles a waiting will (a newer connection: discarded, or published
 at once with Clean Start 1); every deployment runs them, and no other service need import
@@ -59,7 +59,7 @@ from services.common.records import (
     parse_will,
     will_tombstone,
 )
-from services.ingest import will
+from services.ingest import will_rules
 from services.ingest.effects import StorePublish, StoreRetained
 from services.ingest.store_pipeline import record_of
 
@@ -158,13 +158,13 @@ class WillTimers:
 
     def session_record(self, client_id: str, record: SessionRecord | None, offset: int) -> None:
         """A ``client.sessions`` record of ``client_id`` at ``offset``: a newer connection,
-        or the session's end, settles its waiting wills (:func:`will.on_session`)."""
+        or the session's end, settles its waiting wills (:func:`will_rules.on_session`)."""
         for connection_id in list(self._by_client.get(client_id, ())):
             key = (client_id, connection_id)
             waiting = self._waiting[key]
             if waiting.partition not in self._live or waiting.settling:
                 continue
-            records = will.on_session(waiting.will, record, offset, self._clock())
+            records = will_rules.on_session(waiting.will, record, offset, self._clock())
             if records is not None:
                 self._settle(key, records)
 
@@ -174,7 +174,7 @@ class WillTimers:
         """Settle the will by the client's latest session record, or time it."""
         waiting = self._waiting[key]
         record, offset = self._latest_session(key[0])
-        records = will.on_session(waiting.will, record, offset, self._clock())
+        records = will_rules.on_session(waiting.will, record, offset, self._clock())
         if records is not None:
             self._settle(key, records)
             return
@@ -203,9 +203,9 @@ class WillTimers:
             return
         record, offset = self._latest_session(key[0])
         now = self._clock()
-        records = will.on_session(waiting.will, record, offset, now)
+        records = will_rules.on_session(waiting.will, record, offset, now)
         if records is None:
-            records = will.published_after_delay(waiting.will, now)
+            records = will_rules.published_after_delay(waiting.will, now)
         await self._write(key, records)
 
     def _settle(self, key: tuple[str, bytes], records: list[StorePublish | StoreRetained]) -> None:

@@ -1,0 +1,15 @@
+"""The names of the ``cormorant`` commands that the deployment runs, apart from the click
+CLI (:mod:`services.cli`) so that the CLI, ``cormorant cloud`` and the Pulumi program
+(``infra/``) import them without importing the CLI or each other."""
+
+from __future__ import annotations
+
+SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery", "admin")
+"""The commands that each run one deployable service: one container image target
+(Dockerfile) and one ECS service (infra/) each."""
+
+ADMIN_COMMAND = "admin"
+"""The operators' REST API and console: a deployable service, not a stage of the data path."""
+
+TOPICS_COMMAND = "create-topics"
+"""The command of the one-off task that creates Cormorant's core Kafka topics."""
