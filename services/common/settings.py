@@ -320,6 +320,19 @@ class Settings(BaseSettings):
         900.0, gt=0, description="How long a banned source address stays banned (seconds)."
     )
 
+    jwt_jwks_refresh_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="How long the key set of a JWT credential's JWKS URL is used before it "
+        "is fetched again (seconds); also the least time between two fetches caused by a "
+        "token whose 'kid' the set lacks, so made-up kids cannot make a node hammer the "
+        "issuer (a newly rotated key may wait this long).",
+    )
+    jwt_jwks_ca_file: str | None = Field(
+        None,
+        description="PEM file of the CAs a JWKS server's certificate must chain to (unset: "
+        "the system's CAs).",
+    )
     scram_unknown_user_key: SecretStr | None = Field(
         None,
         description="A secret every ingest node shares (32 random bytes or more, e.g. "

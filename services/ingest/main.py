@@ -31,6 +31,7 @@ from services.common import metrics
 from services.common.auth.authenticate import Authenticator
 from services.common.auth.authorize import parse_rules
 from services.common.auth.cache import CredentialCache
+from services.common.auth.jwks import JwksKeys
 from services.common.auth.store import Change, CredentialStore
 from services.common.auth.throttle import AuthThrottle
 from services.common.auth.verified import VerifiedPasswords
@@ -112,6 +113,7 @@ def build_app(settings: Settings) -> faust.App:
     )
     authenticator = Authenticator(
         cache,
+        jwks=JwksKeys(settings.jwt_jwks_refresh_seconds, settings.jwt_jwks_ca_file),
         allow_anonymous=settings.allow_anonymous,
         anonymous_rules=parse_rules(settings.anonymous_rules),
         hash_workers=settings.auth_hash_workers,
