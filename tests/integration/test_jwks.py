@@ -54,7 +54,7 @@ def jwks_server(pki: Pki) -> Iterator[JwksServer]:
     served = JwksServer("")
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             served.requests += 1
             body = json.dumps({"keys": served.keys}).encode()
             self.send_response(200)
@@ -63,7 +63,7 @@ def jwks_server(pki: Pki) -> Iterator[JwksServer]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             """Quiet: the test counts requests itself."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
