@@ -330,8 +330,9 @@ class Settings(BaseSettings):
     )
     jwt_jwks_ca_file: str | None = Field(
         None,
-        description="PEM file of the CAs a JWKS server's certificate must chain to (unset: "
-        "the system's CAs).",
+        description="PEM file of CAs a JWKS server's certificate may chain to, besides the "
+        "system's (for an issuer under a private CA). `cormorant up` sets it to the local "
+        "cluster's CA.",
     )
     scram_unknown_user_key: SecretStr | None = Field(
         None,

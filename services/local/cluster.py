@@ -282,7 +282,8 @@ def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
     (:func:`haproxy.node_listeners`) and,
     unless ``tls_cert_file`` is set, the local CA's server certificate
     (:mod:`services.local.certificates`, made on first use) with client certificates
-    verified when sent (``tls_client_auth`` optional, unless set)."""
+    verified when sent (``tls_client_auth`` optional, unless set), and that CA trusted for
+    JWKS URLs besides the system's (``jwt_jwks_ca_file``, unless set)."""
     port = haproxy.node_ports(settings)[node - 1]
     listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
     overrides = {
@@ -296,6 +297,8 @@ def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
         overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
         if "tls_client_auth" not in settings.model_fields_set:
             overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+        if settings.jwt_jwks_ca_file is None:
+            overrides["jwt_jwks_ca_file"] = str(pki.ca.cert)
     return overrides
 
 

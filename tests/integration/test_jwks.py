@@ -1,23 +1,16 @@
 """JWT credentials that name a JWKS URL, against a JSON Web Key Set this test serves over
-HTTPS on 127.0.0.1 (http.server on a thread, a certificate of tests/pki.py's CA): keys
+HTTPS on 127.0.0.1 (tests/jwks_server.py, a certificate of tests/pki.py's CA): keys
 picked by ``kid``, fetched at most once per refresh interval, rotated keys taken after the
 refetch, and an unreachable or untrusted JWKS refused with 0x87 Not authorized.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import ssl
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
@@ -27,21 +20,13 @@ from services.common.auth.jwks import JwksKeys
 from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.principal import Accepted, AuthRequest
 from services.common.mqtt.reason_codes import ReasonCode
+from tests.jwks_server import JwksServer, SigningKey, public_jwk, serve_jwks, signed_token
 from tests.pki import Pki, make_pki
 from tests.unit.test_auth_authenticate import Memory, code, credential
 from tests.waiting import wait_for
 
 #: The refresh interval of these tests (seconds): short, so the test can wait it out.
 REFRESH = 1.0
-
-
-@dataclass
-class JwksServer:
-    """The served key set (``keys``: public JWKs as dicts) and the requests counted."""
-
-    url: str
-    keys: list[dict[str, Any]] = field(default_factory=list)
-    requests: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -51,46 +36,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture
 def jwks_server(pki: Pki) -> Iterator[JwksServer]:
-    served = JwksServer("")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            served.requests += 1
-            body = json.dumps({"keys": served.keys}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: the test counts requests itself."""
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pki.cert, pki.key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    served.url = f"https://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield served
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serve_jwks(pki.cert, pki.key) as served:
+        yield served
 
 
-def _public_jwk(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, kid: str) -> dict[str, Any]:
-    algorithm = jwt.get_algorithm_by_name(
-        "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
-    )
-    jwk: dict[str, Any] = json.loads(algorithm.to_jwk(key.public_key()))
-    return {**jwk, "kid": kid, "use": "sig"}
-
-
-def _token(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, kid: str) -> bytes:
-    algorithm = "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
-    claims = {"aud": "mqtt", "sub": "dev-1", "exp": int(time.time()) + 60}
-    return jwt.encode(claims, key, algorithm, headers={"kid": kid}).encode()
+def _token(key: SigningKey, kid: str) -> bytes:
+    return signed_token(key, kid, aud="mqtt", sub="dev-1")
 
 
 def _authenticator(url: str, ca: Path | None) -> Authenticator:
@@ -108,7 +59,7 @@ async def test_keys_are_picked_by_kid_refetched_at_most_once_per_interval_and_ro
 ) -> None:
     first = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     second = ec.generate_private_key(ec.SECP256R1())
-    jwks_server.keys = [_public_jwk(first, "k1")]
+    jwks_server.keys = [public_jwk(first, "k1")]
     auth = _authenticator(jwks_server.url, pki.ca)
 
     async def connect(token: bytes) -> int:
@@ -121,7 +72,7 @@ async def test_keys_are_picked_by_kid_refetched_at_most_once_per_interval_and_ro
 
     # The issuer rotates to a new key: until the interval has passed, the new kid (like any
     # kid the set lacks) is refused without fetching the set again.
-    jwks_server.keys = [_public_jwk(second, "k2")]
+    jwks_server.keys = [public_jwk(second, "k2")]
     for _ in range(5):
         assert await connect(_token(second, "k2")) == ReasonCode.BAD_USER_NAME_OR_PASSWORD
         assert await connect(_token(second, "made-up")) == ReasonCode.BAD_USER_NAME_OR_PASSWORD
@@ -142,7 +93,7 @@ async def test_keys_are_picked_by_kid_refetched_at_most_once_per_interval_and_ro
 async def test_a_key_not_in_the_set_is_refused(jwks_server: JwksServer, pki: Pki) -> None:
     served = ec.generate_private_key(ec.SECP256R1())
     stranger = ec.generate_private_key(ec.SECP256R1())
-    jwks_server.keys = [_public_jwk(served, "k1")]
+    jwks_server.keys = [public_jwk(served, "k1")]
     auth = _authenticator(jwks_server.url, pki.ca)
     assert code(await auth.authenticate(AuthRequest("d", None, _token(served, "k1")))) == 0
     for token in (_token(stranger, "k1"), _token(stranger, "k9")):
@@ -154,7 +105,7 @@ async def test_an_unreachable_or_untrusted_jwks_is_not_authorized_and_logged_wit
     jwks_server: JwksServer, pki: Pki, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    jwks_server.keys = [_public_jwk(key, "k1")]
+    jwks_server.keys = [public_jwk(key, "k1")]
     token = _token(key, "k1")
     untrusted = _authenticator(jwks_server.url, None)  # the system's CAs: not the test's
     closed = _authenticator("https://127.0.0.1:1/jwks.json?api_key=hush", pki.ca)

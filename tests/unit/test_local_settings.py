@@ -42,6 +42,8 @@ def test_every_service_process_has_its_own_http_port(tmp_path: Path) -> None:
     assert ports["router-2"] == settings.http_base_port + 16 + 2
     node = cluster.ingest_overrides(cluster.local_settings(settings), 2)
     assert node["http_port"] == str(ports["ingest-node2"])
+    # The local CA is trusted for JWKS URLs too (a JWKS served under it, as the e2e test does).
+    assert node["jwt_jwks_ca_file"] == str(tmp_path / "tls" / "ca.pem")
 
 
 def test_the_production_layout_runs_the_same_services_health_checked(tmp_path: Path) -> None:

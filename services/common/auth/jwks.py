@@ -1,13 +1,13 @@
 """The signing keys of JWT credentials that name a JSON Web Key Set (RFC 7517 5) URL.
 
 One :class:`jwt.PyJWKClient` per URL fetches the set over HTTPS (certificates verified
-against the system's CAs, or a CA file), keeps it for ``refresh_seconds``, and picks the key
-a token's ``kid`` header names (RFC 7515 4.1.4). A ``kid`` the set lacks fetches the set
-again, at most once per ``refresh_seconds`` (PyJWT's cooldown), so tokens with made-up
-``kid`` values cannot make the node hammer the issuer. Fetches are blocking urllib calls:
-they run on this module's own worker threads, never on the event loop, and one at a time
-per URL (the client's lock); a token whose key is in the fresh cached set is served on the
-loop without a thread.
+against the system's CAs and those of an optional CA file), keeps it for
+``refresh_seconds``, and picks the key a token's ``kid`` header names (RFC 7515 4.1.4).
+A ``kid`` the set lacks fetches the set again, at most once per ``refresh_seconds``
+(PyJWT's cooldown), so tokens with made-up ``kid`` values cannot make the node hammer the
+issuer. Fetches are blocking urllib calls: they run on this module's own worker threads,
+never on the event loop, and one at a time per URL (the client's lock); a token whose key
+is in the fresh cached set is served on the loop without a thread.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ class JwksKeys:
 
     ``refresh_seconds``: how long a fetched key set is used before it is fetched again,
     and the least time between two fetches caused by an unknown ``kid`` (> 0).
-    ``ca_file``: PEM file of the CAs a JWKS server's certificate must chain to (None: the
-    system's). ``workers``: threads that fetch. Raises ``OSError`` / ``ssl.SSLError`` if
-    ``ca_file`` cannot be read, ``ValueError`` if ``refresh_seconds`` <= 0.
+    ``ca_file``: PEM file of CAs a JWKS server's certificate may chain to besides the
+    system's (None: the system's only). ``workers``: threads that fetch. Raises
+    ``OSError`` / ``ssl.SSLError`` if ``ca_file`` cannot be read, ``ValueError`` if
+    ``refresh_seconds`` <= 0.
     """
 
     def __init__(
@@ -40,7 +41,9 @@ class JwksKeys:
         if refresh_seconds <= 0:
             raise ValueError("the JWKS refresh interval is > 0 seconds")
         self.refresh_seconds = refresh_seconds
-        self._ssl = ssl.create_default_context(cafile=ca_file)
+        self._ssl = ssl.create_default_context()
+        if ca_file is not None:
+            self._ssl.load_verify_locations(cafile=ca_file)
         self._clients: dict[str, jwt.PyJWKClient] = {}
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="jwks")
 
