@@ -340,7 +340,9 @@ class Settings(BaseSettings):
         "`openssl rand -base64 32`): the SCRAM salt of a user name without a SCRAM "
         "credential is an HMAC of the name under it, so every node answers it alike, every "
         "time, as for a real user. Unset: each node draws its own (logged as a warning), "
-        "and comparing two nodes' answers tells which user names exist.",
+        "and comparing two nodes' answers tells which user names exist; `cormorant up` "
+        "makes one once into `<state_dir>/scram_unknown_user_key` (mode 600) for the "
+        "local cluster's nodes.",
         min_length=32,
     )
     auth_failure_exempt_networks: list[str] = Field(
