@@ -119,3 +119,17 @@ async def test_an_unreachable_or_untrusted_jwks_is_not_authorized_and_logged_wit
     assert "CERTIFICATE_VERIFY_FAILED" in warnings[0]
     for message in warnings:
         assert "hush" not in message and token.decode() not in message
+
+
+async def test_an_unusable_key_set_is_not_authorized_until_the_issuer_serves_one(
+    jwks_server: JwksServer, pki: Pki
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    token = _token(key, "k1")
+    auth = _authenticator(jwks_server.url, pki.ca)
+    jwks_server.keys = []  # a JSON object, but no key in it
+    assert code(await auth.authenticate(AuthRequest("d", None, token))) == 0x87
+    jwks_server.keys = [public_jwk(key, "k1")]
+    # No set was ever fetched fine, so nothing holds the next fetch back.
+    assert code(await auth.authenticate(AuthRequest("d", None, token))) == 0
+    assert jwks_server.requests == 2

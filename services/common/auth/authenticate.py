@@ -388,8 +388,9 @@ class Authenticator:
         return outcome
 
     def close(self) -> None:
-        """Stop the password-check threads (waiting for none)."""
+        """Stop the password-check and JWKS fetching threads (waiting for none)."""
         self.hashing.close()
+        self.jwks.close()
 
 
 FAILURES = frozenset({ReasonCode.BAD_USER_NAME_OR_PASSWORD})
