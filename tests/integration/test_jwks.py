@@ -6,6 +6,7 @@ refetch, and an unreachable or untrusted JWKS refused with 0x87 Not authorized.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -50,7 +51,7 @@ def _authenticator(url: str, ca: Path | None) -> Authenticator:
         CredentialType.JWT,
         jwt=JwtSettings(("RS256", "ES256"), "", audience="mqtt", jwks_url=url),
     )
-    jwks = JwksKeys(REFRESH, None if ca is None else str(ca))
+    jwks = JwksKeys(REFRESH, None if ca is None else str(ca), retry_seconds=REFRESH)
     return Authenticator(Memory(issuer), jwks=jwks)
 
 
@@ -121,15 +122,23 @@ async def test_an_unreachable_or_untrusted_jwks_is_not_authorized_and_logged_wit
         assert "hush" not in message and token.decode() not in message
 
 
-async def test_an_unusable_key_set_is_not_authorized_until_the_issuer_serves_one(
+async def test_an_unusable_key_set_is_not_authorized_and_not_retried_at_once(
     jwks_server: JwksServer, pki: Pki
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     token = _token(key, "k1")
     auth = _authenticator(jwks_server.url, pki.ca)
+
+    async def connect() -> int:
+        return code(await auth.authenticate(AuthRequest("d", None, token)))
+
     jwks_server.keys = []  # a JSON object, but no key in it
-    assert code(await auth.authenticate(AuthRequest("d", None, token))) == 0x87
+    # CONNECTs arriving together wait for one fetch; its failure is not retried at once.
+    assert await asyncio.gather(*(connect() for _ in range(5))) == [0x87] * 5
+    failed_at = time.monotonic()
     jwks_server.keys = [public_jwk(key, "k1")]
-    # No set was ever fetched fine, so nothing holds the next fetch back.
-    assert code(await auth.authenticate(AuthRequest("d", None, token))) == 0
+    assert await connect() == 0x87
+    assert jwks_server.requests == 1
+    await wait_for(lambda: time.monotonic() > failed_at + REFRESH, "the retry interval")
+    assert await asyncio.gather(*(connect() for _ in range(5))) == [0] * 5
     assert jwks_server.requests == 2
