@@ -111,19 +111,26 @@ def _jwt(options: dict[str, Any], current: JwtSettings | None = None) -> JwtSett
     if not given:
         return None
     secret, public = options.get("jwt_secret_file"), options.get("jwt_public_key_file")
-    if secret is not None and public is not None:
-        raise click.UsageError("--jwt-secret-file and --jwt-public-key-file exclude each other")
+    jwks_url: str | None = options.get("jwt_jwks_url")
+    if sum(given is not None for given in (secret, public, jwks_url)) > 1:
+        raise click.UsageError(
+            "--jwt-secret-file, --jwt-public-key-file and --jwt-jwks-url exclude each other"
+        )
     key = current.key if current else ""
+    if jwks_url is None and secret is None and public is None and current is not None:
+        jwks_url = current.jwks_url
     if secret is not None:
         key = Path(secret).read_text().strip()
     elif public is not None:
         key = Path(public).read_text()
+    elif jwks_url is not None:
+        key = ""
     algorithms = tuple(options.get("jwt_algorithm") or ())
     if not algorithms:
-        if current is not None and secret is None and public is None:
+        if current is not None and secret is None and public is None and jwks_url is None:
             algorithms = current.algorithms
         else:
-            algorithms = ("HS256",) if public is None else ("RS256",)
+            algorithms = ("HS256",) if secret is not None else ("RS256",)
     previous = current or JwtSettings(algorithms, key)
 
     def pick(name: str, option: str) -> Any:
@@ -139,6 +146,7 @@ def _jwt(options: dict[str, Any], current: JwtSettings | None = None) -> JwtSett
         username_claim=pick("username_claim", "jwt_username_claim"),
         leeway_seconds=pick("leeway_seconds", "jwt_leeway"),
         max_age_seconds=pick("max_age_seconds", "jwt_max_age"),
+        jwks_url=jwks_url,
     )
 
 
@@ -202,6 +210,9 @@ _TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
                  help="JWT: the HMAC secret (HS256/384/512), from a file."),
     click.option("--jwt-public-key-file", type=click.Path(exists=True, dir_okay=False),
                  help="JWT: the issuer's RSA/EC/Ed25519 public key (PEM)."),
+    click.option("--jwt-jwks-url",
+                 help="JWT: the https:// URL of the issuer's JSON Web Key Set; the key is "
+                 "picked by the token's 'kid'."),
     click.option("--jwt-algorithm", multiple=True,
                  help="JWT: accepted algorithms (default HS256 with a secret, RS256 with a key)."),
     click.option("--jwt-audience", help="JWT: the 'aud' tokens must carry."),
@@ -243,7 +254,8 @@ def credentials() -> None:
               help="SCRAM: PBKDF2 iterations (default 600,000 for SHA-256, 210,000 for "
               "SHA-512; each client connect pays them).")  # fmt: skip
 @click.option("--no-audience", is_flag=True,
-              help="JWT with a public key: accept tokens whatever their 'aud'.")  # fmt: skip
+              help="JWT with a public key or JWKS URL: accept tokens whatever their "
+              "'aud'.")  # fmt: skip
 @_type_options
 def add(
     name: str,

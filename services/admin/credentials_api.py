@@ -107,6 +107,7 @@ def _jwt(body: models.JwtBody | None) -> JwtSettings | None:
         body.username_claim,
         body.leeway_seconds,
         body.max_age_seconds,
+        body.jwks_url,
     )
 
 

@@ -264,13 +264,20 @@ class CertificateBody(BaseModel):
 class JwtBody(BaseModel):
     """What a JWT credential verifies the tokens clients send as Password with: the JWS
     ``algorithms`` (all HMAC, ``key`` the shared secret; or all public-key, ``key`` a PEM
-    public key), and optionally the ``aud``/``iss`` required and the claims that must equal
-    the Client Identifier / User Name."""
+    public key or ``jwks_url`` the ``https://`` URL of the issuer's JSON Web Key Set, whose
+    key the token's ``kid`` names), and optionally the ``aud``/``iss`` required and the
+    claims that must equal the Client Identifier / User Name."""
 
     algorithms: list[Annotated[str, Field(max_length=16, pattern=NO_NUL)]] = Field(
         min_length=1, max_length=16
     )
-    key: str = Field(min_length=1, max_length=16384, pattern=NO_NUL)
+    key: str = Field("", max_length=16384, pattern=NO_NUL)
+    jwks_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=NO_NUL,
+        description="Instead of a key: the https:// URL of the issuer's JSON Web Key Set.",
+    )
     audience: str | None = Field(None, max_length=1024, pattern=NO_NUL)
     issuer: str | None = Field(None, max_length=1024, pattern=NO_NUL)
     client_id_claim: str | None = Field(None, max_length=256, pattern=NO_NUL)
@@ -281,8 +288,8 @@ class JwtBody(BaseModel):
     )
     no_audience: bool = Field(
         False,
-        description="Public-key algorithms: accept tokens without checking 'aud' (else an "
-        "audience is required).",
+        description="Public-key algorithms or a JWKS URL: accept tokens without checking "
+        "'aud' (else an audience is required).",
     )
 
 

@@ -390,13 +390,29 @@ class Settings(BaseSettings):
         900.0, gt=0, description="How long a banned source address stays banned (seconds)."
     )
 
+    jwt_jwks_refresh_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="How long the key set of a JWT credential's JWKS URL is used before it "
+        "is fetched again (seconds); also the least time between two fetches caused by a "
+        "token whose 'kid' the set lacks, so made-up kids cannot make a node hammer the "
+        "issuer (a newly rotated key may wait this long).",
+    )
+    jwt_jwks_ca_file: str | None = Field(
+        None,
+        description="PEM file of CAs a JWKS server's certificate may chain to, besides the "
+        "system's (for an issuer under a private CA). `cormorant up` sets it to the local "
+        "cluster's CA.",
+    )
     scram_unknown_user_key: SecretStr | None = Field(
         None,
         description="A secret every ingest node shares (32 random bytes or more, e.g. "
         "`openssl rand -base64 32`): the SCRAM salt of a user name without a SCRAM "
         "credential is an HMAC of the name under it, so every node answers it alike, every "
         "time, as for a real user. Unset: each node draws its own (logged as a warning), "
-        "and comparing two nodes' answers tells which user names exist.",
+        "and comparing two nodes' answers tells which user names exist; `cormorant up` "
+        "makes one once into `<state_dir>/scram_unknown_user_key` (mode 600) for the "
+        "local cluster's nodes.",
         min_length=32,
     )
     auth_failure_exempt_networks: list[str] = Field(

@@ -34,6 +34,7 @@ from services.common.auth.authorize import parse_rules
 from services.common.auth.blocked_store import CHANNEL as BLOCKED_CHANNEL
 from services.common.auth.blocked_store import BlockedFollower, BlockedStore
 from services.common.auth.cache import CredentialCache
+from services.common.auth.jwks import JwksKeys
 from services.common.auth.store import Change, CredentialStore
 from services.common.auth.throttle import AuthThrottle
 from services.common.auth.verified import VerifiedPasswords
@@ -116,6 +117,7 @@ class IngestService:
             )
         self.authenticator = Authenticator(
             self.cache,
+            jwks=JwksKeys(settings.jwt_jwks_refresh_seconds, settings.jwt_jwks_ca_file),
             allow_anonymous=settings.allow_anonymous,
             anonymous_rules=parse_rules(settings.anonymous_rules),
             hash_workers=settings.auth_hash_workers,

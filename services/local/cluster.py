@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -289,13 +290,43 @@ def tls_dir(settings: LocalSettings) -> Path:
     return settings.state_dir / "tls"
 
 
+SCRAM_KEY_FILE = "scram_unknown_user_key"
+"""The local cluster's ``scram_unknown_user_key``, in its state dir (mode 600)."""
+
+
+def scram_unknown_user_key(settings: LocalSettings) -> str:
+    """The key every local ingest node derives an unknown SCRAM user's salt from: read from
+    ``<state_dir>/scram_unknown_user_key``, made there (32 random bytes, base64url, mode
+    600) the first time, so the nodes answer an unknown user name alike, restart after
+    restart. Raises ``ValueError`` if the file holds fewer than 32 characters (it is left
+    as it is: remove it to make a new key)."""
+    path = settings.state_dir / SCRAM_KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # O_EXCL: nodes started side by side cannot each write a key of their own.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_text().strip()
+        if len(key) < 32:
+            raise ValueError(
+                f"{path} holds no key of 32 characters or more; remove it to make a new one"
+            ) from None
+        return key
+    key = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as file:
+        file.write(key + "\n")
+    return key
+
+
 def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
     """The settings that make ingest node ``node`` (from 1) of the local cluster: its id,
     its direct port, its HTTP port (:func:`http_ports`), its listeners behind HAProxy
     (:func:`haproxy.node_listeners`) and,
     unless ``tls_cert_file`` is set, the local CA's server certificate
     (:mod:`services.local.certificates`, made on first use) with client certificates
-    verified when sent (``tls_client_auth`` optional, unless set)."""
+    verified when sent (``tls_client_auth`` optional, unless set), and that CA trusted for
+    JWKS URLs besides the system's (``jwt_jwks_ca_file``, unless set); and the state
+    dir's :func:`scram_unknown_user_key` unless that setting is set."""
     port = haproxy.node_ports(settings)[node - 1]
     listeners = [listener.model_dump() for listener in haproxy.node_listeners(settings, node)]
     overrides = {
@@ -309,6 +340,10 @@ def ingest_overrides(settings: LocalSettings, node: int) -> dict[str, str]:
         overrides |= {"tls_cert_file": str(pki.server.cert), "tls_key_file": str(pki.server.key)}
         if "tls_client_auth" not in settings.model_fields_set:
             overrides |= {"tls_client_auth": "optional", "tls_client_ca_file": str(pki.ca.cert)}
+        if settings.jwt_jwks_ca_file is None:
+            overrides["jwt_jwks_ca_file"] = str(pki.ca.cert)
+    if settings.scram_unknown_user_key is None:
+        overrides["scram_unknown_user_key"] = scram_unknown_user_key(settings)
     return overrides
 
 

@@ -374,3 +374,20 @@ def test_a_credential_made_through_the_api_connects_and_its_rules_apply(
         ("delete-credential", 404),
     ]
     assert password not in str(trail)
+
+
+def test_a_jwks_credential_is_made_through_the_api_with_an_https_url_only(api: AdminApi) -> None:
+    url = "https://idp.example/.well-known/jwks.json"
+    jwt_body = {"algorithms": ["RS256"], "jwks_url": url, "audience": "mqtt"}
+    body = {"name": unique("api-jwks"), "type": "JWT", "jwt": jwt_body}
+    plain = {**body, "jwt": {**jwt_body, "jwks_url": "http://idp.example/jwks.json"}}
+    refused = api.call("POST", "/api/credentials", json=plain)
+    assert refused.status_code == 422 and "must be https://" in refused.text
+    keyless = {**body, "jwt": {"algorithms": ["RS256"], "audience": "mqtt"}}
+    refused = api.call("POST", "/api/credentials", json=keyless)
+    assert refused.status_code == 422 and "needs a key or a JWKS URL" in refused.text
+    created = api.call("POST", "/api/credentials", json=body)
+    assert created.status_code == 201, created.text
+    view = created.json()["jwt"]
+    assert (view["jwks_url"], view["key"], view["audience"]) == (url, "", "mqtt")
+    assert api.call("DELETE", f"/api/credentials/{body['name']}").status_code in (200, 204)

@@ -22,6 +22,7 @@ import aiomqtt
 import jwt
 import pytest
 import pytest_asyncio
+from cryptography.hazmat.primitives.asymmetric import ec
 from scramp import ScramClient
 
 from services.common.auth.certificates import CertificateMatch
@@ -47,6 +48,7 @@ from tests.e2e.clients import (
     unique,
     until_marker,
 )
+from tests.jwks_server import public_jwk, serve_jwks, signed_token
 from tests.pki import issue_client
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
@@ -187,6 +189,39 @@ async def test_jwt_credentials_accept_valid_tokens_only(
     done = mosquitto_pub(cluster.mqtt_port, f"fleet/{device}/t", "x", qos=1, client_id=device,
                          extra=("-u", device, "-P", token(sub=device).decode()))  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_jwks_credential_accepts_tokens_of_the_served_keys_only(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    # The JWKS is served under the cluster's own CA, which `cormorant up` has its nodes trust.
+    tls = local_cluster.tls_dir(cluster.settings)
+    key, stranger = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    with serve_jwks(tls / "server.pem", tls / "server.key") as served:
+        served.keys = [public_jwk(key, "k1")]
+        issuer = unique("jwks")
+        await admin.add(
+            CredentialSpec(issuer, CredentialType.JWT, rules=["allow all fleet/${client_id}/#"],
+                           jwt=JwtSettings(("ES256",), "", audience=issuer,
+                                           client_id_claim="sub", jwks_url=served.url))
+        )  # fmt: skip
+        device = unique("jwks-dev")
+        cases = [
+            (signed_token(key, "k1", aud=issuer, sub=device), 0),
+            (signed_token(stranger, "k1", aud=issuer, sub=device), 0x86),  # not the served key
+            (signed_token(stranger, "k9", aud=issuer, sub=device), 0x86),  # a kid not served
+            (signed_token(key, "k1", aud=issuer, sub="someone-else"), NOT_AUTHORIZED),
+        ]
+        for password, expected in cases:
+            client = PahoClient(cluster.mqtt_port, device, username="ignored", password=password)
+            assert client.connect().value == expected, password
+            if expected == 0:
+                mid = client.publish(f"fleet/{device}/x", b"1", 1)
+                wait_until(lambda c=client, m=mid: m in c.snapshot()[0], "PUBACK")
+                assert client.snapshot()[0][mid].value == 0
+                client.close()
+        # Each node fetched the set at most once: the unknown kid did not refetch it.
+        assert 1 <= served.requests <= len(cluster.node_ports)
 
 
 # ---------------------------------------------------------------------- authorization

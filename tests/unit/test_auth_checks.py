@@ -234,6 +234,23 @@ def test_a_public_key_verifies_and_is_never_an_hmac_secret() -> None:
         check_settings(JwtSettings(("none",), SECRET))
 
 
+def test_a_jwks_url_is_https_public_key_only_and_never_with_a_key() -> None:
+    url = "https://issuer.example/.well-known/jwks.json"
+    check_settings(JwtSettings(("RS256", "ES256"), "", jwks_url=url))
+    refused = [
+        (JwtSettings(("RS256",), "", jwks_url="http://issuer.example/jwks.json"), "must be https"),
+        (JwtSettings(("RS256",), "", jwks_url="file:///etc/passwd"), "must be https"),
+        (JwtSettings(("RS256",), "", jwks_url="https:///jwks.json"), "has no host"),
+        (JwtSettings(("RS256",), "", jwks_url="https://u:p@issuer.example/"), "user name"),
+        (JwtSettings(("HS256",), "", jwks_url=url), "HMAC"),
+        (JwtSettings(("RS256",), SECRET, jwks_url=url), "a key or a JWKS URL, not both"),
+        (JwtSettings(("RS256",), ""), "needs a key or a JWKS URL"),
+    ]
+    for settings, message in refused:
+        with pytest.raises(ValueError, match=message):
+            check_settings(settings)
+
+
 # ---------------------------------------------------------------------- X509
 
 

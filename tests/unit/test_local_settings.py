@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from services.local import cluster, haproxy, layout
 from services.local.settings import LocalSettings
 
@@ -42,6 +44,8 @@ def test_every_service_process_has_its_own_http_port(tmp_path: Path) -> None:
     assert ports["router-2"] == settings.http_base_port + 16 + 2
     node = cluster.ingest_overrides(cluster.local_settings(settings), 2)
     assert node["http_port"] == str(ports["ingest-node2"])
+    # The local CA is trusted for JWKS URLs too (a JWKS served under it, as the e2e test does).
+    assert node["jwt_jwks_ca_file"] == str(tmp_path / "tls" / "ca.pem")
 
 
 def test_the_production_layout_runs_the_same_services_health_checked(tmp_path: Path) -> None:
@@ -57,3 +61,22 @@ def test_the_production_layout_runs_the_same_services_health_checked(tmp_path: P
     config = haproxy.render_config(production)
     assert config.count("http-check send meth GET uri /ready") == len(haproxy.KINDS)
     assert config.count("check port") == len(haproxy.KINDS) * production.ingest_nodes
+
+
+def test_the_local_nodes_share_one_scram_unknown_user_key_made_once(tmp_path: Path) -> None:
+    settings = cluster.local_settings(LocalSettings(state_dir=tmp_path))
+    keys = {cluster.ingest_overrides(settings, node)["scram_unknown_user_key"] for node in (1, 2)}
+    path = tmp_path / cluster.SCRAM_KEY_FILE
+    assert keys == {path.read_text().strip()} and len(keys.pop()) >= 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = cluster.local_settings(LocalSettings(state_dir=tmp_path))  # `cormorant up` again
+    assert cluster.ingest_overrides(again, 1)["scram_unknown_user_key"] == path.read_text().strip()
+    given = cluster.local_settings(
+        LocalSettings(state_dir=tmp_path / "given", scram_unknown_user_key="k" * 32)
+    )
+    assert "scram_unknown_user_key" not in cluster.ingest_overrides(given, 1)
+    assert not (tmp_path / "given" / cluster.SCRAM_KEY_FILE).exists()
+    path.write_text("short\n")
+    with pytest.raises(ValueError, match="remove it to make a new one"):
+        cluster.ingest_overrides(again, 1)
+    assert path.read_text() == "short\n"

@@ -20,7 +20,9 @@ Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
    for the credential's current hash is matched from memory instead
    (:mod:`.verified`), and CONNECTs that present the same credential and password while
    it is being verified wait for that one verification;
-4. a Password that is a JWT one of the JWT credentials verifies;
+4. a Password that is a JWT one of the JWT credentials verifies (a credential naming a
+   JWKS URL verifies with the key of its set that the token's ``kid`` names, fetched off
+   the event loop by :class:`~.jwks.JwksKeys`);
 5. a certificate no X509 credential matches, and no User Name or Password: refused, as an
    unknown user name is, even where anonymous access is on (a certificate is an identity
    this server does not know);
@@ -40,7 +42,8 @@ past it, 0x9F Connection rate exceeded, so a storm from one address leaves room 
 
 Refusals: 0x86 Bad User Name or Password (unknown user, wrong password, a token or SCRAM
 proof that does not verify), 0x87 Not authorized (anonymous access off, a certificate no
-credential matches, a token claim that does not match the client), 0x8A Banned (a
+credential matches, a token claim that does not match the client, a token no issuer
+verifies while a JWKS could not be fetched), 0x8A Banned (a
 disabled credential, said only to a client that proved it holds it), 0x8C Bad
 authentication method, 0x88 Server unavailable (PostgreSQL unreachable), 0x89 Server busy
 (too many password checks waiting).
@@ -59,8 +62,10 @@ from typing import Protocol
 from services.common.auth.authorize import Rule
 from services.common.auth.certificates import CertificateIdentity, match_certificate
 from services.common.auth.credentials import Credential, CredentialType
+from services.common.auth.jwks import JwksKeys
 from services.common.auth.jwt_auth import (
     DEFAULT_USERNAME_CLAIM,
+    JwksUnavailable,
     NotThisIssuer,
     TokenError,
     looks_like_token,
@@ -123,7 +128,8 @@ class Authenticator:
     for tests of other behaviour), on ``clock`` (monotonic seconds).
     ``scram_unknown_user_key``: the key every node shares that an unknown SCRAM user's salt
     is derived from (:func:`~.scram.unknown_user_secret`; None: a random one of this
-    process, logged as a warning).
+    process, logged as a warning). ``jwks``: the key sets of JWT credentials that name a
+    JWKS URL (default: fetched with the system's CAs, kept 300 s).
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class Authenticator:
         throttle: AuthThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
         scram_unknown_user_key: bytes | None = None,
+        jwks: JwksKeys | None = None,
     ) -> None:
         self.source = source
         self.allow_anonymous = allow_anonymous
@@ -160,6 +167,7 @@ class Authenticator:
             )
         self._scram_key = scram_unknown_user_key or os.urandom(32)
         self.verified = VerifiedPasswords(0, 0) if verified is None else verified
+        self.jwks = JwksKeys() if jwks is None else jwks
         # Verifications running, by (credential id, digest of its hash and the password).
         self._verifying: dict[tuple[uuid.UUID, bytes], asyncio.Future[bool]] = {}
 
@@ -225,7 +233,7 @@ class Authenticator:
         if password is not None and looks_like_token(password):
             issuers = [c for c in await self.source.unkeyed() if c.type is CredentialType.JWT]
             if issuers:
-                return self._token(request, password, issuers)
+                return await self._token(request, password, issuers)
         if username is not None or password is not None:
             await self._hashed(
                 lambda _hash, given: verify_against_dummy(given), None, password, request.address
@@ -315,11 +323,22 @@ class Authenticator:
         """Password checks waiting for the pool's threads or running."""
         return self.hashing.pending
 
-    def _token(self, request: AuthRequest, token: bytes, issuers: Sequence[Credential]) -> Outcome:
+    async def _token(
+        self, request: AuthRequest, token: bytes, issuers: Sequence[Credential]
+    ) -> Outcome:
+        unavailable = False
         for issuer in issuers:
             assert issuer.jwt is not None
             try:
-                claims = verify_token(token, issuer.jwt)
+                key = None
+                if issuer.jwt.jwks_url is not None:
+                    key = await self.jwks.key(issuer.jwt.jwks_url, token)
+                claims = verify_token(token, issuer.jwt, key)
+            except JwksUnavailable as exc:
+                # Logged without the URL (it may carry an API key) nor the token.
+                log.warning("JWKS of JWT credential %r unavailable: %s", issuer.name, exc)
+                unavailable = True
+                continue
             except NotThisIssuer:
                 continue
             except TokenError as exc:
@@ -341,6 +360,11 @@ class Authenticator:
                     ReasonCode.NOT_AUTHORIZED, f"user name is not the token's {claim!r} claim"
                 )
             return self._admitted(issuer, username)
+        if unavailable:
+            # MQTT 5.0 3.2.2.2: 0x87 Not authorized, not 0x86 Bad User Name or Password: the
+            # token may be sound, the server could not check it. 0x86 would tell the client
+            # its token is bad and count as a failure against its address and User Name.
+            return Refused(ReasonCode.NOT_AUTHORIZED, "a JWKS could not be fetched")
         return Refused(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "token signature does not verify")
 
     def _admitted(self, credential: Credential, username: str | None) -> Outcome:
@@ -380,8 +404,9 @@ class Authenticator:
         return outcome
 
     def close(self) -> None:
-        """Stop the password-check threads (waiting for none)."""
+        """Stop the password-check and JWKS fetching threads (waiting for none)."""
         self.hashing.close()
+        self.jwks.close()
 
 
 def certificate_username(credential: Credential, identity: CertificateIdentity) -> str | None:

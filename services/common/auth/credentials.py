@@ -247,6 +247,7 @@ def public_view(credential: Credential) -> dict[str, Any]:
             "username_claim": settings.username_claim,
             "leeway_seconds": settings.leeway_seconds,
             "max_age_seconds": settings.max_age_seconds,
+            "jwks_url": settings.jwks_url,
         }
     for stamp in ("created_at", "updated_at"):
         value = getattr(credential, stamp)

@@ -1,13 +1,14 @@
 """JWT credentials: the Password field of CONNECT carries a JSON Web Token (RFC 7519),
 verified with PyJWT against the keys a JWT credential holds.
 
-A JWT credential stands for one token issuer: its verification key (an HMAC secret, or an
-RSA / EC / Ed25519 public key in PEM), the algorithms it signs with, and optionally the
-audience (``aud``) and issuer (``iss``) its tokens must name. ``exp`` is required and, with
-``nbf``, checked against the clock (with :attr:`JwtSettings.leeway_seconds`). The claims
-named by ``client_id_claim`` must equal the CONNECT's Client Identifier; the claim named by
-``username_claim`` (default ``sub``) is the client's User Name, which a CONNECT User Name
-must not contradict (:mod:`.authenticate`).
+A JWT credential stands for one token issuer: its verification key (an HMAC secret, an
+RSA / EC / Ed25519 public key in PEM, or the HTTPS URL of a JSON Web Key Set, RFC 7517 5,
+whose keys :mod:`.jwks` fetches and picks by the token's ``kid``), the algorithms it signs
+with, and optionally the audience (``aud``) and issuer (``iss``) its tokens must name.
+``exp`` is required and, with ``nbf``, checked against the clock (with
+:attr:`JwtSettings.leeway_seconds`). The claims named by ``client_id_claim`` must equal the
+CONNECT's Client Identifier; the claim named by ``username_claim`` (default ``sub``) is the
+client's User Name, which a CONNECT User Name must not contradict (:mod:`.authenticate`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import jwt
 
@@ -44,6 +46,11 @@ class TokenError(ValueError):
     wrong audience or issuer, or a required claim missing. The message says which."""
 
 
+class JwksUnavailable(Exception):
+    """A JWT credential's JSON Web Key Set could not be fetched (network, TLS, HTTP status,
+    not a key set). The message says why; it never holds a token."""
+
+
 class NotThisIssuer(TokenError):
     """The token is not signed with this credential's key or algorithms: another JWT
     credential may verify it."""
@@ -63,7 +70,9 @@ class JwtSettings:
     without it has no User Name; named: a token without it is refused).
     ``leeway_seconds``: clock skew allowed on ``exp``, ``nbf`` and ``iat``.
     ``max_age_seconds``: tokens must carry ``iat`` (issued at, RFC 7519 4.1.6) no older
-    than this (None: not checked).
+    than this (None: not checked). ``jwks_url``: instead of a ``key`` (then empty), the
+    ``https://`` URL of the issuer's JSON Web Key Set (RFC 7517 5); public-key algorithms
+    only.
     """
 
     algorithms: tuple[str, ...]
@@ -74,6 +83,7 @@ class JwtSettings:
     username_claim: str | None = None
     leeway_seconds: int = 0
     max_age_seconds: int | None = None
+    jwks_url: str | None = None
 
     @property
     def hmac(self) -> bool:
@@ -83,9 +93,10 @@ class JwtSettings:
 
 def check_settings(settings: JwtSettings) -> None:
     """Raise ``ValueError`` naming the problem if ``settings`` cannot verify tokens: no or
-    unknown algorithms, HMAC and public-key algorithms mixed, an empty key, an HMAC secret
-    shorter than :data:`MIN_HMAC_SECRET_BYTES`, a maximum age below 1 second, or a key that
-    PyJWT cannot load for the algorithms."""
+    unknown algorithms, HMAC and public-key algorithms mixed, neither or both of a key and a
+    JWKS URL, a JWKS URL that is not ``https://`` with a host or that comes with HMAC
+    algorithms, an HMAC secret shorter than :data:`MIN_HMAC_SECRET_BYTES`, a maximum age
+    below 1 second, or a key that PyJWT cannot load for the algorithms."""
     algorithms = set(settings.algorithms)
     if not algorithms:
         raise ValueError("a JWT credential needs at least one algorithm")
@@ -94,8 +105,14 @@ def check_settings(settings: JwtSettings) -> None:
         raise ValueError(f"unknown JWT algorithms: {', '.join(sorted(unknown))}")
     if algorithms & HMAC_ALGORITHMS and algorithms & PUBLIC_KEY_ALGORITHMS:
         raise ValueError("JWT algorithms mix HMAC (HS*) and public-key ones")
-    if not settings.key:
-        raise ValueError("a JWT credential needs a key")
+    if settings.jwks_url is not None:
+        if settings.key:
+            raise ValueError("a JWT credential has a key or a JWKS URL, not both")
+        check_jwks_url(settings.jwks_url)
+        if settings.hmac:
+            raise ValueError("a JWKS URL serves public keys: HMAC (HS*) algorithms do not apply")
+    elif not settings.key:
+        raise ValueError("a JWT credential needs a key or a JWKS URL")
     if settings.hmac and len(settings.key.encode("utf-8")) < MIN_HMAC_SECRET_BYTES:
         raise ValueError(
             f"a JWT HMAC secret has at least {MIN_HMAC_SECRET_BYTES} bytes (RFC 7518 3.2), "
@@ -105,7 +122,7 @@ def check_settings(settings: JwtSettings) -> None:
         raise ValueError("JWT leeway must be >= 0 seconds")
     if settings.max_age_seconds is not None and settings.max_age_seconds < 1:
         raise ValueError("a JWT maximum token age is at least 1 second")
-    for name in algorithms:
+    for name in algorithms if settings.jwks_url is None else ():
         algorithm = jwt.get_algorithm_by_name(name)
         try:
             algorithm.prepare_key(settings.key)
@@ -113,13 +130,33 @@ def check_settings(settings: JwtSettings) -> None:
             raise ValueError(f"the JWT key does not suit {name}: {exc}") from None
 
 
+def check_jwks_url(url: str) -> None:
+    """Raise ``ValueError`` unless ``url`` is an ``https://`` URL with a host and no user
+    information: keys fetched over plain HTTP could be anyone's, and a password in the URL
+    would be shown wherever the credential is."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ValueError(f"the JWKS URL is not a URL: {exc}") from None
+    if parts.scheme.lower() != "https":
+        raise ValueError("a JWKS URL must be https:// (keys over plain HTTP could be anyone's)")
+    if not parts.hostname:
+        raise ValueError("the JWKS URL has no host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the JWKS URL must not hold a user name or password")
+
+
 def looks_like_token(password: bytes) -> bool:
     """Whether ``password`` has a compact JWS's shape (three base64url parts)."""
     return len(password) <= MAX_TOKEN_BYTES and _SHAPE.match(password) is not None
 
 
-def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
-    """The claims of ``token`` if it verifies with ``settings`` at the current time.
+def verify_token(
+    token: bytes, settings: JwtSettings, key: jwt.PyJWK | None = None
+) -> dict[str, Any]:
+    """The claims of ``token`` if it verifies with ``settings`` at the current time, with
+    ``key`` (the key its ``kid`` names in the credential's JWKS) when given, else with
+    ``settings.key``.
 
     Raises :class:`NotThisIssuer` when the signature or algorithm is not this credential's
     (checked first), else :class:`TokenError` naming the reason (never the token itself).
@@ -127,7 +164,7 @@ def verify_token(token: bytes, settings: JwtSettings) -> dict[str, Any]:
     try:
         claims: dict[str, Any] = jwt.decode(
             token.decode("ascii"),
-            settings.key,
+            settings.key if key is None else key,
             algorithms=list(settings.algorithms),
             audience=settings.audience,
             issuer=settings.issuer,

@@ -113,6 +113,7 @@ def _details(credential: Credential) -> dict[str, Any]:
             "username_claim": settings.username_claim,
             "leeway_seconds": settings.leeway_seconds,
             "max_age_seconds": settings.max_age_seconds,
+            "jwks_url": settings.jwks_url,
         }
     if credential.scram:
         details["scram"] = [
@@ -147,6 +148,7 @@ def _credential(row: dict[str, Any]) -> Credential:
             j.get("username_claim"),
             int(j.get("leeway_seconds", 0)),
             j.get("max_age_seconds"),
+            j.get("jwks_url"),
         )
     scram = tuple(
         ScramSecret(
