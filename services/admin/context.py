@@ -1,0 +1,92 @@
+"""What the admin API's routers share: the :class:`AdminContext` their handlers use (on
+``app.state.context``, set by :func:`services.admin.api.create_app`), reading the state
+topics up to now, auditing a change, paging parameters and common error responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from aiokafka.errors import KafkaError
+from fastapi import HTTPException, Query, Request
+
+from services.admin import models
+from services.admin.cluster import StatsSampler
+from services.admin.commands import CommandWriter
+from services.admin.state import ClientState
+from services.admin.users import AdminUsers
+from services.common.auth.manage import CredentialAdmin
+from services.common.settings import Settings
+from services.common.stores.base import MessageStore
+from services.common.web import Readiness
+
+log = logging.getLogger(__name__)
+
+#: Seconds a read waits for the state topics to be applied up to date.
+SYNC_SECONDS = 2.0
+
+
+@dataclass
+class AdminContext:
+    """What the API's handlers use."""
+
+    settings: Settings
+    state: ClientState
+    sampler: StatsSampler
+    users: AdminUsers
+    writer: CommandWriter
+    store: MessageStore
+    readiness: Readiness
+    credentials: CredentialAdmin
+
+
+def context_of(request: Request) -> AdminContext:
+    """The :class:`AdminContext` of the application serving ``request``."""
+    context: AdminContext = request.app.state.context
+    return context
+
+
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": models.Problem, "description": "Kafka or PostgreSQL did not answer."}
+}
+"""The OpenAPI response of a change Kafka or PostgreSQL did not take."""
+
+Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")]
+Limit = Annotated[int, Query(ge=1, le=500, description="Items to return.")]
+
+
+async def synced(context: AdminContext) -> None:
+    """Apply the state topics up to now, if Kafka answers within :data:`SYNC_SECONDS`
+    (else serve what is known)."""
+    try:
+        async with asyncio.timeout(SYNC_SECONDS):
+            await context.state.sync()
+    except Exception as exc:
+        log.info("serving state not synced with Kafka: %r", exc)
+
+
+async def audited(
+    context: AdminContext,
+    user: str,
+    action: str,
+    target: str,
+    detail: dict[str, Any],
+    change: Callable[[], Awaitable[models.Accepted]],
+) -> models.Accepted:
+    """Carry out ``change`` and audit it with the status it ends with (202 Accepted, an
+    :class:`HTTPException`'s status, 503 when Kafka did not answer); its errors go on."""
+    code = 202
+    try:
+        return await change()
+    except HTTPException as exc:
+        code = exc.status_code
+        raise
+    except KafkaError:
+        code = 503
+        raise
+    finally:
+        await context.users.audit(user, action, target, detail, code)
