@@ -201,14 +201,12 @@ async def measure_recovery(
         ]
         for pair, sub in zip(pairs, subs, strict=True):
             await sub.subscribe(pair.topic, qos=qos)
-        pubs = [await stack.enter_async_context(_client(host, port, p.publisher_id)) for p in pairs]
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(_receive(pair, sub)) for pair, sub in zip(pairs, subs, strict=True)
         ]
         tasks += [
-            asyncio.create_task(_publish(pair, pub, interval, qos, stop))
-            for pair, pub in zip(pairs, pubs, strict=True)
+            asyncio.create_task(_publish(host, port, pair, interval, qos, stop)) for pair in pairs
         ]
         try:
             await _wait(lambda: all(p.arrivals for p in pairs), timeout, "the probe flowing")
@@ -243,6 +241,10 @@ async def measure_recovery(
     return times
 
 
+RECONNECT_SECONDS = 0.2
+"""How long a probe publisher waits before it connects again (a broker still down refuses)."""
+
+
 def _seqs(pair: _Pair) -> set[int]:
     return {seq for seq, _ in pair.arrivals}
 
@@ -265,19 +267,26 @@ async def _wait(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 
 async def _publish(
-    pair: _Pair, client: _ProbeClient, interval: float, qos: int, stop: asyncio.Event
+    host: str, port: int, pair: _Pair, interval: float, qos: int, stop: asyncio.Event
 ) -> None:
+    """Publish ``pair``'s numbered messages every ``interval`` seconds until ``stop``, as a
+    real client does: a PUBLISH refused or unanswered counts as sent, not acknowledged; a
+    connection the broker closed (it closes rather than refuse a PUBLISH it could not
+    store) is opened again, every ``RECONNECT_SECONDS`` until the broker takes it."""
     seq = 0
     while not stop.is_set():
-        seq += 1
-        pair.sent_at[seq] = time.time()
-        client.last_reason = None
-        # Refused (Kafka down) or unanswered: counted as sent, not acknowledged.
-        with contextlib.suppress(aiomqtt.MqttError):
-            await client.publish(pair.topic, str(seq).encode(), qos=qos)
-        if client.accepted():
-            pair.acked.add(seq)
-        await asyncio.sleep(interval)
+        try:
+            async with _client(host, port, pair.publisher_id) as client:
+                while not stop.is_set():
+                    seq += 1
+                    pair.sent_at[seq] = time.time()
+                    client.last_reason = None
+                    await client.publish(pair.topic, str(seq).encode(), qos=qos)
+                    if client.accepted():
+                        pair.acked.add(seq)
+                    await asyncio.sleep(interval)
+        except aiomqtt.MqttError:
+            await asyncio.sleep(RECONNECT_SECONDS)
 
 
 async def _receive(pair: _Pair, client: aiomqtt.Client) -> None:

@@ -72,7 +72,7 @@ async def test_strict_subscribe_is_stored_changed_and_set_from_the_cli(
 ) -> None:
     name = _name("strict")
     added = await admin.add(
-        CredentialSpec(name, CredentialType.MQTT_BASIC, client_id=name, password=b"pw",
+        CredentialSpec(name, CredentialType.MQTT_BASIC, client_id=name, password=PW,
                        rules=["allow all #"], strict_subscribe=True)
     )  # fmt: skip
     assert (await admin.get(name)).strict_subscribe is True
@@ -340,7 +340,7 @@ def test_the_cli_shows_jwt_and_scram_credentials_without_their_keys(
     cheap = _name("scram")
     made = run_cormorant(
         "credentials", "add", cheap, "--type", "scram", "--username", cheap,
-        "--password", "pw", "--scram-iterations", "10000", "--json", env=env,
+        "--password", PW.decode(), "--scram-iterations", "10000", "--json", env=env,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert {s["iterations"] for s in json.loads(made.stdout)["scram"]} == {10_000}
