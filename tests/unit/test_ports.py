@@ -64,6 +64,9 @@ def _hold_a_free_blocks_port() -> tuple[dict[str, int], int, socket.socket]:
         first = ports.free_block((ports.SESSION,))
         taken = ports.listening_ports(ports.SESSION.settings(first))[0]
         holder = socket.socket()
+        # As the servers bind (and ports.bindable checks): a port whose old connections
+        # linger in TIME_WAIT is free.
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             holder.bind(("127.0.0.1", taken))
         except OSError:
