@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-import psycopg
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
+from services.admin.context import audited_store_change
 from services.admin.users import AdminUsers
 from services.common.auth.blocked import (
     MAX_REASON_BYTES,
@@ -33,7 +33,6 @@ from services.common.auth.blocked_store import (
     new_block,
 )
 from services.common.clock import now_ms
-from services.common.stores.base import StoreUnavailable
 
 router = APIRouter(prefix="/api/blocked", tags=["blocked clients"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -115,30 +114,11 @@ async def _audited(
     status: int,
 ) -> Block:
     """Carry out ``change``, answering its errors with 422, 404 or 409, and audit it with
-    the status it ends with."""
-    code = status
-    try:
-        return await change()
-    except BlockError as exc:
-        code = 422
-        raise HTTPException(422, str(exc)) from None
-    except (UnicodeEncodeError, psycopg.DataError) as exc:
-        code = 422
-        raise HTTPException(422, f"a value cannot be stored: {exc}") from None
-    except BlockNotFound as exc:
-        code = 404
-        raise HTTPException(404, str(exc)) from None
-    except BlockConflict as exc:
-        code = 409
-        raise HTTPException(409, str(exc)) from None
-    except StoreUnavailable:
-        code = 503
-        raise
-    except Exception:
-        code = 500
-        raise
-    finally:
-        await _users(request).audit(user, action, target, detail, code)
+    the status it ends with (:func:`~services.admin.context.audited_store_change`)."""
+    return await audited_store_change(
+        _users(request), user, action, target, detail, change, status,
+        ((BlockError, 422), (BlockNotFound, 404), (BlockConflict, 409)),
+    )  # fmt: skip
 
 
 @router.get("", response_model=BlockListView, responses={**ERRORS, **_UNAVAILABLE})

@@ -9,8 +9,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+import psycopg
 from aiokafka.errors import KafkaError
 from fastapi import HTTPException, Query, Request
 
@@ -21,7 +22,7 @@ from services.admin.state import ClientState
 from services.admin.users import AdminUsers
 from services.common.auth.manage import CredentialAdmin
 from services.common.settings import Settings
-from services.common.stores.base import MessageStore
+from services.common.stores.base import MessageStore, StoreUnavailable
 from services.common.web import Readiness
 
 log = logging.getLogger(__name__)
@@ -90,3 +91,41 @@ async def audited(
         raise
     finally:
         await context.users.audit(user, action, target, detail, code)
+
+
+T = TypeVar("T")
+
+
+async def audited_store_change(
+    users: AdminUsers,
+    user: str,
+    action: str,
+    target: str,
+    detail: dict[str, Any],
+    change: Callable[[], Awaitable[T]],
+    status: int,
+    answers: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...],
+) -> T:
+    """Carry out ``change`` on a PostgreSQL-backed store and audit it with the status it
+    ends with: ``status`` when it succeeds; an error listed in ``answers`` (exception
+    types → HTTP status) is answered with that status and its message; text PostgreSQL
+    cannot keep (a lone surrogate) with 422; :class:`StoreUnavailable` goes on as 503, any
+    other error as 500 (``detail`` never holds a secret)."""
+    code = status
+    try:
+        return await change()
+    except (UnicodeEncodeError, psycopg.DataError) as exc:
+        code = 422
+        raise HTTPException(422, f"a value cannot be stored: {exc}") from None
+    except StoreUnavailable:
+        code = 503
+        raise
+    except Exception as exc:
+        for kinds, answer in answers:
+            if isinstance(exc, kinds):
+                code = answer
+                raise HTTPException(answer, str(exc)) from None
+        code = 500
+        raise
+    finally:
+        await users.audit(user, action, target, detail, code)

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-import psycopg
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
+from services.admin.context import audited_store_change
 from services.admin.users import AdminUsers
 from services.common.auth.authorize import RuleError
 from services.common.auth.certificates import CertificateMatch
@@ -37,7 +37,6 @@ from services.common.auth.manage import (
 )
 from services.common.auth.store import CredentialConflict
 from services.common.records import ClientKind
-from services.common.stores.base import StoreUnavailable
 
 router = APIRouter(prefix="/api/credentials", tags=["credentials"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -133,30 +132,10 @@ async def _audited(
     """Carry out ``change`` on the credentials, answering its errors with 422 (not valid),
     404 or 409, and audit it with the status it ends with, ``status`` when it succeeds
     (``detail`` never holds a secret)."""
-    code = status
-    try:
-        return await change()
-    except (CredentialError, RuleError) as exc:
-        code = 422
-        raise HTTPException(422, str(exc)) from None
-    except (UnicodeEncodeError, psycopg.DataError) as exc:
-        # Text PostgreSQL cannot keep (a lone surrogate) that no check above named.
-        code = 422
-        raise HTTPException(422, f"a value cannot be stored: {exc}") from None
-    except CredentialNotFound as exc:
-        code = 404
-        raise HTTPException(404, str(exc)) from None
-    except CredentialConflict as exc:
-        code = 409
-        raise HTTPException(409, str(exc)) from None
-    except StoreUnavailable:
-        code = 503
-        raise
-    except Exception:
-        code = 500
-        raise
-    finally:
-        await _users(request).audit(user, action, target, detail, code)
+    return await audited_store_change(
+        _users(request), user, action, target, detail, change, status,
+        (((CredentialError, RuleError), 422), (CredentialNotFound, 404), (CredentialConflict, 409)),
+    )  # fmt: skip
 
 
 @router.get("", response_model=models.CredentialList, responses={**ERRORS, **_UNAVAILABLE})
