@@ -17,7 +17,8 @@ Session 1), reading CONNACK (refused: counted, the run fails), then DISCONNECT a
 the local HAProxy holds at most about 9,950 connections (its open-file limit), so the
 clients do not stay connected, and each broker pays a session's end besides its start.
 Figure: connects/s = clients / (last CONNACK - first connection attempt); CONNACK latency
-p50 / p99 from the connection attempt. Each Cormorant storm is preceded by a warm-up of
+p50 / p99 from the connection attempt; for Cormorant, each process's CPU ms per connect
+(user + system, psutil, over the storm). Each Cormorant storm is preceded by a warm-up of
 ``--concurrency`` clients (not counted); the nodes' verified-password memory plays no part
 (generated secrets do not use it), and the ingest nodes are not restarted between storms.
 
@@ -222,12 +223,12 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     settings = layout.current(LocalSettings())
     target = brokers.cormorant(settings=settings)
-    secrets = fleet(settings, args.clients)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     figures: dict[tuple[str, str], list[dict[str, Any]]] = {}
     scenarios = args.scenarios.split(",")
+    secrets = fleet(settings, args.clients) if "secrets" in scenarios else {}
     for number in range(args.rounds):
         order = ["cormorant", "mosquitto"] if number % 2 == 0 else ["mosquitto", "cormorant"]
         for scenario in scenarios:
@@ -241,7 +242,13 @@ def main() -> None:
                 if broker == "cormorant":
                     warm = [Client(f"warm-{tag}-{i}") for i in range(args.concurrency)]
                     asyncio.run(storm(target.host, target.port, warm, args.concurrency))
+                    before = brokers.cpu_seconds(target.processes)
                     result = asyncio.run(storm(target.host, target.port, clients, args.concurrency))
+                    after = brokers.cpu_seconds(target.processes)
+                    result["cpu_ms_per_connect"] = {
+                        name: round(1000 * (after[name] - before.get(name, 0.0)) / len(clients), 3)
+                        for name in after
+                    }
                 else:
                     with mosquitto_with(secrets if scenario == "secrets" else None) as mosq:
                         result = asyncio.run(storm(mosq.host, mosq.port, clients, args.concurrency))
