@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 sys.path.insert(0, str(Path.cwd()))  # the checkout being measured, not an installed copy
 
 from bench import brokers
@@ -61,7 +63,7 @@ from services.local.settings import LocalSettings
 
 RESULTS = Path("bench/results/reconnect_storm.jsonl")
 PREFIX = "storm-"
-CREATE_CONCURRENCY = 20
+CREATE_CONCURRENCY = 50
 """Credentials created at once (each is one INSERT, PostgreSQL commits them together)."""
 MOSQUITTO_CONF_EXTRA = "password_file {path}\n"
 
@@ -147,14 +149,15 @@ async def storm(host: str, port: int, clients: list[Client], concurrency: int) -
 
 
 async def _made(settings: LocalSettings, count: int) -> dict[str, str]:
-    """``count`` credentials with generated secrets (user name → secret), made now."""
-    admin = CredentialAdmin(CredentialStore(postgres.dsn(settings)))
+    """``count`` credentials with generated secrets (user name → secret), made now (the
+    earlier ones of the bench deleted first)."""
+    dsn = postgres.dsn(settings)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("DELETE FROM mqtt_credentials WHERE name LIKE %s", (PREFIX + "%",))
+    admin = CredentialAdmin(CredentialStore(dsn, pool_size=CREATE_CONCURRENCY))
     secrets: dict[str, str] = {}
     try:
         names = [f"{PREFIX}{i}" for i in range(count)]
-        for name in names:
-            with suppress(LookupError):
-                await admin.delete(name)
         for start in range(0, count, CREATE_CONCURRENCY):
             chunk = names[start : start + CREATE_CONCURRENCY]
             specs = [
