@@ -28,6 +28,11 @@ them); the Mosquitto is started by the bench (``bench/brokers.py``) for each sto
 Results: one JSON line per storm in ``bench/results/reconnect_storm.jsonl``, medians per
 broker and scenario printed with their ratios.
 
+``--hash-costs`` measures instead what one verification of each password scheme costs on
+one core (``services.common.auth.passwords.verify``: 5 passes of 20,000 HMAC-SHA-256 and of
+20 argon2id verifications; median CPU µs of this process per verification, so that other
+processes of a loaded machine count less), and exits.
+
 ``python bench/bench_reconnect_storm.py --clients 10000 --rounds 3``
 """
 
@@ -57,6 +62,7 @@ sys.path.insert(0, str(Path.cwd()))  # the checkout being measured, not an insta
 from bench import brokers
 from services.common.auth.credentials import CredentialType
 from services.common.auth.manage import CredentialAdmin, CredentialSpec
+from services.common.auth.passwords import generate_secret, hash_password, hash_secret, verify
 from services.common.auth.store import CredentialStore
 from services.local import layout, postgres
 from services.local.settings import LocalSettings
@@ -210,6 +216,24 @@ def mosquitto_with(secrets: dict[str, str] | None) -> Iterator[brokers.Target]:
             brokers.MOSQUITTO_CONF = original
 
 
+def hash_costs() -> dict[str, float]:
+    """Median µs per verification of a right password, per scheme (see the module)."""
+    secret = generate_secret().encode()
+    costs: dict[str, float] = {}
+    for scheme, encoded, count in (
+        ("hmac-sha256", hash_secret(secret), 20_000),
+        ("argon2id", hash_password(secret), 20),
+    ):
+        passes = []
+        for _ in range(5):
+            started = time.process_time()
+            for _ in range(count):
+                assert verify(encoded, secret)
+            passes.append((time.process_time() - started) / count * 1e6)
+        costs[scheme] = statistics.median(passes)
+    return costs
+
+
 def _load() -> float:
     return os.getloadavg()[0]
 
@@ -221,7 +245,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scenarios", default="anonymous,secrets")
+    parser.add_argument("--hash-costs", action="store_true")
     args = parser.parse_args()
+    if args.hash_costs:
+        load = _load()
+        costs = hash_costs()
+        print(json.dumps({"hash_costs_us": costs, "load_before": load, "load_after": _load()}))
+        return
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     settings = layout.current(LocalSettings())

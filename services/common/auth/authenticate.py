@@ -15,8 +15,8 @@ Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
    (:func:`~.certificates.match_certificate`);
 3. an MQTT_BASIC credential of the User Name (with this client id or none), else of the
    Client Identifier alone; its password, if it has one, must match. A generated secret
-   (HMAC-SHA-256, :mod:`.passwords`) is verified at once on the event loop (about a
-   microsecond, on whichever node the client reaches); a wrong one then also spends a
+   (HMAC-SHA-256, :mod:`.passwords`) is verified at once on the event loop (a few µs,
+   on whichever node the client reaches); a wrong one then also spends a
    dummy argon2id verification, as an unknown user name does, so that the time of a
    refusal tells neither whether the user name exists nor how its password is hashed.
    A chosen password (argon2id) is verified in a bounded thread pool; a password this

@@ -14,7 +14,7 @@ verifying.
 **HMAC-SHA-256** (:data:`PasswordScheme.HMAC_SHA256`), only for the 256-bit random
 secrets :func:`generate_secret` makes (``cormorant credentials add --generate-secret``):
 ``$hmac-sha256$<salt>$<HMAC-SHA-256(key=salt, message=secret)>``, a random 16-byte salt,
-both unpadded base64. A verification is about 1 µs, so it runs on the event loop and a
+both unpadded base64. A verification takes a few µs, so it runs on the event loop and a
 reconnect storm of such clients costs no argon2id at all. Why that is safe: a slow hash is
 there for the attacker who holds the stored hashes (a stolen database or backup) and
 guesses offline, and it only helps when the guesses can succeed, i.e. for passwords people
@@ -145,7 +145,7 @@ def _verify_secret(encoded: str, secret: bytes) -> bool:
 
 def verify(encoded: str, password: bytes) -> bool:
     """Whether ``password`` matches ``encoded``, by the scheme it names: argon2id (about
-    20 ms of CPU: call it off the event loop) or HMAC-SHA-256 (about 1 µs, compared in
+    20 ms of CPU: call it off the event loop) or HMAC-SHA-256 (a few µs, compared in
     constant time with :func:`hmac.compare_digest`). Never raises: a hash of no known
     scheme is logged (without the password) and verifies nothing."""
     scheme = scheme_of(encoded)
