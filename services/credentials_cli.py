@@ -4,7 +4,8 @@ MQTT clients connect with.
 A thin shell over :class:`services.common.auth.manage.CredentialAdmin` (the admin API calls
 the same): PostgreSQL is the one of the settings (``CORMORANT_POSTGRES_DSN`` and the
 PostgreSQL settings); every change reaches the ingest nodes within a second. ``--json``
-prints JSON for machines; secrets (passwords, HMAC keys, SCRAM keys) are never printed.
+prints JSON for machines; secrets (passwords, HMAC keys, SCRAM keys) are never printed,
+except the secret ``add --generate-secret`` makes, printed once, on standard output only.
 Errors exit with status 1 and one line saying what is wrong.
 """
 
@@ -150,8 +151,12 @@ def _jwt(options: dict[str, Any], current: JwtSettings | None = None) -> JwtSett
     )
 
 
-def _print(credential: Credential, as_json: bool) -> None:
+def _print(credential: Credential, as_json: bool, secret: str | None = None) -> None:
+    """Print ``credential`` without its secrets, and ``secret`` (a generated one, shown
+    this once) when given."""
     view = public_view(credential)
+    if secret is not None:
+        view["secret"] = secret
     if as_json:
         click.echo(json.dumps(view, indent=2))
         return
@@ -250,6 +255,13 @@ def credentials() -> None:
     is_flag=True,
     help="MQTT_BASIC: no password; the client is recognised by its --client-id alone.",
 )
+@click.option(
+    "--generate-secret",
+    is_flag=True,
+    help="MQTT_BASIC: generate a 256-bit random secret as the password, print it once "
+    "(keep it: it cannot be shown again) and store only its salted HMAC-SHA-256, which "
+    "verifies in microseconds at every CONNECT.",
+)
 @click.option("--scram-iterations", type=click.IntRange(4096, 10_000_000),
               help="SCRAM: PBKDF2 iterations (default 600,000 for SHA-256, 210,000 for "
               "SHA-512; each client connect pays them).")  # fmt: skip
@@ -262,17 +274,21 @@ def add(
     credential_type: str,
     disabled: bool,
     no_password: bool,
+    generate_secret: bool,
     scram_iterations: int | None,
     no_audience: bool,
     **options: Any,
 ) -> None:
     """Create credential NAME. Without --rule or --allow-all it may do nothing; an
     MQTT_BASIC credential needs a password (at least credential_password_min_length
-    characters, default 12) unless --no-password.
+    characters, default 12, hashed with argon2id) unless --no-password or
+    --generate-secret.
 
     \b
     cormorant credentials add sensor-1 --client-id sensor-1 --username sensor-1 \\
         --password-file - --rule 'allow publish sensors/${client_id}/#'
+    cormorant credentials add sensor-2 --client-id sensor-2 --username sensor-2 \\
+        --generate-secret --rule 'allow publish sensors/${client_id}/#'
     """
     spec = CredentialSpec(
         name=name,
@@ -296,6 +312,10 @@ def add(
         scram_iterations=scram_iterations,
         jwt_no_audience=no_audience,
     )
+    if generate_secret:
+        created, secret = _run(lambda admin: admin.add_generated(spec))
+        _print(created, options["as_json"], secret)
+        return
     _print(_run(lambda admin: admin.add(spec)), options["as_json"])
 
 

@@ -12,7 +12,7 @@ is audited, without its password or key.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
@@ -37,6 +37,8 @@ from services.common.auth.manage import (
 )
 from services.common.auth.store import CredentialConflict
 from services.common.records import ClientKind
+
+T = TypeVar("T")
 
 router = APIRouter(prefix="/api/credentials", tags=["credentials"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -126,9 +128,9 @@ async def _audited(
     action: str,
     target: str,
     detail: dict[str, Any],
-    change: Callable[[], Awaitable[Credential]],
+    change: Callable[[], Awaitable[T]],
     status: int = 200,
-) -> Credential:
+) -> T:
     """Carry out ``change`` on the credentials, answering its errors with 422 (not valid),
     404 or 409, and audit it with the status it ends with, ``status`` when it succeeds
     (``detail`` never holds a secret)."""
@@ -177,11 +179,19 @@ async def add_credential(
         jwt_no_audience=body.jwt.no_audience if body.jwt is not None else False,
     )
     detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules),
-              "allow_all": body.allow_all}  # fmt: skip
-    created = await _audited(
-        request, user, "add-credential", body.name, detail, lambda: _admin(request).add(spec), 201
+              "allow_all": body.allow_all, "generate_secret": body.generate_secret}  # fmt: skip
+    admin = _admin(request)
+    if body.generate_secret:
+        created, secret = await _audited(
+            request, user, "add-credential", body.name, detail,
+            lambda: admin.add_generated(spec), 201,
+        )  # fmt: skip
+        return view(created).model_copy(update={"secret": secret})
+    return view(
+        await _audited(
+            request, user, "add-credential", body.name, detail, lambda: admin.add(spec), 201
+        )
     )
-    return view(created)
 
 
 @router.get(

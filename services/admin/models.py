@@ -298,8 +298,11 @@ class NewCredential(BaseModel):
     ``password`` unless ``no_password`` (then it is recognised by its ``client_id`` alone);
     SCRAM: ``username`` and ``password``; X509: ``certificate``; JWT: ``jwt``. Passwords
     have at least ``credential_password_min_length`` characters (default 12) and are stored
-    as argon2id hashes (SCRAM: salted keys), never as given. Without ``rules`` the
-    credential may do nothing; ``allow_all`` adds ``allow all #`` after them.
+    as argon2id hashes (SCRAM: salted keys), never as given. MQTT_BASIC with
+    ``generate_secret`` (no ``password``): the server generates a 256-bit secret, answers
+    it once in ``secret`` and stores its salted HMAC-SHA-256 only (fast to verify at every
+    CONNECT). Without ``rules`` the credential may do nothing; ``allow_all`` adds
+    ``allow all #`` after them.
     ``strict_subscribe``: refuse a SUBSCRIBE overlapping a denied subtree instead of
     withholding the denied topics at delivery."""
 
@@ -323,6 +326,7 @@ class NewCredential(BaseModel):
     jwt: JwtBody | None = None
     allow_all: bool = False
     no_password: bool = False
+    generate_secret: bool = False
 
 
 class CredentialChangesBody(BaseModel):
@@ -359,6 +363,14 @@ class CredentialView(BaseModel):
     client_id: str | None = None
     username: str | None = None
     password: Literal["set", "none"] | None = None
+    password_scheme: Literal["argon2id", "hmac-sha256"] | None = Field(
+        None, description="MQTT_BASIC: how the password is hashed (none: no password)."
+    )
+    secret: str | None = Field(
+        None,
+        description="Only in the answer to a creation with generate_secret: the secret, "
+        "shown this once.",
+    )
     certificate: CertificateBody | None = None
     jwt: JwtBody | None = None
     scram: list[dict[str, Any]] | None = Field(

@@ -332,6 +332,18 @@ def test_a_credential_made_through_the_api_connects_and_its_rules_apply(
     assert api.call("POST", "/api/credentials", json=bad_rule).status_code == 422
     listed = api.get("/api/credentials", type="MQTT_BASIC")["credentials"]
     assert name in [c["name"] for c in listed]
+    # A generated secret: answered once, stored as a salted HMAC-SHA-256.
+    device = unique("api-dev")
+    generated = api.call("POST", "/api/credentials", json={
+        "name": device, "type": "MQTT_BASIC", "username": device, "generate_secret": True,
+    })  # fmt: skip
+    assert generated.status_code == 201, generated.text
+    secret = generated.json()["secret"]
+    assert len(secret) == 43 and generated.json()["password_scheme"] == "hmac-sha256"
+    shown = api.call("GET", f"/api/credentials/{device}")
+    assert shown.json()["secret"] is None and secret not in shown.text
+    wait_until(lambda: refused_with(cluster.mqtt_port, device, secret) == 0, "secret accepted")
+    assert refused_with(cluster.mqtt_port, device, secret[:-2]) == 0x86
 
     # The ingest nodes hear of it within a second: connect with it through HAProxy.
     clients: list[PahoClient] = []

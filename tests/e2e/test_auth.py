@@ -138,6 +138,23 @@ async def test_a_basic_credential_connects_with_every_client_and_wrong_ones_are_
         assert sock.read_until_closed() == b""  # malformed: closed, no CONNACK (MQTT 4.8)
 
 
+async def test_a_generated_secret_connects_on_every_node_and_a_wrong_one_is_refused(
+    cluster: LocalCluster, admin: CredentialAdmin
+) -> None:
+    name = unique("fleet")
+    credential, secret = await admin.add_generated(
+        CredentialSpec(name, CredentialType.MQTT_BASIC, username=name, client_id=name,
+                       rules=["allow all #"])
+    )  # fmt: skip
+    node1, node2 = cluster.node_ports
+    for port in (node1, node2, cluster.mqtt_port):  # a reconnect to another node, HAProxy
+        client = paho(port, credential, secret)
+        assert client.connect().value == 0
+        client.close()
+    assert paho(node2, credential, secret[:-1] + "A").connect().value == 0x86
+    assert _raw_connack(node1, name, name.encode(), secret.upper().encode()) == 4
+
+
 async def test_a_disabled_credential_is_banned_and_a_client_id_credential_needs_no_password(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import pytest_asyncio
 from cryptography.hazmat.primitives import serialization
@@ -311,6 +312,41 @@ def test_the_cli_manages_credentials_and_never_prints_secrets(
     assert gone.stdout.startswith(f"deleted {name} (")
     everything = added.stdout + listed.stdout + table.stdout + shown.stdout + updated.stdout
     assert "never-shown-s3cret" not in everything and "argon2" not in everything
+
+
+async def test_the_cli_generates_a_secret_prints_it_once_and_stores_its_scheme(
+    postgres_server: str,
+) -> None:
+    env = _env(postgres_server)
+    name = _name("gen")
+    added = run_cormorant("credentials", "add", name, "--username", name, "--generate-secret",
+                          "--allow-all", "--json", env=env)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    view = json.loads(added.stdout)
+    secret = view["secret"]
+    assert len(secret) == 43 and view["password_scheme"] == "hmac-sha256"
+    shown = run_cormorant("credentials", "show", name, env=env)
+    assert "password_scheme: hmac-sha256" in shown.stdout and secret not in shown.stdout
+    assert secret not in added.stderr + shown.stderr
+    store = CredentialStore(postgres_server)
+    try:
+        auth = Authenticator(CredentialCache(store))
+        accepted = await auth.authenticate(AuthRequest("c", name, secret.encode()))
+        assert isinstance(accepted, Accepted)
+        refused = await auth.authenticate(AuthRequest("c", name, secret[1:].encode()))
+        assert isinstance(refused, Refused)
+    finally:
+        await store.close()
+    async with await psycopg.AsyncConnection.connect(postgres_server) as conn:  # the column says it
+        row = await (
+            await conn.execute(
+                "SELECT password_scheme FROM mqtt_credentials WHERE name = %s", (name,)
+            )
+        ).fetchone()
+    assert row == ("hmac-sha256",)
+    both = run_cormorant("credentials", "add", _name("g"), "--username", "u2", "--generate-secret",
+                         "--password", PW.decode(), env=env)  # fmt: skip
+    assert both.returncode == 1 and "replaces --password" in both.stderr
 
 
 def test_the_cli_shows_jwt_and_scram_credentials_without_their_keys(

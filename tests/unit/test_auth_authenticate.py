@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jwt
 import pytest
@@ -21,7 +21,7 @@ from services.common.auth.authorize import parse_rules
 from services.common.auth.certificates import CertificateIdentity, CertificateMatch
 from services.common.auth.credentials import Credential, CredentialType
 from services.common.auth.jwt_auth import JwtSettings
-from services.common.auth.passwords import hash_password
+from services.common.auth.passwords import generate_secret, hash_password, hash_secret
 from services.common.auth.principal import Accepted, AuthRequest, Challenge, Outcome, Refused
 from services.common.auth.scram import MECHANISMS, derive_secret
 from services.common.mqtt.reason_codes import ReasonCode
@@ -108,6 +108,30 @@ async def test_a_user_name_and_password_authenticate_with_the_credentials_kind_a
     assert isinstance(loose, Accepted) and loose.principal.credential_name == "loose"
     by_id = await auth.authenticate(AuthRequest("legacy-1"))
     assert isinstance(by_id, Accepted) and by_id.principal.kind is ClientKind.DEVICE
+
+
+async def test_a_generated_secret_is_checked_on_the_loop_and_a_wrong_one_costs_the_dummy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = generate_secret().encode()
+    device = credential("fleet-1", username="fleet-1", password_hash=hash_secret(secret))
+    auth = Authenticator(Memory(device))
+    hashed: list[str] = []
+    run = auth.hashing.run
+
+    async def counted(address: str | None, check: Callable[[], bool]) -> bool:
+        hashed.append(str(address))
+        return await run(address, check)
+
+    monkeypatch.setattr(auth.hashing, "run", counted)
+    accepted = await auth.authenticate(AuthRequest("c", "fleet-1", secret, address="a"))
+    assert isinstance(accepted, Accepted) and accepted.principal.credential_id == device.id
+    assert hashed == []  # no argon2id, no thread pool
+    assert (
+        code(await auth.authenticate(AuthRequest("c", "fleet-1", secret[:-1], address="b"))) == 0x86
+    )
+    assert hashed == ["b"]  # a refusal takes as long as an unknown user name's
+    assert len(auth.verified) == 0  # nothing remembered: nothing to gain
 
 
 async def test_a_disabled_credential_is_banned_only_to_who_proves_it() -> None:

@@ -5,6 +5,8 @@ real certificates (tests/pki.py)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hmac
 import ssl
 import time
 import uuid
@@ -30,6 +32,7 @@ from services.common.auth.credentials import (
     CredentialError,
     CredentialType,
     check_credential,
+    public_view,
 )
 from services.common.auth.jwt_auth import (
     JwtSettings,
@@ -40,7 +43,12 @@ from services.common.auth.jwt_auth import (
     verify_token,
 )
 from services.common.auth.passwords import (
+    PasswordScheme,
+    generate_secret,
     hash_password,
+    hash_secret,
+    scheme_of,
+    verify,
     verify_against_dummy,
     verify_password,
 )
@@ -66,6 +74,38 @@ def test_a_password_is_stored_as_an_argon2id_hash_only() -> None:
     assert not verify_password(encoded, password[:-1])
     assert not verify_password("not a hash", password)  # logged, never raised
     assert not verify_against_dummy(password)
+
+
+def test_a_generated_secret_is_256_random_bits_kept_as_a_salted_hmac_sha256() -> None:
+    secret = generate_secret()
+    assert len(base64.urlsafe_b64decode(secret + "=")) == 32 and secret != generate_secret()
+    encoded = hash_secret(secret.encode())
+    assert scheme_of(encoded) is PasswordScheme.HMAC_SHA256
+    assert scheme_of(hash_password(b"x" * 12)) is PasswordScheme.ARGON2ID
+    assert scheme_of("$2b$12$bcrypt") is None and scheme_of("plain") is None
+    _, name, salt, digest = encoded.split("$")
+    assert name == "hmac-sha256" and secret not in encoded
+    # an independent computation: HMAC-SHA-256 keyed by the 16-byte salt
+    raw_salt = base64.b64decode(salt + "==")
+    assert len(raw_salt) == 16
+    assert base64.b64decode(digest + "=") == hmac.new(raw_salt, secret.encode(), "sha256").digest()
+    assert hash_secret(secret.encode()) != encoded  # a new salt each time
+    assert verify(encoded, secret.encode())
+    assert not verify(encoded, secret[:-1].encode())
+    assert not verify(encoded, b"")
+    assert not verify("$hmac-sha256$!!$??", secret.encode())  # logged, never raised
+    assert verify(hash_password(b"chosen-password"), b"chosen-password")  # argon2id too
+
+
+def test_an_mqtt_basic_credential_says_its_scheme_and_refuses_an_unknown_one() -> None:
+    made = Credential(uuid.uuid4(), "dev", CredentialType.MQTT_BASIC, username="dev",
+                      password_hash=hash_secret(b"s"))  # fmt: skip
+    check_credential(made)
+    assert made.password_scheme is PasswordScheme.HMAC_SHA256
+    assert public_view(made)["password_scheme"] == "hmac-sha256"
+    assert "hmac-sha256$" not in str(public_view(made))  # the hash itself is never shown
+    with pytest.raises(CredentialError, match="no known scheme"):
+        check_credential(dataclasses.replace(made, password_hash="$md5$x$y"))
 
 
 # ---------------------------------------------------------------------- SCRAM
@@ -320,7 +360,7 @@ _CLIENT_ID_RULE = parse_rules(["allow all devices/${client_id}/#"])
 @pytest.mark.parametrize(
     ("fields", "error"),
     [
-        ({"type": CredentialType.MQTT_BASIC, "username": "u", "password_hash": "h"},
+        ({"type": CredentialType.MQTT_BASIC, "username": "u", "password_hash": "$argon2id$h"},
          "--client-id"),
         ({"type": CredentialType.JWT, "jwt": JwtSettings(("HS256",), "k" * 32)},
          "--jwt-client-id-claim"),

@@ -14,10 +14,13 @@ Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
    and WSS listeners) that an X509 credential matches
    (:func:`~.certificates.match_certificate`);
 3. an MQTT_BASIC credential of the User Name (with this client id or none), else of the
-   Client Identifier alone; its password, if it has one, must match (argon2id, in a
-   bounded thread pool; an unknown user name is checked against a dummy hash, so the time
-   of the answer does not tell whether it exists). A password this node verified lately
-   for the credential's current hash is matched from memory instead
+   Client Identifier alone; its password, if it has one, must match. A generated secret
+   (HMAC-SHA-256, :mod:`.passwords`) is verified at once on the event loop (a few µs,
+   on whichever node the client reaches); a wrong one then also spends a
+   dummy argon2id verification, as an unknown user name does, so that the time of a
+   refusal tells neither whether the user name exists nor how its password is hashed.
+   A chosen password (argon2id) is verified in a bounded thread pool; a password this
+   node verified lately for the credential's current hash is matched from memory instead
    (:mod:`.verified`), and CONNECTs that present the same credential and password while
    it is being verified wait for that one verification;
 4. a Password that is a JWT one of the JWT credentials verifies (a credential naming a
@@ -71,7 +74,12 @@ from services.common.auth.jwt_auth import (
     looks_like_token,
     verify_token,
 )
-from services.common.auth.passwords import verify_against_dummy, verify_password
+from services.common.auth.passwords import (
+    PasswordScheme,
+    verify,
+    verify_against_dummy,
+    verify_password,
+)
 from services.common.auth.principal import (
     Accepted,
     AuthRequest,
@@ -279,11 +287,20 @@ class Authenticator:
     async def _password_matches(
         self, credential: Credential, password: bytes, address: str | None
     ) -> bool:
-        """Whether ``password`` is ``credential``'s: from :attr:`verified` when this node
-        verified it lately for the credential's current hash, else by argon2id (shared
-        with the CONNECTs presenting the same pair meanwhile). Raises
+        """Whether ``password`` is ``credential``'s: a generated secret's HMAC-SHA-256 at
+        once (a mismatch spends a dummy argon2id in the pool, see the module); a chosen
+        password from :attr:`verified` when this node verified it lately for the
+        credential's current hash, else by argon2id (shared with the CONNECTs presenting
+        the same pair meanwhile). Raises
         :class:`~.throttle.PoolBusy` or :class:`~.throttle.SourceBusy`."""
         encoded = credential.password_hash or ""
+        if credential.password_scheme is PasswordScheme.HMAC_SHA256:
+            if verify(encoded, password):
+                return True
+            await self._hashed(
+                lambda _hash, given: verify_against_dummy(given), None, password, address
+            )
+            return False
         digest = self.verified.digest(encoded, password)
         if self.verified.matches(credential.id, digest):
             return True

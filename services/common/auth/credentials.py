@@ -6,7 +6,8 @@ APPLICATION: the delivery path of its sessions) and its authorization rules
 (:mod:`.authorize`). What identifies the client depends on the type:
 
 - ``MQTT_BASIC``: a Client Identifier and/or a User Name (at least one), and optionally a
-  password (its argon2id hash only: :mod:`.passwords`);
+  password (its hash only, argon2id for a chosen password, HMAC-SHA-256 for a generated
+  secret: :mod:`.passwords`);
 - ``X509``: a verified TLS client certificate (:class:`~.certificates.CertificateMatch`:
   fingerprint, or CN / SAN pattern);
 - ``JWT``: a token issuer whose tokens come in the Password field (:mod:`.jwt_auth`);
@@ -29,6 +30,7 @@ from typing import Any
 from services.common.auth.authorize import CLIENT_ID, Rule
 from services.common.auth.certificates import CertificateMatch, parse_san_pattern
 from services.common.auth.jwt_auth import JwtSettings, check_settings
+from services.common.auth.passwords import PasswordScheme, scheme_of
 from services.common.auth.scram import ScramSecret
 from services.common.records import ClientKind
 
@@ -80,6 +82,12 @@ class Credential:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     revision: int = 0
+
+    @property
+    def password_scheme(self) -> PasswordScheme | None:
+        """How :attr:`password_hash` was made (None: no password, or a hash of no known
+        scheme, which :func:`check_credential` refuses)."""
+        return None if self.password_hash is None else scheme_of(self.password_hash)
 
     def scram_secret(self, mechanism: str) -> ScramSecret | None:
         """The SCRAM secret for ``mechanism`` (``SCRAM-SHA-256`` / ``SCRAM-SHA-512``), if any."""
@@ -181,6 +189,8 @@ def check_credential(credential: Credential) -> None:
     if kind is CredentialType.MQTT_BASIC:
         if credential.client_id is None and credential.username is None:
             raise CredentialError("an MQTT_BASIC credential needs a client id or a user name")
+        if credential.password_hash is not None and credential.password_scheme is None:
+            raise CredentialError("the password hash is of no known scheme")
         if credential.password_hash is None and credential.client_id is None:
             raise CredentialError(
                 "an MQTT_BASIC credential without a password authenticates its client by "
@@ -220,6 +230,8 @@ def public_view(credential: Credential) -> dict[str, Any]:
         view["client_id"] = credential.client_id
         view["username"] = credential.username
         view["password"] = "set" if credential.password_hash is not None else "none"
+        scheme = credential.password_scheme
+        view["password_scheme"] = None if scheme is None else scheme.value
     elif credential.type is CredentialType.SCRAM:
         view["username"] = credential.username
         view["scram"] = [

@@ -2,6 +2,8 @@
 
 :class:`CredentialAdmin` validates what it is given (:func:`~.credentials.check_credential`,
 the rules' syntax), hashes passwords (argon2id) and derives SCRAM secrets off the event loop,
+generates device secrets (:meth:`CredentialAdmin.add_generated`: HMAC-SHA-256, see
+:mod:`.passwords`),
 and stores the result; every change reaches the ingest nodes through the store's
 notifications within a second. A credential is named by its name or its id (a UUID) in
 every call (``ref``).
@@ -32,7 +34,9 @@ from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.passwords import (
     MAX_PASSWORD_BYTES,
     MIN_PASSWORD_LENGTH,
+    generate_secret,
     hash_password,
+    hash_secret,
     password_length,
 )
 from services.common.auth.scram import (
@@ -169,6 +173,13 @@ class CredentialAdmin:
         a password and without ``no_password`` (or with both), a password too short, and
         whatever :func:`~.credentials.check_credential` refuses.
         """
+        credential = await self._built(spec)
+        check_credential(credential)
+        return await self.store.insert(credential)
+
+    async def _built(self, spec: CredentialSpec) -> Credential:
+        """The credential ``spec`` describes, its password hashed (argon2id), not checked
+        by :func:`~.credentials.check_credential` yet."""
         password_hash: str | None = None
         scram: tuple[ScramSecret, ...] = ()
         if spec.no_password and spec.password is not None:
@@ -196,7 +207,7 @@ class CredentialAdmin:
                 "a public-key JWT credential needs an audience (--jwt-audience): its issuer "
                 "signs tokens for other services too; --no-audience to accept any"
             )
-        credential = Credential(
+        return Credential(
             id=uuid.uuid4(),
             name=spec.name,
             type=spec.type,
@@ -211,8 +222,26 @@ class CredentialAdmin:
             jwt=spec.jwt,
             scram=scram,
         )
+
+    async def add_generated(self, spec: CredentialSpec) -> tuple[Credential, str]:
+        """Create an MQTT_BASIC credential from ``spec`` with a new generated secret as its
+        password (:func:`~.passwords.generate_secret`, stored as its salted HMAC-SHA-256
+        only); returns the credential as stored and the secret, which the caller shows once
+        and never logs (it cannot be recovered). Raises
+        :class:`~.credentials.CredentialError` when ``spec`` is not MQTT_BASIC or gives a
+        password or ``no_password``, and whatever :meth:`add` raises."""
+        if spec.type is not CredentialType.MQTT_BASIC:
+            raise CredentialError("only an MQTT_BASIC credential gets a generated secret")
+        if spec.password is not None or spec.no_password:
+            raise CredentialError("a generated secret replaces --password and --no-password")
+        secret = generate_secret()
+        password_hash = hash_secret(secret.encode("ascii"))
+        credential = dataclasses.replace(
+            await self._built(dataclasses.replace(spec, no_password=True)),
+            password_hash=password_hash,
+        )
         check_credential(credential)
-        return await self.store.insert(credential)
+        return await self.store.insert(credential), secret
 
     async def list(self, credential_type: CredentialType | None = None) -> list[Credential]:
         """Every credential (of one type, if given), by name."""

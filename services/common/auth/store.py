@@ -1,5 +1,6 @@
-"""Credentials in PostgreSQL (table ``mqtt_credentials``, migration
-``services/common/stores/migrations/0002_credentials.sql``), and their change notifications.
+"""Credentials in PostgreSQL (table ``mqtt_credentials``, migrations
+``services/common/stores/migrations/0002_credentials.sql`` and ``0030_password_scheme.sql``),
+and their change notifications.
 
 Every insert, update and delete of a credential is announced, once committed, on the
 PostgreSQL channel :data:`CHANNEL` by a trigger (so plain SQL changes are announced too):
@@ -182,6 +183,7 @@ def _credential(row: dict[str, Any]) -> Credential:
 
 def _values(credential: Credential) -> dict[str, Any]:
     certificate = credential.certificate
+    scheme = credential.password_scheme
     return {
         "id": credential.id,
         "name": credential.name,
@@ -193,6 +195,7 @@ def _values(credential: Credential) -> dict[str, Any]:
         "fingerprint": None if certificate is None else certificate.fingerprint,
         "rules": json.dumps([rule.to_json() for rule in credential.rules]),
         "details": json.dumps(_details(credential)),
+        "password_scheme": None if scheme is None else scheme.value,
     }
 
 
