@@ -36,7 +36,7 @@ from cormorant_infra.config import ServiceSize, StackConfig
 from cormorant_infra.database import Database
 from cormorant_infra.ingress import Ingress
 from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka
-from cormorant_infra.network import Network, ingest_target_ports
+from cormorant_infra.network import Network, ingest_listeners
 
 HEALTH_CHECK = "python -m services.common.probe /health"
 """The container health check, as the Dockerfile's HEALTHCHECK: a GET of the service's own
@@ -219,8 +219,8 @@ class Compute(pulumi.ComponentResource):
         config = self._config
         spec.tier = "ingest"
         spec.args = ["--node-id-from-ecs-task"]
-        spec.ports = ingest_target_ports(config)
-        kinds = {shared.MQTT_PORT: "mqtt", shared.MQTT_TLS_PORT: "mqtts"}
+        kinds = ingest_listeners(config)
+        spec.ports = list(kinds)
         spec.settings |= {
             "mqtt_host": "0.0.0.0",
             "listeners": [
@@ -425,9 +425,16 @@ class Compute(pulumi.ComponentResource):
             deployment_maximum_percent=200,
             enable_execute_command=False,
             propagate_tags="SERVICE",
+            # `up` waits until the service runs its tasks healthy (`aws ecs wait
+            # services-stable`), so a deployment the circuit breaker stops or rolls back
+            # fails `up` instead of looking like success (pulumi-aws, ecs.Service,
+            # wait_for_steady_state: "this provider will wait for the service to reach a
+            # steady state ... before continuing. Default false").
+            wait_for_steady_state=True,
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[ingress] if load_balancers else [],
+                # No task starts before Kafka lets it in (the SCRAM secret's association).
+                depends_on=[*self._kafka.ready, *([ingress] if load_balancers else [])],
                 # Autoscaling owns the task count once the service exists.
                 ignore_changes=["desiredCount"],
             ),

@@ -19,6 +19,7 @@ from typing import Any
 
 import pulumi
 import yaml
+from pulumi.runtime.mocks import MockMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -57,6 +58,11 @@ class Registered:
     name: str
     inputs: dict[str, Any]
     outputs: dict[str, Any]
+    urn: str = ""
+    protect: bool = False
+    dependencies: frozenset[str] = frozenset()
+    """The URNs this resource waits for: its ``depends_on`` (a component's children) and
+    the resources whose outputs are among its inputs."""
 
     @property
     def props(self) -> dict[str, Any]:
@@ -91,6 +97,25 @@ class Deployment:
     def by_id(self) -> dict[str, Registered]:
         """Resources by the id the mock gave them."""
         return {str(r.outputs["__id"]): r for r in self.resources}
+
+
+class RecordingMonitor(MockMonitor):
+    """Pulumi's mock monitor, also keeping what the engine alone sees of each resource:
+    its URN, ``protect`` and dependencies (``MockResourceArgs`` carries neither)."""
+
+    def __init__(self, mocks: CloudMocks) -> None:
+        super().__init__(mocks)
+        self._cloud = mocks
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the gRPC method's name)
+        count = len(self._cloud.resources)
+        response = super().RegisterResource(request)
+        if len(self._cloud.resources) > count:
+            registered = self._cloud.resources[-1]
+            registered.urn = response.urn
+            registered.protect = bool(request.protect)
+            registered.dependencies = frozenset(request.dependencies)
+        return response
 
 
 def _secret(value: Any) -> dict[str, Any]:
@@ -149,7 +174,7 @@ class CloudMocks(pulumi.runtime.Mocks):
             group = inputs["replicationGroupId"]
             outputs["primaryEndpointAddress"] = f"master.{group}.abc123.euw1.cache.amazonaws.com"
         elif typ == "aws:rds/instance:Instance":
-            identifier = f"{inputs['identifierPrefix']}{self._count:07d}"
+            identifier = inputs["identifier"]
             outputs["identifier"] = identifier
             outputs["address"] = f"{identifier}.abc123.{REGION}.rds.amazonaws.com"
             outputs["masterUserSecrets"] = [
@@ -192,6 +217,13 @@ class CloudMocks(pulumi.runtime.Mocks):
             return {"id": REGION, "names": ZONES, "zoneIds": ["euw1-az1", "euw1-az2", "euw1-az3"]}
         if args.token == "aws:index/getRegion:getRegion":
             return {"id": REGION, "region": REGION, "name": REGION}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "id": ACCOUNT,
+                "accountId": ACCOUNT,
+                "arn": f"arn:aws:iam::{ACCOUNT}:user/deployer",
+                "userId": "AIDAEXAMPLE",
+            }
         raise NotImplementedError(f"no mock for invoke {args.token}")
 
 
@@ -244,7 +276,9 @@ def _declare(stack: str, values: Mapping[str, Any]) -> Deployment:
     from cormorant_infra.stack import build
 
     mocks = CloudMocks()
-    pulumi.runtime.set_mocks(mocks, project="cormorant", stack=stack, preview=False)
+    pulumi.runtime.set_mocks(
+        mocks, project="cormorant", stack=stack, preview=False, monitor=RecordingMonitor(mocks)
+    )
     pulumi.runtime.set_all_config(as_pulumi_config(values))
     resolved: dict[str, Any] = {}
     secret_outputs: set[str] = set()
