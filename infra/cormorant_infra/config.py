@@ -297,8 +297,10 @@ class StackConfig(_Model):
             )
         if self.kafka_broker_max_volume_gib < self.kafka_broker_volume_gib:
             raise ValueError("kafkaBrokerMaxVolumeGib is below kafkaBrokerVolumeGib")
-        if self.production and self.plain_mqtt and any(
-            ipaddress.ip_network(cidr).prefixlen == 0 for cidr in self.allowed_cidrs
+        if (
+            self.production
+            and self.plain_mqtt
+            and any(ipaddress.ip_network(cidr).prefixlen == 0 for cidr in self.allowed_cidrs)
         ):
             raise ValueError(
                 "a production stack does not serve plaintext MQTT (1883) to the whole "

@@ -94,9 +94,7 @@ class Database(pulumi.ComponentResource):
             db_subnet_group_name=subnets.name,
             vpc_security_group_ids=[network.security_groups["database"]],
             enabled_cloudwatch_logs_exports=["postgresql"],
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[logs], protect=config.production
-            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[logs], protect=config.production),
         )
         self.identifier: pulumi.Output[str] = instance.identifier
         self.dsn: pulumi.Output[str] = pulumi.Output.concat(

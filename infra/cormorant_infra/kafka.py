@@ -234,7 +234,9 @@ class Kafka(pulumi.ComponentResource):
         self.scram_secret_arn = secret.arn
         self.kms_key_arns = [key.arn]
 
-    def _storage_autoscaling(self, name: str, config: StackConfig, cluster: aws.msk.Cluster) -> None:
+    def _storage_autoscaling(
+        self, name: str, config: StackConfig, cluster: aws.msk.Cluster
+    ) -> None:
         """Grow the brokers' volumes before they fill, up to ``kafkaBrokerMaxVolumeGib``.
 
         AWS, MSK Developer Guide, "Auto-scaling policy details for Amazon MSK": the

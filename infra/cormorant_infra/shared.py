@@ -170,5 +170,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 def refused_topic_configs(settings: Settings) -> dict[str, list[str]]:
     """Topic name → the configs of it that the Kafka of ``settings.kafka_flavor`` refuses;
     only topics with a refused config are named."""
-    refused = {spec.name: refused_configs(spec, settings.kafka_flavor) for spec in topic_specs(settings)}
+    refused = {
+        spec.name: refused_configs(spec, settings.kafka_flavor) for spec in topic_specs(settings)
+    }
     return {name: configs for name, configs in refused.items() if configs}

@@ -101,21 +101,28 @@ class Deployment:
 
 class RecordingMonitor(MockMonitor):
     """Pulumi's mock monitor, also keeping what the engine alone sees of each resource:
-    its URN, ``protect`` and dependencies (``MockResourceArgs`` carries neither)."""
+    its URN, ``protect`` and dependencies (``MockResourceArgs`` carries neither), by
+    (type, logical name). Registrations may come from several threads at once."""
 
     def __init__(self, mocks: CloudMocks) -> None:
         super().__init__(mocks)
-        self._cloud = mocks
+        self.options: dict[tuple[str, str], tuple[str, bool, frozenset[str]]] = {}
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the gRPC method's name)
-        count = len(self._cloud.resources)
-        response = super().RegisterResource(request)
-        if len(self._cloud.resources) > count:
-            registered = self._cloud.resources[-1]
-            registered.urn = response.urn
-            registered.protect = bool(request.protect)
-            registered.dependencies = frozenset(request.dependencies)
-        return response
+        urn = self.make_urn(request.parent, request.type, request.name)
+        self.options[(request.type, request.name)] = (
+            urn,
+            bool(request.protect),
+            frozenset(request.dependencies),
+        )
+        return super().RegisterResource(request)
+
+    def annotate(self, resources: list[Registered]) -> None:
+        """Give each of ``resources`` its URN, ``protect`` and dependencies."""
+        for resource in resources:
+            resource.urn, resource.protect, resource.dependencies = self.options[
+                (resource.typ, resource.name)
+            ]
 
 
 def _secret(value: Any) -> dict[str, Any]:
@@ -174,7 +181,9 @@ class CloudMocks(pulumi.runtime.Mocks):
             group = inputs["replicationGroupId"]
             outputs["primaryEndpointAddress"] = f"master.{group}.abc123.euw1.cache.amazonaws.com"
         elif typ == "aws:rds/instance:Instance":
-            identifier = inputs["identifier"]
+            identifier = (
+                inputs.get("identifier") or f"{inputs['identifierPrefix']}{self._count:07d}"
+            )
             outputs["identifier"] = identifier
             outputs["address"] = f"{identifier}.abc123.{REGION}.rds.amazonaws.com"
             outputs["masterUserSecrets"] = [
@@ -276,8 +285,9 @@ def _declare(stack: str, values: Mapping[str, Any]) -> Deployment:
     from cormorant_infra.stack import build
 
     mocks = CloudMocks()
+    monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(
-        mocks, project="cormorant", stack=stack, preview=False, monitor=RecordingMonitor(mocks)
+        mocks, project="cormorant", stack=stack, preview=False, monitor=monitor
     )
     pulumi.runtime.set_all_config(as_pulumi_config(values))
     resolved: dict[str, Any] = {}
@@ -301,6 +311,7 @@ def _declare(stack: str, values: Mapping[str, Any]) -> Deployment:
         return pulumi.Output.all(*[keep(name) for name in outputs]).apply(lambda _: None)
 
     declare()
+    monitor.annotate(mocks.resources)
     return Deployment(mocks.resources, resolved, secret_outputs, mocks.generated_secrets)
 
 
