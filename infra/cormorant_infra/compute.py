@@ -75,6 +75,8 @@ class TaskSpec:
     secrets: dict[str, pulumi.Input[str]]
     secret_arns: list[pulumi.Input[str]]
     kms_key_arns: list[pulumi.Input[str]]
+    read_secret_arns: list[pulumi.Input[str]] = field(default_factory=list)
+    """Secrets the task's code reads itself (its task role may), not injected by ECS."""
     write_kafka: bool = True
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
@@ -188,10 +190,10 @@ class Compute(pulumi.ComponentResource):
                         "postgres_sslmode": "verify-full",
                         "postgres_sslrootcert": RDS_CA_BUNDLE,
                     }
-                    spec.secrets["postgres_password"] = iam.secret_key(
-                        database.password_secret_arn, "password"
-                    )
-                    spec.secret_arns.append(database.password_secret_arn)
+                    # RDS rotates the password every 7 days; ECS would inject it once, at
+                    # task start, so the tasks read it themselves at each new connection.
+                    spec.settings["postgres_password_secret_arn"] = database.password_secret_arn
+                    spec.read_secret_arns.append(database.password_secret_arn)
             if command == shared.ADMIN:
                 access = self._admin_access
                 spec.tier = "admin"
@@ -298,11 +300,15 @@ class Compute(pulumi.ComponentResource):
         )
 
     def _task_role(self, spec: TaskSpec) -> aws.iam.Role:
-        """The role the service's code runs as: Kafka with MSK IAM, nothing otherwise."""
+        """The role the service's code runs as: Kafka with MSK IAM, and the secrets it reads
+        itself (the PostgreSQL password); nothing otherwise."""
+        statements = self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka)
+        if spec.read_secret_arns:
+            statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.read_secret_arns))
         return iam.service_role(
             f"{self._name}-{spec.command}-task",
             ECS_TASKS,
-            self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka),
+            statements,
             pulumi.ResourceOptions(parent=self),
         )
 

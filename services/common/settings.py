@@ -772,8 +772,16 @@ class Settings(BaseSettings):
     )
     postgres_password: SecretStr | None = Field(
         None,
-        description="PostgreSQL password (RDS's managed password; ECS fills it from "
-        "Secrets Manager).",
+        description="PostgreSQL password, read once at start (the local cluster's; on AWS "
+        "the services read postgres_password_secret_arn instead).",
+    )
+    postgres_password_secret_arn: str | None = Field(
+        None,
+        pattern=r"^arn:aws[a-z-]*:secretsmanager:",
+        description="A Secrets Manager secret (JSON with password) the PostgreSQL password is "
+        "read from for every new connection, so a rotated password is picked up without a "
+        "restart (the task's role needs secretsmanager:GetSecretValue on it). Takes "
+        "precedence over postgres_password.",
     )
     postgres_sslmode: Literal[
         "disable", "allow", "prefer", "require", "verify-ca", "verify-full"

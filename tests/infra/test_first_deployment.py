@@ -14,6 +14,7 @@ import cormorant_policies as rules
 from cormorant_infra import shared
 from cormorant_infra.config import ConfigError, from_values
 from services.common.kafka.admin import MSK_SERVERLESS_TOPIC_CONFIGS, core_topic_specs
+from services.common.stores.postgres_pool import SecretsManagerPassword, password_of
 from tests.infra.mocks import Deployment, as_pulumi_config, stack_file_values
 from tests.infra.test_policies import check
 from tests.infra.test_stack import (
@@ -237,3 +238,18 @@ def test_the_listeners_forward_where_the_tasks_listen(deployment: Deployment) ->
         for listener in nlb_listeners(deployment).values()
     }
     assert forwarded == registered
+
+
+# 3. PostgreSQL logins broke after a week: RDS rotates the password ECS injected at start.
+
+
+def test_tasks_read_the_rotating_postgres_password_at_each_connection(
+    serverless: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [instance] = serverless.of_type("aws:rds/instance:Instance")
+    [managed] = instance.outputs["masterUserSecrets"]
+    for command in ("device-persist", shared.ADMIN):
+        container = containers(serverless)[command]
+        settings = read_as_the_service(environment(container), monkeypatch)
+        assert password_of(settings) == SecretsManagerPassword(managed["secretArn"])
+        assert "CORMORANT_POSTGRES_PASSWORD" not in {s["name"] for s in container["secrets"]}

@@ -501,7 +501,10 @@ def test_health_check_is_the_images(dev: Deployment) -> None:
 def test_secrets_reach_tasks_only_as_secrets_manager_references(deployment: Deployment) -> None:
     for container in containers(deployment).values():
         env = environment(container)
-        for name in env:
+        for name, value in env.items():
+            if name.endswith("_SECRET_ARN"):  # where a task reads a secret itself
+                assert value.startswith("arn:aws:secretsmanager:"), name
+                continue
             assert not any(word in name for word in ("PASSWORD", "TOKEN", "SECRET"))
         for secret in container.get("secrets", []):
             assert secret["valueFrom"].startswith("arn:aws:secretsmanager:")
@@ -515,8 +518,12 @@ def test_store_secrets_only_where_the_store_is_read(
     redis = {c: [s["name"] for s in v.get("secrets", [])] for c, v in containers(dev).items()}
     for command, names in redis.items():
         assert ("CORMORANT_REDIS_PASSWORD" in names) == (command in readers), command
-        # PostgreSQL: the admin service's users and audit trail (and the postgres store).
-        assert ("CORMORANT_POSTGRES_PASSWORD" in names) == (command == shared.ADMIN), command
+        # PostgreSQL: the admin service's users and audit trail (and the postgres store),
+        # whose password the task reads itself (RDS rotates it).
+        assert "CORMORANT_POSTGRES_PASSWORD" not in names
+        env = environment(containers(dev)[command])
+        has_postgres = "CORMORANT_POSTGRES_PASSWORD_SECRET_ARN" in env
+        assert has_postgres == (command == shared.ADMIN), command
     env = environment(containers(dev)["device-persist"])
     assert env["CORMORANT_REDIS_URL"].startswith("rediss://master.")
     for command in readers:
@@ -525,8 +532,14 @@ def test_store_secrets_only_where_the_store_is_read(
         assert env["CORMORANT_STORE_BACKEND"] == "postgres"
         assert env["CORMORANT_POSTGRES_SSLMODE"] == "verify-full"
         assert env["CORMORANT_POSTGRES_SSLROOTCERT"] == compute.RDS_CA_BUNDLE
-        [password] = [s for s in postgres["secrets"] if s["name"] == "CORMORANT_POSTGRES_PASSWORD"]
-        assert password["valueFrom"].endswith(":password::")
+        arn = env["CORMORANT_POSTGRES_PASSWORD_SECRET_ARN"]
+        assert ":secret:rds!db-" in arn  # the RDS-managed secret, read at each connection
+        statements = policy_documents(serverless)[f"cormorant-serverless-{command}-task"]
+        assert {
+            "Effect": "Allow",
+            "Action": ["secretsmanager:GetSecretValue"],
+            "Resource": [arn],
+        } in (statements["Statement"])
     # Each execution role reads exactly its own service's secrets.
     documents = policy_documents(dev)
     for command, names in redis.items():

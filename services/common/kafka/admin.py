@@ -82,7 +82,9 @@ def core_topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(names.client_acks, settings.state_topic_partitions, msg_retention),
         TopicSpec(names.client_events, settings.state_topic_partitions, msg_retention),
         TopicSpec(names.client_sessions, settings.state_topic_partitions, _compacted(settings)),
-        TopicSpec(names.client_subscriptions, settings.state_topic_partitions, _compacted(settings)),
+        TopicSpec(
+            names.client_subscriptions, settings.state_topic_partitions, _compacted(settings)
+        ),
         TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted(settings)),
         TopicSpec(names.client_wills, settings.state_topic_partitions, _compacted(settings)),
     ]
