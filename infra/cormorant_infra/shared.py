@@ -56,16 +56,16 @@ __all__ = [
     "SPARK_VERSION",
     "TOPICS_COMMAND",
     "Settings",
-    "TopicSpec",
     "TopicNames",
+    "TopicSpec",
     "check_emr_release",
     "core_topic_specs",
-    "refused_topic_configs",
-    "topic_specs",
     "max_keep_alive_for_idle_timeout",
     "msk_kafka_version",
+    "refused_topic_configs",
     "setting_env",
     "settings_for",
+    "topic_specs",
 ]
 
 INGEST = "ingest"

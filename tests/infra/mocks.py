@@ -108,7 +108,7 @@ class RecordingMonitor(MockMonitor):
         super().__init__(mocks)
         self.options: dict[tuple[str, str], tuple[str, bool, frozenset[str]]] = {}
 
-    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the gRPC method's name)
+    def RegisterResource(self, request: Any) -> Any:
         urn = self.make_urn(request.parent, request.type, request.name)
         self.options[(request.type, request.name)] = (
             urn,
