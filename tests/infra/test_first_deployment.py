@@ -116,8 +116,8 @@ def test_every_target_group_passes_the_client_address_on(deployment: Deployment)
         assert group.inputs["proxyProtocolV2"] is True, group.name
     listeners = json.loads(environment(containers(deployment)["ingest"])["CORMORANT_LISTENERS"])
     assert all(listener["proxy_protocol"] for listener in listeners)
-    group = {"targetType": "ip", "protocol": "TCP", "port": 1883, "proxyProtocolV2": False}
-    assert check(rules.validate_client_addresses, rules.TARGET_GROUP, group)
+    without = {"targetType": "ip", "protocol": "TCP", "port": 1883, "proxyProtocolV2": False}
+    assert check(rules.validate_client_addresses, rules.TARGET_GROUP, without)
 
 
 # 8. No MQTT over WebSocket from the internet.
