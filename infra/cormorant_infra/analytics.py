@@ -39,7 +39,11 @@ class Analytics(pulumi.ComponentResource):
     ) -> None:
         super().__init__("cormorant:analytics:Analytics", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        bucket = aws.s3.Bucket(f"{name}-archive", bucket_prefix=f"{name}-archive-", opts=child)
+        bucket = aws.s3.Bucket(
+            f"{name}-archive",
+            bucket_prefix=f"{name}-archive-",
+            opts=pulumi.ResourceOptions(parent=self, protect=config.production),
+        )
         aws.s3.BucketVersioning(
             f"{name}-archive",
             bucket=bucket.id,

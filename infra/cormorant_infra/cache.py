@@ -83,7 +83,7 @@ class Cache(pulumi.ComponentResource):
             snapshot_retention_limit=config.redis_snapshot_retention_days,
             auto_minor_version_upgrade=True,
             apply_immediately=False,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, protect=config.production),
         )
         # ElastiCache names a replication group's clusters <group id>-001, -002, ...
         self.member_ids = [

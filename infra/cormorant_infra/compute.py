@@ -36,7 +36,7 @@ from cormorant_infra.config import ServiceSize, StackConfig
 from cormorant_infra.database import Database
 from cormorant_infra.ingress import Ingress
 from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka
-from cormorant_infra.network import Network, ingest_target_ports
+from cormorant_infra.network import Network, ingest_listeners
 
 HEALTH_CHECK = "python -m services.common.probe /health"
 """The container health check, as the Dockerfile's HEALTHCHECK: a GET of the service's own
@@ -75,6 +75,8 @@ class TaskSpec:
     secrets: dict[str, pulumi.Input[str]]
     secret_arns: list[pulumi.Input[str]]
     kms_key_arns: list[pulumi.Input[str]]
+    read_secret_arns: list[pulumi.Input[str]] = field(default_factory=list)
+    """Secrets the task's code reads itself (its task role may), not injected by ECS."""
     write_kafka: bool = True
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
@@ -188,10 +190,10 @@ class Compute(pulumi.ComponentResource):
                         "postgres_sslmode": "verify-full",
                         "postgres_sslrootcert": RDS_CA_BUNDLE,
                     }
-                    spec.secrets["postgres_password"] = iam.secret_key(
-                        database.password_secret_arn, "password"
-                    )
-                    spec.secret_arns.append(database.password_secret_arn)
+                    # RDS rotates the password every 7 days; ECS would inject it once, at
+                    # task start, so the tasks read it themselves at each new connection.
+                    spec.settings["postgres_password_secret_arn"] = database.password_secret_arn
+                    spec.read_secret_arns.append(database.password_secret_arn)
             if command == shared.ADMIN:
                 access = self._admin_access
                 spec.tier = "admin"
@@ -219,8 +221,8 @@ class Compute(pulumi.ComponentResource):
         config = self._config
         spec.tier = "ingest"
         spec.args = ["--node-id-from-ecs-task"]
-        spec.ports = ingest_target_ports(config)
-        kinds = {shared.MQTT_PORT: "mqtt", shared.MQTT_TLS_PORT: "mqtts"}
+        kinds = ingest_listeners(config)
+        spec.ports = list(kinds)
         spec.settings |= {
             "mqtt_host": "0.0.0.0",
             "listeners": [
@@ -298,11 +300,15 @@ class Compute(pulumi.ComponentResource):
         )
 
     def _task_role(self, spec: TaskSpec) -> aws.iam.Role:
-        """The role the service's code runs as: Kafka with MSK IAM, nothing otherwise."""
+        """The role the service's code runs as: Kafka with MSK IAM, and the secrets it reads
+        itself (the PostgreSQL password); nothing otherwise."""
+        statements = self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka)
+        if spec.read_secret_arns:
+            statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.read_secret_arns))
         return iam.service_role(
             f"{self._name}-{spec.command}-task",
             ECS_TASKS,
-            self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka),
+            statements,
             pulumi.ResourceOptions(parent=self),
         )
 
@@ -425,9 +431,16 @@ class Compute(pulumi.ComponentResource):
             deployment_maximum_percent=200,
             enable_execute_command=False,
             propagate_tags="SERVICE",
+            # `up` waits until the service runs its tasks healthy (`aws ecs wait
+            # services-stable`), so a deployment the circuit breaker stops or rolls back
+            # fails `up` instead of looking like success (pulumi-aws, ecs.Service,
+            # wait_for_steady_state: "this provider will wait for the service to reach a
+            # steady state ... before continuing. Default false").
+            wait_for_steady_state=True,
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[ingress] if load_balancers else [],
+                # No task starts before Kafka lets it in (the SCRAM secret's association).
+                depends_on=[*self._kafka.ready, *([ingress] if load_balancers else [])],
                 # Autoscaling owns the task count once the service exists.
                 ignore_changes=["desiredCount"],
             ),

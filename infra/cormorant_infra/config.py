@@ -141,6 +141,7 @@ class StackConfig(_Model):
     kafka_broker_instance_type: str = "kafka.t3.small"
     kafka_brokers: int = Field(3, ge=3)
     kafka_broker_volume_gib: int = Field(100, ge=1, le=16384)
+    kafka_broker_max_volume_gib: int = Field(1000, ge=1, le=16384)
     kafka_enhanced_monitoring: Literal[
         "DEFAULT", "PER_BROKER", "PER_TOPIC_PER_BROKER", "PER_TOPIC_PER_PARTITION"
     ] = "DEFAULT"
@@ -178,11 +179,12 @@ class StackConfig(_Model):
     certificate_arn: str | None = None
     tls_certificate_secret_arn: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:secretsmanager:")
     tls_client_auth: Literal["none", "optional", "required"] = "none"
-    plain_mqtt: bool = True
+    plain_mqtt: bool = False
+    websocket: bool = True
     allowed_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
     nlb_idle_timeout_seconds: int = Field(350, ge=60, le=6000)
     max_keep_alive: int = Field(230, ge=1, le=65535)
-    proxy_protocol_v2: bool = False
+    proxy_protocol_v2: bool = True
     deregistration_delay_seconds: int = Field(30, ge=0, le=3600)
     nlb_deletion_protection: bool = False
 
@@ -200,6 +202,9 @@ class StackConfig(_Model):
 
     # --- observability -----------------------------------------------------------------
     alarm_email: str | None = Field(None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+    # --- the stack as a whole --------------------------------------------------------------
+    production: bool = False
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -290,6 +295,18 @@ class StackConfig(_Model):
                 "tlsClientAuth needs tlsMode passthrough: the tasks verify client "
                 "certificates, so TLS must reach them"
             )
+        if self.kafka_broker_max_volume_gib < self.kafka_broker_volume_gib:
+            raise ValueError("kafkaBrokerMaxVolumeGib is below kafkaBrokerVolumeGib")
+        if (
+            self.production
+            and self.plain_mqtt
+            and any(ipaddress.ip_network(cidr).prefixlen == 0 for cidr in self.allowed_cidrs)
+        ):
+            raise ValueError(
+                "a production stack does not serve plaintext MQTT (1883) to the whole "
+                "internet: passwords and tokens would cross it in clear; set plainMqtt "
+                "false (devices use 8883) or narrow allowedCidrs"
+            )
         if self.db_max_allocated_storage_gib < self.db_allocated_storage_gib:
             raise ValueError("dbMaxAllocatedStorageGib is below dbAllocatedStorageGib")
         if self.archive_expiration_days is not None and (
@@ -297,6 +314,12 @@ class StackConfig(_Model):
         ):
             raise ValueError("archiveExpirationDays must come after archiveInfrequentAccessDays")
         defaults = shared.settings_for()
+        refused = shared.refused_topic_configs(shared.settings_for(**self.kafka_settings))
+        if refused:
+            raise ValueError(
+                f"kafkaMode {self.kafka_mode}: the Kafka refuses these topic configs: "
+                + "; ".join(f"{topic}: {', '.join(c)}" for topic, c in sorted(refused.items()))
+            )
         for command, setting in CONSUMER_GROUP_PARTITIONS.items():
             partitions = getattr(defaults, setting)
             if self.services[command].max_tasks > partitions:
@@ -331,6 +354,13 @@ class StackConfig(_Model):
         if self.plain_mqtt or not self.tls_listener:
             timeouts.append(self.nlb_idle_timeout_seconds)
         return min(timeouts)
+
+    @property
+    def kafka_settings(self) -> dict[str, str]:
+        """The Kafka settings the kafka mode gives every task (setting name → value): with
+        MSK Serverless, ``kafka_flavor`` ``msk-serverless`` so topics are created with only
+        the configs it accepts."""
+        return {"kafka_flavor": "msk-serverless" if self.kafka_iam else "apache"}
 
     @property
     def kafka_iam(self) -> bool:

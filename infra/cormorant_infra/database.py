@@ -2,7 +2,9 @@
 
 Private (no public address), encrypted at rest, TLS required (``rds.force_ssl``), its
 master password generated and rotated by RDS in Secrets Manager (never in the stack's
-state), Multi-AZ and deletion protection from the stack's configuration (on in prod).
+state), Multi-AZ and deletion protection from the stack's configuration (on in prod), its
+``postgresql`` log group declared with the stack's retention, and protected from
+``pulumi destroy`` in a production stack.
 """
 
 from __future__ import annotations
@@ -56,9 +58,18 @@ class Database(pulumi.ComponentResource):
             parameters=[{"name": "rds.force_ssl", "value": "1"}],
             opts=child,
         )
+        identifier = f"{name}-postgres"
+        # RDS writes the exported PostgreSQL log to this group, creating it (never to
+        # expire) unless it exists: declared first, with the stack's retention.
+        logs = aws.cloudwatch.LogGroup(
+            f"{name}-postgresql-log",
+            name=f"/aws/rds/instance/{identifier}/postgresql",
+            retention_in_days=config.log_retention_days,
+            opts=child,
+        )
         instance = aws.rds.Instance(
             f"{name}-postgres",
-            identifier_prefix=f"{name}-",
+            identifier=identifier,
             engine="postgres",
             engine_version=config.db_engine_version,
             instance_class=config.db_instance_class,
@@ -83,7 +94,7 @@ class Database(pulumi.ComponentResource):
             db_subnet_group_name=subnets.name,
             vpc_security_group_ids=[network.security_groups["database"]],
             enabled_cloudwatch_logs_exports=["postgresql"],
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[logs], protect=config.production),
         )
         self.identifier: pulumi.Output[str] = instance.identifier
         self.dsn: pulumi.Output[str] = pulumi.Output.concat(

@@ -1,9 +1,16 @@
 """Ingress: the internet-facing Network Load Balancer in front of the ingest tasks.
 
-Listeners: MQTT on 1883 (TCP, ``cormorant:plainMqtt``) and MQTT over TLS on 8883, either
-terminated at the NLB with an ACM certificate (``tlsMode: terminate``: the tasks see plain
-MQTT on 1883) or passed through to the tasks' own TLS listener (``tlsMode: passthrough``,
-for mutual TLS: the tasks verify client certificates, which X509 credentials match).
+Listeners: MQTT on 1883 (TCP, ``cormorant:plainMqtt``, off by default), MQTT over TLS on
+8883 and MQTT over WebSocket over TLS on 443 (``wss://<host>/mqtt``, ``cormorant:websocket``),
+either terminated at the NLB with an ACM certificate (``tlsMode: terminate``: the tasks see
+plain MQTT on 1883 and plain WebSocket on 8083) or passed through to the tasks' own TLS
+listeners (``tlsMode: passthrough``, 8883 and 8084, for mutual TLS: the tasks verify client
+certificates, which X509 credentials match). Every target group sends PROXY protocol v2
+(``cormorant:proxyProtocolV2``, on by default): the targets are IP addresses, and an IP
+target group of TCP or TLS does not preserve the client's address (AWS, "Edit target group
+attributes for your Network Load Balancer", Client IP preservation, default settings: "IP
+type target groups (TCP, TLS): Disabled"), so without it every client would appear to come
+from the NLB and the per-address limits would apply to the NLB's few addresses.
 Targets are the ingest tasks' IP addresses, in every zone (cross-zone load balancing on),
 checked with TCP connects; a task leaving is drained for ``deregistrationDelaySeconds``
 and its remaining connections are then closed so their clients reconnect to another task.
@@ -21,7 +28,7 @@ import pulumi_aws as aws
 
 from cormorant_infra import shared
 from cormorant_infra.config import StackConfig
-from cormorant_infra.network import Network, ingest_target_ports
+from cormorant_infra.network import Network, ingest_target_ports, nlb_listeners
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 """TLS 1.3 and 1.2 with forward-secret ciphers only."""
@@ -79,46 +86,45 @@ class Ingress(pulumi.ComponentResource):
                 opts=child,
             )
 
-        def listener(suffix: str, port: int, target: int, **protocol: Any) -> None:
-            """A listener on ``port`` forwarding to the target group of ingest port ``target``;
-            ``protocol``: TCP with its idle timeout unless a TLS listener's arguments."""
+        suffixes = {
+            shared.MQTT_PORT: "mqtt",
+            shared.MQTT_TLS_PORT: "mqtts",
+            shared.MQTT_WSS_PUBLIC_PORT: "wss",
+        }
+        for listener in nlb_listeners(config):
+            protocol: dict[str, Any] = (
+                {
+                    "protocol": "TLS",
+                    "certificate_arn": config.certificate_arn,
+                    "ssl_policy": TLS_POLICY,
+                }
+                if listener.tls
+                else {
+                    "protocol": "TCP",
+                    "tcp_idle_timeout_seconds": config.nlb_idle_timeout_seconds,
+                }
+            )
             aws.lb.Listener(
-                f"{name}-{suffix}",
+                f"{name}-{suffixes[listener.port]}",
                 load_balancer_arn=nlb.arn,
-                port=port,
-                default_actions=[{"type": "forward", "target_group_arn": groups[target].arn}],
-                **(
-                    protocol
-                    or {
-                        "protocol": "TCP",
-                        "tcp_idle_timeout_seconds": config.nlb_idle_timeout_seconds,
-                    }
-                ),
+                port=listener.port,
+                default_actions=[
+                    {"type": "forward", "target_group_arn": groups[listener.target_port].arn}
+                ],
+                **protocol,
                 opts=child,
             )
-
-        if config.plain_mqtt:
-            listener("mqtt", shared.MQTT_PORT, shared.MQTT_PORT)
-        if config.tls_listener:
-            tls = {
-                "protocol": "TLS",
-                "certificate_arn": config.certificate_arn,
-                "ssl_policy": TLS_POLICY,
-            }
-            listener("mqtts", shared.MQTT_TLS_PORT, shared.MQTT_PORT, **tls)
-        else:
-            listener("mqtts", shared.MQTT_TLS_PORT, shared.MQTT_TLS_PORT)
 
         self.arn: pulumi.Output[str] = nlb.arn
         self.arn_suffix: pulumi.Output[str] = nlb.arn_suffix
         self.dns_name: pulumi.Output[str] = nlb.dns_name
         self.target_groups = {port: group.arn for port, group in groups.items()}
         self.target_group_suffixes = {port: group.arn_suffix for port, group in groups.items()}
-        schemes = ([("mqtt", shared.MQTT_PORT)] if config.plain_mqtt else []) + [
-            ("mqtts", shared.MQTT_TLS_PORT)
-        ]
+        schemes = {shared.MQTT_PORT: ("mqtt", ""), shared.MQTT_TLS_PORT: ("mqtts", "")}
+        schemes[shared.MQTT_WSS_PUBLIC_PORT] = ("wss", "/mqtt")
         self.endpoints = [
-            pulumi.Output.concat(f"{scheme}://", nlb.dns_name, f":{port}")
-            for scheme, port in schemes
+            pulumi.Output.concat(f"{scheme}://", nlb.dns_name, f":{listener.port}{path}")
+            for listener in nlb_listeners(config)
+            for scheme, path in [schemes[listener.port]]
         ]
         self.register_outputs({"dnsName": self.dns_name})

@@ -37,6 +37,9 @@ SERVER_PROPERTIES = {
 }
 """The brokers' configuration (server.properties) of a provisioned cluster."""
 
+STORAGE_TARGET_PERCENT = 60.0
+"""The brokers' disk use that storage autoscaling keeps them under (percent)."""
+
 REPLICATION_FACTOR = 3
 """Replicas of every topic Cormorant creates (CORMORANT_REPLICATION_FACTOR); MSK Serverless
 only accepts 3."""
@@ -66,7 +69,9 @@ class Kafka(pulumi.ComponentResource):
     ``secrets`` (setting name → Secrets Manager ``valueFrom``), ``secret_arns`` and
     ``kms_key_arns`` (what reading those secrets needs); ``scram_secret_arn`` (the SCRAM
     login's secret, None with IAM: the Spark jobs' driver reads it); ``iam`` (whether
-    clients authenticate with IAM); :meth:`iam_statements` for the tasks' roles.
+    clients authenticate with IAM); ``ready`` (what must exist before a client can log in:
+    the SCRAM secret's association, or the serverless cluster); :meth:`iam_statements` for
+    the tasks' roles.
     """
 
     def __init__(
@@ -101,7 +106,9 @@ class Kafka(pulumi.ComponentResource):
             self.settings: dict[str, str] = {
                 "kafka_security_protocol": "SASL_SSL",
                 "kafka_sasl_mechanism": "OAUTHBEARER",
+                **config.kafka_settings,
             }
+            self.ready: list[pulumi.Resource] = [cluster]
         else:
             self._provisioned(name, config, network)
         self.iam = config.kafka_iam
@@ -134,7 +141,11 @@ class Kafka(pulumi.ComponentResource):
             secret_string=password.result.apply(_scram_login),
             opts=child,
         )
-        aws.secretsmanager.SecretPolicy(
+        # The policy MSK attaches when the secret is associated, declared so the state has
+        # it (pulumi-aws, msk.ScramSecretAssociation: "a policy is required for the
+        # aws.secretsmanager.Secret resource in order for Kafka to be able to read it";
+        # its example grants kafka.amazonaws.com secretsmanager:getSecretValue).
+        scram_policy = aws.secretsmanager.SecretPolicy(
             f"{name}-scram",
             secret_arn=secret.arn,
             policy=iam.document(
@@ -143,7 +154,7 @@ class Kafka(pulumi.ComponentResource):
                         "Sid": "AWSKafkaResourcePolicy",
                         "Effect": "Allow",
                         "Principal": {"Service": "kafka.amazonaws.com"},
-                        "Action": "secretsmanager:getResourcePolicy",
+                        "Action": "secretsmanager:GetSecretValue",
                         "Resource": secret.arn,
                     }
                 ]
@@ -190,10 +201,20 @@ class Kafka(pulumi.ComponentResource):
             logging_info={
                 "broker_logs": {"cloudwatch_logs": {"enabled": True, "log_group": logs.name}}
             },
-            opts=child,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                protect=config.production,
+                # Storage autoscaling grows the volumes; the program must not shrink
+                # them back (MSK cannot) on the next `up`.
+                ignore_changes=["brokerNodeGroupInfo.storageInfo.ebsStorageInfo.volumeSize"],
+            ),
         )
-        aws.msk.SingleScramSecretAssociation(
-            f"{name}-scram", cluster_arn=cluster.arn, secret_arn=secret.arn, opts=child
+        self._storage_autoscaling(name, config, cluster)
+        association = aws.msk.SingleScramSecretAssociation(
+            f"{name}-scram",
+            cluster_arn=cluster.arn,
+            secret_arn=secret.arn,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[scram_policy]),
         )
         self.bootstrap = cluster.bootstrap_brokers_sasl_scram
         self.cluster_arn = cluster.arn
@@ -201,7 +222,10 @@ class Kafka(pulumi.ComponentResource):
         self.settings = {
             "kafka_security_protocol": "SASL_SSL",
             "kafka_sasl_mechanism": "SCRAM-SHA-512",
+            **config.kafka_settings,
         }
+        # A task started before the association exists is refused by the brokers.
+        self.ready = [association]
         self.secrets = {
             "kafka_sasl_username": iam.secret_key(secret.arn, "username"),
             "kafka_sasl_password": iam.secret_key(secret.arn, "password"),
@@ -209,6 +233,42 @@ class Kafka(pulumi.ComponentResource):
         self.secret_arns = [secret.arn]
         self.scram_secret_arn = secret.arn
         self.kms_key_arns = [key.arn]
+
+    def _storage_autoscaling(
+        self, name: str, config: StackConfig, cluster: aws.msk.Cluster
+    ) -> None:
+        """Grow the brokers' volumes before they fill, up to ``kafkaBrokerMaxVolumeGib``.
+
+        AWS, MSK Developer Guide, "Auto-scaling policy details for Amazon MSK": the
+        utilization target may be 10 % to 80 %, "We recommend that you set the Storage
+        Utilization Target between 50% and 60%"; MSK then adds the larger of 10 GiB and
+        10 %, at most once every six hours, and never shrinks a volume.
+        """
+        child = pulumi.ResourceOptions(parent=self)
+        target = aws.appautoscaling.Target(
+            f"{name}-storage",
+            service_namespace="kafka",
+            scalable_dimension="kafka:broker-storage:VolumeSize",
+            resource_id=cluster.arn,
+            min_capacity=1,
+            max_capacity=config.kafka_broker_max_volume_gib,
+            opts=child,
+        )
+        aws.appautoscaling.Policy(
+            f"{name}-storage",
+            policy_type="TargetTrackingScaling",
+            service_namespace=target.service_namespace,
+            scalable_dimension=target.scalable_dimension,
+            resource_id=target.resource_id,
+            target_tracking_scaling_policy_configuration={
+                "target_value": STORAGE_TARGET_PERCENT,
+                "disable_scale_in": True,
+                "predefined_metric_specification": {
+                    "predefined_metric_type": "KafkaBrokerStorageUtilization"
+                },
+            },
+            opts=child,
+        )
 
     def iam_statements(self, topic_prefix: str, *, write: bool) -> list[iam.Statement]:
         """What a task may do on the cluster with MSK IAM (none needed with SCRAM): connect,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from cormorant_infra import shared
+from cormorant_infra import iam, shared
 from cormorant_infra.config import StackConfig
 
 REDIS_PORT = 6379
@@ -60,17 +60,51 @@ def subnet_plan(vpc_cidr: str, zones: int) -> list[Subnets]:
 
 
 def mqtt_listener_ports(config: StackConfig) -> list[int]:
-    """The NLB's MQTT ports open to ``allowedCidrs``: 1883 (if plain MQTT is on) and 8883."""
-    return ([shared.MQTT_PORT] if config.plain_mqtt else []) + [shared.MQTT_TLS_PORT]
+    """The NLB's MQTT ports open to ``allowedCidrs``: 1883 (if plain MQTT is on), 8883, and
+    443 (MQTT over WebSocket over TLS, if ``websocket`` is on)."""
+    return [listener.port for listener in nlb_listeners(config)]
+
+
+@dataclass(frozen=True)
+class NlbListener:
+    """One NLB listener: its public ``port``, whether TLS ends at the NLB (``tls``), and the
+    ingest ``target_port`` it forwards to, where the ingest listener ``kind`` serves."""
+
+    port: int
+    tls: bool
+    target_port: int
+    kind: str
+
+
+def nlb_listeners(config: StackConfig) -> list[NlbListener]:
+    """The NLB's listeners. TLS ends at the NLB (``tlsMode: terminate``): 8883 and 443 go
+    to the tasks' plain MQTT (1883) and WebSocket (8083) listeners; passed through: to their
+    TLS listeners (8883 mqtts, 8084 wss)."""
+    listeners = []
+    if config.plain_mqtt:
+        listeners.append(NlbListener(shared.MQTT_PORT, False, shared.MQTT_PORT, "mqtt"))
+    if config.tls_listener:
+        listeners.append(NlbListener(shared.MQTT_TLS_PORT, True, shared.MQTT_PORT, "mqtt"))
+    else:
+        listeners.append(NlbListener(shared.MQTT_TLS_PORT, False, shared.MQTT_TLS_PORT, "mqtts"))
+    if config.websocket:
+        public = shared.MQTT_WSS_PUBLIC_PORT
+        if config.tls_listener:
+            listeners.append(NlbListener(public, True, shared.MQTT_WS_PORT, "ws"))
+        else:
+            listeners.append(NlbListener(public, False, shared.MQTT_WSS_PORT, "wss"))
+    return listeners
+
+
+def ingest_listeners(config: StackConfig) -> dict[int, str]:
+    """The ingest tasks' listeners the NLB forwards to: port → listener kind (``mqtt``,
+    ``mqtts``, ``ws``, ``wss``), in the NLB listeners' order."""
+    return {listener.target_port: listener.kind for listener in nlb_listeners(config)}
 
 
 def ingest_target_ports(config: StackConfig) -> list[int]:
-    """The ingest tasks' ports the NLB forwards to: 1883 for plain MQTT and for TLS
-    terminated at the NLB, 8883 when TLS passes through to the tasks."""
-    plain = config.plain_mqtt or config.tls_listener
-    return ([shared.MQTT_PORT] if plain else []) + (
-        [] if config.tls_listener else [shared.MQTT_TLS_PORT]
-    )
+    """The ingest tasks' ports the NLB forwards to (:func:`ingest_listeners`' ports)."""
+    return list(ingest_listeners(config))
 
 
 class Network(pulumi.ComponentResource):
@@ -109,6 +143,7 @@ class Network(pulumi.ComponentResource):
             tags={"Name": name},
             opts=child,
         )
+        self._flow_logs(name, config, vpc)
         gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, opts=child)
         public_routes = aws.ec2.RouteTable(
             f"{name}-public",
@@ -213,6 +248,37 @@ class Network(pulumi.ComponentResource):
         }
         self.register_outputs({"vpcId": self.vpc_id, "privateSubnetIds": self.private_subnet_ids})
 
+    def _flow_logs(self, name: str, config: StackConfig, vpc: aws.ec2.Vpc) -> None:
+        """Every flow of the VPC, accepted and rejected, to CloudWatch Logs (kept
+        ``logRetentionDays``): who talked to whom, for an investigation."""
+        child = pulumi.ResourceOptions(parent=self)
+        logs = aws.cloudwatch.LogGroup(
+            f"{name}-flow-logs",
+            name=f"/cormorant/{name}/vpc-flow-logs",
+            retention_in_days=config.log_retention_days,
+            opts=child,
+        )
+        role = iam.service_role(
+            f"{name}-flow-logs",
+            "vpc-flow-logs.amazonaws.com",
+            [
+                iam.allow(
+                    ["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"],
+                    [logs.arn, pulumi.Output.concat(logs.arn, ":log-stream:*")],
+                )
+            ],
+            child,
+        )
+        aws.ec2.FlowLog(
+            f"{name}-flow-logs",
+            vpc_id=vpc.id,
+            traffic_type="ALL",
+            log_destination_type="cloud-watch-logs",
+            log_destination=logs.arn,
+            iam_role_arn=role.arn,
+            opts=child,
+        )
+
     def _rules(
         self, name: str, config: StackConfig, groups: dict[str, aws.ec2.SecurityGroup]
     ) -> None:
@@ -241,6 +307,9 @@ class Network(pulumi.ComponentResource):
                 opts=child,
             )
 
+        # The policy pack holds a rule marked production to the production rules.
+        tags = {shared.PRODUCTION_TAG: "true"} if config.production else None
+
         def from_cidrs(tier: str, label: str, cidrs: list[str], ports: list[int]) -> None:
             """Let ``cidrs`` (``label``: who they are) in on ``ports`` of ``tier``."""
             for port in ports:
@@ -253,6 +322,7 @@ class Network(pulumi.ComponentResource):
                         from_port=port,
                         to_port=port,
                         description=f"{label} from {cidr}",
+                        tags=tags,
                         opts=child,
                     )
 

@@ -1,8 +1,10 @@
 """Observability: CloudWatch alarms on what breaks a broker, sent to one SNS topic.
 
 Alarms: unhealthy NLB targets, an ECS service running fewer tasks than it wants, RDS and
-ElastiCache CPU and memory, MSK broker disk use, and the router's and device_persist's
-consumer lag (messages accepted but not yet routed or stored). Logs are per service
+ElastiCache CPU and memory, RDS free storage, MSK broker disk use, offline partitions and
+partitions under ``min.insync.replicas``, and the router's and device_persist's consumer
+lag (messages accepted but not yet routed or stored). The topic is encrypted with a
+customer managed KMS key whose policy lets CloudWatch publish. Logs are per service
 (:mod:`cormorant_infra.compute`); the services' own metrics are
 scraped from their ``/metrics`` (``monitoring/prometheus/ecs.yml``).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from cormorant_infra import shared
+from cormorant_infra import iam, shared
 from cormorant_infra.cache import Cache
 from cormorant_infra.compute import LAG_TOPICS, Compute
 from cormorant_infra.config import StackConfig
@@ -24,6 +26,10 @@ CPU_PERCENT = 80.0
 MEMORY_PERCENT = 80.0
 DISK_PERCENT = 80.0
 RDS_FREEABLE_MEMORY_BYTES = 256 * 1024 * 1024
+GIB = 1024**3
+RDS_FREE_STORAGE_FRACTION = 0.1
+"""Free storage (of the autoscaling ceiling ``dbMaxAllocatedStorageGib``) below which the
+database is about to run out: autoscaling cannot grow it further."""
 LAG_RECORDS = 100_000.0
 """Consumer lag (records) that, held for 10 minutes, means a stage cannot keep up."""
 
@@ -48,7 +54,9 @@ class Observability(pulumi.ComponentResource):
         super().__init__("cormorant:observability:Observability", name, None, opts)
         self._name = name
         child = pulumi.ResourceOptions(parent=self)
-        topic = aws.sns.Topic(f"{name}-alarms", kms_master_key_id="alias/aws/sns", opts=child)
+        topic = aws.sns.Topic(
+            f"{name}-alarms", kms_master_key_id=self._alarm_key(name).arn, opts=child
+        )
         if config.alarm_email:
             aws.sns.TopicSubscription(
                 f"{name}-alarms-email",
@@ -109,8 +117,41 @@ class Observability(pulumi.ComponentResource):
             periods=3,
             comparison="LessThanThreshold",
         )
-        if not config.kafka_iam:  # MSK Serverless manages its own storage
+        self._alarm(
+            "rds-storage",
+            f"PostgreSQL free storage below {RDS_FREE_STORAGE_FRACTION:.0%} of its ceiling",
+            namespace="AWS/RDS",
+            metric="FreeStorageSpace",
+            dimensions={"DBInstanceIdentifier": database.identifier},
+            statistic="Minimum",
+            threshold=RDS_FREE_STORAGE_FRACTION * config.db_max_allocated_storage_gib * GIB,
+            periods=5,
+            comparison="LessThanThreshold",
+        )
+        if not config.kafka_iam:  # MSK Serverless manages its own storage and partitions
+            # An offline partition has no leader: nothing is written to or read from it.
+            self._alarm(
+                "msk-offline-partitions",
+                "MSK: partitions without a leader (OfflinePartitionsCount above 0)",
+                namespace="AWS/Kafka",
+                metric="OfflinePartitionsCount",
+                dimensions={"Cluster Name": kafka.cluster_name},
+                statistic="Maximum",
+                threshold=0,
+                periods=2,
+            )
             for broker in range(1, config.kafka_brokers + 1):
+                # Below min.insync.replicas, writes with acks=all are refused.
+                self._alarm(
+                    f"msk-under-min-isr-{broker}",
+                    f"MSK broker {broker}: partitions below min.insync.replicas",
+                    namespace="AWS/Kafka",
+                    metric="UnderMinIsrPartitionCount",
+                    dimensions={"Cluster Name": kafka.cluster_name, "Broker ID": str(broker)},
+                    statistic="Maximum",
+                    threshold=0,
+                    periods=2,
+                )
                 self._alarm(
                     f"msk-disk-{broker}",
                     f"MSK broker {broker}: data disk above {DISK_PERCENT:g} % used",
@@ -138,6 +179,44 @@ class Observability(pulumi.ComponentResource):
                 periods=10,
             )
         self.register_outputs({"topicArn": self.topic_arn})
+
+    def _alarm_key(self, name: str) -> aws.kms.Key:
+        """The alarm topic's customer managed key, which CloudWatch may use.
+
+        AWS, SNS Developer Guide, "Enable compatibility between event sources from AWS
+        services and encrypted topics": a service that publishes to an encrypted topic
+        (CloudWatch alarms among them) needs ``kms:GenerateDataKey*`` and ``kms:Decrypt``
+        in the key's policy; the AWS managed key ``alias/aws/sns`` has a policy nobody can
+        change, so alarms on a topic under it never arrive.
+        """
+        account = aws.get_caller_identity(opts=pulumi.InvokeOptions(parent=self)).account_id
+        return aws.kms.Key(
+            f"{name}-alarms",
+            description="Cormorant alarm topic (SNS), usable by CloudWatch alarms",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            policy=iam.document(
+                [
+                    {
+                        # The account administers the key (the default key policy).
+                        "Sid": "Account",
+                        "Effect": "Allow",
+                        "Principal": {"AWS": f"arn:aws:iam::{account}:root"},
+                        "Action": "kms:*",
+                        "Resource": "*",
+                    },
+                    {
+                        "Sid": "CloudWatchAlarms",
+                        "Effect": "Allow",
+                        "Principal": {"Service": "cloudwatch.amazonaws.com"},
+                        "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+                        "Resource": "*",
+                        "Condition": {"StringEquals": {"aws:SourceAccount": account}},
+                    },
+                ]
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _alarm(
         self,

@@ -13,10 +13,23 @@ from __future__ import annotations
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.command_names import ADMIN_COMMAND, SERVICE_COMMANDS, TOPICS_COMMAND
-from services.common.kafka.admin import core_topic_specs
+from services.common.kafka.admin import (
+    TopicSpec,
+    app_shared_topic_spec,
+    app_topic_spec,
+    core_topic_specs,
+    downlink_topic_spec,
+    refused_configs,
+)
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.keep_alive import max_keep_alive_for_idle_timeout
-from services.common.mqtt.ports import MQTT_PORT, MQTT_TLS_PORT
+from services.common.mqtt.ports import (
+    MQTT_PORT,
+    MQTT_TLS_PORT,
+    MQTT_WS_PORT,
+    MQTT_WSS_PORT,
+    MQTT_WSS_PUBLIC_PORT,
+)
 from services.common.settings import Settings
 from services.common.versions import (
     EMR_RELEASE_LABEL,
@@ -35,22 +48,33 @@ __all__ = [
     "KAFKA_VERSION",
     "MQTT_PORT",
     "MQTT_TLS_PORT",
+    "MQTT_WSS_PORT",
+    "MQTT_WSS_PUBLIC_PORT",
+    "MQTT_WS_PORT",
+    "PRODUCTION_TAG",
     "SERVICE_COMMANDS",
     "SPARK_VERSION",
     "TOPICS_COMMAND",
     "Settings",
     "TopicNames",
+    "TopicSpec",
     "check_emr_release",
     "core_topic_specs",
     "max_keep_alive_for_idle_timeout",
     "msk_kafka_version",
+    "refused_topic_configs",
     "setting_env",
     "settings_for",
+    "topic_specs",
 ]
 
 INGEST = "ingest"
 """The one service that holds MQTT sockets: the only target of the load balancer."""
 assert INGEST in SERVICE_COMMANDS
+
+PRODUCTION_TAG = "cormorant:production"
+"""The tag (value ``true``) on the resources of a stack with ``cormorant:production`` that
+the policy pack's production rules look at (it cannot read the stack's configuration)."""
 
 ADMIN = ADMIN_COMMAND
 """The operators' REST API and console: behind its own internal HTTPS load balancer."""
@@ -129,3 +153,24 @@ def settings_for(**values: object) -> Settings:
     no settings file), validated the way the service validates them. Raises
     ``pydantic.ValidationError`` naming a bad value."""
     return _DeclaredSettings.model_validate(values)
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """Every kind of topic the services create with ``settings``: the core topics, and one
+    example each of a downlink topic and the APPLICATION clients' topics (their configs do
+    not depend on the node or client they are named after)."""
+    return [
+        *core_topic_specs(settings),
+        downlink_topic_spec(settings, "node"),
+        app_topic_spec(settings, "client"),
+        app_shared_topic_spec(settings, "share", "filter/#"),
+    ]
+
+
+def refused_topic_configs(settings: Settings) -> dict[str, list[str]]:
+    """Topic name → the configs of it that the Kafka of ``settings.kafka_flavor`` refuses;
+    only topics with a refused config are named."""
+    refused = {
+        spec.name: refused_configs(spec, settings.kafka_flavor) for spec in topic_specs(settings)
+    }
+    return {name: configs for name, configs in refused.items() if configs}

@@ -6,8 +6,10 @@ the providers' camelCase inputs. During a preview some values are not known yet 
 JSON built from them); a rule then checks what is known and reports nothing for the rest.
 
 Rules: MQTT is the only thing open to the internet, and plaintext MQTT (1883) not
-(advisory: a dev stack may keep it); the admin API's load balancer is internal; encryption
-at rest and in transit on MSK, ElastiCache, RDS, S3, SNS and the load balancers' listeners
+(advisory: a dev stack may keep it; mandatory in a stack tagged production); the NLB's IP
+target groups pass the clients' addresses on (PROXY protocol v2); the admin API's load
+balancer is internal; encryption at rest and in transit on MSK, ElastiCache, RDS, S3, SNS
+(never under ``alias/aws/sns``, which alarms cannot use) and the load balancers' listeners
 (HTTPS, TLS 1.3 policies); failover for Redis, Multi-AZ for RDS (advisory: off in dev); no
 public database; IAM policies never allow ``*`` on ``*``; every ECS service logs and
 autoscales; the EMR release runs the Spark line the jobs pin; the NLB's idle timeouts and
@@ -62,7 +64,10 @@ POLICY_TYPES = (
     "aws:iam/groupPolicy:GroupPolicy",
 )
 
-MQTT_PORTS = frozenset({shared.MQTT_PORT, shared.MQTT_TLS_PORT})
+MQTT_PORTS = frozenset({shared.MQTT_PORT, shared.MQTT_TLS_PORT, shared.MQTT_WSS_PUBLIC_PORT})
+"""The NLB's MQTT listener ports: MQTT, MQTT over TLS, MQTT over WebSocket over TLS."""
+AWS_MANAGED_SNS_KEY = "alias/aws/sns"
+TARGET_GROUP = "aws:lb/targetGroup:TargetGroup"
 KEEP_ALIVE_ENV = shared.setting_env("max_keep_alive")
 PUBLIC_ACCESS_BLOCKS = (
     "blockPublicAcls",
@@ -111,7 +116,8 @@ def _internet_ingress(props: Props) -> Iterable[Props]:
 
 
 def validate_internet_ingress(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    """Only the MQTT listener ports (1883, 8883, TCP) may be open to 0.0.0.0/0 or ::/0."""
+    """Only the MQTT listener ports (1883, 8883, 443: MQTT over WebSocket, TCP) may be open
+    to 0.0.0.0/0 or ::/0."""
     if args.resource_type not in (SG, SG_RULE, SG_INGRESS):
         return
     for rule in _internet_ingress(args.props):
@@ -119,7 +125,7 @@ def validate_internet_ingress(args: ResourceValidationArgs, report: ReportViolat
             protocol = rule.get("protocol", rule.get("ipProtocol"))
             report(
                 f"ingress from the whole internet on {protocol} "
-                f"{rule.get('fromPort')}-{rule.get('toPort')}: only MQTT (1883, 8883) may be",
+                f"{rule.get('fromPort')}-{rule.get('toPort')}: only MQTT (1883, 8883, 443) may be",
                 None,
             )
 
@@ -148,6 +154,48 @@ def validate_plaintext_mqtt(args: ResourceValidationArgs, report: ReportViolatio
                 "cormorant:allowedCidrs",
                 None,
             )
+
+
+def _production(props: Props) -> bool:
+    """Whether a resource belongs to a stack with ``cormorant:production`` (its tag)."""
+    return (props.get("tags") or {}).get(shared.PRODUCTION_TAG) == "true"
+
+
+def validate_production_plaintext_mqtt(
+    args: ResourceValidationArgs, report: ReportViolation
+) -> None:
+    """In a production stack, plaintext MQTT (1883) is never open to 0.0.0.0/0 or ::/0
+    (mandatory: :func:`validate_plaintext_mqtt` is its advisory form for every stack)."""
+    if args.resource_type not in (SG, SG_RULE, SG_INGRESS) or not _production(args.props):
+        return
+    for rule in _internet_ingress(args.props):
+        if _covers(rule, shared.MQTT_PORT):
+            report(
+                f"production stack: plaintext MQTT ({shared.MQTT_PORT}) is open to the whole "
+                "internet: passwords and tokens would cross it in clear",
+                None,
+            )
+
+
+def validate_client_addresses(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """An NLB target group of IP targets over TCP or TLS passes the client's address on,
+    by PROXY protocol v2 (or client IP preservation). AWS, "Edit target group attributes
+    for your Network Load Balancer": client IP preservation defaults to "IP type target
+    groups (TCP, TLS): Disabled"; without either, every connection appears to come from
+    the NLB and the brokers' per-address limits apply to the NLB's few addresses."""
+    props = args.props
+    if (
+        args.resource_type != TARGET_GROUP
+        or props.get("targetType") != "ip"
+        or props.get("protocol") not in ("TCP", "TLS")
+    ):
+        return
+    if props.get("proxyProtocolV2") is not True and str(props.get("preserveClientIp")) != "true":
+        report(
+            f"target group on port {props.get('port')}: IP targets lose the client's address "
+            "(set cormorant:proxyProtocolV2 true)",
+            None,
+        )
 
 
 def _path(props: Props, *keys: str) -> Any:
@@ -190,6 +238,15 @@ def validate_encryption(args: ResourceValidationArgs, report: ReportViolation) -
             report("RDS: PostgreSQL must refuse connections without TLS (rds.force_ssl = 1)", None)
     elif kind == SNS and not props.get("kmsMasterKeyId"):
         report("SNS: the topic must be encrypted (kmsMasterKeyId)", None)
+    elif kind == SNS and str(props.get("kmsMasterKeyId")).endswith(AWS_MANAGED_SNS_KEY):
+        # SNS Developer Guide, "Enable compatibility between event sources from AWS
+        # services and encrypted topics": CloudWatch needs kms:GenerateDataKey* and
+        # kms:Decrypt in the key's policy, which the AWS managed key's cannot grant.
+        report(
+            "SNS: alias/aws/sns cannot take CloudWatch alarms (its key policy cannot let "
+            "cloudwatch.amazonaws.com use it): use a customer managed key",
+            None,
+        )
     elif kind == LISTENER and props.get("protocol") == "HTTP":
         report("load balancer: HTTP listeners carry bearer tokens in clear: use HTTPS", None)
     elif (
@@ -382,6 +439,16 @@ POLICIES: list[Policy] = [
         description="Plaintext MQTT (1883) is not open to 0.0.0.0/0 (production stacks).",
         validate=validate_plaintext_mqtt,
         enforcement_level=EnforcementLevel.ADVISORY,
+    ),
+    ResourceValidationPolicy(
+        name="no-plaintext-mqtt-in-production",
+        description="A production stack never opens plaintext MQTT (1883) to 0.0.0.0/0.",
+        validate=validate_production_plaintext_mqtt,
+    ),
+    ResourceValidationPolicy(
+        name="client-addresses-reach-the-brokers",
+        description="NLB IP target groups send PROXY protocol v2 (or preserve client IPs).",
+        validate=validate_client_addresses,
     ),
     ResourceValidationPolicy(
         name="encryption-everywhere",

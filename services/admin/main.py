@@ -30,7 +30,7 @@ from services.common.kafka import uvloop_writes
 from services.common.settings import Settings, get_settings
 from services.common.stores import open_store
 from services.common.stores.base import StoreUnavailable
-from services.common.stores.postgres_pool import MigratedPool
+from services.common.stores.postgres_pool import MigratedPool, password_of
 from services.common.versions import cormorant_version
 from services.common.web import Readiness
 
@@ -53,7 +53,7 @@ def users_of(settings: Settings) -> AdminUsers:
         name="admin",
         timeout=settings.store_timeout_seconds,
         pool_size=4,
-        password=settings.postgres_password,
+        password=password_of(settings),
         sslmode=settings.postgres_sslmode,
         sslrootcert=settings.postgres_sslrootcert,
     )

@@ -29,6 +29,11 @@ KafkaSaslMechanism = Literal["SCRAM-SHA-512", "OAUTHBEARER"]
 """SASL mechanisms with ``SASL_SSL``: SCRAM-SHA-512 (MSK port 9096) or OAUTHBEARER (MSK IAM,
 port 9098)."""
 
+KafkaFlavor = Literal["apache", "msk-serverless"]
+"""Which Kafka the topics are created on: Apache Kafka (and MSK provisioned), which accepts
+every topic-level config, or MSK Serverless, which accepts only a few
+(:data:`services.common.kafka.admin.MSK_SERVERLESS_TOPIC_CONFIGS`)."""
+
 
 ListenerKind = Literal["mqtt", "mqtts", "ws", "wss"]
 """What an ingest listener speaks: MQTT over TCP, over TLS, over WebSocket (``/mqtt``), over
@@ -246,6 +251,12 @@ class Settings(BaseSettings):
     kafka_iam_region: str | None = Field(
         None,
         description="AWS region of the MSK cluster for IAM tokens; unset: AWS_REGION (set by ECS).",
+    )
+    kafka_flavor: KafkaFlavor = Field(
+        "apache",
+        description="The Kafka the topics are created on: apache (Apache Kafka, MSK "
+        "provisioned) or msk-serverless, which refuses every topic-level config but seven "
+        "(the compacted topics then go without segment.ms and compact on MSK's own schedule).",
     )
 
     # --- MQTT ------------------------------------------------------------------------------
@@ -761,8 +772,16 @@ class Settings(BaseSettings):
     )
     postgres_password: SecretStr | None = Field(
         None,
-        description="PostgreSQL password (RDS's managed password; ECS fills it from "
-        "Secrets Manager).",
+        description="PostgreSQL password, read once at start (the local cluster's; on AWS "
+        "the services read postgres_password_secret_arn instead).",
+    )
+    postgres_password_secret_arn: str | None = Field(
+        None,
+        pattern=r"^arn:aws[a-z-]*:secretsmanager:",
+        description="A Secrets Manager secret (JSON with password) the PostgreSQL password is "
+        "read from for every new connection, so a rotated password is picked up without a "
+        "restart (the task's role needs secretsmanager:GetSecretValue on it). Takes "
+        "precedence over postgres_password.",
     )
     postgres_sslmode: Literal[
         "disable", "allow", "prefer", "require", "verify-ca", "verify-full"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pulumi
 import yaml
+from pulumi.runtime.mocks import MockMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -57,6 +58,11 @@ class Registered:
     name: str
     inputs: dict[str, Any]
     outputs: dict[str, Any]
+    urn: str = ""
+    protect: bool = False
+    dependencies: frozenset[str] = frozenset()
+    """The URNs this resource waits for: its ``depends_on`` (a component's children) and
+    the resources whose outputs are among its inputs."""
 
     @property
     def props(self) -> dict[str, Any]:
@@ -91,6 +97,32 @@ class Deployment:
     def by_id(self) -> dict[str, Registered]:
         """Resources by the id the mock gave them."""
         return {str(r.outputs["__id"]): r for r in self.resources}
+
+
+class RecordingMonitor(MockMonitor):
+    """Pulumi's mock monitor, also keeping what the engine alone sees of each resource:
+    its URN, ``protect`` and dependencies (``MockResourceArgs`` carries neither), by
+    (type, logical name). Registrations may come from several threads at once."""
+
+    def __init__(self, mocks: CloudMocks) -> None:
+        super().__init__(mocks)
+        self.options: dict[tuple[str, str], tuple[str, bool, frozenset[str]]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:
+        urn = self.make_urn(request.parent, request.type, request.name)
+        self.options[(request.type, request.name)] = (
+            urn,
+            bool(request.protect),
+            frozenset(request.dependencies),
+        )
+        return super().RegisterResource(request)
+
+    def annotate(self, resources: list[Registered]) -> None:
+        """Give each of ``resources`` its URN, ``protect`` and dependencies."""
+        for resource in resources:
+            resource.urn, resource.protect, resource.dependencies = self.options[
+                (resource.typ, resource.name)
+            ]
 
 
 def _secret(value: Any) -> dict[str, Any]:
@@ -149,7 +181,9 @@ class CloudMocks(pulumi.runtime.Mocks):
             group = inputs["replicationGroupId"]
             outputs["primaryEndpointAddress"] = f"master.{group}.abc123.euw1.cache.amazonaws.com"
         elif typ == "aws:rds/instance:Instance":
-            identifier = f"{inputs['identifierPrefix']}{self._count:07d}"
+            identifier = (
+                inputs.get("identifier") or f"{inputs['identifierPrefix']}{self._count:07d}"
+            )
             outputs["identifier"] = identifier
             outputs["address"] = f"{identifier}.abc123.{REGION}.rds.amazonaws.com"
             outputs["masterUserSecrets"] = [
@@ -192,6 +226,13 @@ class CloudMocks(pulumi.runtime.Mocks):
             return {"id": REGION, "names": ZONES, "zoneIds": ["euw1-az1", "euw1-az2", "euw1-az3"]}
         if args.token == "aws:index/getRegion:getRegion":
             return {"id": REGION, "region": REGION, "name": REGION}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "id": ACCOUNT,
+                "accountId": ACCOUNT,
+                "arn": f"arn:aws:iam::{ACCOUNT}:user/deployer",
+                "userId": "AIDAEXAMPLE",
+            }
         raise NotImplementedError(f"no mock for invoke {args.token}")
 
 
@@ -244,7 +285,10 @@ def _declare(stack: str, values: Mapping[str, Any]) -> Deployment:
     from cormorant_infra.stack import build
 
     mocks = CloudMocks()
-    pulumi.runtime.set_mocks(mocks, project="cormorant", stack=stack, preview=False)
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(
+        mocks, project="cormorant", stack=stack, preview=False, monitor=monitor
+    )
     pulumi.runtime.set_all_config(as_pulumi_config(values))
     resolved: dict[str, Any] = {}
     secret_outputs: set[str] = set()
@@ -267,6 +311,7 @@ def _declare(stack: str, values: Mapping[str, Any]) -> Deployment:
         return pulumi.Output.all(*[keep(name) for name in outputs]).apply(lambda _: None)
 
     declare()
+    monitor.annotate(mocks.resources)
     return Deployment(mocks.resources, resolved, secret_outputs, mocks.generated_secrets)
 
 

@@ -186,7 +186,7 @@ def test_internet_ingress_inline_and_legacy_rules() -> None:
         ]
     }
     assert check(rules.validate_internet_ingress, rules.SG, inline) == [
-        "ingress from the whole internet on tcp 6379-6379: only MQTT (1883, 8883) may be"
+        "ingress from the whole internet on tcp 6379-6379: only MQTT (1883, 8883, 443) may be"
     ]
     legacy = {
         "type": "ingress",

@@ -92,8 +92,12 @@ def nlb_listeners(deployment: Deployment) -> dict[int, dict[str, Any]]:
 
 
 def mqtt_target_group(deployment: Deployment) -> Registered:
-    """The ingest tasks' target group (TCP)."""
-    [group] = [g for g in deployment.of_type(TARGET_GROUP) if g.inputs["protocol"] == "TCP"]
+    """The ingest tasks' MQTT target group (TCP, port 1883 or, passed through, 8883)."""
+    [group] = [
+        g
+        for g in deployment.of_type(TARGET_GROUP)
+        if g.inputs["protocol"] == "TCP" and g.inputs["port"] in (1883, 8883)
+    ]
     return group
 
 
@@ -160,7 +164,7 @@ def test_only_the_nlb_is_open_to_the_internet_and_only_on_mqtt_ports(
         tier, port = tiers[rule.inputs["securityGroupId"]], rule.inputs["fromPort"]
         assert rule.inputs["fromPort"] == rule.inputs["toPort"]
         if tier == "nlb":
-            assert port in (shared.MQTT_PORT, shared.MQTT_TLS_PORT)
+            assert port in (shared.MQTT_PORT, shared.MQTT_TLS_PORT, shared.MQTT_WSS_PUBLIC_PORT)
             continue
         # Operators (the admin load balancer) and a Prometheus (the tasks' metrics): from
         # private ranges only.
@@ -184,11 +188,12 @@ def test_only_the_nlb_is_open_to_the_internet_and_only_on_mqtt_ports(
 def test_the_prod_stack_keeps_plaintext_mqtt_off_the_internet(
     prod: Deployment, dev: Deployment
 ) -> None:
-    """Production serves MQTT over TLS only (8883); 1883 is neither an NLB listener nor open
-    to any address. The dev stack keeps 1883 (trying Cormorant out), which the policy pack
-    notes."""
-    assert list(nlb_listeners(prod)) == [shared.MQTT_TLS_PORT]
-    assert {port for _cidr, port in address_rules(prod, "nlb")} == {shared.MQTT_TLS_PORT}
+    """Production serves MQTT over TLS only (8883, and WebSocket over TLS on 443); 1883 is
+    neither an NLB listener nor open to any address. The dev stack keeps 1883 (trying
+    Cormorant out), which the policy pack notes."""
+    tls_ports = {shared.MQTT_TLS_PORT, shared.MQTT_WSS_PUBLIC_PORT}
+    assert set(nlb_listeners(prod)) == tls_ports
+    assert {port for _cidr, port in address_rules(prod, "nlb")} == tls_ports
     assert ("0.0.0.0/0", shared.MQTT_PORT) in address_rules(dev, "nlb")
 
 
@@ -232,6 +237,7 @@ def test_tiers_reach_only_their_servers(dev: Deployment) -> None:
     http, admin = shared.HTTP_PORT, shared.ADMIN_PORT
     assert paths == {
         ("nlb", "ingest", 1883),
+        ("nlb", "ingest", shared.MQTT_WS_PORT),  # 443: WebSocket, TLS ended at the NLB
         ("nlb", "ingest", http),  # the target group's health check: /ready
         ("ingest", "kafka", 9096),
         ("stages", "kafka", 9096),
@@ -262,7 +268,7 @@ def test_msk_provisioned(prod: Deployment) -> None:
         "clientBroker": "TLS",
         "inCluster": True,
     }
-    key = prod.one("aws:kms/key:Key")
+    key = prod.named("aws:kms/key:Key", "cormorant-prod-key")
     assert key.inputs["enableKeyRotation"] is True
     assert cluster["encryptionInfo"]["encryptionAtRestKmsKeyArn"] == key.outputs["arn"]
     assert cluster["clientAuthentication"] == {
@@ -283,7 +289,7 @@ def test_msk_provisioned(prod: Deployment) -> None:
 
 
 def test_scram_secret_for_msk(prod: Deployment) -> None:
-    key = prod.one("aws:kms/key:Key")
+    key = prod.named("aws:kms/key:Key", "cormorant-prod-key")
     [secret] = [s for s in prod.of_type("aws:secretsmanager/secret:Secret") if "scram" in s.name]
     assert secret.inputs["namePrefix"].startswith("AmazonMSK_")
     assert secret.inputs["kmsKeyId"] == key.outputs["arn"]
@@ -455,22 +461,25 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     ingest = containers(dev)["ingest"]
     env = environment(ingest)
     assert env["CORMORANT_MQTT_HOST"] == "0.0.0.0"
+    # PROXY v2 as the target groups send it; taken from the VPC only (the NLB's addresses).
+    vpc = ["10.40.0.0/16"]
     assert json.loads(env["CORMORANT_LISTENERS"]) == [
-        {
-            "kind": "mqtt",
-            "port": shared.MQTT_PORT,
-            "proxy_protocol": False,
-            "proxy_trusted_cidrs": ["10.40.0.0/16"],  # the VPC: only the NLB may send PROXY
-        }
-    ]
+        {"kind": "mqtt", "port": shared.MQTT_PORT, "proxy_protocol": True,
+         "proxy_trusted_cidrs": vpc},
+        {"kind": "ws", "port": shared.MQTT_WS_PORT, "proxy_protocol": True,
+         "proxy_trusted_cidrs": vpc},
+    ]  # fmt: skip
     assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
     assert ingest["command"] == ["--node-id-from-ecs-task"]
-    assert ingest["portMappings"] == [{"containerPort": 1883, "protocol": "tcp"}]
+    assert ingest["portMappings"] == [
+        {"containerPort": 1883, "protocol": "tcp"},
+        {"containerPort": shared.MQTT_WS_PORT, "protocol": "tcp"},
+    ]
     [service] = [s for s in dev.of_type(SERVICE) if s.inputs["name"] == "ingest"]
-    [balancer] = service.inputs["loadBalancers"]
-    assert balancer["containerPort"] == 1883
-    assert balancer["targetGroupArn"] == dev.outputs["targetGroupArns"][0]
+    balancers = service.inputs["loadBalancers"]
+    assert [b["containerPort"] for b in balancers] == [1883, shared.MQTT_WS_PORT]
+    assert [b["targetGroupArn"] for b in balancers] == dev.outputs["targetGroupArns"]
 
 
 def test_health_check_is_the_images(dev: Deployment) -> None:
@@ -492,7 +501,10 @@ def test_health_check_is_the_images(dev: Deployment) -> None:
 def test_secrets_reach_tasks_only_as_secrets_manager_references(deployment: Deployment) -> None:
     for container in containers(deployment).values():
         env = environment(container)
-        for name in env:
+        for name, value in env.items():
+            if name.endswith("_SECRET_ARN"):  # where a task reads a secret itself
+                assert value.startswith("arn:aws:secretsmanager:"), name
+                continue
             assert not any(word in name for word in ("PASSWORD", "TOKEN", "SECRET"))
         for secret in container.get("secrets", []):
             assert secret["valueFrom"].startswith("arn:aws:secretsmanager:")
@@ -506,8 +518,12 @@ def test_store_secrets_only_where_the_store_is_read(
     redis = {c: [s["name"] for s in v.get("secrets", [])] for c, v in containers(dev).items()}
     for command, names in redis.items():
         assert ("CORMORANT_REDIS_PASSWORD" in names) == (command in readers), command
-        # PostgreSQL: the admin service's users and audit trail (and the postgres store).
-        assert ("CORMORANT_POSTGRES_PASSWORD" in names) == (command == shared.ADMIN), command
+        # PostgreSQL: the admin service's users and audit trail (and the postgres store),
+        # whose password the task reads itself (RDS rotates it).
+        assert "CORMORANT_POSTGRES_PASSWORD" not in names
+        env = environment(containers(dev)[command])
+        has_postgres = "CORMORANT_POSTGRES_PASSWORD_SECRET_ARN" in env
+        assert has_postgres == (command == shared.ADMIN), command
     env = environment(containers(dev)["device-persist"])
     assert env["CORMORANT_REDIS_URL"].startswith("rediss://master.")
     for command in readers:
@@ -516,8 +532,14 @@ def test_store_secrets_only_where_the_store_is_read(
         assert env["CORMORANT_STORE_BACKEND"] == "postgres"
         assert env["CORMORANT_POSTGRES_SSLMODE"] == "verify-full"
         assert env["CORMORANT_POSTGRES_SSLROOTCERT"] == compute.RDS_CA_BUNDLE
-        [password] = [s for s in postgres["secrets"] if s["name"] == "CORMORANT_POSTGRES_PASSWORD"]
-        assert password["valueFrom"].endswith(":password::")
+        arn = env["CORMORANT_POSTGRES_PASSWORD_SECRET_ARN"]
+        assert ":secret:rds!db-" in arn  # the RDS-managed secret, read at each connection
+        statements = policy_documents(serverless)[f"cormorant-serverless-{command}-task"]
+        assert {
+            "Effect": "Allow",
+            "Action": ["secretsmanager:GetSecretValue"],
+            "Resource": [arn],
+        } in (statements["Statement"])
     # Each execution role reads exactly its own service's secrets.
     documents = policy_documents(dev)
     for command, names in redis.items():
@@ -538,7 +560,7 @@ def test_nlb_listeners_and_target_groups(dev: Deployment) -> None:
     assert nlb["loadBalancerType"] == "network" and nlb["internal"] is False
     assert nlb["enableCrossZoneLoadBalancing"] is True
     listeners = nlb_listeners(dev)
-    assert list(listeners) == [1883, 8883]
+    assert set(listeners) == {1883, 8883, 443}
     assert listeners[1883]["protocol"] == "TCP"
     assert listeners[8883]["protocol"] == "TLS"
     assert listeners[8883]["certificateArn"].startswith("arn:aws:acm:")
@@ -554,27 +576,35 @@ def test_nlb_listeners_and_target_groups(dev: Deployment) -> None:
         "/ready",
     )
     assert group.inputs["deregistrationDelay"] == 30
-    assert group.inputs["proxyProtocolV2"] is False
+    assert group.inputs["proxyProtocolV2"] is True
     assert listeners[8883]["defaultActions"][0]["targetGroupArn"] == group.outputs["arn"]
+    dns = dev.outputs["nlbDnsName"]
     assert dev.outputs["mqttEndpoints"] == [
-        f"mqtt://{dev.outputs['nlbDnsName']}:1883",
-        f"mqtts://{dev.outputs['nlbDnsName']}:8883",
+        f"mqtt://{dns}:1883",
+        f"mqtts://{dns}:8883",
+        f"wss://{dns}:443/mqtt",
     ]
 
 
 def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:
     listeners = nlb_listeners(serverless)
-    assert list(listeners) == [8883]
-    assert listeners[8883]["protocol"] == "TCP" and "certificateArn" not in listeners[8883]
+    assert set(listeners) == {8883, 443}
+    for port in (8883, 443):
+        assert listeners[port]["protocol"] == "TCP" and "certificateArn" not in listeners[port]
     group = mqtt_target_group(serverless)
     assert group.inputs["port"] == 8883 and group.inputs["proxyProtocolV2"] is True
     ingest = containers(serverless)["ingest"]
-    assert ingest["portMappings"] == [{"containerPort": 8883, "protocol": "tcp"}]
+    assert ingest["portMappings"] == [
+        {"containerPort": 8883, "protocol": "tcp"},
+        {"containerPort": shared.MQTT_WSS_PORT, "protocol": "tcp"},
+    ]
     env = environment(ingest)
     assert json.loads(env["CORMORANT_LISTENERS"]) == [
         # PROXY v2 as the target group sends it, taken from the VPC's addresses only
         {"kind": "mqtts", "port": 8883, "proxy_protocol": True,
-         "proxy_trusted_cidrs": ["10.40.0.0/16"]}
+         "proxy_trusted_cidrs": ["10.40.0.0/16"]},
+        {"kind": "wss", "port": shared.MQTT_WSS_PORT, "proxy_protocol": True,
+         "proxy_trusted_cidrs": ["10.40.0.0/16"]},
     ]  # fmt: skip
     assert env["CORMORANT_TLS_CLIENT_AUTH"] == "optional"
     secrets = {s["name"]: s["valueFrom"] for s in ingest["secrets"]}
@@ -584,7 +614,8 @@ def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:
         "CORMORANT_TLS_CLIENT_CA_PEM": f"{TLS_SECRET_ARN}:clientCa::",
     }
     assert serverless.outputs["mqttEndpoints"] == [
-        f"mqtts://{serverless.outputs['nlbDnsName']}:8883"
+        f"mqtts://{serverless.outputs['nlbDnsName']}:8883",
+        f"wss://{serverless.outputs['nlbDnsName']}:443/mqtt",
     ]
 
 
@@ -765,7 +796,7 @@ def test_emr_job_role_is_limited_to_the_archive_and_kafka(prod: Deployment) -> N
     msk_secret = prod.named("aws:secretsmanager/secret:Secret", "cormorant-prod-scram").outputs[
         "arn"
     ]
-    key = prod.one("aws:kms/key:Key").outputs["arn"]
+    key = prod.named("aws:kms/key:Key", "cormorant-prod-key").outputs["arn"]
     for statement in statements:
         for resource in statement["Resource"]:
             assert resource in (bucket_arn, f"{bucket_arn}/*", msk_secret, key), resource
@@ -787,7 +818,7 @@ def test_alarms(prod: Deployment, serverless: Deployment) -> None:
     actions = {tuple(a.inputs["alarmActions"]) for a in prod.of_type(ALARM)}
     assert actions == {(prod.outputs["alarmTopicArn"],)}
     for needle, count in [
-        ("fails the NLB health check", 1),
+        ("fails the NLB health check", 2),  # 1883 (8883's too) and 8083 (443's)
         ("fewer tasks running than desired", len(SERVICE_COMMANDS)),
         ("Redis node", 2 * 3),
         ("PostgreSQL CPU", 1),
@@ -797,7 +828,6 @@ def test_alarms(prod: Deployment, serverless: Deployment) -> None:
     ]:
         assert sum(needle in d for d in descriptions) == count, needle
     assert not any("data disk" in a.inputs["alarmDescription"] for a in serverless.of_type(ALARM))
-    assert prod.one("aws:sns/topic:Topic").inputs["kmsMasterKeyId"] == "alias/aws/sns"
     assert (
         prod.one("aws:sns/topicSubscription:TopicSubscription").inputs["endpoint"]
         == "oncall@example.com"

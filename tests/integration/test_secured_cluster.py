@@ -13,25 +13,31 @@ round trips. Wrong credentials, a wrong CA and plain connections are refused.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiomqtt
+import boto3
+import psycopg
 import pytest
 from aiokafka.errors import KafkaError
+from moto import mock_aws
+from psycopg import sql
 from pydantic import SecretStr
 
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.security import client_security
-from services.common.stores import StoreError, StoreUnavailable, open_store
+from services.common.stores import MessageStore, StoreError, StoreUnavailable, open_store
 from services.local import cluster as local_cluster
 from services.local import ports
 from services.local.settings import LocalSettings
 from tests.e2e.clients import HOST, TIMEOUT, collect, unique
 from tests.pki import make_pki
 from tests.servers import LocalCluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
@@ -156,6 +162,67 @@ async def test_postgres_refuses_a_wrong_ca_password_or_plain_client(
         await refused.window("secured-pg", 10, 0)
     await refused.close()
     assert re.search(reason, caplog.text), caplog.text
+
+
+def _login(password: SecretStr) -> str:
+    """An RDS-managed secret's JSON."""
+    return json.dumps({"username": "cormorant", "password": password.get_secret_value()})
+
+
+async def _stored(store: MessageStore) -> bool:
+    try:
+        return [m.data for m in await store.window("rotation", 10, 0)] == [b"before"]
+    except StoreUnavailable:
+        return False
+
+
+async def test_postgres_store_logs_in_again_after_the_password_rotates(
+    secured: LocalSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RDS rotates its managed password every 7 days. A store reading it from Secrets
+    Manager (``postgres_password_secret_arn``, moto here) opens its new connections with
+    the new one; a store given the password at start cannot."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    assert secured.postgres_password is not None
+    old, new = secured.postgres_password, SecretStr(secrets.token_urlsafe(24))
+    base = {"store_backend": "postgres", "store_timeout_seconds": 3.0}
+    with mock_aws():
+        manager = boto3.client("secretsmanager", region_name="eu-west-1")
+        arn = manager.create_secret(Name="rds!db-rotation", SecretString=_login(old))["ARN"]
+        reading = open_store(
+            secured.model_copy(
+                update={**base, "postgres_password": None, "postgres_password_secret_arn": arn}
+            )
+        )
+        fixed = open_store(secured.model_copy(update=base))
+        await reading.append("rotation", 1, 1, 2**52, b"before")
+        assert await _stored(fixed)
+        role = await psycopg.AsyncConnection.connect(
+            secured.postgres_dsn,
+            password=old.get_secret_value(),
+            sslmode=secured.postgres_sslmode,
+            sslrootcert=str(secured.postgres_sslrootcert),
+            autocommit=True,
+        )
+        change = "ALTER ROLE CURRENT_USER PASSWORD {}"
+        try:
+            # What RDS does: the server's password and the secret change together...
+            await role.execute(sql.SQL(change).format(sql.Literal(new.get_secret_value())))
+            manager.put_secret_value(SecretId=arn, SecretString=_login(new))
+            # ...and every connection opened before ends sooner or later (here: now).
+            await role.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = current_user AND pid <> pg_backend_pid()"
+            )
+            await wait_for(lambda: _stored(reading), "a connection with the new password")
+            assert not await _stored(fixed)
+        finally:
+            await role.execute(sql.SQL(change).format(sql.Literal(old.get_secret_value())))
+            await role.close()
+            await reading.close()
+            await fixed.close()
 
 
 async def test_kafka_topic_administration_over_sasl_ssl(secured: LocalSettings) -> None:

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
-from pydantic import SecretStr
 
 from services.common.auth.authorize import parse_rules
 from services.common.auth.certificates import CertificateMatch
@@ -33,7 +32,12 @@ from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.scram import ScramSecret
 from services.common.records import ClientKind
 from services.common.settings import Settings
-from services.common.stores.postgres_pool import Connection, MigratedPool
+from services.common.stores.postgres_pool import (
+    Connection,
+    MigratedPool,
+    PostgresPassword,
+    password_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +220,7 @@ class CredentialStore:
         *,
         timeout: float = 5.0,
         pool_size: int = 4,
-        password: SecretStr | None = None,
+        password: PostgresPassword = None,
         sslmode: str | None = None,
         sslrootcert: Path | None = None,
     ) -> None:
@@ -242,7 +246,7 @@ class CredentialStore:
         return cls(
             settings.postgres_dsn,
             timeout=settings.store_timeout_seconds,
-            password=settings.postgres_password,
+            password=password_of(settings),
             sslmode=settings.postgres_sslmode,
             sslrootcert=settings.postgres_sslrootcert,
         )

@@ -25,7 +25,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from services.common.kafka.names import APP_PREFIX, APP_SHARED_PREFIX, TopicNames
-from services.common.settings import Settings
+from services.common.settings import KafkaFlavor, Settings
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,34 @@ class TopicSpec:
     configs: dict[str, str] = field(default_factory=dict)
 
 
-def _compacted() -> dict[str, str]:
+MSK_SERVERLESS_TOPIC_CONFIGS = frozenset(
+    {
+        "cleanup.policy",
+        "compression.type",
+        "max.message.bytes",
+        "message.timestamp.difference.max.ms",
+        "message.timestamp.type",
+        "retention.bytes",
+        "retention.ms",
+    }
+)
+"""The topic-level configs MSK Serverless accepts. AWS, MSK Developer Guide, "Configuration
+properties for MSK Serverless clusters": "you can set or modify the following topic-level
+configuration properties. All other topic-level configuration properties are not
+configurable." A CreateTopics naming any other config is refused."""
+
+
+def refused_configs(spec: TopicSpec, flavor: KafkaFlavor) -> list[str]:
+    """The configs of ``spec`` that a Kafka of ``flavor`` (setting ``kafka_flavor``) refuses,
+    sorted; empty when it accepts them all."""
+    if flavor == "msk-serverless":
+        return sorted(set(spec.configs) - MSK_SERVERLESS_TOPIC_CONFIGS)
+    return []
+
+
+def _compacted(settings: Settings) -> dict[str, str]:
+    if settings.kafka_flavor == "msk-serverless":
+        return {"cleanup.policy": "compact"}
     # A short segment.ms keeps the dirty part small so compaction actually runs on
     # low-traffic state topics; min.compaction.lag keeps freshly written records readable.
     return {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000)}
@@ -54,10 +81,12 @@ def core_topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(names.msg_persisted, settings.state_topic_partitions, msg_retention),
         TopicSpec(names.client_acks, settings.state_topic_partitions, msg_retention),
         TopicSpec(names.client_events, settings.state_topic_partitions, msg_retention),
-        TopicSpec(names.client_sessions, settings.state_topic_partitions, _compacted()),
-        TopicSpec(names.client_subscriptions, settings.state_topic_partitions, _compacted()),
-        TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted()),
-        TopicSpec(names.client_wills, settings.state_topic_partitions, _compacted()),
+        TopicSpec(names.client_sessions, settings.state_topic_partitions, _compacted(settings)),
+        TopicSpec(
+            names.client_subscriptions, settings.state_topic_partitions, _compacted(settings)
+        ),
+        TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted(settings)),
+        TopicSpec(names.client_wills, settings.state_topic_partitions, _compacted(settings)),
     ]
 
 

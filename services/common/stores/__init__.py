@@ -19,6 +19,7 @@ from services.common.stores.base import (
     StoreUnavailable,
     WindowRequest,
 )
+from services.common.stores.postgres_pool import password_of
 from services.common.stores.postgres_store import PostgresMessageStore
 from services.common.stores.redis_store import RedisMessageStore
 
@@ -57,7 +58,7 @@ def open_store(settings: Settings) -> MessageStore:
             settings.postgres_dsn,
             max_messages=settings.persisted_max_messages,
             timeout=settings.store_timeout_seconds,
-            password=settings.postgres_password,
+            password=password_of(settings),
             sslmode=settings.postgres_sslmode,
             sslrootcert=settings.postgres_sslrootcert,
         )

@@ -8,8 +8,10 @@ time, raises :class:`~.base.StoreUnavailable` naming the server without user or 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 from pydantic import SecretStr
 
+from services.common.settings import Settings
 from services.common.stores.base import StoreUnavailable
 from services.common.stores.migrate import migrate
 
@@ -30,6 +33,51 @@ def public_address(dsn: str) -> str:
     params = conninfo_to_dict(dsn)
     host = params.get("host") or params.get("hostaddr") or "localhost"
     return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class SecretsManagerPassword:
+    """A password read from AWS Secrets Manager for each new connection: the ``password``
+    key of the JSON secret ``secret_arn``, in the region the ARN names.
+
+    A password that rotates (AWS, Secrets Manager User Guide, "Managed rotation": "During
+    rotation, new connections that retrieve the secret may get the previous version of
+    the credentials") is picked up by the next connection, without a restart; a connection
+    the server refuses is retried by the pool with the secret read again.
+    """
+
+    secret_arn: str
+
+    def read(self) -> str:
+        """The current password (blocking: one GetSecretValue call). Raises
+        ``psycopg.OperationalError`` when Secrets Manager cannot give it (the pool retries a
+        connection that failed so), naming the secret, never its value."""
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        region = self.secret_arn.split(":")[3]
+        try:
+            answer = boto3.client("secretsmanager", region_name=region).get_secret_value(
+                SecretId=self.secret_arn
+            )
+            password: str = json.loads(answer["SecretString"])["password"]
+        except (BotoCoreError, ClientError, KeyError, ValueError) as exc:
+            raise psycopg.OperationalError(
+                f"cannot read the PostgreSQL password from {self.secret_arn}: {type(exc).__name__}"
+            ) from None
+        return password
+
+
+PostgresPassword = SecretStr | SecretsManagerPassword | None
+"""A PostgreSQL password: none, fixed, or read from Secrets Manager at each connection."""
+
+
+def password_of(settings: Settings) -> PostgresPassword:
+    """The PostgreSQL password ``settings`` give: ``postgres_password_secret_arn`` (read at
+    each connection) when set, else ``postgres_password``."""
+    if settings.postgres_password_secret_arn is not None:
+        return SecretsManagerPassword(settings.postgres_password_secret_arn)
+    return settings.postgres_password
 
 
 def connection_options(
@@ -50,7 +98,8 @@ def connection_options(
 class MigratedPool:
     """A psycopg pool of at most ``pool_size`` connections to ``dsn`` (a libpq connection
     string or URL; ``password``, ``sslmode``, ``sslrootcert``: :func:`connection_options`),
-    named ``name`` in psycopg's pool log and in errors (``"message store"``); ``timeout``
+    named ``name`` in psycopg's pool log and in errors (``"message store"``; ``password``
+    may also be a :class:`SecretsManagerPassword`, read for every new connection); ``timeout``
     (seconds) bounds each operation, waiting for a connection included. The pool opens and
     the schema is migrated (:func:`~.migrate.migrate`) on first use, so the constructor does
     no I/O. :attr:`address` is the server as ``host:port/dbname``, without credentials."""
@@ -62,7 +111,7 @@ class MigratedPool:
         name: str,
         timeout: float,
         pool_size: int,
-        password: SecretStr | None = None,
+        password: PostgresPassword = None,
         sslmode: str | None = None,
         sslrootcert: Path | None = None,
     ) -> None:
@@ -70,7 +119,9 @@ class MigratedPool:
         self.name = name
         self.timeout = timeout
         self.address = public_address(dsn)
-        self._options = connection_options(timeout, password, sslmode, sslrootcert)
+        fixed = password if isinstance(password, SecretStr) else None
+        self._static = connection_options(timeout, fixed, sslmode, sslrootcert)
+        self._secret = password if isinstance(password, SecretsManagerPassword) else None
         self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             dsn,
             min_size=1,
@@ -81,11 +132,18 @@ class MigratedPool:
             # a restart it could wait tens of seconds more than needed. Giving up after the
             # store's own timeout instead, it starts afresh (at 1 s) for the next caller.
             reconnect_timeout=timeout,
-            kwargs=self._options,
+            kwargs=self._options if self._secret is not None else self._static,
             name=name,
         )
         self._ready = False
         self._ready_lock = asyncio.Lock()
+
+    async def _options(self) -> dict[str, Any]:
+        """The connection options of a new connection, with the password as it is now."""
+        if self._secret is None:
+            return self._static
+        password = await asyncio.to_thread(self._secret.read)
+        return {**self._static, "password": password}
 
     async def ensure_ready(self) -> None:
         """Open the pool and migrate the schema, once (again after a failed attempt)."""
@@ -127,7 +185,8 @@ class MigratedPool:
         caller to close: one held for long (LISTEN) would starve the pool. Raises
         ``psycopg.OperationalError`` when the server cannot be reached within the connect
         timeout (at least 2 s, libpq's floor)."""
-        return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._options)
+        options = await self._options()
+        return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **options)
 
     async def close(self) -> None:
         """Close the pool's connections."""

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from pydantic import SecretStr
 
 from services.common.stores.base import (
     MAX_PACKET_ID,
@@ -38,7 +37,7 @@ from services.common.stores.base import (
     check_append,
     check_max_messages,
 )
-from services.common.stores.postgres_pool import Connection, MigratedPool
+from services.common.stores.postgres_pool import Connection, MigratedPool, PostgresPassword
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -145,7 +144,7 @@ class PostgresMessageStore(MessageStore):
         max_messages: int = 10_000,
         timeout: float = 5.0,
         pool_size: int = 10,
-        password: SecretStr | None = None,
+        password: PostgresPassword = None,
         sslmode: str | None = None,
         sslrootcert: Path | None = None,
     ) -> None:
