@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import psutil
 from aiokafka import AIOKafkaProducer
 
-from bench import soak
+from bench import brokers, soak
 from bench.loadgen import runner, wire
 from bench.loadgen.plan import Options, Timing, build
 from services.common.kafka.names import TopicNames
@@ -320,6 +320,24 @@ def memory_phase(
 # --- cpu ---------------------------------------------------------------------------------
 
 
+def idle_cpu(procs: Mapping[str, psutil.Process], seconds: float) -> dict[str, float]:
+    """CPU seconds per second each process uses with no traffic, over ``seconds``
+    (polls, timers, metrics: what a paced run's figures carry beside the messages)."""
+    before = brokers.cpu_seconds(dict(procs))
+    time.sleep(seconds)
+    after = brokers.cpu_seconds(dict(procs))
+    return {n: (after[n] - before[n]) / seconds for n in after if n in before}
+
+
+def marginal_us(
+    cpu_s: Mapping[str, float], idle: Mapping[str, float], duration: float, delivered: int
+) -> dict[str, float]:
+    """µs per delivered message and stage beyond the idle use: ``(cpu - idle x duration) /
+    delivered``, each process at least 0. Raises ``ValueError`` when ``delivered`` < 1."""
+    beyond = {n: max(0.0, v - idle.get(n, 0.0) * duration) * 1e6 for n, v in cpu_s.items()}
+    return per_unit({n: 0.0 for n in beyond}, beyond, delivered)
+
+
 def cpu_phase(
     settings: LocalSettings,
     *,
@@ -329,10 +347,15 @@ def cpu_phase(
     workers: int,
     log: Log,
 ) -> list[dict[str, Any]]:
-    """The ``cpu`` phase: each of :data:`CPU_SCENARIOS` ``rounds`` times, alternating, at
-    ``rate`` msg/s for ``duration`` s; one report each. Raises what the load generator
-    raises (:class:`~bench.loadgen.runner.RunError`, :class:`~bench.brokers.BrokerUnavailable`)."""
+    """The ``cpu`` phase: the idle use of every process over ``duration`` s, then each of
+    :data:`CPU_SCENARIOS` ``rounds`` times, alternating, at ``rate`` msg/s for ``duration``
+    s; one report each, with the CPU per delivered message in all (``us_per_delivered``)
+    and beyond the idle use (``marginal_us_per_delivered``). Raises what the load
+    generator raises (:class:`~bench.loadgen.runner.RunError`,
+    :class:`~bench.brokers.BrokerUnavailable`)."""
     target = soak.target(settings)
+    idle = idle_cpu(target.processes, duration)
+    log(f"cpu: idle use, CPU s/s: { {n: round(v, 3) for n, v in idle.items()} }")
     out: list[dict[str, Any]] = []
     timing = Timing(warmup=5.0, duration=duration, drain=30.0, setup=60.0)
     for round_ in range(1, rounds + 1):
@@ -341,7 +364,7 @@ def cpu_phase(
             plan = build(scenario, options, timing)
             before = load_average()
             report = runner.run(plan, target, workers, log)
-            delivered = report["delivered_per_s"] * duration
+            delivered = max(1, round(report["delivered_per_s"] * duration))
             cpu: dict[str, float] = report["broker_cpu_s"]
             out.append(
                 {
@@ -353,13 +376,12 @@ def cpu_phase(
                     "lost": report["lost"],
                     "latency_ms": report["latency_ms"],
                     "cpu_s": cpu,
-                    "us_per_delivered": per_unit(
-                        {n: 0.0 for n in cpu}, {n: v * 1e6 for n, v in cpu.items()},
-                        max(1, round(delivered)),
-                    ),
+                    "idle_cpu_s_per_s": idle,
+                    "us_per_delivered": marginal_us(cpu, {}, duration, delivered),
+                    "marginal_us_per_delivered": marginal_us(cpu, idle, duration, delivered),
                 }
-            )  # fmt: skip
-            log(f"cpu: {scenario} round {round_}: {out[-1]['us_per_delivered']}")
+            )
+            log(f"cpu: {scenario} round {round_}: {out[-1]['marginal_us_per_delivered']}")
     return out
 
 
@@ -482,6 +504,23 @@ def _mib(value: float) -> str:
     return f"{value / 2**20:,.1f}"
 
 
+def _cpu_table(cpu: Sequence[Mapping[str, Any]], key: str, what: str) -> list[str]:
+    stages = list(dict.fromkeys(s for r in cpu for s in r[key]))
+    out = [
+        f"CPU µs per delivered message, {what} (median over rounds):",
+        "",
+        "| scenario | delivered msg/s | load average | " + " | ".join(stages) + " |",
+        "|---|---:|---|" + "---:|" * len(stages),
+    ]
+    for scenario in dict.fromkeys(r["scenario"] for r in cpu):
+        mine = [r for r in cpu if r["scenario"] == scenario]
+        cells = [f"{statistics.median(r[key].get(s, 0.0) for r in mine):,.0f}" for s in stages]
+        rate = statistics.median(r["delivered_per_s"] for r in mine)
+        loads = ", ".join(str(r["load_average"][0]) for r in mine)
+        out.append(f"| {scenario} | {rate:,.0f} | {loads} | " + " | ".join(cells) + " |")
+    return [*out, "", ""]
+
+
 def markdown(memory: Mapping[str, Any] | None, cpu: Sequence[Mapping[str, Any]],
              bootstrap: Mapping[str, Any] | None) -> str:  # fmt: skip
     """The phases' reports as Markdown tables (any of them may be missing)."""
@@ -507,24 +546,13 @@ def markdown(memory: Mapping[str, Any] | None, cpu: Sequence[Mapping[str, Any]],
                 f"| {pers.get(stage, 0.0):,.0f} |"
             )
         out += ["", ""]
-    if cpu:
-        stages = list(dict.fromkeys(s for r in cpu for s in r["us_per_delivered"]))
-        out += [
-            "CPU µs per delivered message (median over rounds):",
-            "",
-            "| scenario | delivered msg/s | load average | " + " | ".join(stages) + " |",
-            "|---|---:|---|" + "---:|" * len(stages),
-        ]
-        for scenario in dict.fromkeys(r["scenario"] for r in cpu):
-            mine = [r for r in cpu if r["scenario"] == scenario]
-            cells = [
-                f"{statistics.median(r['us_per_delivered'].get(s, 0.0) for r in mine):,.0f}"
-                for s in stages
-            ]
-            rate = statistics.median(r["delivered_per_s"] for r in mine)
-            loads = ", ".join(str(r["load_average"][0]) for r in mine)
-            out.append(f"| {scenario} | {rate:,.0f} | {loads} | " + " | ".join(cells) + " |")
-        out += ["", ""]
+    for key, what in (
+        ("us_per_delivered", "in all"),
+        ("marginal_us_per_delivered", "beyond each process's idle use"),
+    ):
+        runs = [r for r in cpu if key in r]
+        if runs:
+            out += _cpu_table(runs, key, what)
     if bootstrap:
         out += [
             f"Bootstrap ({bootstrap['subscriptions_per_session']} subscriptions per session):",
@@ -533,9 +561,9 @@ def markdown(memory: Mapping[str, Any] | None, cpu: Sequence[Mapping[str, Any]],
             "|---|---:|---|---:|---|",
         ]
         for p in bootstrap["points"]:
-            runs = ", ".join(f"{s:.1f}" for s in p["ready_s"])
+            times = ", ".join(f"{s:.1f}" for s in p["ready_s"])
             out.append(
-                f"| {p['component']} | {p['sessions']:,} | {runs} | "
+                f"| {p['component']} | {p['sessions']:,} | {times} | "
                 f"{_mib(p['rss_bytes_median'])} | {p['load_average']} |"
             )
         out += ["", "| component | ready s at 0 | + s per 100k sessions | bytes per session |",

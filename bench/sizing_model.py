@@ -245,7 +245,8 @@ def _latest(lines: Sequence[dict[str, Any]], scenario: str) -> dict[str, Any]:
 
 def measured_from(path: Path) -> Measured:
     """The latest ``memory``, ``cpu`` and ``bootstrap`` records of ``path`` (the JSON lines
-    ``python -m bench sizing`` appends), as :class:`Measured` (CPU: medians over rounds).
+    ``python -m bench sizing`` appends), as :class:`Measured` (CPU: medians over rounds,
+    beyond the idle use when the run measured it).
     Raises ``KeyError`` when a phase has no record, ``OSError`` when ``path`` is missing."""
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
     memory = _latest(lines, "sizing-memory")
@@ -258,7 +259,11 @@ def measured_from(path: Path) -> Measured:
     boot = _latest(lines, "sizing-bootstrap")
     cpu: dict[str, dict[str, float]] = {}
     for scenario in dict.fromkeys(r["scenario"] for r in runs):
-        mine = [r["us_per_delivered"] for r in runs if r["scenario"] == scenario]
+        mine = [
+            r.get("marginal_us_per_delivered", r["us_per_delivered"])
+            for r in runs
+            if r["scenario"] == scenario
+        ]
         stages = dict.fromkeys(s for r in mine for s in r)
         cpu[scenario] = {s: statistics.median(r.get(s, 0.0) for r in mine) for s in stages}
     stored: dict[str, float] = {}

@@ -16,6 +16,10 @@ def test_growth_per_unit_is_summed_per_stage_without_redis_used_memory() -> None
     assert sizing.stage_of("device-persist") == "device_persist"
     with pytest.raises(ValueError):
         sizing.per_unit(before, after, 0)
+    # 2 CPU s in a 20 s window, 0.05 s/s of it idle use: 1 s for 1,000 messages.
+    assert sizing.marginal_us({"router": 2.0}, {"router": 0.05}, 20.0, 1000) == {
+        "router": pytest.approx(1000.0)
+    }
 
 
 def test_memory_figures_and_bootstrap_line() -> None:
