@@ -502,9 +502,15 @@ def do_sizing(args: argparse.Namespace) -> None:
     boot: dict[str, object] | None = None
     with contextlib.ExitStack() as stack:
         if args.own_cluster:
-            # fan-in-app's subscribers are APPLICATION clients: their ids start with "app-".
+            # fan-in-app's subscribers are APPLICATION clients: their ids start with "app-";
+            # every connection comes from one address: no connection rate limits.
             settings = stack.enter_context(
-                chaos.own_cluster(args.production, application_client_ids=["app-*"])
+                chaos.own_cluster(
+                    args.production,
+                    application_client_ids=["app-*"],
+                    max_connection_rate=0,
+                    max_connection_rate_per_address=0,
+                )
             )
         else:
             settings = layout.current(LocalSettings())
