@@ -466,7 +466,12 @@ def sizing_parser(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--subscriptions", type=int, default=5, help="subscriptions per connection")
     m.add_argument("--settle", type=float, default=5.0, help="seconds before each sample")
     c = parser.add_argument_group("cpu")
-    c.add_argument("--rate", type=float, default=500.0, help="msg/s over all publishers")
+    c.add_argument(
+        "--rates",
+        type=_ints,
+        default=[0, 500],
+        help="ascending msg/s over all publishers, one set of runs each; 0: unpaced",
+    )
     c.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
     c.add_argument("--rounds", type=int, default=2, help="runs of each scenario, alternating")
     c.add_argument("--workers", type=int, default=2, help="load generator processes")
@@ -535,10 +540,10 @@ def do_sizing(args: argparse.Namespace) -> None:
             )
             record("memory", memory)
         if "cpu" in phases:
-            _log(f"sizing: cpu at {args.rate:g} msg/s")
+            _log(f"sizing: cpu at {args.rates} msg/s (0: unpaced)")
             cpu = sizing.cpu_phase(
                 settings,
-                rate=args.rate,
+                rates=args.rates,
                 duration=args.duration,
                 rounds=args.rounds,
                 workers=args.workers,

@@ -35,6 +35,7 @@ Markdown summary (:func:`markdown`). Not part of CI: a full run takes 20 to 40 m
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 import statistics
@@ -341,26 +342,27 @@ def marginal_us(
 def cpu_phase(
     settings: LocalSettings,
     *,
-    rate: float,
+    rates: Sequence[float],
     duration: float,
     rounds: int,
     workers: int,
     log: Log,
 ) -> list[dict[str, Any]]:
     """The ``cpu`` phase: the idle use of every process over ``duration`` s, then each of
-    :data:`CPU_SCENARIOS` ``rounds`` times, alternating, at ``rate`` msg/s for ``duration``
-    s; one report each, with the CPU per delivered message in all (``us_per_delivered``)
-    and beyond the idle use (``marginal_us_per_delivered``). Raises what the load
-    generator raises (:class:`~bench.loadgen.runner.RunError`,
-    :class:`~bench.brokers.BrokerUnavailable`)."""
+    :data:`CPU_SCENARIOS` at each of ``rates`` (msg/s; 0: unpaced, as fast as QoS 1 windows
+    of 64 allow: the cost per message of a busy stage, whose batches are larger)
+    ``rounds`` times, alternating, for ``duration`` s; one report each, with the CPU per
+    delivered message in all (``us_per_delivered``) and beyond the idle use
+    (``marginal_us_per_delivered``). Raises what the load generator raises
+    (:class:`~bench.loadgen.runner.RunError`, :class:`~bench.brokers.BrokerUnavailable`)."""
     target = soak.target(settings)
     idle = idle_cpu(target.processes, duration)
     log(f"cpu: idle use, CPU s/s: { {n: round(v, 3) for n, v in idle.items()} }")
     out: list[dict[str, Any]] = []
     timing = Timing(warmup=5.0, duration=duration, drain=30.0, setup=60.0)
     for round_ in range(1, rounds + 1):
-        for scenario in CPU_SCENARIOS:
-            options = Options(qos=1, rate=rate, host="127.0.0.1", port=settings.listen_port)
+        for rate, scenario in itertools.product(rates, CPU_SCENARIOS):
+            options = Options(qos=1, rate=rate or None, host="127.0.0.1", port=settings.listen_port)
             plan = build(scenario, options, timing)
             before = load_average()
             report = runner.run(plan, target, workers, log)
@@ -381,7 +383,8 @@ def cpu_phase(
                     "marginal_us_per_delivered": marginal_us(cpu, idle, duration, delivered),
                 }
             )
-            log(f"cpu: {scenario} round {round_}: {out[-1]['marginal_us_per_delivered']}")
+            figures = out[-1]["marginal_us_per_delivered"]
+            log(f"cpu: {scenario} at {rate:g} round {round_}: {figures}")
     return out
 
 
@@ -512,12 +515,13 @@ def _cpu_table(cpu: Sequence[Mapping[str, Any]], key: str, what: str) -> list[st
         "| scenario | delivered msg/s | load average | " + " | ".join(stages) + " |",
         "|---|---:|---|" + "---:|" * len(stages),
     ]
-    for scenario in dict.fromkeys(r["scenario"] for r in cpu):
-        mine = [r for r in cpu if r["scenario"] == scenario]
+    for scenario, rate in dict.fromkeys((r["scenario"], r["rate"]) for r in cpu):
+        mine = [r for r in cpu if (r["scenario"], r["rate"]) == (scenario, rate)]
         cells = [f"{statistics.median(r[key].get(s, 0.0) for r in mine):,.0f}" for s in stages]
-        rate = statistics.median(r["delivered_per_s"] for r in mine)
+        got = statistics.median(r["delivered_per_s"] for r in mine)
+        name = f"{scenario} at {rate:,.0f} msg/s" if rate else f"{scenario}, unpaced"
         loads = ", ".join(str(r["load_average"][0]) for r in mine)
-        out.append(f"| {scenario} | {rate:,.0f} | {loads} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | {got:,.0f} | {loads} | " + " | ".join(cells) + " |")
     return [*out, "", ""]
 
 

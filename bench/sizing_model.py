@@ -245,8 +245,9 @@ def _latest(lines: Sequence[dict[str, Any]], scenario: str) -> dict[str, Any]:
 
 def measured_from(path: Path) -> Measured:
     """The latest ``memory``, ``cpu`` and ``bootstrap`` records of ``path`` (the JSON lines
-    ``python -m bench sizing`` appends), as :class:`Measured` (CPU: medians over rounds,
-    beyond the idle use when the run measured it).
+    ``python -m bench sizing`` appends), as :class:`Measured` (CPU: medians over rounds of
+    the unpaced runs when there are some, as a task at its target utilization is busy and
+    batches as they do; else of the paced runs, beyond the idle use when measured).
     Raises ``KeyError`` when a phase has no record, ``OSError`` when ``path`` is missing."""
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
     memory = _latest(lines, "sizing-memory")
@@ -259,10 +260,10 @@ def measured_from(path: Path) -> Measured:
     boot = _latest(lines, "sizing-bootstrap")
     cpu: dict[str, dict[str, float]] = {}
     for scenario in dict.fromkeys(r["scenario"] for r in runs):
+        of_scenario = [r for r in runs if r["scenario"] == scenario]
+        busy = [r for r in of_scenario if not r.get("rate")]
         mine = [
-            r.get("marginal_us_per_delivered", r["us_per_delivered"])
-            for r in runs
-            if r["scenario"] == scenario
+            r.get("marginal_us_per_delivered", r["us_per_delivered"]) for r in (busy or of_scenario)
         ]
         stages = dict.fromkeys(s for r in mine for s in r)
         cpu[scenario] = {s: statistics.median(r.get(s, 0.0) for r in mine) for s in stages}
