@@ -245,9 +245,10 @@ def _latest(lines: Sequence[dict[str, Any]], scenario: str) -> dict[str, Any]:
 
 def measured_from(path: Path) -> Measured:
     """The latest ``memory``, ``cpu`` and ``bootstrap`` records of ``path`` (the JSON lines
-    ``python -m bench sizing`` appends), as :class:`Measured` (CPU: medians over rounds of
-    the unpaced runs when there are some, as a task at its target utilization is busy and
-    batches as they do; else of the paced runs, beyond the idle use when measured).
+    ``python -m bench sizing`` appends), as :class:`Measured` (CPU: medians over the
+    unpaced runs of any record when there are some, as a task at its target utilization is
+    busy and batches as they do; else over the latest record's paced runs, beyond the idle
+    use when measured).
     Raises ``KeyError`` when a phase has no record, ``OSError`` when ``path`` is missing."""
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
     memory = _latest(lines, "sizing-memory")
@@ -257,11 +258,16 @@ def measured_from(path: Path) -> Measured:
         )
     )  # computed again from the raw samples: the figures' rules may have been corrected
     runs = _latest(lines, "sizing-cpu")["runs"]
+    # Unpaced runs of any record: a cpu run may have measured the paced rates only.
+    unpaced = [
+        r for x in lines if x.get("scenario") == "sizing-cpu" for r in x["report"]["runs"]
+        if r.get("rate") == 0
+    ]  # fmt: skip
     boot = _latest(lines, "sizing-bootstrap")
     cpu: dict[str, dict[str, float]] = {}
     for scenario in dict.fromkeys(r["scenario"] for r in runs):
         of_scenario = [r for r in runs if r["scenario"] == scenario]
-        busy = [r for r in of_scenario if not r.get("rate")]
+        busy = [r for r in unpaced if r["scenario"] == scenario]
         mine = [
             r.get("marginal_us_per_delivered", r["us_per_delivered"]) for r in (busy or of_scenario)
         ]
