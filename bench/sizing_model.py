@@ -16,7 +16,10 @@ Everything here is arithmetic on measured figures and on the stated assumptions
   is chosen, and "does not fit" said when none does (30 GiB is the largest the infra's
   task sizes allow);
 - Kafka: the local broker's CPU per delivered message x ``replication_cost`` (replicas
-  fetch and store each record again) on ``kafka.m7g.xlarge`` brokers (4 vCPU) at 60 %;
+  fetch and store each record again) on ``kafka.m7g.xlarge`` brokers (4 vCPU) at 60 %,
+  and at least one broker per ``kafka_records_per_broker`` records written by clients per
+  second (an assumption, not measured: the local broker's CPU per record at these low
+  rates is mostly per-batch and idle cost, below what subtracting the idle use resolves);
   at least 3, a multiple of 3 (zones); partitions: ``msg.all`` twice the router tasks
   (at least 12), each client-keyed topic as many as device_persist or app_delivery tasks
   (at least 12), 4 per ingest task's downlink topic; storage: ``msg.all`` kept
@@ -96,6 +99,7 @@ class Assumptions:
     memory_target: float = 0.75
     replication_cost: float = 3.0
     kafka_broker_vcpu: int = 4
+    kafka_records_per_broker: float = 50_000.0
     retention_days: float = 7.0
     record_bytes: int = 200
     flows_per_nlcu: int = 100_000
@@ -195,6 +199,10 @@ def plan(measured: Measured, workload: Workload, a: Assumptions = Assumptions())
     # Kafka.
     kafka_vcpu = workload.msg_per_s * cpu_us(measured, workload, "kafka") / 1e6
     brokers = math.ceil(kafka_vcpu * a.replication_cost / (a.kafka_broker_vcpu * a.cpu_target))
+    # Records clients write per delivered message: msg.all, then the downlink, msg.persisted
+    # or msg.app record; a persistent delivery's client.acks record too.
+    records = workload.msg_per_s * (2 + workload.mix.get("persistent-p2p", 0.0))
+    brokers = max(brokers, math.ceil(records / a.kafka_records_per_broker))
     out.kafka_brokers = max(3, 3 * math.ceil(brokers / 3))
     state = max(12, out.tasks["device_persist"], out.tasks["app_delivery"])
     out.partitions = 3 * (
