@@ -508,7 +508,7 @@ def _mib(value: float) -> str:
 
 
 def _cpu_table(cpu: Sequence[Mapping[str, Any]], key: str, what: str) -> list[str]:
-    stages = list(dict.fromkeys(s for r in cpu for s in r[key]))
+    stages = [s for s in (*STAGES, "other") if any(s in r[key] for r in cpu)]
     out = [
         f"CPU µs per delivered message, {what} (median over rounds):",
         "",

@@ -186,9 +186,13 @@ def plan(measured: Measured, workload: Workload, a: Assumptions = Assumptions())
                     f"({held / 2**30:.1f} GiB) leaves no room for connections in 8 GiB"
                 )
                 room = FARGATE_MAX_MIB * 2**20 * a.memory_target - held
-            per_task = max(1, int(room // per_conn)) if room > per_conn else 1
-            out.tasks[stage] = max(out.tasks[stage], math.ceil(workload.connections / per_task))
-            held += min(per_task, workload.connections) * per_conn
+            if room > per_conn:
+                per_task = int(room // per_conn)
+                tasks = math.ceil(workload.connections / per_task)
+                out.tasks[stage] = max(out.tasks[stage], tasks)
+                held += min(per_task, workload.connections) * per_conn
+            else:  # not even one connection fits: memory says "does not fit" below
+                held += per_conn
         out.memory_mib[stage] = fargate_memory(held, a.memory_target)
         if out.memory_mib[stage] is None:
             out.notes.append(
