@@ -190,7 +190,7 @@ def plan(measured: Measured, workload: Workload, a: Assumptions = Assumptions())
                 per_task = int(room // per_conn)
                 tasks = math.ceil(workload.connections / per_task)
                 out.tasks[stage] = max(out.tasks[stage], tasks)
-                held += min(per_task, workload.connections) * per_conn
+                held += math.ceil(workload.connections / out.tasks[stage]) * per_conn
             else:  # not even one connection fits: memory says "does not fit" below
                 held += per_conn
         out.memory_mib[stage] = fargate_memory(held, a.memory_target)
