@@ -217,10 +217,11 @@ def run(
 
 
 @contextlib.contextmanager
-def own_cluster(production: bool) -> Iterator[LocalSettings]:
+def own_cluster(production: bool, **overrides: Any) -> Iterator[LocalSettings]:
     """A cluster of its own in a temporary directory on free ports (the BENCH slot of a
     block: :mod:`services.local.ports`; the production layout when asked), brought down
-    at the end."""
+    at the end. ``overrides``: more settings (field name → value, e.g.
+    ``application_client_ids=["app-*"]``)."""
     with tempfile.TemporaryDirectory(prefix="cormorant-chaos-") as state_dir:
         chosen = layout.PRODUCTION if production else layout.Layout()
         slot = ports.BENCH
@@ -228,6 +229,7 @@ def own_cluster(production: bool) -> Iterator[LocalSettings]:
             state_dir=Path(state_dir),
             persisted_max_messages=OWN_CLUSTER_MAX_MESSAGES,
             ingest_nodes=slot.ingest_nodes,
+            **overrides,
         ).model_copy(update=slot.ports(ports.free_block((slot,))))  # as Slot.settings does
         settings = layout.apply(own, chosen)
         try:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench run|compare|transactions|routers|summary|list|chaos|soak``
+"""Command line: ``python -m bench run|compare|transactions|routers|summary|list|chaos|soak|sizing``
 (and ``python -m bench.loadgen``).
 
 ``run <scenario>`` runs one scenario once against one broker and prints its report
@@ -11,7 +11,10 @@ runs it with the cluster's routers started from two source trees, alternately
 (:mod:`bench.router_trees`); ``summary`` gathers the latest comparison of every label into
 ``bench/results/summary.{md,png}``; ``chaos`` kills each process of the local cluster in
 turn under load (``bench.chaos``); ``soak`` runs a long steady load and samples the
-cluster's resources (``bench.soak``). See bench/README.md for the scenarios.
+cluster's resources (``bench.soak``); ``sizing`` measures memory per connection and
+subscription, CPU per message and bootstrap time per stage (``bench.sizing``);
+``sizing-plan`` turns them into tasks, brokers and costs (``bench.sizing_model``). See
+bench/README.md for the scenarios.
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from bench import brokers, chaos, kafka_floor, results, soak, summary
+from bench import brokers, chaos, kafka_floor, results, sizing, sizing_model, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
 from bench.loadgen.plan import KAFKA_FLOOR, SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
 from bench.router_trees import compare_routers, parse_tree
 from bench.transactions import compare_transactions
-from services.local import cluster, layout, redis
+from services.local import cluster, layout, open_files, redis
 from services.local.settings import LocalSettings
 
 VERSIONS = {"3.1.1": 4, "5": 5, "5.0": 5}
@@ -441,6 +444,127 @@ def do_soak(args: argparse.Namespace) -> None:
     _log(f"wrote {out}/samples.csv, soak.png and summary.md")
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers (got {text!r})") from None
+    if not values or any(v < 0 for v in values) or values != sorted(values):
+        raise argparse.ArgumentTypeError(f"ascending integers, 0 or more (got {text!r})")
+    return values
+
+
+def sizing_parser(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``sizing``."""
+    parser.add_argument(
+        "--phases",
+        default="memory,cpu,bootstrap",
+        help="comma-separated, in this order: memory, cpu, bootstrap",
+    )
+    m = parser.add_argument_group("memory")
+    m.add_argument("--connections", type=int, default=2000, help="idle connections to open")
+    m.add_argument("--subscriptions", type=int, default=5, help="subscriptions per connection")
+    m.add_argument("--settle", type=float, default=5.0, help="seconds before each sample")
+    c = parser.add_argument_group("cpu")
+    c.add_argument(
+        "--rates",
+        type=_ints,
+        default=[0, 500],
+        help="ascending msg/s over all publishers, one set of runs each; 0: unpaced",
+    )
+    c.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
+    c.add_argument("--rounds", type=int, default=2, help="runs of each scenario, alternating")
+    c.add_argument("--workers", type=int, default=2, help="load generator processes")
+    b = parser.add_argument_group("bootstrap")
+    b.add_argument(
+        "--sessions",
+        type=_ints,
+        default=[0, 25_000, 50_000, 100_000],
+        help="ascending totals of sessions in the compacted topics, one restart step each",
+    )
+    b.add_argument("--session-subscriptions", type=int, default=2, help="subscriptions per session")
+    b.add_argument(
+        "--components",
+        default="router,ingest-node1,device-persist",
+        help="comma-separated components to restart at each step",
+    )
+    b.add_argument("--restarts", type=int, default=2, help="restarts per component and step")
+    _cluster_options(parser)
+    parser.add_argument("--output", type=Path, default=results.RESULTS_DIR / "sizing.jsonl")
+
+
+def do_sizing(args: argparse.Namespace) -> None:
+    """``sizing``: the phases asked for; each appended to the output, then a summary."""
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = set(phases) - {"memory", "cpu", "bootstrap"}
+    if unknown or not phases:
+        raise SystemExit(f"bench: --phases: memory, cpu and/or bootstrap (got {args.phases!r})")
+    if min(args.connections, args.subscriptions, args.rounds, args.restarts) < 1:
+        raise SystemExit("bench: --connections, --subscriptions, --rounds, --restarts: at least 1")
+    open_files.raise_soft_limit()  # each idle connection is a socket here too
+    memory: dict[str, object] | None = None
+    cpu: list[dict[str, object]] = []
+    boot: dict[str, object] | None = None
+    with contextlib.ExitStack() as stack:
+        if args.own_cluster:
+            # fan-in-app's subscribers are APPLICATION clients: their ids start with "app-";
+            # every connection comes from one address: no connection rate limits.
+            settings = stack.enter_context(
+                chaos.own_cluster(
+                    args.production,
+                    application_client_ids=["app-*"],
+                    max_connection_rate=0,
+                    max_connection_rate_per_address=0,
+                )
+            )
+        else:
+            settings = layout.current(LocalSettings())
+        cluster.up(settings)
+        described = layout.of(settings).describe()
+
+        def record(phase: str, report: dict[str, object]) -> None:
+            rec = results.record(
+                label="sizing",
+                scenario=f"sizing-{phase}",
+                broker="cormorant",
+                round_=1,
+                options={**vars(args), "layout": described},
+                report=report,
+            )
+            results.append(args.output, rec)
+
+        if "memory" in phases:
+            _log(f"sizing: memory, {args.connections} connections ({described})")
+            memory = sizing.memory_phase(
+                settings, args.connections, args.subscriptions, args.settle, _log
+            )
+            record("memory", memory)
+        if "cpu" in phases:
+            _log(f"sizing: cpu at {args.rates} msg/s (0: unpaced)")
+            cpu = sizing.cpu_phase(
+                settings,
+                rates=args.rates,
+                duration=args.duration,
+                rounds=args.rounds,
+                workers=args.workers,
+                log=_log,
+            )
+            record("cpu", {"runs": cpu})
+        if "bootstrap" in phases:
+            _log(f"sizing: bootstrap to {args.sessions[-1]:,} sessions")
+            boot = sizing.bootstrap_phase(
+                settings,
+                steps=args.sessions,
+                subscriptions=args.session_subscriptions,
+                components=[c.strip() for c in args.components.split(",") if c.strip()],
+                rounds=args.restarts,
+                log=_log,
+            )
+            record("bootstrap", boot)
+    print(sizing.markdown(memory, cpu, boot))
+    _log(f"appended to {args.output}")
+
+
 def do_compare(args: argparse.Namespace) -> None:
     """``compare``: Cormorant vs Mosquitto, A B A B …"""
     _alternate(
@@ -487,6 +611,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         required=True,
         help="NAME=DIR: a source tree to start the routers from (twice: A, then B)",
     )
+    sizing_parser(sub.add_parser("sizing", help="memory, CPU and bootstrap time per stage"))
+    plan_parser = sub.add_parser(
+        "sizing-plan", help="tasks, brokers, Redis and cost from the sizing measurements"
+    )
+    plan_parser.add_argument("--input", type=Path, default=results.RESULTS_DIR / "sizing.jsonl")
     sub.add_parser("list", help="the scenario names")
     summary_parser = sub.add_parser("summary", help="one table and chart over the comparisons")
     summary_parser.add_argument("labels", nargs="*", help="result labels (default: all)")
@@ -505,6 +634,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             do_chaos(args)
         elif args.command == "soak":
             do_soak(args)
+        elif args.command == "sizing":
+            do_sizing(args)
+        elif args.command == "sizing-plan":
+            measured = sizing_model.measured_from(args.input)
+            print(sizing_model.markdown(sizing_model.grid(measured)), end="")
         elif args.command == "transactions":
             do_transactions(args)
         elif args.command == "routers":
