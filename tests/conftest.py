@@ -80,5 +80,6 @@ def cluster(settings: LocalSettings) -> LocalCluster:
     if not all(row.healthy for row in local_cluster.status(settings)):
         local_cluster.up(settings)
     else:
-        local_cluster.start_component(settings, haproxy.NAME)
+        for name in haproxy.process_names(settings):
+            local_cluster.start_component(settings, name)
     return LocalCluster(settings)

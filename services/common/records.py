@@ -62,7 +62,7 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.errors import MQTTError
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, decode_properties
-from services.common.subscription import Subscription
+from services.common.subscription import LiveFrom, Subscription
 
 HEADER_META = "m"
 HEADER_TARGETS = "t"
@@ -379,23 +379,33 @@ def decode_ack(data: bytes) -> AckRecord:
 # client.subscriptions
 
 
+_LIVE_FROM = 0x40
+"""Subscription options bit (reserved in MQTT 3.8.3.1) of an entry with a live_from cut."""
+
+
 def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     """Encode a client's whole subscription set (the client id is the record key).
 
     Each entry: Topic Filter, the MQTT 5 subscription options byte (3.8.3.1) and the
-    Subscription Identifier (0 = none).
+    Subscription Identifier (0 = none). Bit 0x40 of the options byte (reserved in MQTT)
+    says a :class:`~services.common.subscription.LiveFrom` cut follows: a 16-bit count of
+    ``msg.all`` partitions, then one 64-bit offset each.
     """
     items = list(subs)
     parts = [struct.pack(">BI", _VERSION, len(items))]
     for s in items:
+        cut = None if s.live_from is None else s.live_from.offsets
         options = (
             s.qos
             | (0x04 if s.no_local else 0)
             | (0x08 if s.retain_as_published else 0)
             | (s.retain_handling << 4)
+            | (_LIVE_FROM if cut is not None else 0)
         )
         parts.append(_str16(s.topic_filter))
         parts.append(struct.pack(">BI", options, s.subscription_identifier or 0))
+        if cut is not None:
+            parts.append(struct.pack(f">H{len(cut)}Q", len(cut), *cut))
     return b"".join(parts)
 
 
@@ -410,8 +420,14 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
             topic_filter, offset = _read_str(data, offset, ">H")
             options, ident = struct.unpack_from(">BI", data, offset)
             offset += 5
-            if options & 0x03 == 3 or options >> 4 > 2:
+            if options & 0x03 == 3 or (options >> 4) & 0x03 == 3 or options & 0x80:
                 raise RecordError("invalid subscription options")
+            live_from = None
+            if options & _LIVE_FROM:
+                (partitions,) = struct.unpack_from(">H", data, offset)
+                cut = struct.unpack_from(f">{partitions}Q", data, offset + 2)
+                offset += 2 + 8 * partitions
+                live_from = LiveFrom(cut)
             subs.append(
                 Subscription(
                     client_id=client_id,
@@ -419,8 +435,9 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
                     qos=options & 0x03,
                     no_local=bool(options & 0x04),
                     retain_as_published=bool(options & 0x08),
-                    retain_handling=options >> 4,
+                    retain_handling=(options >> 4) & 0x03,
                     subscription_identifier=ident or None,
+                    live_from=live_from,
                 )
             )
     except struct.error as exc:

@@ -4,10 +4,32 @@ app_delivery's shared groups."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_SUBSCRIPTION_IDENTIFIER = 268_435_455
 """Largest Subscription Identifier, a Variable Byte Integer (MQTT 3.8.2.1.2)."""
+
+
+@dataclass(eq=False, slots=True)
+class LiveFrom:
+    """Where a subscription's live stream of retained messages starts: the cut between the
+    retained copies its SUBSCRIBE asks for and the messages it gets live (MQTT 3.3.1.3).
+
+    ``offsets[p]`` is the end offset of ``msg.all`` partition ``p`` when the ingest node
+    read it, after the SUBSCRIBE arrived and before the subscription was stored. A PUBLISH
+    with RETAIN acknowledged before the SUBSCRIBE lies below it: its retained copy answers
+    the SUBSCRIBE, so it is not sent live too. None while the ingest node has not read
+    the offsets yet (they are filled in before the subscription record is written).
+    Mutable on purpose: the connection's state and the store effect share one object.
+    """
+
+    offsets: tuple[int, ...] | None = None
+
+    def includes(self, partition: int, offset: int) -> bool:
+        """Whether the ``msg.all`` record at ``offset`` of ``partition`` (a PUBLISH with
+        RETAIN) is delivered live: at or after the cut, or not covered by it."""
+        offsets = self.offsets
+        return offsets is None or partition >= len(offsets) or offset >= offsets[partition]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +47,9 @@ class Subscription:
         retain_handling: 0..2, when to send retained messages on subscribe (used by the
             router's retained store, not by matching).
         subscription_identifier: 1..268,435,455, or None when the client sent none.
+        live_from: for a subscription made with retained messages, the :class:`LiveFrom`
+            cut between those and its live messages; None otherwise (every message live).
+            Not part of equality: a SUBSCRIBE repeating a subscription changes nothing.
     """
 
     client_id: str
@@ -34,3 +59,4 @@ class Subscription:
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_identifier: int | None = None
+    live_from: LiveFrom | None = field(default=None, compare=False)

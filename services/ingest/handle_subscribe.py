@@ -6,7 +6,10 @@ acknowledged is seen by every router.
 
 Retained messages (MQTT 3.3.1.3, 5.0 3.8.3.1 Retain Handling) are kept and sent by the
 router; a SUBSCRIBE asks for them with one ``msg.all`` record listing the new subscriptions
-that want them, and its SUBACK also waits for that record.
+that want them, and its SUBACK also waits for that record. Each such subscription carries a
+:class:`~services.common.subscription.LiveFrom` cut, the ``msg.all`` end offsets the shell
+reads before storing it (:mod:`services.ingest.store_pipeline`): a PUBLISH with RETAIN
+below the cut reaches it as the retained copy only, never live as well.
 
 A Topic Filter the client's rules do not grant (:mod:`services.common.auth.authorize`: one
 lying wholly inside a denied subtree, or reaching no allowed topic) fails its own entry:
@@ -25,7 +28,7 @@ from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import EventKind
-from services.common.subscription import Subscription
+from services.common.subscription import LiveFrom, Subscription
 from services.common.topics.validation import parse_shared, validate_topic_filter
 from services.ingest import events
 from services.ingest.effects import (
@@ -108,6 +111,8 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             codes.append(_failure(state, MQTTError(over.detail, ReasonCode.QUOTA_EXCEEDED)))
             continue
         granted = min(request.qos, MAX_GRANTED_QOS)
+        before = state.subscriptions.get(request.topic_filter)
+        wanted = wants_retained(request.retain_handling, before is not None, shared is not None)
         subscription = Subscription(
             client_id=state.client_id,
             topic_filter=request.topic_filter,
@@ -116,9 +121,11 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             retain_as_published=request.retain_as_published,
             retain_handling=request.retain_handling,
             subscription_identifier=identifier,
+            # A new cut where retained copies are asked for (the shell reads its offsets
+            # before the subscription is stored); a repeated one keeps its earlier cut.
+            live_from=LiveFrom() if wanted else None if before is None else before.live_from,
         )
-        existed = request.topic_filter in state.subscriptions
-        if wants_retained(request.retain_handling, existed, shared is not None):
+        if wanted:
             retained[request.topic_filter] = subscription
         else:
             retained.pop(request.topic_filter, None)

@@ -60,6 +60,7 @@ from services.common.kafka.consumer import (
     log_undecodable,
     make_consumer,
 )
+from services.common.kafka.end_offsets import EndOffsets
 from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
@@ -140,11 +141,17 @@ class IngestService:
                 else settings.scram_unknown_user_key.get_secret_value().encode()
             ),
         )
+        # msg.all's high watermarks: beyond every PUBLISH acknowledged (acks=all), also
+        # behind a Will's open transaction, which a last stable offset would stop at.
+        self.msg_all_ends = EndOffsets(
+            settings.kafka_bootstrap, "read_uncommitted", security=client_security(settings)
+        )
         self.node = node = IngestNode(
             settings,
             self.send,
             self.sync_state,
             self.ensure_app_topic,
+            read_live_from=self.read_live_from,
             authenticator=self.authenticator,
             fetch_credential=self.cache.get,
             commit_will=self.commit_will,
@@ -165,6 +172,16 @@ class IngestService:
             lambda: metrics.mqtt_families(
                 metrics.MQTT, node.connections, node.pending_records, node.refusals.counts.items()
             )
+        )
+
+    async def read_live_from(self) -> tuple[int, ...]:
+        """``msg.all``'s end offsets (high watermarks), one per partition, asked of Kafka
+        after the call: a new subscription's
+        :class:`~services.common.subscription.LiveFrom` cut."""
+        ends = await self.msg_all_ends.get()
+        return tuple(
+            ends[TopicPartition(self.names.msg_all, p)]
+            for p in range(self.settings.msg_all_partitions)
         )
 
     async def sync_state(self) -> None:
@@ -242,6 +259,9 @@ class IngestService:
         with the previous process."""
         settings, cache = self.settings, self.cache
         await self.reader.start()
+        await self.msg_all_ends.start(
+            [TopicPartition(self.names.msg_all, p) for p in range(settings.msg_all_partitions)]
+        )
         self.tasks.append(
             asyncio.create_task(
                 cache.store.listen(
@@ -294,6 +314,7 @@ class IngestService:
         self.authenticator.close()
         await self.cache.store.close()
         await self.reader.stop()
+        await self.msg_all_ends.stop()
 
 
 def run() -> None:

@@ -77,7 +77,7 @@ from services.ingest.rate_limits import Admission
 from services.ingest.refusals import Refusals
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.state import ServerContext
-from services.ingest.store_pipeline import StorePipeline
+from services.ingest.store_pipeline import ReadLiveFrom, StorePipeline
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ class IngestNode:
     sure of a persistent APPLICATION client's topic (:data:`EnsureAppTopic`);
     ``authenticator`` checks credentials and ``fetch_credential`` reads one that changed
     (:data:`FetchCredential`); ``store_block`` stores the blocks flapping detection makes
-    (:data:`StoreBlock`; None: they hold on this node only); ``settings``
+    (:data:`StoreBlock`; None: they hold on this node only); ``read_live_from`` reads
+    ``msg.all``'s end offsets for new subscriptions' cuts
+    (:data:`~services.ingest.store_pipeline.ReadLiveFrom`; None: no cut); ``settings``
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
     ``ensure_app_topic``. ``commit_will`` writes records in one transaction of a
@@ -122,6 +124,7 @@ class IngestNode:
         authenticator: Authenticator,
         fetch_credential: FetchCredential,
         store_block: StoreBlock | None = None,
+        read_live_from: ReadLiveFrom | None = None,
         clock: Callable[[], int] = now_ms,
         new_client_id: Callable[[], str] = assigned_client_id,
     ) -> None:
@@ -158,6 +161,7 @@ class IngestNode:
             settings.ingest_max_pending_records,
             self._stored,
             self._store_failed,
+            read_live_from,
         )
         self.wills = WillTimers(self.names, commit_will, sync_state, self.latest_session, clock)
         self.authenticator = authenticator

@@ -24,6 +24,12 @@ sends again later (v3.1.1, after reconnecting) — a reordering (MQTT 4.6). The 
 keeps the order of what it was handed (idempotence), so only what was not handed yet needs
 this.
 
+A subscription record whose new subscriptions carry an empty
+:class:`~services.common.subscription.LiveFrom` cut waits, in its place in the queue, for the
+``msg.all`` end offsets (``read_live_from``), read after the SUBSCRIBE arrived: every
+PUBLISH with RETAIN acknowledged before it lies below them. If they cannot be read, the
+record fails as a store Kafka refused.
+
 Backpressure: when ``max_pending`` records wait to be sent or answered, a client whose
 PUBLISH adds one more stops being read (its sends back up in TCP) until the pending records
 fall to half, so a flood slows its senders instead of making Kafka time out everyone's
@@ -104,13 +110,17 @@ Stored = Callable[[Client, StoreEffect, object], None]
 Failed = Callable[[Client, StoreEffect], None]
 """Told that a client's effect was not stored (refused, or not answered in time)."""
 
+ReadLiveFrom = Callable[[], Awaitable[tuple[int, ...]]]
+"""The end offsets of ``msg.all``, one per partition, read from Kafka after the call."""
+
 
 class StorePipeline:
     """The Kafka writes of this node's connections (see the module's docstring).
 
     ``send`` produces a record; ``names`` gives topic names; ``request_timeout`` (seconds)
     bounds the wait for each answer; ``max_pending`` is the backpressure threshold
-    (``ingest_max_pending_records``).
+    (``ingest_max_pending_records``); ``read_live_from`` fills the subscriptions'
+    :class:`~services.common.subscription.LiveFrom` cuts (None: they are stored without).
     """
 
     def __init__(
@@ -121,8 +131,10 @@ class StorePipeline:
         max_pending: int,
         on_stored: Stored,
         on_failed: Failed,
+        read_live_from: ReadLiveFrom | None = None,
     ) -> None:
         self.names = names
+        self._read_live_from = read_live_from
         self.request_timeout = request_timeout
         self.max_pending = max_pending
         self._send = send
@@ -219,11 +231,13 @@ class StorePipeline:
                     self._sent(queue)
                     self._failed(client, effect)
                     continue
-                record = record_of(self.names, client.connection.client_id, effect)
                 try:
+                    if isinstance(effect, StoreSubscriptions):
+                        await self._cut(effect)
+                    record = record_of(self.names, client.connection.client_id, effect)
                     pending = await self._send(*record)
                 except Exception as exc:  # Kafka unreachable or the record refused
-                    log.warning("could not queue a record for %s: %r", record.topic, exc)
+                    log.warning("could not queue a %s record: %r", type(effect).__name__, exc)
                     self._sent(queue)
                     self._failed(client, effect)
                     continue
@@ -238,6 +252,20 @@ class StorePipeline:
             queue.items.clear()
             self._queues.pop(client, None)
             self._resume_if_drained()
+
+    async def _cut(self, effect: StoreSubscriptions) -> None:
+        """Fill the empty :class:`~services.common.subscription.LiveFrom` cuts of
+        ``effect``'s subscriptions with ``msg.all``'s end offsets, read now. Raises
+        ``TimeoutError`` after ``request_timeout`` seconds, or what Kafka raised."""
+        cuts = [
+            sub.live_from
+            for sub in effect.subscriptions
+            if sub.live_from is not None and sub.live_from.offsets is None
+        ]
+        if cuts and self._read_live_from is not None:
+            offsets = await asyncio.wait_for(self._read_live_from(), self.request_timeout)
+            for cut in cuts:
+                cut.offsets = offsets
 
     def _sent(self, queue: _Queue) -> None:
         queue.items.popleft()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import click
 
 from services.common.metrics import Samples, parse_exposition, total
-from services.local import cluster, haproxy, kafka, layout, progress
+from services.local import cluster, haproxy, kafka, layout, open_files, progress
 from services.local.processes import StartError
 from services.local.settings import LocalSettings
 
@@ -177,7 +177,10 @@ def up(
     _print_table(cluster.status(settings, infrastructure_only=infra_only))
     click.echo(f"\nKafka bootstrap: {kafka.bootstrap(settings)}")
     if not infra_only:
-        click.echo(_connection_ceiling(haproxy.max_connections(settings)))
+        maxconn = haproxy.max_connections(settings)
+        click.echo(_connection_ceiling(maxconn))
+        if (short := _short_of_scale(settings, maxconn)) is not None:
+            click.echo(short, err=True)
         ports = ", ".join(str(p) for p in haproxy.node_ports(settings))
         click.echo(f"MQTT: mqtt://127.0.0.1:{settings.listen_port} (ingest nodes on {ports})")
         if cluster.anonymous_allowed(settings):
@@ -224,6 +227,24 @@ def _connection_ceiling(maxconn: int | None) -> str:
     )
 
 
+def _short_of_scale(settings: LocalSettings, maxconn: int | None) -> str | None:
+    """A warning when HAProxy's ``maxconn`` is below the connections the ingest nodes take
+    (``ingest_nodes`` x ``max_connections``): the open-file limit could not be raised that
+    far (docs/operations/connections.md). None when it is not."""
+    scale = settings.ingest_nodes * settings.max_connections
+    if maxconn is None or maxconn >= scale:
+        return None
+    needed = open_files.target_open_files(settings.ingest_nodes, settings.max_connections)
+    return (
+        f"Warning: HAProxy takes at most {maxconn:,} connections, fewer than the {scale:,} "
+        f"the ingest nodes take ({settings.ingest_nodes} x max_connections "
+        f"{settings.max_connections:,}): the hard open-file limit is too low. Run "
+        "`cormorant down` and `cormorant up` as root, or raise the hard limit to "
+        f"{needed:,} first (nofile in /etc/security/limits.conf, LimitNOFILE= in a "
+        "systemd unit)."
+    )
+
+
 @click.command()
 @_INFRA_ONLY
 @click.option(
@@ -241,7 +262,10 @@ def status(infra_only: bool, interval: float) -> None:
     rows = cluster.status(settings, infrastructure_only=infra_only)
     _print_table(rows, None if infra_only else live_figures(rows, interval))
     if not infra_only:
-        click.echo(_connection_ceiling(haproxy.max_connections(settings)))
+        maxconn = haproxy.max_connections(settings)
+        click.echo(_connection_ceiling(maxconn))
+        if (short := _short_of_scale(settings, maxconn)) is not None:
+            click.echo(short)
     if not all(row.healthy for row in rows):
         raise SystemExit(1)
 

@@ -379,8 +379,13 @@ def services_of(settings: LocalSettings) -> list[Component]:
     admin = _service(
         settings, ADMIN, "admin", settings.admin_port, cluster_endpoints=_endpoints(settings)
     )
-    proxy = Component(haproxy.NAME, settings.listen_port, partial(haproxy.start, settings))
-    return [*nodes, *stages, admin, proxy]
+    proxies = [
+        Component(
+            haproxy.process_name(i), settings.listen_port, partial(haproxy.start, settings, i)
+        )
+        for i in range(1, haproxy.process_count(settings) + 1)
+    ]
+    return [*nodes, *stages, admin, *proxies]
 
 
 def _endpoints(settings: LocalSettings) -> str:
@@ -418,6 +423,16 @@ def _start_all(settings: LocalSettings, parts: list[Component]) -> dict[str, int
     return pids
 
 
+def raise_open_files(settings: LocalSettings) -> int:
+    """Raise this process's open-file limit, which the processes it starts inherit, towards
+    what ``settings``' connections need (:func:`~services.local.open_files.target_open_files`
+    of ``ingest_nodes`` and ``max_connections``); return the soft limit now
+    (:func:`~services.local.open_files.raise_limit`)."""
+    return open_files.raise_limit(
+        open_files.target_open_files(settings.ingest_nodes, settings.max_connections)
+    )
+
+
 def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     """Bring Kafka (with the core topics), Redis and PostgreSQL up; return name → pid.
 
@@ -425,7 +440,7 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     :class:`~services.local.processes.StartError` naming the failing part's log file.
     """
     layout.record(settings)
-    open_files.raise_soft_limit()  # inherited by every process started from here
+    raise_open_files(settings)  # inherited by every process started from here
     if settings.kafka_brokers > 1:
         kafka.launch(local_settings(settings))  # a quorum forms only once they all run
     return _start_all(settings, infrastructure(settings))
@@ -437,7 +452,7 @@ def up_services(settings: LocalSettings) -> dict[str, int]:
     Needs the infrastructure up. Raises :class:`~services.local.processes.StartError`
     naming the failing part's log file.
     """
-    open_files.raise_soft_limit()  # inherited; HAProxy's maxconn follows it
+    raise_open_files(settings)  # inherited; HAProxy's maxconn follows it
     return _start_all(settings, services_of(settings))
 
 
@@ -503,8 +518,10 @@ def start_component(settings: LocalSettings, name: str) -> int:
     """Start the one component ``name`` (e.g. ``kafka``) unless it runs; return its pid.
 
     Raises ``KeyError`` for an unknown name and
-    :class:`~services.local.processes.StartError` if it does not become ready.
+    :class:`~services.local.processes.StartError` if it does not become ready. The open-file
+    limit is raised first (:func:`raise_open_files`), as :func:`up` does.
     """
+    raise_open_files(settings)
     return _find_component(settings, name).start()
 
 

@@ -10,12 +10,20 @@ take a node out of rotation when it is dead or not ready (Kafka unreachable, sti
 starting). HAProxy counts as ready once every ready node is in rotation on every listener
 (its stats socket says so): a client connecting then is never turned away for want of a
 node.
+
+One HAProxy process holds two open files per connection, so a hard open-file limit the
+cluster cannot raise (services/local/open_files.py) caps it near half that limit. Several
+processes (:func:`process_count`, setting ``haproxy_processes``) then share the listen
+ports: HAProxy binds them with SO_REUSEPORT, and the kernel spreads new connections over
+the processes. Each has its own configuration file and stats socket; the ceiling is the sum
+of their ``maxconn``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 import resource
 import shutil
 import socket
@@ -100,8 +108,36 @@ def frontend_ports(settings: LocalSettings) -> dict[ListenerKind, int]:
     }
 
 
-def render_config(settings: LocalSettings) -> str:
-    """haproxy.cfg for ``settings`` (listen ports and ingest nodes)."""
+def process_count(settings: LocalSettings) -> int:
+    """How many HAProxy processes the cluster runs: ``haproxy_processes``, or (0) as many as
+    the connections the ingest nodes take need: ``ingest_nodes`` x ``max_connections``,
+    each node capped by its own open-file limit, over one process's ``maxconn``.
+
+    The open-file limit counted is this process's, raised first as ``cormorant up`` raises
+    it (:func:`~services.local.open_files.raise_limit`): every command then counts alike.
+    """
+    if settings.haproxy_processes:
+        return settings.haproxy_processes
+    soft = open_files.raise_limit(
+        open_files.target_open_files(settings.ingest_nodes, settings.max_connections)
+    )
+    per_node = min(settings.max_connections, max(1, soft - open_files.RESERVED_DESCRIPTORS))
+    return max(1, math.ceil(settings.ingest_nodes * per_node / open_files.haproxy_maxconn(soft)))
+
+
+def process_names(settings: LocalSettings) -> list[str]:
+    """The process names of the HAProxy processes: ``haproxy``, ``haproxy-2``..."""
+    return [process_name(i) for i in range(1, process_count(settings) + 1)]
+
+
+def process_name(index: int) -> str:
+    """The process name of HAProxy process ``index`` (from 1)."""
+    return NAME if index == 1 else f"{NAME}-{index}"
+
+
+def render_config(settings: LocalSettings, index: int = 1) -> str:
+    """haproxy.cfg of HAProxy process ``index`` (from 1) for ``settings`` (listen ports and
+    ingest nodes); the processes differ in their stats socket only."""
     sections = []
     for kind, port in frontend_ports(settings).items():
         servers = "\n".join(
@@ -126,7 +162,7 @@ global
     # (services/local/open_files.py): a cap reached is then the one `cormorant status` shows.
     maxconn {open_files.haproxy_maxconn(open_file_limit())}
 
-    stats socket {stats_socket(settings)} mode 600 level user
+    stats socket {stats_socket(settings, index)} mode 600 level user
 
 defaults
     mode tcp
@@ -150,38 +186,47 @@ def open_file_limit() -> int:
 
 
 def max_connections(settings: LocalSettings) -> int | None:
-    """The connections HAProxy takes at most (its ``Maxconn``, from the stats socket's
-    ``show info``, HAProxy's management guide, section 9.3); None when it does not answer."""
-    try:
-        answer = _ask(settings, "show info")
-    except OSError:
-        return None
-    for line in answer.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "Maxconn" and value.strip().isdigit():
-            return int(value)
-    return None
+    """The connections the HAProxy processes take at most: the sum of their ``Maxconn``,
+    from each stats socket's ``show info`` (HAProxy's management guide, section 9.3); None
+    when none answers."""
+    found = None
+    for index in range(1, process_count(settings) + 1):
+        try:
+            answer = _ask(settings, "show info", index)
+        except OSError:
+            continue
+        for line in answer.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "Maxconn" and value.strip().isdigit():
+                found = (found or 0) + int(value)
+    return found
 
 
-def write_config(settings: LocalSettings) -> Path:
-    """Write ``<state_dir>/haproxy/haproxy.cfg`` and return its path."""
-    path = settings.state_dir / "haproxy" / "haproxy.cfg"
+def _suffix(index: int) -> str:
+    return "" if index == 1 else f"-{index}"
+
+
+def write_config(settings: LocalSettings, index: int = 1) -> Path:
+    """Write HAProxy process ``index``'s configuration, ``<state_dir>/haproxy/haproxy.cfg``
+    (``haproxy-<index>.cfg`` after the first), and return its path."""
+    path = settings.state_dir / "haproxy" / f"haproxy{_suffix(index)}.cfg"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_config(settings), encoding="utf-8")
+    path.write_text(render_config(settings, index), encoding="utf-8")
     return path
 
 
-def stats_socket(settings: LocalSettings) -> Path:
-    """HAProxy's stats socket (a Unix socket, owner only): ``<state_dir>/haproxy/stats.sock``."""
-    return settings.state_dir / "haproxy" / "stats.sock"
+def stats_socket(settings: LocalSettings, index: int = 1) -> Path:
+    """HAProxy process ``index``'s stats socket (a Unix socket, owner only):
+    ``<state_dir>/haproxy/stats.sock`` (``stats-<index>.sock`` after the first)."""
+    return settings.state_dir / "haproxy" / f"stats{_suffix(index)}.sock"
 
 
-def _ask(settings: LocalSettings, command: str) -> str:
-    """HAProxy's answer to one stats socket ``command``. Raises ``OSError`` if HAProxy
-    does not answer."""
+def _ask(settings: LocalSettings, command: str, index: int = 1) -> str:
+    """HAProxy process ``index``'s answer to one stats socket ``command``. Raises
+    ``OSError`` if it does not answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(STATS_TIMEOUT)
-        sock.connect(str(stats_socket(settings)))
+        sock.connect(str(stats_socket(settings, index)))
         sock.sendall(command.encode() + b"\n")
         chunks = []
         while chunk := sock.recv(65536):
@@ -189,30 +234,37 @@ def _ask(settings: LocalSettings, command: str) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def out_of_rotation(settings: LocalSettings) -> list[str]:
-    """The servers HAProxy gives no new connection now, as ``<backend>/<server>`` (e.g.
-    ``ingest_mqtts/node2``): those its health check holds DOWN, or in maintenance.
+def out_of_rotation(settings: LocalSettings, index: int | None = None) -> list[str]:
+    """The servers HAProxy process ``index`` (None: any of them) gives no new connection
+    now, as ``<backend>/<server>`` (e.g. ``ingest_mqtts/node2``): those its health check
+    holds DOWN, or in maintenance.
 
     Asks the stats socket (``show stat``, HAProxy's management guide, section 9.3).
-    Raises ``OSError`` if HAProxy does not answer there.
+    Raises ``OSError`` if a process asked does not answer there.
     """
-    # A CSV table whose header line starts with "# ".
-    table = _ask(settings, "show stat").removeprefix("# ")
-    return [
-        f"{row['pxname']}/{row['svname']}"
-        for row in csv.DictReader(io.StringIO(table))
-        if row["svname"] not in ("FRONTEND", "BACKEND") and not row["status"].startswith("UP")
-    ]
+    indexes = range(1, process_count(settings) + 1) if index is None else [index]
+    out: list[str] = []
+    for asked in indexes:
+        # A CSV table whose header line starts with "# ".
+        table = _ask(settings, "show stat", asked).removeprefix("# ")
+        out += [
+            f"{row['pxname']}/{row['svname']}"
+            for row in csv.DictReader(io.StringIO(table))
+            if row["svname"] not in ("FRONTEND", "BACKEND")
+            and not row["status"].startswith("UP")
+            and f"{row['pxname']}/{row['svname']}" not in out
+        ]
+    return out
 
 
-def in_rotation(settings: LocalSettings) -> bool:
-    """Whether HAProxy listens and routes new connections of every listener to every ready
-    ingest node (one whose ready file exists: HAProxy rightly holds the others out).
-    False while HAProxy cannot be asked."""
+def in_rotation(settings: LocalSettings, index: int = 1) -> bool:
+    """Whether HAProxy process ``index`` listens and routes new connections of every
+    listener to every ready ingest node (one whose ready file exists: HAProxy rightly holds
+    the others out). False while it cannot be asked."""
     if not processes.port_open(settings.listen_port):
         return False
     try:
-        out = out_of_rotation(settings)
+        out = out_of_rotation(settings, index)
     except OSError:
         return False
     ready = {
@@ -224,10 +276,11 @@ def in_rotation(settings: LocalSettings) -> bool:
     return not ready.intersection(out)
 
 
-def start(settings: LocalSettings) -> int:
-    """Start HAProxy in the foreground (tracked by pid) unless it runs; return its pid once
-    every ready ingest node is in rotation (:func:`in_rotation`; also when it was running:
-    a node ready again a moment ago may still be out).
+def start(settings: LocalSettings, index: int = 1) -> int:
+    """Start HAProxy process ``index`` (from 1) in the foreground (tracked by pid) unless it
+    runs; return its pid once every ready ingest node is in rotation (:func:`in_rotation`;
+    also when it was running: a node ready again a moment ago may still be out). Only the
+    first process must find the listen port free: the others join it (SO_REUSEPORT).
 
     Raises :class:`~services.local.processes.StartError` (quoting ``haproxy.log``, whose
     health check lines name the nodes out) if the configuration is refused, the port is
@@ -238,14 +291,14 @@ def start(settings: LocalSettings) -> int:
     binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
     if binary is None:
         raise FileNotFoundError("haproxy is not installed: run scripts/bootstrap.sh")
-    config = write_config(settings)
+    config = write_config(settings, index)
     # -db: stay in the foreground, so the recorded pid is the proxy and its log is stdout.
     argv = [binary, "-db", "-f", str(config)]
     return processes.ensure_started(
         settings.state_dir,
-        NAME,
+        process_name(index),
         argv,
-        lambda: in_rotation(settings),
+        lambda: in_rotation(settings, index),
         START_TIMEOUT,
-        port=settings.listen_port,
+        port=settings.listen_port if index == 1 else None,
     )

@@ -80,6 +80,16 @@ class LocalSettings(Settings):
         description="HAProxy's MQTT over WebSocket on TLS port (wss://…/mqtt).",
     )
     ingest_nodes: int = Field(2, ge=1, le=16, description="Ingest nodes behind HAProxy.")
+    haproxy_processes: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="HAProxy processes sharing the listen ports (SO_REUSEPORT; processes "
+        "haproxy, haproxy-2...). Each holds two open files per connection, so a hard "
+        "open-file limit the cluster cannot raise caps each one near half of it. 0: as "
+        "many as the connections the ingest nodes take need under that limit "
+        "(docs/operations/connections.md).",
+    )
     router_instances: int = Field(
         1, ge=1, le=12, description="Routers (processes router, router-2...) sharing msg.all."
     )

@@ -392,10 +392,12 @@ def outputs(
             out += _outputs_of(names, key, message, routes)
         return out
     message = parsed.message
+    position = (record.partition, record.offset)
     if counters is None:
-        return _outputs_of(names, key, message, table.route(parsed.client_id, message.meta))
+        routes = table.route(parsed.client_id, message.meta, position)
+        return _outputs_of(names, key, message, routes)
     started = perf_counter()
-    routes = table.route(parsed.client_id, message.meta)
+    routes = table.route(parsed.client_id, message.meta, position)
     counters.match.observe(perf_counter() - started)
     counters.count(routes)
     return _outputs_of(names, key, message, routes)

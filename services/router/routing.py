@@ -223,8 +223,17 @@ class RoutingTable:
         """The :class:`~services.common.sessions.DeliveryPath` of ``client_id``'s messages."""
         return delivery_path(self.sessions.get(client_id))
 
-    def route(self, publisher: str, meta: PublishMeta) -> Routes:
+    def route(
+        self, publisher: str, meta: PublishMeta, position: tuple[int, int] | None = None
+    ) -> Routes:
         """Where one message goes (:class:`Routes`).
+
+        ``position`` is the message's ``msg.all`` (partition, offset). A PUBLISH with RETAIN
+        is not sent live to a subscription whose
+        :class:`~services.common.subscription.LiveFrom` cut lies after it: it was
+        acknowledged before that SUBSCRIBE, which gets it as the retained copy
+        (:meth:`retained_for`), so each message reaches the subscription once (MQTT
+        3.3.1.3).
 
         Granted QoS is min(publish QoS, subscription QoS) (MQTT 3.8.4); overlapping
         subscriptions of one client give one delivery at their highest QoS (MQTT 3.3.4); one
@@ -235,7 +244,7 @@ class RoutingTable:
         of DEVICE and APPLICATION members, a DEVICE member's turn goes to it and an
         APPLICATION member's turn to the group's topic.
         """
-        match = self.trie.match(meta.topic, publisher)
+        match = self.trie.match(meta.topic, publisher, position if meta.retain else None)
         routes = Routes()
         sessions = self.sessions
         for client in match.clients.values():

@@ -30,6 +30,7 @@ from services.common.mqtt.packets import (
     Packet,
     PubAck,
     Publish,
+    SubAck,
     Subscribe,
     SubscriptionRequest,
     Will,
@@ -42,15 +43,18 @@ from services.common.records import (
     Headers,
     KafkaRecord,
     PublishMeta,
+    RetainedRequest,
     SessionRecord,
     Target,
     WillRecord,
     decode_meta,
     decode_session,
+    decode_subscriptions,
     encode_meta,
     encode_session,
     encode_subscriptions,
     parse_client_event,
+    parse_msg_all,
     parse_will,
 )
 from services.common.sessions import new_connection_id
@@ -58,6 +62,7 @@ from services.common.subscription import Subscription
 from services.ingest.connection import ServerConnection
 from services.ingest.node import IngestNode
 from services.ingest.registry import ClientRegistry
+from services.ingest.store_pipeline import ReadLiveFrom
 from tests.waiting import wait_for
 
 NOW_MS = 1_700_000_000_000
@@ -174,6 +179,7 @@ def _node(
     producer: Producer,
     synced: asyncio.Event | None = None,
     commits: WillCommits | None = None,
+    read_live_from: ReadLiveFrom | None = None,
     **settings: Any,
 ) -> IngestNode:
     """A node on ``producer``; its state topics are read up to date at once, or when
@@ -198,6 +204,7 @@ def _node(
             NoCredentials(), allow_anonymous=True, anonymous_rules=(ALLOW_ALL_RULE,)
         ),
         fetch_credential=NoCredentials().get,
+        read_live_from=read_live_from,
         clock=lambda: NOW_MS,
     )
 
@@ -701,3 +708,45 @@ async def test_shutdown_disconnects_everyone_and_waits_for_their_records() -> No
     assert ended is not None and not decode_session(ended).connected
     _, event = parse_client_event(b"c1", producer.on("t.client.events")[-1].value)
     assert (event.kind, event.cause) == (EventKind.DISCONNECTED, DisconnectCause.SERVER_SHUTDOWN)
+
+
+# ---------------------------------------------------------------------- retained cut
+
+
+async def test_a_subscription_is_stored_with_the_msg_all_offsets_read_after_its_subscribe() -> None:
+    """A SUBSCRIBE that asks for retained messages: its subscription record waits for
+    ``msg.all``'s end offsets, asked for after the SUBSCRIBE arrived, and carries them as
+    its cut (issue 22.2), as does its retained request. A later SUBSCRIBE without retained
+    messages (Retain Handling 2) reads none and leaves the earlier cut as it was."""
+    reads: list[asyncio.Future[tuple[int, ...]]] = []
+
+    async def read_live_from() -> tuple[int, ...]:
+        reads.append(asyncio.get_running_loop().create_future())
+        return await reads[-1]
+
+    producer = Producer()
+    node = _node(producer, read_live_from=read_live_from)
+    shell = await _connected(node, producer)
+    subscriptions, msg_all = node.names.client_subscriptions, node.names.msg_all
+    shell.send(Subscribe(1, [SubscriptionRequest("a/#", 1)]))
+    await wait_for(lambda: reads, "msg.all's end offsets asked for")
+    assert producer.on(subscriptions) == [] and producer.on(msg_all) == []
+    reads[0].set_result((4, 2))
+    await wait_for(lambda: producer.on(msg_all), "the retained request")
+    [stored] = producer.on(subscriptions)
+    assert stored.value is not None
+    [sub] = decode_subscriptions("c1", stored.value)
+    assert sub.live_from is not None and sub.live_from.offsets == (4, 2)
+    [request] = producer.on(msg_all)
+    asked = parse_msg_all(request.key, request.value, request.headers)
+    assert isinstance(asked, RetainedRequest)
+    assert [s.live_from.offsets for s in asked.subscriptions if s.live_from] == [(4, 2)]
+    producer.answer()
+    await wait_for(lambda: shell.of(SubAck), "SUBACK")
+    shell.send(Subscribe(2, [SubscriptionRequest("b", 1, retain_handling=2)]))
+    await wait_for(lambda: len(producer.on(subscriptions)) == 2, "the second subscriptions")
+    value = producer.on(subscriptions)[1].value
+    assert value is not None
+    cuts = {s.topic_filter: s.live_from for s in decode_subscriptions("c1", value)}
+    assert cuts["b"] is None and len(reads) == 1
+    assert cuts["a/#"] is not None and cuts["a/#"].offsets == (4, 2)

@@ -56,7 +56,8 @@ def test_the_production_layout_runs_the_same_services_health_checked(tmp_path: P
         return [(p.name, p.port, p.http_port) for p in cluster.services_of(settings)]
 
     assert services(production) == services(normal)
-    assert [name for name, _, http in services(production) if http is None] == [haproxy.NAME]
+    proxies = [name for name, _, http in services(production) if http is None]
+    assert proxies == haproxy.process_names(production) and proxies[0] == haproxy.NAME
     assert cluster.ADMIN in cluster.http_ports(production)
     config = haproxy.render_config(production)
     assert config.count("http-check send meth GET uri /ready") == len(haproxy.KINDS)

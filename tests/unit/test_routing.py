@@ -11,11 +11,13 @@ from collections.abc import Callable
 import pytest
 from aiokafka.structs import ConsumerRecord
 
+from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
     ClientKind,
+    KafkaRecord,
     PublishMeta,
     RecordError,
     RetainedRequest,
@@ -23,13 +25,18 @@ from services.common.records import (
     Target,
     client_session_record,
     client_subscriptions_record,
+    decode_meta,
+    decode_subscriptions,
     decode_targets,
     encode_meta,
     encode_session,
     encode_subscriptions,
+    publish_record,
+    retained_record,
+    retained_request_record,
 )
 from services.common.sessions import DeliveryPath
-from services.common.subscription import Subscription
+from services.common.subscription import LiveFrom, Subscription
 from services.router import routing
 from services.router.main import outputs
 from services.router.routing import RoutingTable
@@ -510,3 +517,75 @@ def test_changes_beyond_what_is_remembered_count_as_outdating() -> None:
     many = [_sub("big", f"big/{i}") for i in range(routing.OUTDATED_MAX_SUBSCRIPTIONS + 1)]
     table.set_subscriptions("big", many)
     assert table.outdated(version, ["t/1"])  # too many to index: outdated without looking
+
+
+# The cut between a SUBSCRIBE's retained copies and its live messages (issue 22.2)
+
+
+def _consumer_record(record: KafkaRecord, partition: int, offset: int) -> Record:
+    """``record`` as the router reads it back from ``partition`` at ``offset``."""
+    return ConsumerRecord(
+        record.topic, partition, offset, 0, 0, record.key, record.value, None, 0, 0,
+        list(record.headers),
+    )  # fmt: skip
+
+
+def _copies(table: RoutingTable, names: TopicNames, record: Record) -> list[tuple[str, bool]]:
+    """Each copy ``record`` routes: its subscriber and whether it carries RETAIN 1."""
+    copies = []
+    for _, _, _, headers in outputs(table, names, record, 0):
+        retain = decode_meta(dict(headers)["m"]).retain
+        for target in decode_targets(dict(headers)["t"]):
+            copies.append((target.client_id, retain and target.retain_as_published))
+    return sorted(copies)
+
+
+def test_a_retained_publish_acknowledged_before_a_subscribe_arrives_once_as_the_retained_copy() -> (
+    None
+):
+    """The interleaving of issue 22.2, replayed in the order that made two copies: the
+    router reads the SUBSCRIBE's subscription record before it routes a retained PUBLISH
+    that was acknowledged before that SUBSCRIBE. The PUBLISH lies below the subscription's
+    cut, so it is not sent live; the retained request sends it once, with RETAIN 1.
+    Messages at or after the cut, and other subscribers, are routed live as before."""
+    names = TopicNames("p.")
+    table = RoutingTable()
+    meta = PublishMeta("t/r", 1, True, 0, 4)
+    # 1. The PUBLISH is stored at msg.all partition 3, offset 41, and its retained record.
+    published = _consumer_record(publish_record(names, "pub", meta, b"kept"), 3, 41)
+    retained = retained_record(names, meta, b"kept")
+    table.apply_retained_record(retained.key, retained.value, retained.headers)
+    # 2. SUBSCRIBE after the PUBACK: msg.all's end offsets (partition 3 at 42) cut it.
+    new = Subscription("sub", "t/#", 1, live_from=LiveFrom((0, 0, 0, 42)))
+    stored = client_subscriptions_record(names, "sub", [new])
+    table.apply_subscriptions_record(stored.key, stored.value, stored.headers)
+    table.set_session("sub", _session("n2"))
+    table.set_subscriptions("old", [_sub("old", "t/#")])  # subscribed long before
+    table.set_session("old", _session("n1"))
+    # 3. The router routes the PUBLISH only now: not to "sub", still to "old".
+    assert _copies(table, names, published) == [("old", False)]
+    # 4. The retained request (the SUBSCRIBE's msg.all record) sends the retained copy.
+    request = _consumer_record(retained_request_record(names, "sub", [new]), 5, 9)
+    assert _copies(table, names, request) == [("sub", True)]
+    # At the cut and after it, and for a message without RETAIN below it: live.
+    both = [("old", False), ("sub", False)]
+    later = _consumer_record(publish_record(names, "pub", meta, b"new"), 3, 42)
+    assert _copies(table, names, later) == both
+    plain = PublishMeta("t/r", 1, False, 0, 4)
+    below = _consumer_record(publish_record(names, "pub", plain, b"live"), 3, 40)
+    assert _copies(table, names, below) == both
+    # A partition the cut does not cover (msg.all grew) is live too.
+    elsewhere = _consumer_record(publish_record(names, "pub", meta, b"x"), 7, 0)
+    assert _copies(table, names, elsewhere) == both
+
+
+def test_a_subscriptions_cut_survives_its_record() -> None:
+    """The cut travels in ``client.subscriptions`` (options bit 0x40): every router reads
+    it; a subscription without one is encoded as before."""
+    cut = Subscription("c", "a/+", 2, retain_handling=1, live_from=LiveFrom((5, 0, 7)))
+    plain = _sub("c", "b")
+    [back_cut, back_plain] = decode_subscriptions("c", encode_subscriptions([cut, plain]))
+    assert back_cut == cut and back_cut.live_from is not None
+    assert back_cut.live_from.offsets == (5, 0, 7)
+    assert back_plain == plain and back_plain.live_from is None
+    assert encode_subscriptions([plain]) == encode_subscriptions([_sub("c", "b")])

@@ -42,6 +42,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from services.common.kafka.consumer import assign_whole_topics, log_undecodable
+from services.common.kafka.end_offsets import EndOffsets
 from services.common.records import Headers, RecordError
 
 log = logging.getLogger(__name__)
@@ -75,12 +76,10 @@ class CompactedTopicReader:
         self._topics = list(topics)
         self._handler = handler
         self._consumer: AIOKafkaConsumer | None = None
-        self._probe: AIOKafkaConsumer | None = None
+        self._probe: EndOffsets | None = None
         self._positions: dict[TopicPartition, int] = {}
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        self._next_round: asyncio.Future[dict[TopicPartition, int]] | None = None
-        self._rounds: asyncio.Task[None] | None = None
 
     async def start(self, timeout: float = 60.0) -> None:
         """Assign all partitions, replay them to their current end, then follow in the background.
@@ -100,22 +99,14 @@ class CompactedTopicReader:
             fetch_max_wait_ms=100,
             **self._security,
         )
-        # Asks for end offsets only. Its own connection matters: Kafka answers the requests
-        # of one connection in order, so on the follower's connection a ListOffsets would
-        # wait behind the follower's long-polling fetch (fetch_max_wait_ms) every time.
-        # Its end offsets are the last stable ones (read_committed), what the reader reaches.
-        probe = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            group_id=None,
-            isolation_level="read_committed",
-            **self._security,
-        )
+        # Last stable offsets (read_committed): what the reader reaches.
+        probe = EndOffsets(self._bootstrap, "read_committed", security=self._security)
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
-                await probe.start()
-                self._probe = probe
                 partitions = await assign_whole_topics(consumer, self._topics, from_end=False)
+                await probe.start(partitions)
+                self._probe = probe
                 self._consumer = consumer
                 self._positions = {tp: 0 for tp in partitions}
                 self._task = asyncio.create_task(self._follow(), name="compacted-topic-reader")
@@ -128,15 +119,14 @@ class CompactedTopicReader:
 
     async def stop(self) -> None:
         """Stop following and close the consumer."""
-        for task in (self._task, self._rounds):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        for consumer in (self._consumer, self._probe):
-            if consumer is not None:
-                await consumer.stop()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._probe is not None:
+            await self._probe.stop()
         self._task = None
-        self._rounds = None
         self._consumer = None
         self._probe = None
 
@@ -159,22 +149,7 @@ class CompactedTopicReader:
         :meth:`barrier`, as it says): a service's readiness check that Kafka answers.
         Raises ``aiokafka.errors.KafkaError`` if Kafka does not answer."""
         assert self._probe is not None, "start() first"
-        if self._next_round is None:
-            self._next_round = asyncio.get_running_loop().create_future()
-            if self._rounds is None or self._rounds.done():
-                self._rounds = asyncio.create_task(self._send_rounds())
-        return await asyncio.shield(self._next_round)
-
-    async def _send_rounds(self) -> None:
-        """Answer each round of :meth:`barrier` callers with one end-offsets request."""
-        assert self._probe is not None
-        while self._next_round is not None:
-            round_, self._next_round = self._next_round, None
-            try:
-                round_.set_result(await self._probe.end_offsets(list(self._positions)))
-            except Exception as exc:
-                round_.set_exception(exc)
-                round_.exception()  # retrieved here: a round nobody awaits any more is fine
+        return await self._probe.get()
 
     async def _follow(self) -> None:
         assert self._consumer is not None

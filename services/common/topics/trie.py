@@ -97,12 +97,19 @@ def _collect(
     clients: dict[str, ClientMatch],
     shared: dict[tuple[str, str], list[Subscription]],
     publisher: str | None,
+    position: tuple[int, int] | None,
 ) -> None:
     """Add the subscriptions ending at ``node`` to a match result being built."""
     subs = node.subs
     if subs:
         for client_id, sub in subs.items():
             if sub.no_local and client_id == publisher:
+                continue
+            if (
+                position is not None
+                and sub.live_from is not None
+                and not sub.live_from.includes(*position)
+            ):
                 continue
             sid = sub.subscription_identifier
             found = clients.get(client_id)
@@ -133,6 +140,7 @@ def _walk(
     clients: dict[str, ClientMatch],
     shared: dict[tuple[str, str], list[Subscription]],
     publisher: str | None,
+    position: tuple[int, int] | None,
 ) -> None:
     """Collect matches below ``node`` for ``levels[index:]``.
 
@@ -146,10 +154,10 @@ def _walk(
         if node.hash is not None:
             # '#' matches the rest of the topic, zero levels included (4.7.1.2). A node
             # only exists while it holds a subscription or a child, and '#' is a leaf.
-            _collect(node.hash, clients, shared, publisher)
+            _collect(node.hash, clients, shared, publisher, position)
         child: _Node | None = None
         if index == end:
-            _collect(node, clients, shared, publisher)
+            _collect(node, clients, shared, publisher, position)
         else:
             if node.plus is not None:
                 if pending is None:
@@ -329,7 +337,12 @@ class SubscriptionTrie:
                 stack.append(node.hash)
         return count
 
-    def match(self, topic_name: str, publisher: str | None = None) -> MatchResult:
+    def match(
+        self,
+        topic_name: str,
+        publisher: str | None = None,
+        position: tuple[int, int] | None = None,
+    ) -> MatchResult:
         """Find the subscriptions whose filter matches ``topic_name`` (MQTT 4.7).
 
         ``+`` matches exactly one level, an empty one included; ``#`` matches its parent
@@ -343,6 +356,10 @@ class SubscriptionTrie:
             topic_name: a valid Topic Name; it is not validated here (the ingest node did).
             publisher: the publishing client's id, or None (e.g. a message not from a
                 client), for No Local.
+            position: for a PUBLISH with RETAIN, its ``msg.all`` (partition, offset): a
+                subscription whose :class:`~services.common.subscription.LiveFrom` cut
+                lies after it is skipped (its SUBSCRIBE got the retained copy instead).
+                None for every other message.
 
         Returns:
             A new :class:`MatchResult`; empty dicts when nothing matches.
@@ -356,7 +373,7 @@ class SubscriptionTrie:
             # and never look at the root's wildcard children.
             first = root.children.get(levels[0]) if root.children else None
             if first is not None:
-                _walk(first, levels, 1, clients, shared, publisher)
+                _walk(first, levels, 1, clients, shared, publisher, position)
         else:
-            _walk(root, levels, 0, clients, shared, publisher)
+            _walk(root, levels, 0, clients, shared, publisher, position)
         return MatchResult(clients, shared)
