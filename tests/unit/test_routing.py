@@ -16,6 +16,7 @@ from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
     ClientKind,
+    Origin,
     PublishMeta,
     RecordError,
     RetainedRequest,
@@ -25,6 +26,7 @@ from services.common.records import (
     client_subscriptions_record,
     decode_targets,
     encode_meta,
+    encode_origin,
     encode_session,
     encode_subscriptions,
 )
@@ -435,7 +437,10 @@ def test_application_records_carry_payload_meta_target_and_session() -> None:
     # Keyed by the publisher: its messages keep their order in the client's topic.
     assert (key, value, headers["m"], headers["s"]) == (b"pub-1", b"payload", meta, APP_SESSION)
     assert decode_targets(headers["t"]) == [Target("app", 1)]
-    assert out[names.app_shared("grp", "t/+")] == (b"pub-1", b"payload", {"m": meta})
+    # Each record names its origin, the msg.all partition and offset it was routed from.
+    origin = encode_origin(Origin(0, 7, 0))
+    assert out[names.app_shared("grp", "t/+")] == (b"pub-1", b"payload", {"m": meta, "o": origin})
+    assert headers["o"] == origin
 
 
 # RoutingTable.outdated: would messages routed at an earlier version be routed otherwise now?
