@@ -29,7 +29,7 @@ from pathlib import Path
 from bench import brokers, chaos, kafka_floor, results, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
-from bench.loadgen.plan import KAFKA_FLOOR, SCENARIOS, Options, Timing, build
+from bench.loadgen.plan import DEFAULT_INFLIGHT, KAFKA_FLOOR, SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
 from bench.router_trees import compare_routers, parse_tree
 from bench.transactions import compare_transactions
@@ -64,7 +64,11 @@ def _common(parser: argparse.ArgumentParser, scenarios: Sequence[str] = SCENARIO
     g.add_argument("--connections", type=int, help="connections scenario: idle clients to open")
     g.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
     g.add_argument(
-        "--inflight", type=int, default=64, help="QoS 1 PUBLISHes awaiting PUBACK per publisher"
+        "--inflight",
+        type=int,
+        default=DEFAULT_INFLIGHT,
+        help="QoS 1 PUBLISHes awaiting PUBACK per publisher (p2p: any other than the "
+        "default adds -inflight<pairs * inflight> to the label)",
     )
     g.add_argument("--username", help="User Name of every client's CONNECT (label: -auth)")
     g.add_argument("--password", help="Password of every client's CONNECT")
