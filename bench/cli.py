@@ -459,7 +459,7 @@ def do_compare(args: argparse.Namespace) -> None:
 
 
 def do_transactions(args: argparse.Namespace) -> None:
-    """``transactions``: the routers transactional vs at-least-once, A B A B …"""
+    """``transactions``: the routers routing by origins vs in transactions, A B A B …"""
     _alternate(args, compare_transactions)
 
 

@@ -106,6 +106,7 @@ class ClientFeed:
         send: SendRecord,
         admin: AIOKafkaAdminClient,
         on_failure: Callable[[], None],
+        reroutes: RerouteFilter,
     ) -> None:
         self.settings = settings
         self.names = TopicNames.from_settings(settings)
@@ -133,8 +134,8 @@ class ClientFeed:
         # never sent to the next (it gets everything unacknowledged again, in order).
         self._connection = 0
         # Records a crashed router routed again (they stand at new offsets: the window's
-        # marks cannot tell).
-        self._reroutes = RerouteFilter()
+        # marks cannot tell); the client's, kept across its connections by the caller.
+        self._reroutes = reroutes
 
     def lag(self) -> int | None:
         """Records of the client's own topic below its high watermark (as of the last
