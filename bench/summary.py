@@ -69,7 +69,7 @@ def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None or value != value else fmt.format(value)
 
 
-def _floor(floor: Mapping[str, float], first: Mapping[str, Any], key: str) -> float | None:
+def _floor(floor: Mapping[str, float | None], first: Mapping[str, Any], key: str) -> float | None:
     """The Kafka floor's figure that the row ``key`` of a comparison (``first`` of its
     records) is divided by: its latency for a latency; for delivered msg/s of an unpaced
     scenario, what the floor carries through both hops unpaced with the scenario's

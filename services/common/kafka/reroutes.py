@@ -27,18 +27,37 @@ after the state barrier, so it honoured every subscription acknowledged before t
 (docs/architecture.md, "Ordering"); a subscriber only the second routing found gets
 nothing of that message, as it would not have with a first routing made a moment earlier.
 
-The marks live in the reader's memory: a reader that restarts (or an APPLICATION client's
-feed that starts again on a reconnect) between a router's crash and the copies it routes
-again does not know the originals it read before its committed offset. Two failures in a
-row, one in each stage, are needed for a copy to pass (docs/guarantees/index.md).
+The marks live in the reader's memory. A reader given a partition (at start, or when its
+group moves one to it) that resumes at a committed offset reads back what precedes it
+first (:func:`recall`, device_persist: :data:`RECALL_SECONDS` of it), so a copy that comes
+after the offset of an original that stood before it is still known. The ingest nodes read
+their downlink from its end (a restarted node has no connection that got anything), and
+app_delivery keeps a client's marks across its connections (docs/guarantees/index.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import contextlib
+import logging
+from collections.abc import Callable, Hashable
 
-from services.common.kafka.consumer import Record
-from services.common.records import origin_of
+from aiokafka import TopicPartition
+
+from services.common.clock import now_ms
+from services.common.kafka.consumer import Record, make_consumer
+from services.common.records import RecordError, origin_of
+from services.common.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Seconds of records before a partition's committed offset that :func:`recall` reads
+#: back: beyond what a router routes again after a crash (its commit interval, 0.2 s) and
+#: the seconds until it routes again (a restart, or the group handing the partition on
+#: after the consumer session timeout, 6 s by default).
+RECALL_SECONDS = 60.0
+
+#: Seconds :func:`recall` waits for a fetch before it gives the partitions up (logged).
+RECALL_FETCH_SECONDS = 10.0
 
 
 class RerouteFilter:
@@ -70,3 +89,67 @@ class RerouteFilter:
             return True  # read again: the reader's own bookkeeping handles it
         self._marks[key] = (origin.offset, origin.index, record.offset)
         return True
+
+
+async def recall(
+    settings: Settings,
+    group: str,
+    reroutes: RerouteFilter,
+    partitions: set[TopicPartition],
+    scope: Callable[[Record], Hashable],
+    seconds: float = RECALL_SECONDS,
+) -> int:
+    """Read into ``reroutes`` the records of ``partitions`` written in the last ``seconds``
+    (by record timestamp) before consumer group ``group``'s committed offset in each, as
+    :meth:`RerouteFilter.first` reads records (``scope`` gives each record's scope);
+    nothing is applied. A partition without a committed offset is skipped (its reader
+    starts at its beginning and reads everything itself). Returns how many records were
+    read. A Kafka error or no record within :data:`RECALL_FETCH_SECONDS` is logged and
+    ends the recall early: the reader goes on without those marks."""
+    consumer = make_consumer(settings, group_id=group)
+    await consumer.start()
+    read = 0
+    try:
+        starts: dict[TopicPartition, int] = {}
+        for tp in partitions:
+            committed = await consumer.committed(tp)
+            if committed:
+                starts[tp] = committed
+        if not starts:
+            return 0
+        consumer.assign(list(starts))
+        beginnings = await consumer.beginning_offsets(list(starts))
+        found = await consumer.offsets_for_times(
+            dict.fromkeys(starts, now_ms() - int(seconds * 1000))
+        )
+        ends: dict[TopicPartition, int] = {}
+        for tp, start in starts.items():
+            at = found.get(tp)  # None: every record is older than the window
+            first = max(beginnings[tp], start if at is None else at.offset)
+            if first < start:
+                consumer.seek(tp, first)
+                ends[tp] = start
+        consumer.assign(list(ends))  # keeps the positions of partitions still assigned
+        while ends:
+            batches = await consumer.getmany(*ends, timeout_ms=int(RECALL_FETCH_SECONDS * 1000))
+            if not batches:
+                log.warning(
+                    "recall of %s: no record within %s s", sorted(ends), RECALL_FETCH_SECONDS
+                )
+                break
+            for tp, records in batches.items():
+                end = ends.get(tp, 0)
+                for record in records:
+                    if record.offset >= end:
+                        break
+                    read += 1
+                    with contextlib.suppress(RecordError):  # the reader logs it when it reads it
+                        reroutes.first(record, scope(record))
+            for tp in list(ends):
+                if await consumer.position(tp) >= ends[tp]:
+                    del ends[tp]
+    except Exception as exc:  # a best effort: the reader goes on without the marks
+        log.warning("recall of %s stopped: %r", sorted(partitions), exc)
+    finally:
+        await consumer.stop()
+    return read
