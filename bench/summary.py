@@ -107,9 +107,25 @@ def table(comparisons: Sequence[Sequence[Mapping[str, Any]]]) -> str:
                 f"{_fmt(ratio(a, floor), '{:.2f}')} |"
             )
             name = ""
-    lines += ["", "Commands (each: 3+ rounds, Cormorant and Mosquitto alternately):", ""]
-    lines += [f"- `{records[0]['command']}`" for records in comparisons]
+    lines += [
+        "",
+        "Commands (each: 3+ rounds, Cormorant and Mosquitto alternately), with the date of "
+        "the first run, the commit and the range of the 1-minute load average over the runs:",
+        "",
+    ]
+    lines += [f"- `{records[0]['command']}`: {_when(records)}" for records in comparisons]
     return "\n".join(lines) + "\n"
+
+
+def _when(records: Sequence[Mapping[str, Any]]) -> str:
+    """Date (UTC, to the minute), commit and load average range of a comparison's runs."""
+    first = records[0]
+    date = str(first.get("date", ""))[:16].replace("T", " ")
+    loads = [
+        load for rec in records if (load := rec.get("machine", {}).get("loadavg_1m")) is not None
+    ]
+    load = f"load {min(loads):.1f} to {max(loads):.1f}" if loads else "load not recorded"
+    return f"{date}, {str(first.get('git_commit', ''))[:7]}, {load}"
 
 
 def draw(comparisons: Sequence[Sequence[Mapping[str, Any]]], path: Path) -> Path:
