@@ -191,9 +191,10 @@ class Settings(BaseSettings):
         "batch. Off (the default), the router commits its offsets after what it wrote is "
         "stored, and the readers of what it writes drop the copies a crashed router routes "
         "again (by their msg.all origin), so each message is still stored and delivered "
-        "once through a router crash, without a transaction's round trips (docs/performance.md). On: "
-        "what a crashed router wrote is never read; kept to measure the two against each "
-        "other (bench/README.md, \"The transactional router's cost\").",
+        "once through a router crash, without a transaction's round trips "
+        "(docs/performance.md). On: what a crashed router wrote is never read; kept to "
+        'measure the two against each other (bench/README.md, "The transactional '
+        "router's cost\").",
     )
     consumer_session_timeout_seconds: float = Field(
         6.0,
