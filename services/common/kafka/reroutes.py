@@ -129,7 +129,6 @@ async def recall(
             if first < start:
                 consumer.seek(tp, first)
                 ends[tp] = start
-        consumer.assign(list(ends))  # keeps the positions of partitions still assigned
         while ends:
             batches = await consumer.getmany(*ends, timeout_ms=int(RECALL_FETCH_SECONDS * 1000))
             if not batches:
