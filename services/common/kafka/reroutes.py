@@ -107,9 +107,9 @@ async def recall(
     read. A Kafka error or no record within :data:`RECALL_FETCH_SECONDS` is logged and
     ends the recall early: the reader goes on without those marks."""
     consumer = make_consumer(settings, group_id=group)
-    await consumer.start()
     read = 0
     try:
+        await consumer.start()
         starts: dict[TopicPartition, int] = {}
         for tp in partitions:
             committed = await consumer.committed(tp)
