@@ -32,7 +32,7 @@ from pathlib import Path
 from bench import brokers, chaos, kafka_floor, results, sizing, sizing_model, soak, summary
 from bench.compare import compare, summary_line
 from bench.loadgen import runner
-from bench.loadgen.plan import KAFKA_FLOOR, SCENARIOS, Options, Timing, build
+from bench.loadgen.plan import DEFAULT_INFLIGHT, KAFKA_FLOOR, SCENARIOS, Options, Timing, build
 from bench.loadgen.transports import TRANSPORTS
 from bench.router_trees import compare_routers, parse_tree
 from bench.transactions import compare_transactions
@@ -67,7 +67,11 @@ def _common(parser: argparse.ArgumentParser, scenarios: Sequence[str] = SCENARIO
     g.add_argument("--connections", type=int, help="connections scenario: idle clients to open")
     g.add_argument("--mqtt", choices=sorted(VERSIONS), default="3.1.1", help="MQTT version")
     g.add_argument(
-        "--inflight", type=int, default=64, help="QoS 1 PUBLISHes awaiting PUBACK per publisher"
+        "--inflight",
+        type=int,
+        default=DEFAULT_INFLIGHT,
+        help="QoS 1 PUBLISHes awaiting PUBACK per publisher (p2p: any other than the "
+        "default adds -inflight<pairs * inflight> to the label)",
     )
     g.add_argument("--username", help="User Name of every client's CONNECT (label: -auth)")
     g.add_argument("--password", help="Password of every client's CONNECT")
@@ -579,7 +583,7 @@ def do_compare(args: argparse.Namespace) -> None:
 
 
 def do_transactions(args: argparse.Namespace) -> None:
-    """``transactions``: the routers transactional vs at-least-once, A B A B …"""
+    """``transactions``: the routers routing by origins vs in transactions, A B A B …"""
     _alternate(args, compare_transactions)
 
 

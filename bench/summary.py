@@ -26,7 +26,8 @@ TRAFFIC = (
     ("delivered_per_s", "delivered msg/s", "{:,.0f}"),
     ("latency_ms.p50", "end-to-end p50 ms", "{:,.1f}"),
     ("latency_ms.p99", "end-to-end p99 ms", "{:,.1f}"),
-    ("delivered_per_cpu_s", "delivered msg per broker CPU-s", "{:,.0f}"),
+    # The broker's CPU: for Cormorant its whole stack (bench/README.md).
+    ("delivered_per_cpu_s", "delivered msg per stack CPU-s", "{:,.0f}"),
 )
 CONNECTIONS = (
     ("connects_per_s", "connects/s", "{:,.0f}"),
@@ -68,10 +69,24 @@ def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None or value != value else fmt.format(value)
 
 
+def _floor(floor: Mapping[str, float | None], first: Mapping[str, Any], key: str) -> float | None:
+    """The Kafka floor's figure that the row ``key`` of a comparison (``first`` of its
+    records) is divided by: its latency for a latency; for delivered msg/s of an unpaced
+    scenario, what the floor carries through both hops unpaced with the scenario's
+    in-flight window (``unpaced_records_per_s``); else none."""
+    if is_latency(key):
+        return floor.get(key)
+    options = first.get("options")
+    if key == "delivered_per_s" and options is not None and options.get("rate") is None:
+        return floor.get("unpaced_records_per_s")
+    return None
+
+
 def table(comparisons: Sequence[Sequence[Mapping[str, Any]]]) -> str:
     """The Markdown summary of ``comparisons`` (each the records of one label): Cormorant,
-    Mosquitto and their ratio; for the latency rows of a comparison that ran the Kafka
-    floor (:mod:`bench.kafka_floor`), the floor's median and Cormorant's ratio to it."""
+    Mosquitto and their ratio; for the rows of a comparison that ran the Kafka floor
+    (:mod:`bench.kafka_floor`) that have a floor (:func:`_floor`), the floor's median and
+    Cormorant's ratio to it."""
     lines = [
         "| scenario | metric | Cormorant | Mosquitto | ratio | Kafka floor | Cormorant ÷ floor |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -85,16 +100,32 @@ def table(comparisons: Sequence[Sequence[Mapping[str, Any]]]) -> str:
         for key, what, fmt in rows:
             source = top if what.startswith(MAX_PREFIX) else med
             a, b = source["cormorant"].get(key), source["mosquitto"].get(key)
-            floor = med[KAFKA_FLOOR].get(key) if is_latency(key) else None
+            floor = _floor(med[KAFKA_FLOOR], first, key)
             lines.append(
                 f"| {name} | {what} | {_fmt(a, fmt)} | {_fmt(b, fmt)} | "
                 f"{_fmt(ratio(a, b), '{:.2f}')} | {_fmt(floor, fmt)} | "
                 f"{_fmt(ratio(a, floor), '{:.2f}')} |"
             )
             name = ""
-    lines += ["", "Commands (each: 3+ rounds, Cormorant and Mosquitto alternately):", ""]
-    lines += [f"- `{records[0]['command']}`" for records in comparisons]
+    lines += [
+        "",
+        "Commands (each: 3+ rounds, Cormorant and Mosquitto alternately), with the date of "
+        "the first run, the commit and the range of the 1-minute load average over the runs:",
+        "",
+    ]
+    lines += [f"- `{records[0]['command']}`: {_when(records)}" for records in comparisons]
     return "\n".join(lines) + "\n"
+
+
+def _when(records: Sequence[Mapping[str, Any]]) -> str:
+    """Date (UTC, to the minute), commit and load average range of a comparison's runs."""
+    first = records[0]
+    date = str(first.get("date", ""))[:16].replace("T", " ")
+    loads = [
+        load for rec in records if (load := rec.get("machine", {}).get("loadavg_1m")) is not None
+    ]
+    load = f"load {min(loads):.1f} to {max(loads):.1f}" if loads else "load not recorded"
+    return f"{date}, {str(first.get('git_commit', ''))[:7]}, {load}"
 
 
 def draw(comparisons: Sequence[Sequence[Mapping[str, Any]]], path: Path) -> Path:

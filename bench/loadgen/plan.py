@@ -25,6 +25,9 @@ SCENARIOS: tuple[str, ...] = (
 #: (:mod:`bench.kafka_floor`); also the ``broker`` of its result records.
 KAFKA_FLOOR = "kafka-floor"
 
+#: QoS 1 PUBLISHes a publisher keeps awaiting PUBACK, unless ``--inflight`` says otherwise.
+DEFAULT_INFLIGHT = 64
+
 
 @dataclass(frozen=True, slots=True)
 class SubscriberSpec:
@@ -116,7 +119,7 @@ class Options:
     rate: float | None = None  # total msg/s over all publishers; None: unpaced
     connections: int | None = None
     version: int = 4
-    inflight: int = 64
+    inflight: int = DEFAULT_INFLIGHT
     host: str = "127.0.0.1"
     port: int = 1883
     username: str | None = None
@@ -195,7 +198,12 @@ def build(scenario: str, options: Options, timing: Timing) -> Plan:
             PublisherSpec(i, f"{cid}-p{i}", f"{prefix}/p2p/{i}", qos, size, rate, clean)
             for i in range(pairs)
         )
-        return replace(base, subscribers=subs, publishers=pubs)
+        label = base.label
+        if options.inflight != DEFAULT_INFLIGHT:
+            # The bounded in-flight scenario (``--pairs 50 --inflight 10``: at most 500
+            # messages in flight system-wide, as real QoS 1 clients keep): its own label.
+            label += f"-inflight{pairs * options.inflight}"
+        return replace(base, label=label, subscribers=subs, publishers=pubs)
 
     if scenario in ("fan-in", "fan-in-app"):
         n_pub = pick(options.publishers, 20)

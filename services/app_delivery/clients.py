@@ -35,6 +35,7 @@ from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_topic_spec, delete_topics_and_groups, ensure_topics
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
+from services.common.kafka.reroutes import RerouteFilter
 from services.common.kafka.security import client_security
 from services.common.records import (
     AckRecord,
@@ -81,6 +82,10 @@ class AppClients:
         self.owned: set[int] = set()
         self.live: set[int] = set()
         self.feeds: dict[str, ClientFeed] = {}
+        # Per client, what the router routed that its feeds have read: kept while the
+        # session lives, so a copy a crashed router routed again is dropped also when the
+        # client reconnected (a new feed) in between.
+        self.reroutes: dict[str, RerouteFilter] = {}
         self._early_acks: dict[str, list[AckRecord]] = {}
         self._replayed: set[str] = set()  # had an APPLICATION session in a replay
         self._to_delete: set[str] = set()
@@ -294,6 +299,7 @@ class AppClients:
         if client_id in self._to_delete:
             self._to_delete.discard(client_id)
             if owned and session is None:
+                self.reroutes.pop(client_id, None)
                 await delete_topics_and_groups(
                     self.settings.kafka_bootstrap,
                     [self.names.app(client_id)],
@@ -319,6 +325,7 @@ class AppClients:
                 self._send,
                 self._admin,
                 lambda: self._mark(client_id),
+                self.reroutes.setdefault(client_id, RerouteFilter()),
             )
             for ack in self._early_acks.pop(client_id, []):
                 feed.acknowledge(ack)  # kept by the feed until it has read its position

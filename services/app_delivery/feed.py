@@ -48,6 +48,7 @@ from services.common.faust_app import SendRecord
 from services.common.kafka.admin import app_shared_topic_spec, ensure_topics
 from services.common.kafka.consumer import Record, log_undecodable, make_consumer
 from services.common.kafka.names import TopicNames
+from services.common.kafka.reroutes import RerouteFilter
 from services.common.kafka.security import client_security
 from services.common.records import (
     AckRecord,
@@ -105,6 +106,7 @@ class ClientFeed:
         send: SendRecord,
         admin: AIOKafkaAdminClient,
         on_failure: Callable[[], None],
+        reroutes: RerouteFilter,
     ) -> None:
         self.settings = settings
         self.names = TopicNames.from_settings(settings)
@@ -131,6 +133,9 @@ class ClientFeed:
         # Counts the client's connections seen: deliveries chosen for one connection are
         # never sent to the next (it gets everything unacknowledged again, in order).
         self._connection = 0
+        # Records a crashed router routed again (they stand at new offsets: the window's
+        # marks cannot tell); the client's, kept across its connections by the caller.
+        self._reroutes = reroutes
 
     def lag(self) -> int | None:
         """Records of the client's own topic below its high watermark (as of the last
@@ -353,6 +358,8 @@ class ClientFeed:
         """The window entry of a fetched record; None for one that is not for this session
         or does not decode (logged)."""
         try:
+            if not self._reroutes.first(record):
+                return None  # routed again by a router that crashed: delivered once already
             if record.topic == self._topic:
                 own = parse_app(record.value, record.headers)
                 if own.session_id != self.session_id:

@@ -29,6 +29,9 @@ Topic → key / value / headers:
   key = publisher client id; value = payload; header ``m`` only: the member that reads it
   is chosen by Kafka, and its own subscription gives QoS, Retain As Published and
   Subscription Identifier.
+- Every record the router writes to the four topics above that carry messages also has
+  header ``o`` = its :class:`Origin` (the ``msg.all`` partition and offset it was routed
+  from), by which readers drop what a crashed router routed a second time.
 - ``msg.retained`` (compacted): key = Topic Name (UTF-8); value = payload; header ``m``;
   a tombstone = no retained message on that topic (MQTT 3.3.1.3).
 - ``client.subscriptions`` (compacted): key = client id; value = the client's whole
@@ -70,6 +73,7 @@ HEADER_RELEASES = "r"
 HEADER_RETAINED_REQUEST = "q"
 HEADER_SESSION = "s"
 HEADER_COMMAND = "c"
+HEADER_ORIGIN = "o"
 
 _VERSION = 1
 
@@ -894,6 +898,59 @@ def parse_msg_all(
     if meta_raw is None:
         raise RecordError("msg.all record without its m header")
     return Published(client_id, Message(decode_meta(meta_raw), meta_raw, value or b""))
+
+
+# Origins of routed records ------------------------------------------------------------------
+
+
+_ORIGIN = struct.Struct(">BIQI")  # version, msg.all partition, offset, index
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a record the router wrote comes from (header ``o``): the ``msg.all``
+    ``partition`` and ``offset`` of the record it routed, and ``index``, how many records
+    with the same topic and key the router wrote for that record before this one (several
+    only when it answers a retained message request). A router that crashes routes the
+    records after its last committed offset again and writes the same origins again; the
+    readers drop them (:class:`~services.common.kafka.reroutes.RerouteFilter`)."""
+
+    partition: int
+    offset: int
+    index: int
+
+
+def encode_origin(origin: Origin) -> bytes:
+    """The ``o`` header of ``origin``: version u8 · partition u32 · offset u64 · index u32."""
+    return _ORIGIN.pack(_VERSION, origin.partition, origin.offset, origin.index)
+
+
+def origin_of(headers: Headers | None) -> Origin | None:
+    """The :class:`Origin` in ``headers`` (None when there is none: a record written by an
+    older router, or one the router did not route). Raises :class:`RecordError` for a
+    malformed one."""
+    for name, data in headers or ():
+        if name == HEADER_ORIGIN:
+            if len(data) != _ORIGIN.size:
+                raise RecordError(f"origin header of {len(data)} bytes, not {_ORIGIN.size}")
+            _check_version(data, "origin")
+            _, partition, offset, index = _ORIGIN.unpack(data)
+            return Origin(partition, offset, index)
+    return None
+
+
+def with_origins(records: Sequence[KafkaRecord], partition: int, offset: int) -> list[KafkaRecord]:
+    """``records`` (what the router wrote for the ``msg.all`` record at ``partition`` and
+    ``offset``, in order) with their ``o`` headers: the index counts the earlier records
+    of the same topic and key."""
+    counts: dict[tuple[str, bytes], int] = {}
+    out: list[KafkaRecord] = []
+    for topic, key, value, headers in records:
+        index = counts.get((topic, key), 0)
+        counts[(topic, key)] = index + 1
+        origin = _ORIGIN.pack(_VERSION, partition, offset, index)
+        out.append(KafkaRecord(topic, key, value, [*headers, (HEADER_ORIGIN, origin)]))
+    return out
 
 
 # msg.retained -----------------------------------------------------------------------------

@@ -191,12 +191,15 @@ class Settings(BaseSettings):
         "transaction.max.timeout.ms, 900 by default).",
     )
     router_transactions: bool = Field(
-        True,
-        description="Route msg.all in Kafka transactions (exactly once: a router crash "
-        "routes nothing twice). False: at-least-once routing, offsets committed after the "
-        "outputs are stored, so a crash may route a message again (a duplicate delivery, "
-        "or a QoS 2 message stored twice for a persistent subscriber); only to measure "
-        'what the transactions cost (bench/README.md, "The transactional router\'s cost").',
+        False,
+        description="Route msg.all in Kafka transactions, one per msg.all partition per "
+        "batch. Off (the default), the router commits its offsets after what it wrote is "
+        "stored, and the readers of what it writes drop the copies a crashed router routes "
+        "again (by their msg.all origin), so each message is still stored and delivered "
+        "once through a router crash, without a transaction's round trips "
+        "(docs/performance.md). On: what a crashed router wrote is never read; kept to "
+        'measure the two against each other (bench/README.md, "The transactional '
+        "router's cost\").",
     )
     consumer_session_timeout_seconds: float = Field(
         6.0,

@@ -30,6 +30,7 @@ from services.common.faust_app import (
 )
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
+from services.common.kafka.reroutes import recall
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import Headers
@@ -97,9 +98,21 @@ class DevicePersistService:
         return await self.persister.handle_batch(records, now_ms())
 
     async def assigned(self, partitions: set[TopicPartition]) -> None:
-        """The consumer group gave this instance ``partitions``."""
+        """The consumer group gave this instance ``partitions``: the ``msg.persisted`` ones
+        it did not have are read back into its reroute marks first (a copy a crashed
+        router routed again after the committed offset of an original before it is still
+        dropped, :func:`~services.common.kafka.reroutes.recall`)."""
         msg_persisted = self.names.msg_persisted
-        self.persister.assign(tp.partition for tp in partitions if tp.topic == msg_persisted)
+        persister = self.persister
+        new = {
+            tp
+            for tp in partitions
+            if tp.topic == msg_persisted and tp.partition not in persister.owned
+        }
+        if new:
+            read = await recall(self.settings, self.group, persister.reroutes, new, _key)
+            log.info("read back %d msg.persisted records of %d partitions", read, len(new))
+        persister.assign(tp.partition for tp in partitions if tp.topic == msg_persisted)
 
     async def start(self) -> None:
         """Read the sessions up to their end offsets; the persister goes live."""
@@ -142,6 +155,12 @@ class DevicePersistService:
         self.readiness.stopping()
         await self.reader.stop()
         await self.store.close()
+
+
+def _key(record: Record) -> bytes | None:
+    """The reroute scope of a ``msg.persisted`` record: its key, the subscriber."""
+    key: bytes | None = record.key
+    return key
 
 
 def run() -> None:

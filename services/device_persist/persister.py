@@ -40,6 +40,7 @@ from services.common.faust_app import SendRecord
 from services.common.kafka.consumer import Record, log_undecodable
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
+from services.common.kafka.reroutes import RerouteFilter
 from services.common.records import (
     AckKind,
     Headers,
@@ -115,6 +116,9 @@ class DevicePersister:
         self._wake = asyncio.Event()
         self._live = False  # False while the session topic is replayed at start
         self.dropped_messages = 0
+        # msg.persisted records a crashed router routed again (its store's offset check
+        # cannot tell: they stand at new offsets).
+        self.reroutes = RerouteFilter()
 
     # ------------------------------------------------------------------ ownership, sessions
 
@@ -240,6 +244,8 @@ class DevicePersister:
         try:
             persisted = parse_persisted(record.key, record.value, record.headers)
             deadline = expires_at_ms(persisted.message.meta)
+            if not self.reroutes.first(record, record.key):
+                return None  # routed again by a router that crashed: stored once already
         except RecordError as exc:
             log_undecodable(log, record, exc)
             return None

@@ -62,6 +62,7 @@ from services.common.kafka.consumer import (
 )
 from services.common.kafka.end_offsets import EndOffsets
 from services.common.kafka.names import TopicNames
+from services.common.kafka.reroutes import RerouteFilter
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import (
@@ -167,6 +168,9 @@ class IngestService:
         self.listeners: list[Listeners] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.downlink = names.downlink(settings.node_id)
+        # Downlink records a crashed router routed twice (read from the end: a restarted
+        # node has no connection that got the originals).
+        self.reroutes = RerouteFilter()
         self.readiness.add("kafka", self.reader.end_offsets)
         metrics.register(
             lambda: metrics.mqtt_families(
@@ -225,12 +229,14 @@ class IngestService:
 
     async def deliver_batch(self, records: list[Record]) -> list[Awaitable[object]]:
         """Hand a batch of this node's downlink records to the node (nothing to await)."""
-        node = self.node
+        node, reroutes = self.node, self.reroutes
         for record in records:
             try:
                 parsed = parse_downlink(record.value, record.headers)
                 if isinstance(parsed, Downlink):
-                    node.deliver(parsed)
+                    # A copy a crashed router routed again is dropped: QoS 2 stays once.
+                    if reroutes.first(record):
+                        node.deliver(parsed)
                 elif isinstance(parsed, AdminDisconnect):
                     node.administer(parsed)
                 else:

@@ -24,18 +24,22 @@ Nobody reads what an aborted transaction wrote, so only a routing with every rec
 barrier covers counts. Without transactions, the barrier runs before each batch is routed.
 
 ``msg.all`` is read in the router's consumer group (``<prefix>cormorant-router``: more
-routers share its partitions) in Kafka transactions
+routers share its partitions) by :func:`~services.common.kafka.consumer.consume_batches`,
+which commits a partition's offsets once what its records were routed to is stored (at
+least once). Every record written carries its origin (header ``o``: the ``msg.all``
+partition and offset it was routed from, :func:`outputs`), and every reader of the router's
+topics drops a copy whose origin it has passed already
+(:class:`~services.common.kafka.reroutes.RerouteFilter`): a router that crashes routes the
+records after its last commit again, and what it writes a second time is neither stored
+nor delivered again (docs/guarantees/index.md). With ``router_transactions`` on, ``msg.all``
+is read in Kafka transactions instead
 (:func:`~services.common.kafka.consumer.consume_in_transactions`, which hands each
 partition's records to the router with the partition's open transaction): what a
 partition's records are routed to and the partition's next offset are committed together,
 one transactional producer per ``msg.all`` partition
-(:class:`~services.common.kafka.consumer.PartitionTransactions`). A router that crashes
-mid-batch leaves an aborted transaction nobody reads (every reader of the router's topics
-reads committed records only), and the batch is routed again: every message is routed
-exactly once (docs/guarantees/index.md). With ``router_transactions``
-off (to measure their cost), ``msg.all`` is read by
-:func:`~services.common.kafka.consumer.consume_batches` and offsets are committed after the
-outputs are stored instead: at least once.
+(:class:`~services.common.kafka.consumer.PartitionTransactions`), and what a crashed router
+wrote is never read (every reader of the router's topics reads committed records only);
+it costs a transaction's round trips per partition per batch (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ from services.common.records import (
     downlink_record,
     parse_msg_all,
     persisted_record,
+    with_origins,
 )
 from services.common.settings import Settings
 from services.common.web import serve_http
@@ -103,8 +108,8 @@ BATCH_MAX = 2000
 TRANSACTION_SECONDS = 0.1
 
 
-#: Seconds between two offset commits of the at-least-once loop
-#: (``router_transactions=False``).
+#: Seconds between two offset commits outside transactions (``router_transactions`` off):
+#: at most what a crashed router routes again, and its readers drop.
 COMMIT_SECONDS = 0.2
 
 
@@ -370,7 +375,9 @@ def outputs(
     now_ms: int,
     counters: RouterCounters | None = None,
 ) -> list[KafkaRecord]:
-    """The records to produce for one ``msg.all`` record; ``now_ms`` is Unix time in ms;
+    """The records to produce for one ``msg.all`` record, each with its origin (header
+    ``o``: the record's partition and offset, :func:`~services.common.records.with_origins`),
+    by which readers drop a second routing of it; ``now_ms`` is Unix time in ms;
     ``counters`` (if given) count the match time and the records.
 
     A record that does not decode is logged and yields none (it must not block the
@@ -382,25 +389,24 @@ def outputs(
         log_undecodable(log, record, exc)
         return []
     key = record.key or b""  # the client id's bytes: parsed, so present and UTF-8
+    out: list[KafkaRecord] = []
     if isinstance(parsed, RetainedRequest):
         client_id = parsed.client_id
         session = table.sessions.get(client_id)
-        out: list[KafkaRecord] = []
         for message, target in table.retained_for(client_id, parsed.subscriptions, now_ms):
             routes = Routes()
             routes.add(session, target)
             out += _outputs_of(names, key, message, routes)
-        return out
-    message = parsed.message
-    position = (record.partition, record.offset)
-    if counters is None:
+    else:
+        message = parsed.message
+        position = (record.partition, record.offset)
+        started = perf_counter()
         routes = table.route(parsed.client_id, message.meta, position)
-        return _outputs_of(names, key, message, routes)
-    started = perf_counter()
-    routes = table.route(parsed.client_id, message.meta, position)
-    counters.match.observe(perf_counter() - started)
-    counters.count(routes)
-    return _outputs_of(names, key, message, routes)
+        if counters is not None:
+            counters.match.observe(perf_counter() - started)
+            counters.count(routes)
+        out = _outputs_of(names, key, message, routes)
+    return with_origins(out, record.partition, record.offset)
 
 
 def _outputs_of(

@@ -22,6 +22,7 @@ from services.app_delivery.feed import ClientFeed
 from services.app_delivery.window import decode_mark
 from services.common.kafka.admin import app_topic_spec, ensure_topics
 from services.common.kafka.names import TopicNames
+from services.common.kafka.reroutes import RerouteFilter
 from services.common.records import (
     HEADER_META,
     HEADER_SESSION,
@@ -95,6 +96,7 @@ class Harness:
             self.send,
             self.admin,
             lambda: self.failures.append("feed failed"),
+            RerouteFilter(),
         )
 
     async def wait_sent(self, count: int) -> list[tuple[bytes, int, bool]]:

@@ -140,6 +140,18 @@ def test_the_summary_shows_the_floor_of_latency_rows() -> None:
     assert "| delivered msg/s | 500 | 500 | 1.00 | - | - |" in text
 
 
+def test_the_summary_divides_unpaced_throughput_by_the_floors() -> None:
+    unpaced = {"options": {"rate": None, "pairs": 50, "inflight": 10}}
+    records = [
+        {**_record("cormorant", _traffic(900.0, 3000.0, 6000.0)), **unpaced},
+        {**_record("mosquitto", _traffic(9.0, 20.0, 60000.0)), **unpaced},
+        {**_record(KAFKA_FLOOR, FLOOR_REPORT, "kafka"), **unpaced},
+    ]
+    text = summary.table([records])
+    # The floor carried 30,000 records/s through both hops with the same window.
+    assert "| delivered msg/s | 6,000 | 60,000 | 0.10 | 30,000 | 0.20 |" in text
+
+
 def test_a_comparison_with_its_floor_is_in_the_summary(tmp_path: Path) -> None:
     records = [
         {**_record("cormorant", _traffic(9.0, 30.0)), "command": "compare p2p"},

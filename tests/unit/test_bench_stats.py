@@ -94,6 +94,9 @@ def test_plans_of_every_scenario() -> None:
     assert p2p.label == "p2p-rate300"
     assert [p.rate for p in p2p.publishers] == [100.0] * 3
     assert [s.expected for s in p2p.subscribers] == [(0,), (1,), (2,)]
+    # The bounded in-flight scenario: 50 pairs, at most 500 messages in flight in all.
+    bounded = build("p2p", Options(pairs=50, inflight=10), timing)
+    assert (bounded.label, bounded.inflight, len(bounded.publishers)) == ("p2p-inflight500", 10, 50)
     assert build("fan-in", Options(qos=0), timing).label == "fan-in-qos0"
     app = build("fan-in-app", Options(publishers=100), timing)
     assert app.label == "fan-in-app-qos1" and len(app.publishers) == 100

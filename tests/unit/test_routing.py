@@ -18,6 +18,7 @@ from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
     ClientKind,
     KafkaRecord,
+    Origin,
     PublishMeta,
     RecordError,
     RetainedRequest,
@@ -29,6 +30,7 @@ from services.common.records import (
     decode_subscriptions,
     decode_targets,
     encode_meta,
+    encode_origin,
     encode_session,
     encode_subscriptions,
     publish_record,
@@ -442,7 +444,10 @@ def test_application_records_carry_payload_meta_target_and_session() -> None:
     # Keyed by the publisher: its messages keep their order in the client's topic.
     assert (key, value, headers["m"], headers["s"]) == (b"pub-1", b"payload", meta, APP_SESSION)
     assert decode_targets(headers["t"]) == [Target("app", 1)]
-    assert out[names.app_shared("grp", "t/+")] == (b"pub-1", b"payload", {"m": meta})
+    # Each record names its origin, the msg.all partition and offset it was routed from.
+    origin = encode_origin(Origin(0, 7, 0))
+    assert out[names.app_shared("grp", "t/+")] == (b"pub-1", b"payload", {"m": meta, "o": origin})
+    assert headers["o"] == origin
 
 
 # RoutingTable.outdated: would messages routed at an earlier version be routed otherwise now?
