@@ -106,9 +106,7 @@ def _run_on_emr(
 
     target = _target(settings, stack_outputs)
     client, s3 = _boto(target)
-    spec = emr.JobSpec(
-        job, arguments, JOB_CONF | emr.python_archive_conf(settings.emr_python_archive)
-    )
+    spec = emr.JobSpec(job, arguments, JOB_CONF | emr.image_python_conf())
     try:
         run_id = emr.submit(client, s3, target, spec, _jars(settings), progress=click.echo)
         emr.wait(

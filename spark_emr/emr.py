@@ -206,17 +206,22 @@ def spark_submit_parameters(py_files: str, jars: Sequence[str], conf: dict[str, 
     return " ".join(parts)
 
 
-def python_archive_conf(archive_uri: str | None) -> dict[str, str]:
-    """Spark settings that run the job's Python from a packed environment (``venv-pack``
-    tarball at ``archive_uri``, unpacked as ``./environment``); none when not given."""
-    if not archive_uri:
-        return {}
-    python = "./environment/bin/python"
+#: The interpreter of the jobs' image (``spark_emr/image/Dockerfile``, its ``PYSPARK_PYTHON``).
+IMAGE_PYTHON = "/usr/bin/python3.11"
+
+#: The Dockerfile of the EMR Serverless image the jobs run in (docs/analytics.md).
+IMAGE_DOCKERFILE = _ROOT / "spark_emr" / "image" / "Dockerfile"
+
+
+def image_python_conf() -> dict[str, str]:
+    """Spark settings that run the driver's and the executors' Python with the image's
+    :data:`IMAGE_PYTHON` (as EMR Serverless names them: ``spark.emr-serverless.driverEnv.*``
+    for the driver, ``spark.executorEnv.*`` for the executors), whatever the image's
+    environment says."""
     return {
-        "spark.archives": f"{archive_uri}#environment",
-        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": python,
-        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON": python,
-        "spark.executorEnv.PYSPARK_PYTHON": python,
+        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": IMAGE_PYTHON,
+        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON": IMAGE_PYTHON,
+        "spark.executorEnv.PYSPARK_PYTHON": IMAGE_PYTHON,
     }
 
 

@@ -49,11 +49,6 @@ class AnalyticsSettings(LocalSettings):
     emr_job_role_arn: str | None = Field(
         None, description="IAM role the EMR Serverless job runs assume (--emr)."
     )
-    emr_python_archive: str | None = Field(
-        None,
-        description="S3 URI of a packed Python 3.11 environment with pandas and pyarrow "
-        "(venv-pack) for the EMR jobs, when the application's image has none.",
-    )
     emr_poll_seconds: float = Field(
         10.0, gt=0, description="How often a submitted EMR job run's state is asked for."
     )
