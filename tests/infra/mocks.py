@@ -177,8 +177,11 @@ class CloudMocks(pulumi.runtime.Mocks):
             resource_id = bucket
         elif typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{physical}"
+        elif typ == "aws:ecr/repository:Repository":
+            outputs["repositoryUrl"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{physical}"
         elif typ == "aws:emrserverless/application:Application":
             resource_id = f"00f{self._count:013d}"
+            outputs["arn"] = self._arn("emr-serverless", f"/applications/{resource_id}")
         elif typ == "aws:ecs/taskDefinition:TaskDefinition":
             outputs["arn"] = self._arn("ecs", f"task-definition/{inputs['family']}:1")
         elif typ == "aws:cloudwatch/logGroup:LogGroup":
@@ -192,6 +195,13 @@ class CloudMocks(pulumi.runtime.Mocks):
             return {"id": REGION, "names": ZONES, "zoneIds": ["euw1-az1", "euw1-az2", "euw1-az3"]}
         if args.token == "aws:index/getRegion:getRegion":
             return {"id": REGION, "region": REGION, "name": REGION}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "id": ACCOUNT,
+                "accountId": ACCOUNT,
+                "arn": f"arn:aws:iam::{ACCOUNT}:user/deployer",
+                "userId": "AIDAEXAMPLE",
+            }
         raise NotImplementedError(f"no mock for invoke {args.token}")
 
 

@@ -125,7 +125,7 @@ def test_the_jobs_import_with_the_image_s_dependencies_alone(tmp_path: Path) -> 
         for name in _zip_names(package)
         if name.startswith("spark_emr/jobs/") and not name.endswith("__init__.py")
     )
-    assert jobs == ["spark_emr.jobs.archive", "spark_emr.jobs.report"]
+    assert jobs == ["spark_emr.jobs.archive", "spark_emr.jobs.maintain", "spark_emr.jobs.report"]
     probe = (
         "import importlib, sys\n"
         "assert sys.version_info[:2] == (3, 11), sys.version\n"
