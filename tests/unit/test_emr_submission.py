@@ -92,7 +92,8 @@ def test_submit_uploads_and_starts_the_job_run(aws: tuple[Any, Any, str], tmp_pa
         "--py-files",
         f"{prefix}/cormorant.zip",
         "--jars",
-        f"{prefix}/jars/{jar.name}",
+        # EMR's own Iceberg runtime, never an uploaded one.
+        f"{prefix}/jars/{jar.name},{emr.EMR_ICEBERG_JAR}",
     ]
     assert {"spark.sql.session.timeZone=UTC", "spark.x=1"} <= set(parameters[5::2])
     assert job_run["configurationOverrides"]["monitoringConfiguration"] == {
