@@ -31,6 +31,9 @@ _STACK_OUTPUTS = click.option(
 )
 _EMR = click.option("--emr", is_flag=True, help="Run on EMR Serverless instead of locally.")
 
+#: The namespace of the local Iceberg tables (in the archive directory's Hadoop catalog).
+LOCAL_NAMESPACE = "cormorant"
+
 
 def _topics(settings: AnalyticsSettings) -> dict[str, str]:
     from dataclasses import asdict
@@ -98,6 +101,31 @@ def _target(settings: AnalyticsSettings, stack_outputs: Path | None) -> Any:
         raise click.ClickException(str(exc)) from exc
 
 
+def _iceberg_on_emr(settings: AnalyticsSettings, target: Any) -> tuple[list[str], dict[str, str]]:
+    """The job arguments and Spark settings of the Iceberg archive on EMR (the Glue
+    database of the stack); none for the Parquet archive."""
+    from spark_emr import emr
+
+    if settings.archive_format != "iceberg":
+        return [], {}
+    if not target.glue_database:
+        raise click.ClickException(
+            "the Iceberg archive on EMR lives in a Glue database: pass --stack-outputs "
+            "(glueDatabase) or set CORMORANT_ANALYTICS_GLUE_DATABASE"
+        )
+    namespace = f"{emr.GLUE_CATALOG}.{target.glue_database}"
+    return ["--iceberg", namespace], emr.glue_catalog_conf(target.bucket)
+
+
+def _iceberg_locally(settings: AnalyticsSettings, spark: Any, uri: str) -> str | None:
+    """``catalog.namespace`` of the local Iceberg archive in ``uri``; None for Parquet."""
+    from spark_emr.jobs.archive import local_catalog
+
+    if settings.archive_format != "iceberg":
+        return None
+    return f"{local_catalog(spark, uri)}.{LOCAL_NAMESPACE}"
+
+
 def _run_on_emr(
     settings: AnalyticsSettings, stack_outputs: Path | None, job: str, arguments: list[str]
 ) -> tuple[Any, Any, Any]:
@@ -106,8 +134,9 @@ def _run_on_emr(
 
     target = _target(settings, stack_outputs)
     client, s3 = _boto(target)
+    iceberg_arguments, iceberg_conf = _iceberg_on_emr(settings, target)
     spec = emr.JobSpec(
-        job, arguments, JOB_CONF | emr.python_archive_conf(settings.emr_python_archive)
+        job, [*arguments, *iceberg_arguments], JOB_CONF | emr.image_python_conf() | iceberg_conf
     )
     try:
         run_id = emr.submit(client, s3, target, spec, _jars(settings), progress=click.echo)
@@ -121,6 +150,36 @@ def _run_on_emr(
     except emr.EmrError as exc:
         raise click.ClickException(str(exc)) from exc
     return target, client, s3
+
+
+def _archive_arguments(
+    settings: AnalyticsSettings, target: Any, uri: str, max_records_per_batch: int | None
+) -> list[str]:
+    """The command line of the archive job on EMR (``spark_emr/jobs/archive.py``)."""
+    # No local CA file on EMR (MSK's certificates chain to public roots), and no SCRAM
+    # password in the job run: its driver reads it from Secrets Manager.
+    on_emr: dict[str, object] = {"kafka_ssl_cafile": None}
+    if _scram(settings):
+        on_emr["kafka_security_protocol"] = "SSL"
+    options = _kafka(settings.model_copy(update=on_emr), target.kafka_bootstrap)
+    arguments = [
+        "--archive",
+        uri,
+        "--topics",
+        json.dumps(_topics(settings)),
+        "--kafka-options",
+        json.dumps(options),
+    ]
+    if _scram(settings):
+        if not target.kafka_secret_arn:
+            raise click.ClickException(
+                "SCRAM on EMR reads its credentials from Secrets Manager: set "
+                "CORMORANT_ANALYTICS_KAFKA_SECRET_ARN (or a kafkaScramSecretArn output)"
+            )
+        arguments += ["--kafka-secret-arn", target.kafka_secret_arn]
+    if max_records_per_batch:
+        arguments += ["--max-records-per-batch", str(max_records_per_batch)]
+    return arguments
 
 
 @click.group()
@@ -162,29 +221,7 @@ def archive(
 
         target = _target(settings, stack_outputs)
         uri = archive_uri or f"s3://{target.bucket}/{emr_module.ARCHIVE_PREFIX}"
-        # No local CA file on EMR (MSK's certificates chain to public roots), and no SCRAM
-        # password in the job run: its driver reads it from Secrets Manager.
-        on_emr: dict[str, object] = {"kafka_ssl_cafile": None}
-        if _scram(settings):
-            on_emr["kafka_security_protocol"] = "SSL"
-        options = _kafka(settings.model_copy(update=on_emr), target.kafka_bootstrap)
-        arguments = [
-            "--archive",
-            uri,
-            "--topics",
-            json.dumps(_topics(settings)),
-            "--kafka-options",
-            json.dumps(options),
-        ]
-        if _scram(settings):
-            if not target.kafka_secret_arn:
-                raise click.ClickException(
-                    "SCRAM on EMR reads its credentials from Secrets Manager: set "
-                    "CORMORANT_ANALYTICS_KAFKA_SECRET_ARN (or a kafkaScramSecretArn output)"
-                )
-            arguments += ["--kafka-secret-arn", target.kafka_secret_arn]
-        if max_records_per_batch:
-            arguments += ["--max-records-per-batch", str(max_records_per_batch)]
+        arguments = _archive_arguments(settings, target, uri, max_records_per_batch)
         _run_on_emr(settings, stack_outputs, "archive", arguments)
         click.echo(f"archive: {uri}")
         return
@@ -203,6 +240,7 @@ def archive(
                 _kafka(settings),
                 max_records_per_batch=max_records_per_batch,
                 progress=click.echo,
+                iceberg=_iceberg_locally(settings, spark, uri),
             )
         except KafkaUnreachable as exc:
             raise click.ClickException(str(exc)) from exc
@@ -213,6 +251,80 @@ def archive(
     for result in results.values():
         click.echo(f"{result.table:<12}{result.rows:>12,}  {result.note}")
     click.echo(f"\n{total:,} records archived in {elapsed:.1f} s: {uri}")
+    lost = sum(r.lost for r in results.values())
+    if lost:
+        raise click.ClickException(
+            f"{lost:,} records were gone from Kafka before any run archived them (retention): "
+            f"recorded in {uri}/gaps; archive more often than the shortest topic retention"
+        )
+
+
+@analytics.command()
+@_STACK_OUTPUTS
+@click.option(
+    "--every",
+    "every_minutes",
+    type=click.IntRange(min=1),
+    default=15,
+    show_default=True,
+    help="Minutes between two archive runs (at most half the shortest topic retention).",
+)
+@click.option("--archive", "archive_uri", help="Archive URI (default: s3://<bucket>/archive).")
+@click.option(
+    "--max-records-per-batch",
+    type=click.IntRange(min=1),
+    help="Bound each micro-batch (Kafka maxOffsetsPerTrigger).",
+)
+def schedule(
+    stack_outputs: Path | None,
+    every_minutes: int,
+    archive_uri: str | None,
+    max_records_per_batch: int | None,
+) -> None:
+    """Run the archive on EMR Serverless every N minutes (EventBridge Scheduler)."""
+    import boto3
+
+    from spark_emr import emr
+    from spark_emr.session import JOB_CONF
+
+    settings = AnalyticsSettings()
+    retention = min(
+        settings.downlink_retention_seconds,
+        settings.app_retention_seconds,
+        settings.msg_retention_seconds,
+    )
+    try:
+        emr.check_interval(every_minutes, retention)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--every") from exc
+    target = _target(settings, stack_outputs)
+    if not target.schedule_group or not target.scheduler_role_arn:
+        raise click.ClickException(
+            "no schedule group or scheduler role: pass --stack-outputs (archiveScheduleGroup, "
+            "archiveSchedulerRoleArn) or set CORMORANT_ANALYTICS_SCHEDULE_GROUP and "
+            "CORMORANT_ANALYTICS_SCHEDULER_ROLE_ARN"
+        )
+    uri = archive_uri or f"s3://{target.bucket}/{emr.ARCHIVE_PREFIX}"
+    arguments = _archive_arguments(settings, target, uri, max_records_per_batch)
+    iceberg_arguments, iceberg_conf = _iceberg_on_emr(settings, target)
+    spec = emr.JobSpec(
+        "archive",
+        [*arguments, *iceberg_arguments],
+        JOB_CONF | emr.image_python_conf() | iceberg_conf,
+    )
+    session = boto3.session.Session(region_name=target.region)
+    request = emr.stage(session.client("s3"), target, spec, _jars(settings), click.echo)
+    try:
+        arn = emr.schedule(
+            session.client("scheduler"),
+            request,
+            every_minutes=every_minutes,
+            group=target.schedule_group,
+            role_arn=target.scheduler_role_arn,
+        )
+    except emr.EmrError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"archive into {uri} every {every_minutes} min: {arn}")
 
 
 def _time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
@@ -298,6 +410,57 @@ def report(
         click.echo(f"report over {archive_path} ({since or 'beginning'} → {until or 'now'}, UTC)")
         with _spark(settings) as spark:
             options = job.ReportOptions(since, until, silent_hours, storm_reconnects)
-            job.run(spark, archive_path, str(out_dir.resolve()), options, progress=click.echo)
+            iceberg = _iceberg_locally(settings, spark, archive_path)
+            job.run(spark, archive_path, str(out_dir.resolve()), options, click.echo, iceberg)
     index = render(out_dir)
     click.echo(f"report: {index}")
+
+
+@analytics.command()
+@_EMR
+@_STACK_OUTPUTS
+@click.option("--archive", "archive_uri", help="Archive directory (as for archive; local).")
+@click.option(
+    "--keep-days",
+    type=click.IntRange(min=1),
+    help="Delete the partitions older than this many days (default: keep everything).",
+)
+@click.option(
+    "--expire-hours",
+    type=click.FloatRange(min=0),
+    default=24.0,
+    show_default=True,
+    help="Expire the snapshots older than this (their unreferenced files go with them).",
+)
+def maintain(
+    emr: bool,
+    stack_outputs: Path | None,
+    archive_uri: str | None,
+    keep_days: int | None,
+    expire_hours: float,
+) -> None:
+    """Iceberg archive maintenance: retention, compaction, snapshot expiry."""
+    settings = AnalyticsSettings()
+    if settings.archive_format != "iceberg":
+        raise click.ClickException(
+            "maintain applies to the Iceberg archive (CORMORANT_ARCHIVE_FORMAT=iceberg); a "
+            "Parquet archive is kept whole"
+        )
+    arguments = ["--expire-hours", str(expire_hours)]
+    arguments += ["--keep-days", str(keep_days)] if keep_days else []
+    if emr:
+        _run_on_emr(settings, stack_outputs, "maintain", arguments)
+        return
+    from spark_emr.jobs.archive import maintain as run_maintenance
+    from spark_emr.jobs.maintain import cutoffs
+
+    uri = archive_uri or str(settings.archive_path())
+    keep, expire = cutoffs(keep_days, expire_hours)
+    with _spark(settings) as spark:
+        iceberg = _iceberg_locally(settings, spark, uri)
+        assert iceberg is not None
+        done = run_maintenance(
+            spark, iceberg, delete_before=keep, expire_before=expire, progress=click.echo
+        )
+    if not done:
+        click.echo(f"no Iceberg table in {uri}: run `archive` first")

@@ -55,6 +55,9 @@ _OUTPUT_NAMES = {
     "region": ("region", "awsregion"),
     "kafka_bootstrap": ("kafkabootstrap", "kafkabootstrapbrokers", "bootstrapbrokers"),
     "kafka_secret_arn": ("kafkascramsecretarn", "scramsecretarn"),
+    "schedule_group": ("archiveschedulegroup",),
+    "glue_database": ("gluedatabase", "archivegluedatabase"),
+    "scheduler_role_arn": ("archiveschedulerrolearn",),
 }
 
 
@@ -66,7 +69,9 @@ class EmrError(RuntimeError):
 class EmrTarget:
     """Where and as whom the jobs run: the EMR Serverless application, the job runs' IAM
     role, the S3 bucket of the archive, packages, logs and reports, the AWS region, and
-    how the jobs reach Kafka (bootstrap address; SCRAM secret ARN when SCRAM is used)."""
+    how the jobs reach Kafka (bootstrap address; SCRAM secret ARN when SCRAM is used), and
+    where the archive's schedule goes (EventBridge Scheduler group, the role it runs as),
+    and the Glue Data Catalog database of the Iceberg tables."""
 
     application_id: str
     job_role_arn: str
@@ -74,6 +79,9 @@ class EmrTarget:
     region: str | None = None
     kafka_bootstrap: str | None = None
     kafka_secret_arn: str | None = None
+    schedule_group: str | None = None
+    scheduler_role_arn: str | None = None
+    glue_database: str | None = None
 
 
 def _normalized(name: str) -> str:
@@ -95,6 +103,9 @@ def target_from(settings: AnalyticsSettings, stack_outputs: Path | None = None) 
         "region": settings.aws_region,
         "kafka_bootstrap": settings.kafka_bootstrap,
         "kafka_secret_arn": settings.analytics_kafka_secret_arn,
+        "schedule_group": settings.analytics_schedule_group,
+        "scheduler_role_arn": settings.analytics_scheduler_role_arn,
+        "glue_database": settings.analytics_glue_database,
     }
     if stack_outputs is not None:
         outputs = json.loads(stack_outputs.read_text(encoding="utf-8"))
@@ -206,34 +217,60 @@ def spark_submit_parameters(py_files: str, jars: Sequence[str], conf: dict[str, 
     return " ".join(parts)
 
 
-def python_archive_conf(archive_uri: str | None) -> dict[str, str]:
-    """Spark settings that run the job's Python from a packed environment (``venv-pack``
-    tarball at ``archive_uri``, unpacked as ``./environment``); none when not given."""
-    if not archive_uri:
-        return {}
-    python = "./environment/bin/python"
+#: The interpreter of the jobs' image (``spark_emr/image/Dockerfile``, its ``PYSPARK_PYTHON``).
+IMAGE_PYTHON = "/usr/bin/python3.11"
+
+#: EMR's own Iceberg runtime (EMR Serverless User Guide, "Using Apache Iceberg"): used on EMR
+#: instead of uploading the local one (:data:`spark_emr.versions.ICEBERG_VERSION`).
+EMR_ICEBERG_JAR = "/usr/share/aws/iceberg/lib/iceberg-spark3-runtime.jar"
+
+#: The Spark catalog name of the Glue Data Catalog in the EMR job runs.
+GLUE_CATALOG = "glue_catalog"
+
+#: S3 key prefix of the Iceberg tables' data and metadata (the Glue database's location).
+ICEBERG_PREFIX = "iceberg"
+
+
+def glue_catalog_conf(bucket: str) -> dict[str, str]:
+    """Spark settings of the Iceberg catalog :data:`GLUE_CATALOG` over the Glue Data
+    Catalog, its tables' files under ``s3://<bucket>/iceberg/``."""
+    key = f"spark.sql.catalog.{GLUE_CATALOG}"
     return {
-        "spark.archives": f"{archive_uri}#environment",
-        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": python,
-        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON": python,
-        "spark.executorEnv.PYSPARK_PYTHON": python,
+        key: "org.apache.iceberg.spark.SparkCatalog",
+        f"{key}.catalog-impl": "org.apache.iceberg.aws.glue.GlueCatalog",
+        f"{key}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+        f"{key}.warehouse": f"s3://{bucket}/{ICEBERG_PREFIX}/",
     }
 
 
-def submit(
-    emr: Any,
+#: The Dockerfile of the EMR Serverless image the jobs run in (docs/analytics.md).
+IMAGE_DOCKERFILE = _ROOT / "spark_emr" / "image" / "Dockerfile"
+
+
+def image_python_conf() -> dict[str, str]:
+    """Spark settings that run the driver's and the executors' Python with the image's
+    :data:`IMAGE_PYTHON` (as EMR Serverless names them: ``spark.emr-serverless.driverEnv.*``
+    for the driver, ``spark.executorEnv.*`` for the executors), whatever the image's
+    environment says."""
+    return {
+        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": IMAGE_PYTHON,
+        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON": IMAGE_PYTHON,
+        "spark.executorEnv.PYSPARK_PYTHON": IMAGE_PYTHON,
+    }
+
+
+def stage(
     s3: Any,
     target: EmrTarget,
     spec: JobSpec,
     jars: Sequence[Path],
     progress: Progress = print,
-) -> str:
-    """Upload the package, entry point and ``jars`` and start ``spec``'s job run on
-    ``target``; return the job run id. ``emr`` and ``s3`` are boto3 clients.
+) -> dict[str, Any]:
+    """Upload the package, ``spec``'s entry point and ``jars``; return the keyword arguments
+    of ``StartJobRun`` (boto3's names, no ``clientToken``) that run them on ``target``.
 
     Uploads go under ``s3://<bucket>/cormorant/emr/<digest>/`` (the digest of the package,
-    so runs of the same code share them); logs under ``s3://<bucket>/emr-logs/``. Raises
-    :class:`EmrError` if EMR refuses the run (botocore's ``ClientError`` message quoted).
+    so runs of the same code share them); logs under ``s3://<bucket>/emr-logs/``.
     """
     from spark_emr.session import JOB_CONF
 
@@ -252,33 +289,124 @@ def submit(
         (_ROOT / "spark_emr" / "jobs" / f"{spec.job}.py").read_bytes(),
     )
     jar_uris = [
-        _upload(s3, target.bucket, f"{prefix}/jars/{jar.name}", jar.read_bytes()) for jar in jars
-    ]
+        _upload(s3, target.bucket, f"{prefix}/jars/{jar.name}", jar.read_bytes())
+        for jar in jars
+        if not jar.name.startswith("iceberg-spark-runtime")
+    ] + [EMR_ICEBERG_JAR]
     conf = JOB_CONF | spec.spark_conf
+    return {
+        "applicationId": target.application_id,
+        "executionRoleArn": target.job_role_arn,
+        "name": f"cormorant-{spec.job}",
+        "jobDriver": {
+            "sparkSubmit": {
+                "entryPoint": entry,
+                "entryPointArguments": list(spec.arguments),
+                "sparkSubmitParameters": spark_submit_parameters(py_files, jar_uris, conf),
+            }
+        },
+        "configurationOverrides": {
+            "monitoringConfiguration": {
+                "s3MonitoringConfiguration": {"logUri": f"s3://{target.bucket}/{LOGS_PREFIX}/"}
+            }
+        },
+        "tags": {"cormorant-job": spec.job, "spark-version": versions.SPARK_VERSION},
+    }
+
+
+def submit(
+    emr: Any,
+    s3: Any,
+    target: EmrTarget,
+    spec: JobSpec,
+    jars: Sequence[Path],
+    progress: Progress = print,
+) -> str:
+    """Upload the package, entry point and ``jars`` (:func:`stage`) and start ``spec``'s
+    job run on ``target``; return the job run id. ``emr`` and ``s3`` are boto3 clients.
+
+    Raises :class:`EmrError` if EMR refuses the run (botocore's ``ClientError`` message
+    quoted).
+    """
+    request = stage(s3, target, spec, jars, progress)
     try:
-        response = emr.start_job_run(
-            applicationId=target.application_id,
-            executionRoleArn=target.job_role_arn,
-            name=f"cormorant-{spec.job}",
-            jobDriver={
-                "sparkSubmit": {
-                    "entryPoint": entry,
-                    "entryPointArguments": list(spec.arguments),
-                    "sparkSubmitParameters": spark_submit_parameters(py_files, jar_uris, conf),
-                }
-            },
-            configurationOverrides={
-                "monitoringConfiguration": {
-                    "s3MonitoringConfiguration": {"logUri": f"s3://{target.bucket}/{LOGS_PREFIX}/"}
-                }
-            },
-            tags={"cormorant-job": spec.job, "spark-version": versions.SPARK_VERSION},
-        )
+        response = emr.start_job_run(**request)
     except emr.exceptions.ClientError as exc:
         raise EmrError(f"EMR Serverless refused the {spec.job} job run: {exc}") from exc
     run_id: str = response["jobRunId"]
     progress(f"job run {run_id} started on application {target.application_id}")
     return run_id
+
+
+#: EventBridge Scheduler's universal target that calls EMR Serverless ``StartJobRun``.
+START_JOB_RUN_TARGET = "arn:aws:scheduler:::aws-sdk:emrserverless:startJobRun"
+
+#: The name of the archive's schedule (in the stack's schedule group).
+ARCHIVE_SCHEDULE = "cormorant-archive"
+
+
+def _pascal(value: Any) -> Any:
+    """A boto3 request's keys in the API's PascalCase (what a universal target's input
+    uses: ``applicationId`` → ``ApplicationId``); map keys of Spark settings and tags kept."""
+    if isinstance(value, list):
+        return [_pascal(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    return {
+        key[0].upper() + key[1:]: (item if key == "tags" else _pascal(item))
+        for key, item in value.items()
+    }
+
+
+def check_interval(every_minutes: int, shortest_retention_seconds: int) -> None:
+    """Raise ``ValueError`` unless runs ``every_minutes`` apart leave room for one missed or
+    slow run before the shortest retention of the archived topics removes what no run
+    has read yet (interval at most half that retention)."""
+    if every_minutes * 60 * 2 > shortest_retention_seconds:
+        raise ValueError(
+            f"an archive every {every_minutes} min loses records: the shortest retention of "
+            f"the archived topics is {shortest_retention_seconds // 60} min, so runs must be at "
+            f"most {shortest_retention_seconds // 120} min apart (half of it: one late or failed "
+            "run must not lose anything)"
+        )
+
+
+def schedule(
+    scheduler: Any,
+    request: dict[str, Any],
+    *,
+    every_minutes: int,
+    group: str,
+    role_arn: str,
+) -> str:
+    """Create (or update) the EventBridge Scheduler schedule :data:`ARCHIVE_SCHEDULE` in
+    ``group`` that starts the job run ``request`` (:func:`stage`'s) every ``every_minutes``
+    minutes as ``role_arn``; each start gets the schedule's execution id as its client token
+    (so a retried start starts nothing twice). Returns the schedule's ARN. ``scheduler`` is
+    a boto3 ``scheduler`` client; raises :class:`EmrError` if Scheduler refuses it."""
+    body = _pascal(request) | {"ClientToken": "<aws.scheduler.execution-id>"}
+    arguments = {
+        "Name": ARCHIVE_SCHEDULE,
+        "GroupName": group,
+        "ScheduleExpression": f"rate({every_minutes} minutes)",
+        "FlexibleTimeWindow": {"Mode": "OFF"},
+        "Target": {
+            "Arn": START_JOB_RUN_TARGET,
+            "RoleArn": role_arn,
+            "Input": json.dumps(body),
+            "RetryPolicy": {"MaximumRetryAttempts": 3},
+        },
+        "State": "ENABLED",
+    }
+    try:
+        try:
+            response = scheduler.create_schedule(**arguments)
+        except scheduler.exceptions.ConflictException:
+            response = scheduler.update_schedule(**arguments)
+    except scheduler.exceptions.ClientError as exc:
+        raise EmrError(f"EventBridge Scheduler refused the archive's schedule: {exc}") from exc
+    arn: str = response["ScheduleArn"]
+    return arn
 
 
 def wait(

@@ -1,4 +1,5 @@
-"""The jars the Spark jobs add to pyspark's: the Kafka connector and MSK's IAM login module.
+"""The jars the Spark jobs add to pyspark's: the Kafka connector, MSK's IAM login module and
+the Iceberg runtime.
 
 Fetched once by Maven (:func:`services.local.maven.fetch`, like the Kafka broker's jars)
 into ``<cache_dir>/spark-<version>/libs`` and handed to Spark as ``spark.jars``: nothing is
@@ -15,8 +16,10 @@ from spark_emr import versions
 
 
 def libs_dir(cache_dir: Path) -> Path:
-    """Where the jars of :data:`~spark_emr.versions.SPARK_VERSION` are cached."""
-    return cache_dir / f"spark-{versions.SPARK_VERSION}" / "libs"
+    """Where the jars of :data:`~spark_emr.versions.SPARK_VERSION` and its companions'
+    versions are cached (another Iceberg or MSK IAM version: another directory)."""
+    companions = f"iceberg-{versions.ICEBERG_VERSION}-msk-iam-{versions.MSK_IAM_AUTH_VERSION}"
+    return cache_dir / f"spark-{versions.SPARK_VERSION}-{companions}" / "libs"
 
 
 def fetch_jars(cache_dir: Path) -> list[Path]:
@@ -32,6 +35,7 @@ def fetch_jars(cache_dir: Path) -> list[Path]:
             "spark.version": versions.SPARK_VERSION,
             "scala.binary.version": versions.SCALA_BINARY_VERSION,
             "msk.iam.version": versions.MSK_IAM_AUTH_VERSION,
+            "iceberg.version": versions.ICEBERG_VERSION,
         },
         f"the Spark {versions.SPARK_VERSION} Kafka connector",
     )

@@ -165,6 +165,7 @@ def render(directory: Path) -> Path:
         ("authentication failures", summary["auth_failures"]),
         ("clients seen", summary["clients_seen"]),
         ("undecodable records", summary["undecodable_records"]),
+        ("records lost before archiving", summary.get("lost_records", 0)),
     ]
     level1 = tables.get("traffic_by_topic_level", pd.DataFrame())
     deepest = pd.DataFrame()
@@ -264,6 +265,11 @@ def render(directory: Path) -> Path:
         _table(tables.get("stored_backlog", pd.DataFrame()), counts.get("stored_backlog")),
         "<h3>Expired before delivery</h3>",
         _table(tables.get("expired", pd.DataFrame()), counts.get("expired")),
+        *(
+            ["<h2>Gaps: records lost before archiving</h2>", _table(tables["gaps"])]
+            if "gaps" in tables
+            else []
+        ),
         "<p class=meta>Every table in full: csv/*.csv and tables/*/ (Parquet) beside this "
         "page.</p>",
         "</body></html>",

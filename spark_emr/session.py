@@ -19,6 +19,8 @@ JOB_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # The archive's partitions are (date, hour): keep date a date, hour an int, when read.
     "spark.sql.sources.partitionColumnTypeInference.enabled": "true",
+    # The Iceberg tables' SQL: CALL <catalog>.system.expire_snapshots(...) and the like.
+    "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
 }
 
 

@@ -13,6 +13,7 @@ variable ``CORMORANT_<NAME>`` or a line of the settings file (:mod:`services.com
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -27,6 +28,13 @@ class AnalyticsSettings(LocalSettings):
         None,
         description="Where `cormorant analytics archive` writes the local Parquet archive "
         "(default: <state_dir>/archive).",
+    )
+    archive_format: Literal["parquet", "iceberg"] = Field(
+        "parquet",
+        description="Table format of the archive: parquet (the file sink's tables in the "
+        "archive directory) or iceberg (Iceberg tables, partitioned by date and hour: "
+        "locally a Hadoop catalog in the archive directory, on EMR the stack's Glue Data "
+        "Catalog database, which Athena queries).",
     )
     analytics_master: str = Field(
         "local[*]", description="Spark master of the local analytics jobs (local[N], spark://…)."
@@ -49,10 +57,20 @@ class AnalyticsSettings(LocalSettings):
     emr_job_role_arn: str | None = Field(
         None, description="IAM role the EMR Serverless job runs assume (--emr)."
     )
-    emr_python_archive: str | None = Field(
+    analytics_schedule_group: str | None = Field(
         None,
-        description="S3 URI of a packed Python 3.11 environment with pandas and pyarrow "
-        "(venv-pack) for the EMR jobs, when the application's image has none.",
+        description="EventBridge Scheduler group of the archive's schedule "
+        "(`cormorant analytics schedule`; with --stack-outputs: its archiveScheduleGroup).",
+    )
+    analytics_scheduler_role_arn: str | None = Field(
+        None,
+        description="IAM role EventBridge Scheduler starts the archive's job runs as "
+        "(with --stack-outputs: its archiveSchedulerRoleArn).",
+    )
+    analytics_glue_database: str | None = Field(
+        None,
+        description="Glue Data Catalog database of the Iceberg archive on EMR "
+        "(with --stack-outputs: its glueDatabase).",
     )
     emr_poll_seconds: float = Field(
         10.0, gt=0, description="How often a submitted EMR job run's state is asked for."

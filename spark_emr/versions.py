@@ -12,6 +12,7 @@ from services.common.versions import EMR_RELEASE_LABEL, SPARK_VERSION
 
 __all__ = [
     "EMR_RELEASE_LABEL",
+    "ICEBERG_VERSION",
     "KAFKA_CONNECTOR",
     "MSK_IAM_AUTH_VERSION",
     "SCALA_BINARY_VERSION",
@@ -26,3 +27,7 @@ MSK_IAM_AUTH_VERSION = "2.3.2"
 
 #: The Maven coordinates of the Structured Streaming Kafka source (``groupId:artifactId:version``).
 KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}:{SPARK_VERSION}"
+
+#: ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` release of the local Iceberg tables
+#: (on EMR the release's own Iceberg runtime is used: :data:`spark_emr.emr.EMR_ICEBERG_JAR`).
+ICEBERG_VERSION = "1.10.0"

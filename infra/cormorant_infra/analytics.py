@@ -2,14 +2,19 @@
 
 The archive bucket is versioned, encrypted (SSE-KMS with the S3 bucket key), closed to
 the public, reachable over TLS only, and ages its objects into cheaper storage
-(``archiveInfrequentAccessDays``, optionally ``archiveExpirationDays``). The EMR Serverless
+(``archiveInfrequentAccessDays``); ``archiveExpirationDays`` expires job logs and reports
+only, never the archive's files (its ``_spark_metadata`` lists them). The EMR Serverless
 Spark application runs the release whose Spark matches the version the Spark jobs pin
-(checked by :mod:`cormorant_infra.config`), in the private subnets so it reaches MSK,
-stopping itself when idle. Its job role may use the archive bucket and read Kafka, nothing
-else.
+(checked by :mod:`cormorant_infra.config`) in the jobs' own image (an ECR repository of
+this stack, tag ``imageTag``: Python 3.11 and the jobs' dependencies), in the private
+subnets so it reaches MSK, stopping itself when idle. Its job role may use the archive
+bucket and read Kafka (and, from :mod:`cormorant_infra.lakehouse`, the Glue database),
+nothing else.
 """
 
 from __future__ import annotations
+
+import json
 
 import pulumi
 import pulumi_aws as aws
@@ -22,11 +27,17 @@ from cormorant_infra.network import Network
 IDLE_STOP_MINUTES = 15
 """EMR Serverless stops the application's workers after this long without a job."""
 
+EXPIRING_PREFIXES = ("emr-logs/", "reports/")
+"""The bucket's prefixes that ``archiveExpirationDays`` applies to (spark_emr.emr's
+LOGS_PREFIX and REPORTS_PREFIX): never the archive, whose files its metadata lists."""
+
 
 class Analytics(pulumi.ComponentResource):
     """The archive bucket, the EMR Serverless application and its job runtime role.
 
-    Attributes: ``bucket_name``, ``bucket_arn``, ``application_id``, ``job_role_arn``.
+    Attributes: ``bucket_name``, ``bucket_arn``, ``application_id``, ``application_arn``,
+    ``job_role_arn``, ``job_role_name``,
+    ``image_uri`` (the jobs' image: its ECR repository and the release's ``imageTag``).
     """
 
     def __init__(
@@ -93,37 +104,78 @@ class Analytics(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        expiration = (
-            None
-            if config.archive_expiration_days is None
-            else aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
-                days=config.archive_expiration_days
+        # The archive's files live as long as the file sink's _spark_metadata lists them:
+        # an expiration under it would delete files that every later read opens (and fails
+        # on). Only what nothing lists expires: job logs, fetched reports, Athena results.
+        rules = [
+            aws.s3.BucketLifecycleConfigurationRuleArgs(
+                id="age",
+                status="Enabled",
+                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(),
+                transitions=[
+                    aws.s3.BucketLifecycleConfigurationRuleTransitionArgs(
+                        days=config.archive_infrequent_access_days, storage_class="STANDARD_IA"
+                    )
+                ],
+                noncurrent_version_expiration=(
+                    aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                        noncurrent_days=30
+                    )
+                ),
+                abort_incomplete_multipart_upload=(
+                    aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                        days_after_initiation=7
+                    )
+                ),
             )
-        )
-        rule = aws.s3.BucketLifecycleConfigurationRuleArgs(
-            id="age",
-            status="Enabled",
-            filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(),
-            transitions=[
-                aws.s3.BucketLifecycleConfigurationRuleTransitionArgs(
-                    days=config.archive_infrequent_access_days, storage_class="STANDARD_IA"
+        ]
+        if config.archive_expiration_days is not None:
+            rules += [
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id=f"expire-{prefix.rstrip('/')}",
+                    status="Enabled",
+                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=prefix),
+                    expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
+                        days=config.archive_expiration_days
+                    ),
                 )
-            ],
-            expiration=expiration,
-            noncurrent_version_expiration=(
-                aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                    noncurrent_days=30
-                )
-            ),
-            abort_incomplete_multipart_upload=(
-                aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
-                    days_after_initiation=7
-                )
-            ),
-        )
+                for prefix in EXPIRING_PREFIXES
+            ]
         aws.s3.BucketLifecycleConfiguration(
-            f"{name}-archive", bucket=bucket.id, rules=[rule], opts=child
+            f"{name}-archive", bucket=bucket.id, rules=rules, opts=child
         )
+
+        # The jobs' image (spark_emr/image/Dockerfile), pushed with the release's image tag;
+        # EMR Serverless pulls it with its service principal (the repository policy).
+        repository = aws.ecr.Repository(
+            f"{name}-spark-image",
+            image_tag_mutability="IMMUTABLE",
+            image_scanning_configuration={"scan_on_push": True},
+            opts=child,
+        )
+        aws.ecr.RepositoryPolicy(
+            f"{name}-spark-image",
+            repository=repository.name,
+            policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Sid": "EmrServerlessPull",
+                            "Effect": "Allow",
+                            "Principal": {"Service": "emr-serverless.amazonaws.com"},
+                            "Action": [
+                                "ecr:BatchGetImage",
+                                "ecr:DescribeImages",
+                                "ecr:GetDownloadUrlForLayer",
+                            ],
+                        }
+                    ],
+                }
+            ),
+            opts=child,
+        )
+        image_uri = pulumi.Output.concat(repository.repository_url, ":", config.image_tag)
 
         application = aws.emrserverless.Application(
             f"{name}-spark",
@@ -138,6 +190,7 @@ class Analytics(pulumi.ComponentResource):
                 "cpu": f"{config.emr_max_vcpu} vCPU",
                 "memory": f"{config.emr_max_memory_gib} GB",
             },
+            image_configuration={"image_uri": image_uri},
             auto_start_configuration={"enabled": True},
             auto_stop_configuration={"enabled": True, "idle_timeout_minutes": IDLE_STOP_MINUTES},
             opts=child,
@@ -162,5 +215,8 @@ class Analytics(pulumi.ComponentResource):
         self.bucket_name: pulumi.Output[str] = bucket.bucket
         self.bucket_arn: pulumi.Output[str] = bucket.arn
         self.application_id: pulumi.Output[str] = application.id
+        self.application_arn: pulumi.Output[str] = application.arn
         self.job_role_arn: pulumi.Output[str] = role.arn
+        self.job_role_name: pulumi.Output[str] = role.name
+        self.image_uri: pulumi.Output[str] = image_uri
         self.register_outputs({"bucket": self.bucket_name, "applicationId": self.application_id})

@@ -19,6 +19,7 @@ from cormorant_infra.config import StackConfig
 from cormorant_infra.database import Database
 from cormorant_infra.ingress import Ingress
 from cormorant_infra.kafka import Kafka
+from cormorant_infra.lakehouse import Lakehouse
 from cormorant_infra.network import Network
 from cormorant_infra.observability import Observability
 
@@ -28,9 +29,11 @@ def build(config: StackConfig) -> dict[str, Any]:
 
     Outputs (what ``pulumi stack output --json`` prints and ``cormorant cloud`` and
     ``cormorant analytics --emr`` read): ``mqttEndpoints``, ``nlbDnsName``,
-    ``kafkaBootstrap``, ``archiveBucket``, ``emrApplicationId``, ``emrJobRoleArn`` and, with
-    SCRAM, ``kafkaScramSecretArn`` (the Spark jobs read their login there) for users and
-    analysts (:func:`spark_emr.emr.target_from`); the names and ARNs ``cormorant
+    ``kafkaBootstrap``, ``archiveBucket``, ``emrApplicationId``, ``emrJobRoleArn``,
+    ``sparkImage`` (the image to push), ``glueDatabase``, ``athenaWorkgroup``,
+    ``archiveScheduleGroup``, ``archiveSchedulerRoleArn`` and, with SCRAM,
+    ``kafkaScramSecretArn`` (the Spark jobs read their login there) for users and analysts
+    (:func:`spark_emr.emr.target_from`); the names and ARNs ``cormorant
     cloud status`` checks (``region``, ``ecsCluster``, ``ecsServices``,
     ``targetGroupArns``, ``mskClusterArn``, ``redisReplicationGroupId``,
     ``dbInstanceIdentifier``) and what ``cormorant cloud create-topics`` runs
@@ -50,6 +53,7 @@ def build(config: StackConfig) -> dict[str, Any]:
     admin = AdminAccess(name, config, network)
     compute = Compute(name, config, region, network, kafka, cache, database, ingress, admin)
     analytics = Analytics(name, config, network, kafka)
+    lakehouse = Lakehouse(name, region, analytics)
     alarms = Observability(name, config, kafka, cache, database, ingress, compute)
     outputs: dict[str, Any] = {
         "mqttEndpoints": ingress.endpoints,
@@ -58,6 +62,11 @@ def build(config: StackConfig) -> dict[str, Any]:
         "archiveBucket": analytics.bucket_name,
         "emrApplicationId": analytics.application_id,
         "emrJobRoleArn": analytics.job_role_arn,
+        "sparkImage": analytics.image_uri,
+        "glueDatabase": lakehouse.database_name,
+        "athenaWorkgroup": lakehouse.workgroup_name,
+        "archiveScheduleGroup": lakehouse.schedule_group_name,
+        "archiveSchedulerRoleArn": lakehouse.scheduler_role_arn,
         "region": region,
         "ecsCluster": compute.cluster_name,
         "ecsServices": list(compute.service_names.values()),

@@ -22,11 +22,14 @@ set (docs/analytics.md, "Archive schema"). Runs as ``spark-submit archive.py --a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -44,11 +47,14 @@ from pyspark.sql.types import (
 
 from services.common import records
 from spark_emr import decode
-from spark_emr.kafka_admin import LIST_TIMEOUT, existing_topics
+from spark_emr.kafka_admin import LIST_TIMEOUT, earliest_offsets, existing_topics
 
 Progress = Callable[[str], None]
 
 CHECKPOINTS = "_checkpoints"
+
+#: Exit status of the ``spark-submit`` entry point when records were lost before archiving.
+LOSS_EXIT_STATUS = 3
 
 
 @dataclass(frozen=True)
@@ -77,14 +83,50 @@ class ArchiveTopics:
 
 @dataclass
 class TableResult:
-    """What one run added to one table: ``rows`` written, ``batches`` run, and ``note``
-    (``"topic … does not exist"`` when there was nothing to read)."""
+    """What one run added to one table: ``rows`` written, ``batches`` run, ``lost`` (Kafka
+    records that retention removed before any run read them: see :class:`Gap`) and
+    ``note`` (``"topic … does not exist"`` when there was nothing to read)."""
 
     table: str
     rows: int = 0
     batches: int = 0
     seconds: float = 0.0
+    lost: int = 0
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Records of one Kafka partition that the archive will never hold: offsets
+    [``from_offset``, ``to_offset``) were past where ``table``'s previous run stopped, and
+    are no longer in Kafka (retention, or records deleted) when this run started."""
+
+    table: str
+    kafka_topic: str
+    kafka_partition: int
+    from_offset: int
+    to_offset: int
+
+    @property
+    def records(self) -> int:
+        """How many records were lost."""
+        return self.to_offset - self.from_offset
+
+
+#: The ``gaps`` table: one row per :class:`Gap`, with when the run found it.
+GAPS_SCHEMA = StructType(
+    [
+        StructField("detected_at", TimestampType()),
+        StructField("table", StringType()),
+        StructField("kafka_topic", StringType()),
+        StructField("kafka_partition", IntegerType()),
+        StructField("from_offset", LongType()),
+        StructField("to_offset", LongType()),
+        StructField("records", LongType()),
+    ]
+)
+
+GAPS = "gaps"
 
 
 @dataclass(frozen=True)
@@ -266,12 +308,119 @@ def _join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
+def _filesystem(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+    """(Hadoop ``FileSystem``, ``Path``) of ``uri`` (a path, ``s3://…``)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def committed_offsets(spark: SparkSession, checkpoint: str) -> dict[tuple[str, int], int]:
+    """Where the query of ``checkpoint`` resumes: the Kafka end offsets of its last
+    committed micro-batch (Structured Streaming's ``offsets/<batch>`` log, whose third line
+    is the Kafka source's ``{"topic": {"partition": offset}}``), by (topic, partition);
+    empty for a query that never committed a batch."""
+    fs, commits = _filesystem(spark, _join(checkpoint, "commits"))
+    if not fs.exists(commits):
+        return {}
+    batches = [int(str(s.getPath().getName())) for s in fs.listStatus(commits)]
+    batches = [b for b in batches if b >= 0]
+    if not batches:
+        return {}
+    fs, path = _filesystem(spark, _join(checkpoint, "offsets", str(max(batches))))
+    stream = fs.open(path)
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+    source = json.loads(text.splitlines()[2])
+    return {
+        (topic, int(partition)): int(offset)
+        for topic, partitions in source.items()
+        for partition, offset in partitions.items()
+    }
+
+
+def find_gaps(
+    spark: SparkSession,
+    table: str,
+    checkpoint: str,
+    kafka_options: dict[str, str],
+    present: set[str],
+    list_timeout: int = LIST_TIMEOUT,
+) -> list[Gap]:
+    """The records ``table``'s next run cannot read any more: for each partition its
+    checkpoint resumes from, Kafka's earliest offset past the resume offset. Partitions of
+    topics that no longer exist (a deleted ``msg.app.*`` topic) are left out."""
+    resume = {tp: o for tp, o in committed_offsets(spark, checkpoint).items() if tp[0] in present}
+    earliest = earliest_offsets(spark, kafka_options, resume, list_timeout)
+    return [
+        Gap(table, topic, partition, resume[(topic, partition)], first)
+        for (topic, partition), first in sorted(earliest.items())
+        if first > resume[(topic, partition)]
+    ]
+
+
+def _record_gaps(spark: SparkSession, archive: str, gaps: list[Gap]) -> None:
+    """Append ``gaps`` to the archive's ``gaps`` table (Parquet, ``<archive>/gaps``)."""
+    now = datetime.now(UTC).replace(tzinfo=None)
+    rows = [
+        (now, g.table, g.kafka_topic, g.kafka_partition, g.from_offset, g.to_offset, g.records)
+        for g in gaps
+    ]
+    spark.createDataFrame(rows, GAPS_SCHEMA).write.mode("append").parquet(_join(archive, GAPS))
+
+
+def read_gaps(spark: SparkSession, archive: str) -> DataFrame | None:
+    """The archive's ``gaps`` table, or None if no run ever found a gap."""
+    fs, path = _filesystem(spark, _join(archive, GAPS))
+    if not fs.exists(path):
+        return None
+    return spark.read.schema(GAPS_SCHEMA).parquet(_join(archive, GAPS))
+
+
+def local_catalog(spark: SparkSession, warehouse: str, name: str = "archive") -> str:
+    """Register an Iceberg Hadoop catalog over ``warehouse`` (a path or URI: its tables are
+    ``<warehouse>/<namespace>/<table>``) in ``spark`` and return its name: ``name``, or
+    ``name_<digest>`` when ``name`` already serves another warehouse in this session."""
+    key = f"spark.sql.catalog.{name}"
+    current = spark.conf.get(f"{key}.warehouse", None)
+    if current is not None and current != warehouse:
+        name = f"{name}_{hashlib.sha256(warehouse.encode()).hexdigest()[:8]}"
+        key = f"spark.sql.catalog.{name}"
+    spark.conf.set(key, "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set(f"{key}.type", "hadoop")
+    spark.conf.set(f"{key}.warehouse", warehouse)
+    return name
+
+
+def _ensure_iceberg_table(spark: SparkSession, identifier: str, schema: StructType) -> None:
+    """Create Iceberg table ``identifier`` (``catalog.namespace.table``) with ``schema``,
+    partitioned by ``date`` and ``hour``, unless it exists (its namespace too)."""
+    namespace = identifier.rsplit(".", 1)[0]
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+    if spark.catalog.tableExists(identifier):
+        return
+    (
+        spark.createDataFrame([], schema)
+        .writeTo(identifier)
+        .using("iceberg")
+        .partitionedBy(F.col("date"), F.col("hour"))
+        .tableProperty("format-version", "2")
+        .create()
+    )
+
+
 def _start(
     spark: SparkSession,
     table: _Table,
     archive: str,
     kafka_options: dict[str, str],
     max_records_per_batch: int | None,
+    iceberg: str | None,
 ) -> StreamingQuery:
     reader = (
         spark.readStream.format("kafka")
@@ -282,23 +431,32 @@ def _start(
         # The router writes in Kafka transactions: what an aborted one holds was never
         # delivered, and is routed again.
         .option("kafka.isolation.level", "read_committed")
-        # Retention (and deleted msg.app.* topics) removes records a run has not read yet:
-        # archive what is still there rather than stop.
+        # Records that retention removed before this run were found and recorded as gaps
+        # (find_gaps) before it started; deleted msg.app.* topics must not stop the run.
         .option("failOnDataLoss", "false")
     )
     if max_records_per_batch:
         reader = reader.option("maxOffsetsPerTrigger", str(max_records_per_batch))
     frame = table.transform(reader.load())
-    return (
-        frame.writeStream.format("parquet")
-        .queryName(f"archive-{table.name}")
-        .option("path", _join(archive, table.name))
+    writer = (
+        frame.writeStream.queryName(f"archive-{table.name}")
         .option("checkpointLocation", _join(archive, CHECKPOINTS, table.name))
-        .partitionBy("date", "hour")
         .outputMode("append")
         .trigger(availableNow=True)
-        .start()
     )
+    if iceberg is None:
+        return (
+            writer.format("parquet")
+            .option("path", _join(archive, table.name))
+            .partitionBy("date", "hour")
+            .start()
+        )
+    identifier = f"{iceberg}.{table.name}"
+    _ensure_iceberg_table(spark, identifier, frame.schema)
+    # Each micro-batch is one Iceberg commit that records the query id and batch id, so a
+    # batch replayed after a failure is not appended twice. Fanout: a batch's rows are not
+    # sorted by partition.
+    return writer.format("iceberg").option("fanout-enabled", "true").toTable(identifier)
 
 
 def _watch(
@@ -337,14 +495,19 @@ def run(
     max_records_per_batch: int | None = None,
     list_timeout: int = LIST_TIMEOUT,
     progress: Progress = print,
+    iceberg: str | None = None,
 ) -> dict[str, TableResult]:
-    """Archive what is new in Kafka into ``archive`` (a path or URI: ``/dir``, ``s3://…``).
+    """Archive what is new in Kafka into ``archive`` (a path or URI: ``/dir``, ``s3://…``):
+    Parquet tables under it, or with ``iceberg`` (``catalog.namespace``) the Iceberg tables
+    ``<iceberg>.<table>``, checkpoints and the ``gaps`` table under ``archive`` either way.
 
     ``kafka_options`` come from :func:`spark_emr.kafka_options.kafka_options`; ``only``
     limits the tables; ``max_records_per_batch`` bounds each micro-batch
     (``maxOffsetsPerTrigger``); ``list_timeout`` (seconds) bounds the first request, which
     lists Kafka's topics. Returns each table's :class:`TableResult`. A topic that does
-    not exist gives a result with a note, not an error; raises
+    not exist gives a result with a note, not an error. Records that retention removed
+    before any run read them are counted in ``lost``, reported through ``progress`` and
+    appended to the ``gaps`` table (:func:`find_gaps`) before the run reads on; raises
     :class:`~spark_emr.kafka_admin.KafkaUnreachable` if Kafka does not answer and
     ``pyspark.errors.StreamingQueryException`` if a query fails.
     """
@@ -358,7 +521,20 @@ def run(
             results[table.name].note = f"topic {table.required_topic} does not exist"
             progress(f"{table.name:<10} skipped: topic {table.required_topic} does not exist")
             continue
-        queries[table.name] = _start(spark, table, archive, kafka_options, max_records_per_batch)
+        checkpoint = _join(archive, CHECKPOINTS, table.name)
+        gaps = find_gaps(spark, table.name, checkpoint, kafka_options, present, list_timeout)
+        if gaps:
+            _record_gaps(spark, archive, gaps)
+            results[table.name].lost = sum(g.records for g in gaps)
+            for gap in gaps:
+                progress(
+                    f"{table.name:<10} LOST {gap.records:,} records of {gap.kafka_topic} "
+                    f"partition {gap.kafka_partition} (offsets {gap.from_offset}-"
+                    f"{gap.to_offset - 1}): gone from Kafka before they were archived"
+                )
+        queries[table.name] = _start(
+            spark, table, archive, kafka_options, max_records_per_batch, iceberg
+        )
     try:
         _watch(queries, results, progress)
     finally:
@@ -366,7 +542,9 @@ def run(
             if query.isActive:
                 query.stop()
     for result in results.values():
-        if not result.note and result.rows == 0:
+        if result.lost:
+            result.note = f"{result.lost:,} records lost before archiving (gaps table)"
+        elif not result.note and result.rows == 0:
             result.note = "no new records"
     return results
 
@@ -398,17 +576,83 @@ def table_schema(spark: SparkSession, table: str) -> StructType:
     return next(t for t in tables(sample) if t.name == table).transform(empty).schema
 
 
-def read_table(spark: SparkSession, archive: str, table: str) -> DataFrame | None:
-    """The archived ``table`` as the file sink committed it (through ``_spark_metadata``), or
-    None if no run has written it yet (an archived table without rows is an empty frame)."""
+def read_table(
+    spark: SparkSession, archive: str, table: str, iceberg: str | None = None
+) -> DataFrame | None:
+    """The archived ``table`` as the file sink committed it (through ``_spark_metadata``),
+    or with ``iceberg`` the Iceberg table ``<iceberg>.<table>``; None if no run has written
+    it yet (an archived table without rows is an empty frame)."""
+    if iceberg is not None:
+        identifier = f"{iceberg}.{table}"
+        return spark.table(identifier) if spark.catalog.tableExists(identifier) else None
     path = _join(archive, table)
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(_join(path, "_spark_metadata"))
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hadoop_path):
+    fs, metadata = _filesystem(spark, _join(path, "_spark_metadata"))
+    if not fs.exists(metadata):
         return None
     return spark.read.schema(table_schema(spark, table)).parquet(path)
+
+
+@dataclass
+class Maintenance:
+    """What :func:`maintain` did to one Iceberg table: rows ``deleted`` (partitions before
+    the retention), data files ``rewritten`` into ``added`` ones, data files removed with
+    the expired snapshots (``deleted_files``), and the ``snapshots`` left."""
+
+    table: str
+    deleted: int = 0
+    rewritten: int = 0
+    added: int = 0
+    deleted_files: int = 0
+    snapshots: int = 0
+
+
+def maintain(
+    spark: SparkSession,
+    iceberg: str,
+    *,
+    delete_before: date | None = None,
+    expire_before: datetime,
+    progress: Progress = print,
+) -> dict[str, Maintenance]:
+    """Maintain the Iceberg tables ``<iceberg>.<table>`` (``iceberg`` is
+    ``catalog.namespace``): delete the partitions dated before ``delete_before`` (retention,
+    a metadata-only delete: whole partitions), compact the streaming runs' small files
+    (``rewrite_data_files``), then expire the snapshots older than ``expire_before`` (naive
+    UTC; the current one is always kept), which deletes the files no kept snapshot lists.
+    Readers never see a file vanish under them: a snapshot's files go only with it."""
+    catalog, namespace = iceberg.split(".", 1)
+    done: dict[str, Maintenance] = {}
+    for name in TABLES:
+        identifier = f"{iceberg}.{name}"
+        if not spark.catalog.tableExists(identifier):
+            continue
+        result = done[name] = Maintenance(name)
+        if delete_before is not None:
+            before = spark.table(identifier).where(F.col("date") < F.lit(delete_before)).count()
+            spark.sql(f"DELETE FROM {identifier} WHERE date < DATE '{delete_before.isoformat()}'")
+            result.deleted = before
+        rewrite = spark.sql(
+            # A partition's streaming runs leave a few small files each: two are enough
+            # to compact (Iceberg's default waits for five).
+            f"CALL {catalog}.system.rewrite_data_files(table => '{namespace}.{name}', "
+            "options => map('min-input-files', '2'))"
+        ).first()
+        if rewrite is not None:
+            result.rewritten = int(rewrite["rewritten_data_files_count"])
+            result.added = int(rewrite["added_data_files_count"])
+        expire = spark.sql(
+            f"CALL {catalog}.system.expire_snapshots(table => '{namespace}.{name}', "
+            f"older_than => TIMESTAMP '{expire_before.isoformat(sep=' ')}', retain_last => 1)"
+        ).first()
+        if expire is not None:
+            result.deleted_files = int(expire["deleted_data_files_count"])
+        snapshots = spark.sql(f"SELECT count(*) FROM {identifier}.snapshots").first()
+        result.snapshots = 0 if snapshots is None else int(snapshots[0])
+        progress(
+            f"{name:<10} {result.deleted:,} rows deleted, {result.rewritten} files rewritten "
+            f"into {result.added}, {result.deleted_files} data files removed"
+        )
+    return done
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -422,11 +666,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "credentials as JSON {username, password} (MSK's format)",
     )
     parser.add_argument("--max-records-per-batch", type=int)
+    parser.add_argument(
+        "--iceberg", help="catalog.namespace of the Iceberg tables (default: Parquet tables)"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``spark-submit`` entry point: archive, print each table's result as JSON lines."""
+    """``spark-submit`` entry point: archive, print each table's result as JSON lines;
+    exit status 3 (the job run FAILED) when records were lost before archiving."""
     from spark_emr.secrets import with_scram_secret
 
     args = _parse(sys.argv[1:] if argv is None else argv)
@@ -438,11 +686,12 @@ def main(argv: list[str] | None = None) -> int:
         ArchiveTopics(**json.loads(args.topics)),
         options,
         max_records_per_batch=args.max_records_per_batch,
+        iceberg=args.iceberg,
     )
     for result in results.values():
         print(json.dumps(result.__dict__))
     spark.stop()
-    return 0
+    return LOSS_EXIT_STATUS if any(r.lost for r in results.values()) else 0
 
 
 if __name__ == "__main__":

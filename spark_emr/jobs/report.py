@@ -13,7 +13,9 @@ as Parquet (``<out>/tables/<name>/``) and as one CSV file (``<out>/csv/<name>.cs
   ``protocol_versions``, ``auth_failures`` (by client address), ``silent_clients``;
 - delivery: ``latency`` (per stage: received → routed, → sent from a store, →
   acknowledged by the subscriber; percentiles), ``latency_histogram``, ``stored_backlog``,
-  ``expired``.
+  ``expired``;
+- ``gaps``: Kafka records that retention removed before the archive read them (every gap
+  the archive recorded; none: no table).
 
 Runs as ``spark-submit report.py --archive URI --out URI [--since T] [--until T]`` (EMR)
 or through :func:`run` (``cormorant analytics report``).
@@ -34,7 +36,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from services.common.mqtt.reason_codes import ReasonCode
-from spark_emr.jobs.archive import read_table
+from spark_emr.jobs.archive import read_gaps, read_table
 
 Progress = Callable[[str], None]
 
@@ -82,6 +84,7 @@ class ReportSummary:
     disconnects: int = 0
     auth_failures: int = 0
     clients_seen: int = 0
+    lost_records: int = 0
     tables: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -93,6 +96,28 @@ def _in_range(column: Column, options: ReportOptions) -> Column:
     if options.until is not None:
         condition &= column < F.lit(options.until)
     return condition
+
+
+def _partitions(options: ReportOptions, *, since: bool = True) -> Column:
+    """A condition on the archive's partition columns alone (``date``, ``hour``: UTC, of the
+    table's own time column) that keeps every partition of [``since``, ``until``) — ``since``
+    ignored when ``since`` is False — so that Spark lists and opens only those directories
+    (its ``PartitionFilters``) instead of the whole archive."""
+    condition = F.lit(True)
+    date, hour = F.col("date"), F.col("hour")
+    if since and options.since is not None:
+        day, at = F.lit(options.since.date()), F.lit(options.since.hour)
+        condition &= (date > day) | ((date == day) & (hour >= at))
+    if options.until is not None:
+        day, at = F.lit(options.until.date()), F.lit(options.until.hour)
+        condition &= (date < day) | ((date == day) & (hour <= at))
+    return condition
+
+
+def in_range(table: DataFrame, column: str, options: ReportOptions) -> DataFrame:
+    """The rows of archive ``table`` whose ``column`` (the time its partitions are of) lies
+    in the range, read from the range's partitions only."""
+    return table.where(_partitions(options)).where(_in_range(F.col(column), options))
 
 
 def _until(options: ReportOptions) -> Column:
@@ -195,7 +220,7 @@ def fleet_tables(
     events_all = events_all.where(F.col("record_error").isNull())
     if options.until is not None:
         events_all = events_all.where(F.col("at") < F.lit(options.until))
-    events = events_all.where(_in_range(F.col("at"), options))
+    events = in_range(events_all, "at", options)
     sessions = sessions_table(events_all, options)
     hours = F.expr(
         "sequence(date_trunc('hour', connected_at), "
@@ -324,9 +349,7 @@ def delivery_tables(
 ) -> dict[str, DataFrame]:
     """Latency per stage, stored backlog and expired messages from the ``deliveries`` and
     ``acks`` tables (limited to the range by routing / acknowledgement time)."""
-    deliveries = deliveries.where(F.col("record_error").isNull()).where(
-        _in_range(F.col("routed_at"), options)
-    )
+    deliveries = in_range(deliveries, "routed_at", options).where(F.col("record_error").isNull())
     targets = deliveries.select(
         "*", F.explode_outer(F.arrays_zip("target_client_ids", "target_packet_ids")).alias("t")
     ).select(
@@ -368,10 +391,9 @@ def delivery_tables(
     )
     frames = [routed]
     if acks is not None:
-        done = (
-            acks.where(F.col("record_error").isNull())
-            .where(F.col("kind").isin("PUBACK", "PUBCOMP"))
-            .where(_in_range(F.col("acked_at"), options))
+        acks = in_range(acks, "acked_at", options)
+        done = acks.where(F.col("record_error").isNull()).where(
+            F.col("kind").isin("PUBACK", "PUBCOMP")
         )
         # An acknowledgement answers the latest delivery of its Packet Identifier to that
         # client before it (Packet Identifiers are reused once acknowledged, MQTT 4.3).
@@ -428,7 +450,6 @@ def delivery_tables(
         completed = (
             acks.where(F.col("record_error").isNull())
             .where(F.col("kind").isin("PUBACK", "PUBCOMP"))
-            .where(_in_range(F.col("acked_at"), options))
             .groupBy("client_id")
             .agg(F.count("*").alias("acknowledged"))
         )
@@ -519,8 +540,10 @@ def run(
     out: str,
     options: ReportOptions,
     progress: Progress = print,
+    iceberg: str | None = None,
 ) -> ReportSummary:
-    """Compute every table over ``archive`` for ``options`` and write them under ``out``.
+    """Compute every table over ``archive`` for ``options`` and write them under ``out``;
+    with ``iceberg`` (``catalog.namespace``) the archive's tables are those Iceberg tables.
 
     Returns the :class:`ReportSummary` (also written as ``<out>/summary.json``). A missing
     or empty archive table gives empty tables and a note, not an error.
@@ -532,13 +555,16 @@ def run(
         generated_at=datetime.now().astimezone().isoformat(timespec="seconds"),
     )
     frames: dict[str, DataFrame] = {}
-    messages_all = read_table(spark, archive, "messages")
+    messages_all = read_table(spark, archive, "messages", iceberg)
+    if messages_all is not None:
+        # Sessions and last-seen times need what came before the range, not after it.
+        messages_all = messages_all.where(_partitions(options, since=False))
     if messages_all is None:
         summary.notes.append(f"no messages archived in {archive}: run `archive` first")
     else:
-        in_range = messages_all.where(_in_range(F.col("received_at"), options))
-        summary.undecodable_records = in_range.where(F.col("record_error").isNotNull()).count()
-        decoded = in_range.where(F.col("record_error").isNull()).cache()
+        messages = in_range(messages_all, "received_at", options)
+        summary.undecodable_records = messages.where(F.col("record_error").isNotNull()).count()
+        decoded = messages.where(F.col("record_error").isNull()).cache()
         totals = decoded.agg(
             F.count("*"),
             F.sum("payload_size"),
@@ -549,14 +575,16 @@ def run(
         summary.messages, summary.bytes = int(totals[0]), int(totals[1] or 0)
         summary.publishers, summary.topics = int(totals[2]), int(totals[3])
         frames |= traffic_tables(decoded)
-    events_all = read_table(spark, archive, "events")
+    events_all = read_table(spark, archive, "events", iceberg)
+    if events_all is not None:
+        events_all = events_all.where(_partitions(options, since=False))
     if events_all is None:
         summary.notes.append("no client events archived: fleet tables are empty")
     else:
         frames |= fleet_tables(events_all, messages_all, options)
         counts = {
             row["kind"]: row["n"]
-            for row in events_all.where(_in_range(F.col("at"), options))
+            for row in in_range(events_all, "at", options)
             .groupBy("kind")
             .agg(F.count("*").alias("n"))
             .collect()
@@ -565,13 +593,23 @@ def run(
         summary.disconnects = int(counts.get("DISCONNECTED", 0))
         summary.auth_failures = int(counts.get("AUTH_FAILED", 0))
         summary.clients_seen = (
-            events_all.where(_in_range(F.col("at"), options)).select("client_id").distinct().count()
+            in_range(events_all, "at", options).select("client_id").distinct().count()
         )
-    deliveries = read_table(spark, archive, "deliveries")
+    deliveries = read_table(spark, archive, "deliveries", iceberg)
     if deliveries is None:
         summary.notes.append("no deliveries archived: delivery tables are empty")
     else:
-        frames |= delivery_tables(deliveries, read_table(spark, archive, "acks"), options)
+        frames |= delivery_tables(deliveries, read_table(spark, archive, "acks", iceberg), options)
+    gaps = read_gaps(spark, archive)
+    if gaps is not None:
+        # Every gap ever found: when the lost records were written is unknown, and a gap
+        # anywhere makes every total over its time short.
+        frames["gaps"] = gaps.orderBy("detected_at", "table", "kafka_topic", "kafka_partition")
+        summary.lost_records = int(gaps.agg(F.sum("records")).first()[0] or 0)  # type: ignore[index]
+        summary.notes.append(
+            f"{summary.lost_records:,} Kafka records were lost before archiving: "
+            "retention removed them before a run read them (gaps table)"
+        )
     for index, (name, frame) in enumerate(frames.items(), start=1):
         step = time.monotonic()
         summary.tables[name] = _write(spark, out, name, frame)
@@ -604,6 +642,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--until", type=parse_time)
     parser.add_argument("--silent-hours", type=float, default=24.0)
     parser.add_argument("--storm-reconnects", type=int, default=10)
+    parser.add_argument(
+        "--iceberg", help="catalog.namespace of the Iceberg tables (default: Parquet tables)"
+    )
     return parser.parse_args(argv)
 
 
@@ -612,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     spark = SparkSession.builder.appName("cormorant-report").getOrCreate()
     options = ReportOptions(args.since, args.until, args.silent_hours, args.storm_reconnects)
-    summary = run(spark, args.archive, args.out, options)
+    summary = run(spark, args.archive, args.out, options, iceberg=args.iceberg)
     print(json.dumps(asdict(summary)))
     spark.stop()
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -485,3 +486,24 @@ def test_the_commands_print_what_they_did(
         main, ["analytics", "report", "--since", "yesterday", "--out", str(out)]
     )
     assert result.exit_code == 2 and "not an ISO 8601 date" in result.output
+
+
+def test_a_report_reads_only_the_partitions_of_its_range(
+    spark: SparkSession, archived: dict[str, Any]
+) -> None:
+    table = archive.read_table(spark, str(archived["where"]), "messages")
+    assert table is not None
+    since: datetime = archived["started"]
+    options = report.ReportOptions(since, since + timedelta(hours=2))
+    frame = report.in_range(table, "received_at", options)
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    scan = next(line for line in plan.splitlines() if "FileScan parquet" in line)
+    filters = re.search(r"PartitionFilters: \[(.*?)\], PushedFilters", scan)
+    assert filters is not None and "date#" in filters[1] and "hour#" in filters[1], scan
+    assert (
+        frame.count()
+        == table.where((table.received_at >= since) & (table.received_at < options.until)).count()
+    )
+    # A range before any archived data lists no partition at all.
+    earlier = report.ReportOptions(since - timedelta(days=3), since - timedelta(days=2))
+    assert report.in_range(table, "received_at", earlier).inputFiles() == []

@@ -211,8 +211,11 @@ class CloudMocks(pulumi.runtime.Mocks):
             resource_id = bucket
         elif typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{physical}"
+        elif typ == "aws:ecr/repository:Repository":
+            outputs["repositoryUrl"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{physical}"
         elif typ == "aws:emrserverless/application:Application":
             resource_id = f"00f{self._count:013d}"
+            outputs["arn"] = self._arn("emr-serverless", f"/applications/{resource_id}")
         elif typ == "aws:ecs/taskDefinition:TaskDefinition":
             outputs["arn"] = self._arn("ecs", f"task-definition/{inputs['family']}:1")
         elif typ == "aws:cloudwatch/logGroup:LogGroup":

@@ -875,6 +875,9 @@ def test_outputs_give_the_spark_jobs_their_emr_target(
         region=outputs["region"],
         kafka_bootstrap=outputs["kafkaBootstrap"],
         kafka_secret_arn=outputs.get("kafkaScramSecretArn"),
+        schedule_group=outputs["archiveScheduleGroup"],
+        scheduler_role_arn=outputs["archiveSchedulerRoleArn"],
+        glue_database=outputs["glueDatabase"],
     )
     # SCRAM (provisioned MSK): the secret the Spark job role may read; IAM (serverless): none.
     provisioned = bool(deployment.of_type("aws:msk/cluster:Cluster"))
@@ -943,5 +946,6 @@ def test_components_are_component_resources(dev: Deployment) -> None:
                 )
             ),
             "cormorant:admin:AdminAccess",
+            "cormorant:lakehouse:Lakehouse",
         ]
     )

@@ -92,7 +92,8 @@ def test_submit_uploads_and_starts_the_job_run(aws: tuple[Any, Any, str], tmp_pa
         "--py-files",
         f"{prefix}/cormorant.zip",
         "--jars",
-        f"{prefix}/jars/{jar.name}",
+        # EMR's own Iceberg runtime, never an uploaded one.
+        f"{prefix}/jars/{jar.name},{emr.EMR_ICEBERG_JAR}",
     ]
     assert {"spark.sql.session.timeZone=UTC", "spark.x=1"} <= set(parameters[5::2])
     assert job_run["configurationOverrides"]["monitoringConfiguration"] == {
@@ -310,3 +311,60 @@ def test_cli_without_an_emr_target_says_what_is_missing(monkeypatch: pytest.Monk
     assert result.exit_code == 1
     assert "missing application_id, job_role_arn, bucket" in result.output
     assert "Traceback" not in result.output
+
+
+def test_cli_schedule_starts_the_archive_every_n_minutes_within_the_retention(
+    aws: tuple[Any, Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, app_id = aws
+    scheduler = boto3.client("scheduler", region_name=REGION)
+    scheduler.create_schedule_group(Name="cormorant-prod-analytics")
+    scheduler_role = "arn:aws:iam::123456789012:role/cormorant-prod-archive-schedule"
+    outputs = _write(
+        tmp_path / "outputs.json",
+        json.dumps(
+            {
+                "archiveBucket": BUCKET,
+                "emrApplicationId": app_id,
+                "emrJobRoleArn": ROLE,
+                "kafkaBootstrap": "b-1.msk:9098",
+                "region": REGION,
+                "archiveScheduleGroup": "cormorant-prod-analytics",
+                "archiveSchedulerRoleArn": scheduler_role,
+            }
+        ).encode(),
+    )
+    monkeypatch.setenv("CORMORANT_DOWNLINK_RETENTION_SECONDS", "3600")
+    command = ["analytics", "schedule", "--stack-outputs", str(outputs)]
+    # Downlink topics keep one hour: runs 45 minutes apart leave no room for a late run.
+    result = CliRunner().invoke(main, [*command, "--every", "45"])
+    assert result.exit_code == 2
+    assert "at most 30 min apart" in result.output
+    assert not scheduler.list_schedules()["Schedules"]
+
+    result = CliRunner().invoke(main, [*command, "--every", "15"])
+    assert result.exit_code == 0, result.output
+    found = scheduler.get_schedule(Name=emr.ARCHIVE_SCHEDULE, GroupName="cormorant-prod-analytics")
+    assert found["ScheduleExpression"] == "rate(15 minutes)"
+    assert found["Target"]["Arn"] == "arn:aws:scheduler:::aws-sdk:emrserverless:startJobRun"
+    assert found["Target"]["RoleArn"] == scheduler_role
+    body = json.loads(found["Target"]["Input"])
+    assert body["ApplicationId"] == app_id and body["ExecutionRoleArn"] == ROLE
+    assert body["ClientToken"] == "<aws.scheduler.execution-id>"
+    submit = body["JobDriver"]["SparkSubmit"]
+    assert submit["EntryPoint"].startswith(f"s3://{BUCKET}/cormorant/emr/")
+    assert submit["EntryPoint"].endswith("/archive.py")
+    assert submit["EntryPointArguments"][:2] == ["--archive", f"s3://{BUCKET}/archive"]
+    assert f"PYSPARK_PYTHON={emr.IMAGE_PYTHON}" in submit["SparkSubmitParameters"]
+    # The staged files are there for every scheduled start.
+    s3 = boto3.client("s3", region_name=REGION)
+    key = submit["EntryPoint"].removeprefix(f"s3://{BUCKET}/")
+    assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] > 0
+    # Scheduling again updates the one schedule.
+    result = CliRunner().invoke(main, [*command, "--every", "20"])
+    assert result.exit_code == 0, result.output
+    [only] = scheduler.list_schedules()["Schedules"]
+    assert (
+        scheduler.get_schedule(Name=only["Name"], GroupName=only["GroupName"])["ScheduleExpression"]
+        == "rate(20 minutes)"
+    )
