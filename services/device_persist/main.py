@@ -6,16 +6,25 @@ with the same partition count, so each instance gets the same partition numbers 
 owns every record about its clients. ``client.sessions`` is followed in full (where each
 client is connected, its session and Receive Maximum). The logic is in
 :mod:`services.device_persist.persister`; this module wires it to Kafka and the store.
+
+Kafka is the source of truth where the store's replication cannot promise durability (a
+Redis failover may drop writes a replica had confirmed: the promoted replica may not be
+the one that confirmed them, and the others then resynchronise from it). When the store
+refuses a batch because its primary changed
+(:class:`~services.common.stores.base.StoreFailedOver`), :meth:`DevicePersistService.reapply`
+reads each owned ``msg.persisted`` partition again from the offset the new primary's data
+is complete to, up to where this batch starts, stores it again (idempotently: appends are
+keyed by their partition and offset), and only then hands the batch again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 
 import faust
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from services.common import metrics
@@ -35,6 +44,7 @@ from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import Headers
 from services.common.settings import Settings
 from services.common.stores import open_store
+from services.common.stores.base import StoreFailedOver, StoreUnavailable
 from services.common.web import serve_http
 from services.device_persist.persister import DevicePersister, StoreMetrics
 
@@ -82,6 +92,7 @@ class DevicePersistService:
         )
         self.readiness.add("kafka", self.reader.end_offsets)
         self.readiness.add("store", self.store.ping)
+        self.consumer: AIOKafkaConsumer | None = None
 
     def apply_session(
         self, topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
@@ -94,7 +105,79 @@ class DevicePersistService:
         # Session records stored before these records were are applied first: a message
         # is stamped with the session it was routed for.
         await self.reader.barrier()
+        try:
+            return await self.persister.handle_batch(records, now_ms())
+        except StoreFailedOver as failover:
+            await self.reapply(records, failover.replication_id)
         return await self.persister.handle_batch(records, now_ms())
+
+    async def reapply(self, records: list[Record], replication_id: str) -> None:
+        """The store's primary is now the one with ``replication_id`` and may lack writes
+        of the owned ``msg.persisted`` partitions: store their records again from where its
+        data is complete (:meth:`~services.common.stores.base.MessageStore.failover_state`)
+        up to where ``records`` (the refused batch) start, or else up to the consumer's
+        position, then mark the partitions as applied on it. The connected clients get
+        their windows again (``DevicePersister.failed_over``).
+
+        Raises :class:`~services.common.stores.base.StoreUnavailable` when the primary
+        changed again meanwhile (the batch is read again, and this starts over).
+        """
+        persister, topic = self.persister, self.names.msg_persisted
+        owned = set(persister.owned)
+        state = await self.store.failover_state(owned)
+        if state is None:
+            return
+        persister.failed_over()
+        starts: dict[int, int] = {}
+        for record in records:
+            if record.topic == topic:
+                starts.setdefault(record.partition, record.offset)
+        ranges: dict[int, tuple[int, int]] = {}
+        for partition in owned:
+            start = state.applied.get(partition)
+            end = starts.get(partition)
+            if end is None and self.consumer is not None and start is not None:
+                end = await self.consumer.position(TopicPartition(topic, partition))
+            if start is not None and end is not None and start < end:
+                ranges[partition] = (start, end)
+        log.warning(
+            "the store's primary changed (replication id %s): re-applying %d records of "
+            "%s partitions %s",
+            replication_id,
+            sum(end - start for start, end in ranges.values()),
+            topic,
+            sorted(ranges),
+        )
+        await self.replay(ranges, state.replication_id)
+        if not await self.store.adopt(owned, state.replication_id):
+            raise StoreUnavailable("the store's primary changed again while re-applying")
+        log.info("re-applied %s partitions %s on the new primary", topic, sorted(owned))
+
+    async def replay(self, ranges: Mapping[int, tuple[int, int]], replication_id: str) -> None:
+        """Hand the ``msg.persisted`` records of each partition's ``(start, end)`` offsets
+        to the persister again, in order, as re-applied on ``replication_id``'s primary
+        (read without a consumer group: nothing is committed)."""
+        if not ranges:
+            return
+        topic = self.names.msg_persisted
+        reader = make_consumer(self.settings, group_id=None)
+        await reader.start()
+        try:
+            ends = {TopicPartition(topic, p): end for p, (_, end) in ranges.items()}
+            reader.assign(list(ends))
+            for tp in ends:
+                reader.seek(tp, ranges[tp.partition][0])
+            while ends:
+                fetched = await reader.getmany(*ends, timeout_ms=500, max_records=BATCH_MAX)
+                batch: list[Record] = []
+                for tp, part in fetched.items():
+                    batch += [record for record in part if record.offset < ends[tp]]
+                    if part and part[-1].offset + 1 >= ends[tp]:
+                        del ends[tp]
+                acks = await self.persister.handle_batch(batch, now_ms(), replication_id)
+                await asyncio.gather(*acks)
+        finally:
+            await reader.stop()
 
     async def assigned(self, partitions: set[TopicPartition]) -> None:
         """The consumer group gave this instance ``partitions``."""
@@ -117,6 +200,7 @@ class DevicePersistService:
             partition_assignment_strategy=(RangePartitionAssignor,),
         )
         await consumer.start()
+        self.consumer = consumer
         dirty = asyncio.create_task(self.persister.run_dirty(), name="device-persist-dirty")
         try:
             self.readiness.serving("device_persist")
