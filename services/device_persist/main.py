@@ -44,7 +44,7 @@ from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import Headers
 from services.common.settings import Settings
 from services.common.stores import open_store
-from services.common.stores.base import StoreFailedOver, StoreUnavailable
+from services.common.stores.base import StoreError, StoreFailedOver, StoreUnavailable
 from services.common.web import serve_http
 from services.device_persist.persister import DevicePersister, StoreMetrics
 
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 #: Most records handled as one batch (one state barrier, one commit point).
 BATCH_MAX = 1000
+
+#: Seconds between two checks for a store failover while no batch finds one.
+FAILOVER_CHECK_SECONDS = 1.0
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -93,6 +96,7 @@ class DevicePersistService:
         self.readiness.add("kafka", self.reader.end_offsets)
         self.readiness.add("store", self.store.ping)
         self.consumer: AIOKafkaConsumer | None = None
+        self._checked_at = 0.0
 
     def apply_session(
         self, topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers
@@ -110,6 +114,23 @@ class DevicePersistService:
         except StoreFailedOver as failover:
             await self.reapply(records, failover.replication_id)
         return await self.persister.handle_batch(records, now_ms())
+
+    async def check_failover(self) -> None:
+        """Between batches (the consume loop's ``after_fetch``), at most every
+        :data:`FAILOVER_CHECK_SECONDS`: when the store's primary is not the one the owned
+        partitions were last applied on, re-apply them now, so that what a failover dropped
+        comes back even when no new record of the partition arrives (a failure is logged:
+        the next batch's appends find the failover anyway)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._checked_at < FAILOVER_CHECK_SECONDS or not self.persister.owned:
+            return
+        self._checked_at = loop.time()
+        try:
+            state = await self.store.failover_state(self.persister.owned)
+            if state is not None and not self.persister.owned <= state.current:
+                await self.reapply([], state.replication_id)
+        except StoreError as exc:
+            log.warning("could not check the store for a failover: %r", exc)
 
     async def reapply(self, records: list[Record], replication_id: str) -> None:
         """The store's primary is now the one with ``replication_id`` and may lack writes
@@ -169,13 +190,14 @@ class DevicePersistService:
                 reader.seek(tp, ranges[tp.partition][0])
             while ends:
                 fetched = await reader.getmany(*ends, timeout_ms=500, max_records=BATCH_MAX)
-                batch: list[Record] = []
-                for tp, part in fetched.items():
-                    batch += [record for record in part if record.offset < ends[tp]]
-                    if part and part[-1].offset + 1 >= ends[tp]:
+                batch = [r for tp, part in fetched.items() for r in part if r.offset < ends[tp]]
+                if batch:
+                    acks = await self.persister.handle_batch(batch, now_ms(), replication_id)
+                    await asyncio.gather(*acks)
+                for tp in list(ends):
+                    # The position, not the last record: transaction markers take offsets.
+                    if await reader.position(tp) >= ends[tp]:
                         del ends[tp]
-                acks = await self.persister.handle_batch(batch, now_ms(), replication_id)
-                await asyncio.gather(*acks)
         finally:
             await reader.stop()
 
@@ -211,6 +233,7 @@ class DevicePersistService:
                 max_records=BATCH_MAX,
                 on_assigned=self.assigned,
                 first=[names.client_acks],  # they free the windows the messages wait for
+                after_fetch=self.check_failover,
                 stage="device-persist",
             )
         finally:

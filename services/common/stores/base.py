@@ -65,11 +65,13 @@ class FailoverState:
     ``replication_id``: the primary's replication id. ``applied``: per ``msg.persisted``
     partition, the offset below which every record was applied to the data this primary
     holds (partitions without one are absent): re-applying from there recovers whatever a
-    failover dropped.
+    failover dropped. ``current``: the partitions whose records were last applied on this
+    primary (nothing to re-apply for them).
     """
 
     replication_id: str
     applied: Mapping[int, int]
+    current: frozenset[int] = frozenset()
 
 
 class MessageState(IntEnum):

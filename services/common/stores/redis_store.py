@@ -183,15 +183,18 @@ return 0
 """
 )
 
-# KEYS applied; ARGV partitions. Returns {replid, offset or -1 per partition}.
+# KEYS applied epochs; ARGV partitions. Returns {replid, then per partition: offset or -1,
+# 1 if its epoch is the primary's id else 0}.
 _FAILOVER_STATE = (
     """#!lua
 """
     + _GUARD
     + """
-local out = {replid()}
+local now = replid()
+local out = {now}
 for i = 1, #ARGV do
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  out[#out + 1] = redis.call('HGET', KEYS[2], ARGV[i]) == now and 1 or 0
 end
 return out
 """
@@ -563,13 +566,15 @@ class RedisMessageStore(MessageStore):
     async def failover_state(self, partitions: Collection[int]) -> FailoverState:
         """See :meth:`MessageStore.failover_state`. One EVALSHA (reads only)."""
         wanted = sorted(partitions)
+        keys = [self._applied_key, self._epochs_key]
         reply = await self._run(
-            "failover state",
-            lambda: self._failover_state(keys=[self._applied_key], args=wanted),
+            "failover state", lambda: self._failover_state(keys=keys, args=wanted)
         )
         replication_id = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-        applied = {p: int(o) for p, o in zip(wanted, reply[1:], strict=True) if int(o) >= 0}
-        return FailoverState(replication_id, applied)
+        offsets, current = reply[1::2], reply[2::2]
+        applied = {p: int(o) for p, o in zip(wanted, offsets, strict=True) if int(o) >= 0}
+        same = frozenset(p for p, c in zip(wanted, current, strict=True) if int(c) == 1)
+        return FailoverState(replication_id, applied, same)
 
     async def adopt(self, partitions: Collection[int], replication_id: str) -> bool:
         """See :meth:`MessageStore.adopt`. One EVALSHA, confirmed by ``wait_replicas``."""
