@@ -161,18 +161,24 @@ class DevicePersistService:
                 end = await self.consumer.position(TopicPartition(topic, partition))
             if start is not None and end is not None and start < end:
                 ranges[partition] = (start, end)
-        log.warning(
-            "the store's primary changed (replication id %s): re-applying %d records of "
-            "%s partitions %s",
-            replication_id,
-            sum(end - start for start, end in ranges.values()),
-            topic,
-            sorted(ranges),
-        )
+        if ranges:
+            log.warning(
+                "the store's primary changed (replication id %s): re-applying %d offsets of "
+                "%s partitions %s",
+                replication_id,
+                sum(end - start for start, end in ranges.values()),
+                topic,
+                sorted(ranges),
+            )
         await self.replay(ranges, state.replication_id)
         if not await self.store.adopt(owned, state.replication_id):
             raise StoreUnavailable("the store's primary changed again while re-applying")
-        log.info("re-applied %s partitions %s on the new primary", topic, sorted(owned))
+        log.info(
+            "%s partitions %s applied on the primary with replication id %s",
+            topic,
+            sorted(owned),
+            state.replication_id,
+        )
 
     async def replay(self, ranges: Mapping[int, tuple[int, int]], replication_id: str) -> None:
         """Hand the ``msg.persisted`` records of each partition's ``(start, end)`` offsets

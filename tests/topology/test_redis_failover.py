@@ -210,10 +210,12 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
     """Primary A, replicas B and C. C falls behind (stopped, its link cut); message m2 is
     stored on A and confirmed by B (``WAIT 1``), so its offset is committed. A dies, the
     Sentinels promote C (B is not eligible: priority 0), B resynchronises from C in full:
-    m2 is gone from every node. device_persist must store it again from Kafka: the offline
-    subscriber gets m1, m2, m3 in order, and the connected one, whose connection had been
-    sent m2 from A, gets m3 (before the fix its cursor was past the seq m3 reused, and
-    nothing reached it again)."""
+    m2 is gone from every node. device_persist must store it again from Kafka, without
+    waiting for a new message: the offline subscriber gets m1 and m2, then m3; the connected
+    one, whose connection had been sent m2 from A, gets m3 (before the fix m3 reused m2's
+    seq, below the connection's cursor, and nothing reached it again).
+
+    Each assertion fails without the re-application (seen: m2 never arrives)."""
     settings = topology.settings
     a = redis.primary(settings)
     assert a is not None
@@ -269,14 +271,16 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
             key = f"{settings.redis_key_prefix}{{{offline_id}}}:q"
             assert _node(topology, b, "ZCARD", key) == 1  # m2, which B had confirmed, is gone
             await asyncio.to_thread(topology.start, redis.node_name(settings, a))
-            await pub.publish(topic, b"m3", qos=1)
+            async with persistent(offline_id) as offline:
+                # Nothing new published: device_persist finds the failover by itself.
+                got = await collect(offline, 2, RESUME_BOUND)
+                assert [m.payload for m in got] == [b"m1", b"m2"]
+                await pub.publish(topic, b"m3", qos=1)
+                assert await until_marker(offline, b"m3", RESUME_BOUND) == []
+                await offline.unsubscribe(topic)
             got = await until_marker(live, b"m3", RESUME_BOUND)
             assert {m.payload for m in got} <= {b"m2"}  # m2 again (DUP) at most
             await live.unsubscribe(topic)
-        async with persistent(offline_id) as offline:
-            before = await until_marker(offline, b"m3", RESUME_BOUND)
-            assert [m.payload for m in before] == [b"m1", b"m2"]
-            await offline.unsubscribe(topic)
     finally:
         if stopped:
             os.kill(c_pid, signal.SIGCONT)
