@@ -317,8 +317,8 @@ _UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-#: A guarded script's refusal (``_GUARD``); redis-py puts the pipeline's command first.
-_FAILED_OVER = re.compile(r"(?:^|error: )FAILOVER (\w+)")
+#: A guarded script's refusal (``_GUARD``).
+_FAILED_OVER = re.compile(r"^FAILOVER (\w+)")
 
 
 def _escape(client_id: str) -> str:
@@ -506,7 +506,12 @@ class RedisMessageStore(MessageStore):
                 if wait:
                     pipe.incr(f"{self._prefix}replicated")
                     pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
-                replies: list[Any] = await pipe.execute()
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                for reply in replies:
+                    # Raised here rather than by execute(), whose message for a failed
+                    # command of a pipeline loses the server's words (redis-py 5).
+                    if isinstance(reply, Exception):
+                        raise reply
                 return replies
 
         replies = await self._run(what, run)
