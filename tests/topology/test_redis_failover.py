@@ -208,14 +208,14 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
     topology: LocalCluster,
 ) -> None:
     """Primary A, replicas B and C. C falls behind (stopped, its link cut); message m2 is
-    stored on A and confirmed by B (``WAIT 1``), so its offset is committed. A dies, the
+    stored on A and confirmed by B (``WAIT 1``), and device_persist commits its offset
+    (waited for: with little traffic a batch stays uncommitted, and a failure would have it
+    read again anyway). A dies, the
     Sentinels promote C (B is not eligible: priority 0), B resynchronises from C in full:
     m2 is gone from every node. device_persist must store it again from Kafka, without
     waiting for a new message: the offline subscriber gets m1 and m2, then m3; the connected
     one, whose connection had been sent m2 from A, gets m3 (before the fix m3 reused m2's
-    seq, below the connection's cursor, and nothing reached it again).
-
-    Each assertion fails without the re-application (seen: m2 never arrives)."""
+    seq, below the connection's cursor, and nothing reached it again)."""
     settings = topology.settings
     a = redis.primary(settings)
     assert a is not None
@@ -233,8 +233,13 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
             timeout=TIMEOUT,
         )
 
+    names = TopicNames.from_settings(settings)
+    group = names.service_group("device-persist")
+    filler_topic = unique("dropped/filler")
     async with persistent(offline_id) as offline:
         await offline.subscribe(topic, qos=1)
+    async with persistent(unique("filler")) as filler:
+        await filler.subscribe(filler_topic, qos=1)  # offline: its messages are stored
     c_pid = topology.pid(redis.node_name(settings, c))
     assert c_pid is not None
     _node(topology, b, "CONFIG", "SET", "replica-priority", "0")
@@ -259,8 +264,19 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
             os.kill(c_pid, signal.SIGSTOP)
             stopped = True
             assert _node(topology, a, "CLIENT", "KILL", "ADDR", local) in (True, b"OK")
-            await pub.publish(topic, b"m2", qos=1)
+            async with TopicTail.open(topology.kafka_bootstrap, names.msg_persisted) as tail:
+                await pub.publish(topic, b"m2", qos=1)
+                record = await tail.next_with_key(offline_id.encode())
             assert [m.payload for m in await collect(live, 1)] == [b"m2"]  # stored, confirmed
+            tp = TopicPartition(record.topic, record.partition)
+
+            async def committed_past_m2() -> bool:
+                # More batches, so that m2's settles and its offset is committed.
+                await pub.publish(filler_topic, b"filler", qos=1)
+                committed = await _committed(topology, group, tp)
+                return committed is not None and committed > record.offset
+
+            await wait_for(committed_past_m2, "m2's offset committed", RESUME_BOUND)
             assert topology.kill(redis.node_name(settings, a))
             os.kill(c_pid, signal.SIGCONT)
             stopped = False
