@@ -212,10 +212,11 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
     (waited for: with little traffic a batch stays uncommitted, and a failure would have it
     read again anyway). A dies, the
     Sentinels promote C (B is not eligible: priority 0), B resynchronises from C in full:
-    m2 is gone from every node. device_persist must store it again from Kafka, without
-    waiting for a new message: the offline subscriber gets m1 and m2, then m3; the connected
-    one, whose connection had been sent m2 from A, gets m3 (before the fix m3 reused m2's
-    seq, below the connection's cursor, and nothing reached it again)."""
+    m2 is gone from every node (on the code before the fix it stayed gone). device_persist
+    must store it again from Kafka, without waiting for a new message: the offline
+    subscriber gets m1 and m2, then m3; the connected one, whose connection had been sent
+    m2 from A, gets m3 (before the fix m3 reused m2's seq, below the connection's cursor,
+    and nothing reached it again)."""
     settings = topology.settings
     a = redis.primary(settings)
     assert a is not None
@@ -284,8 +285,8 @@ async def test_a_write_a_replica_confirmed_and_a_failover_dropped_is_reapplied_f
             await wait_for(
                 lambda: redis.in_sync(settings, b), "B resynchronised from C", RESUME_BOUND
             )
-            key = f"{settings.redis_key_prefix}{{{offline_id}}}:q"
-            assert _node(topology, b, "ZCARD", key) == 1  # m2, which B had confirmed, is gone
+            # m2, which B had confirmed, is gone from B now (device_persist may have stored
+            # it again on C already: it checks for a failover every second).
             await asyncio.to_thread(topology.start, redis.node_name(settings, a))
             async with persistent(offline_id) as offline:
                 # Nothing new published: device_persist finds the failover by itself.
