@@ -138,6 +138,21 @@ class DevicePersister:
                 self._cursors.pop(client_id, None)
                 self._mark_dirty(client_id)
 
+    def failed_over(self) -> None:
+        """The store failed over: what the connected clients of the owned partitions were
+        sent may be missing from it (and acknowledgements it applied too), so each gets its
+        window again from the start, as after a reconnect (DUP=1 for what was sent): no
+        message stays counted as in flight that the client never got, or acknowledged
+        already (MQTT 4.4)."""
+        count = self.settings.state_topic_partitions
+        for client_id, session in self.sessions.items():
+            if session.connected and partition_of(client_id, count) in self.owned:
+                cursor = self._cursors.pop(client_id, None)
+                if cursor is not None:
+                    before = max(cursor.sent_seq, cursor.sent_before)
+                    self._cursors[client_id] = _Cursor(b"", 0, before)
+                self._mark_dirty(client_id)
+
     def go_live(self) -> None:
         """The session topic has been replayed: from now on, changes are acted upon."""
         self._live = True
@@ -191,17 +206,26 @@ class DevicePersister:
 
     # ------------------------------------------------------------------ records
 
-    async def handle_batch(self, records: list[Record], now_ms: int) -> list[Awaitable[object]]:
+    async def handle_batch(
+        self, records: list[Record], now_ms: int, replaying: str = ""
+    ) -> list[Awaitable[object]]:
         """Store the batch's messages, apply its acknowledgements, serve the clients it
         touched; returns the acknowledgements of the records produced for it.
 
-        The store sees three batched calls (appends, acknowledgements, windows) whatever
-        the number of records, plus one to record what was sent.
+        The store sees three batched calls (appends with how far each ``msg.persisted``
+        partition is applied, acknowledgements, windows) whatever the number of records,
+        plus one to record what was sent. Raises
+        :class:`~services.common.stores.base.StoreFailedOver` (before storing anything)
+        when the store's primary changed since the partitions' records were last applied:
+        the caller re-applies them (``replaying``: the new primary's replication id) and
+        hands the batch again.
         """
         acks: list[Awaitable[object]] = []
         appends: list[AppendRequest] = []
+        applied: dict[int, int] = {}
         for record in records:
             if record.topic == self.names.msg_persisted:
+                applied[record.partition] = max(applied.get(record.partition, 0), record.offset + 1)
                 request = await self._message(record, now_ms, acks)
                 if request is not None:
                     appends.append(request)
@@ -211,7 +235,7 @@ class DevicePersister:
             if record.topic == self.names.client_acks
             for request in self._acknowledgements(record)
         ]
-        results = await self.store.append_many(appends)
+        results = await self.store.append_many(appends, applied, replaying)
         self._count_dropped(appends, results)
         await self.store.acknowledge_many(acknowledgements)
         touched = {r.client_id: None for r in appends}
@@ -270,7 +294,7 @@ class DevicePersister:
         data = encode_stored(
             StoredRecord(session.session_id, message.meta_raw, target, message.payload)
         )
-        return AppendRequest(client_id, record.offset, target.qos, deadline, data)
+        return AppendRequest(client_id, record.offset, target.qos, deadline, data, record.partition)
 
     def _acknowledgements(self, record: Record) -> list[AckRequest]:
         """The store acknowledgements a ``client.acks`` record carries (none from an

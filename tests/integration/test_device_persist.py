@@ -173,6 +173,10 @@ async def _harness(
     persister = DevicePersister(settings, store, send)
     persister.go_live()
     persister.assign(range(PARTITIONS))
+    # A new key prefix is a store nothing was applied to: nothing to re-apply.
+    state = await store.failover_state(range(PARTITIONS))
+    if state is not None:
+        assert await store.adopt(range(PARTITIONS), state.replication_id)
     box.append(Harness(persister, names))
     try:
         yield box[0]

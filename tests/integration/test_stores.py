@@ -39,6 +39,7 @@ from services.common.stores import (
     WindowRequest,
     open_store,
 )
+from services.common.stores.base import FailoverState, StoreFailedOver
 from services.common.stores.migrate import load_migrations, migrate
 from services.common.stores.postgres_store import CHUNK, client_key
 from services.local import redis as local_redis
@@ -674,3 +675,41 @@ async def test_two_processes_migrating_at_once_apply_each_file_once(postgres_ser
     finally:
         async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
             await conn.execute(f'DROP DATABASE "{database}" WITH (FORCE)'.encode())
+
+
+async def test_redis_appends_of_a_partition_applied_on_another_primary_are_refused(
+    redis_server: str,
+) -> None:
+    """The failover guard (device_persist re-applies from Kafka what a failover dropped):
+    an append of a partition whose epoch is not the primary's replication id writes
+    nothing and names the id; re-applied under that id it goes in, records already there
+    are not stored twice, how far the partition is applied is kept, and once adopted the
+    partition's appends are accepted again."""
+    store = RedisMessageStore(redis_server, key_prefix=f"test-{uuid.uuid4().hex[:12]}:")
+    client = new_client()
+    try:
+        first = AppendRequest(client, 7, 1, FAR, b"m7", source_partition=3)
+        with pytest.raises(StoreFailedOver) as refused:
+            await store.append_many([first], {3: 8})
+        assert await store.count(client) == 0  # nothing written
+        replication_id = refused.value.replication_id
+        state = await store.failover_state([3])
+        assert state == FailoverState(replication_id, {}, frozenset())
+        replayed = [first, AppendRequest(client, 8, 1, FAR, b"m8", source_partition=3)]
+        results = await store.append_many(replayed, {3: 9}, replaying=replication_id)
+        assert [r.packet_id for r in results] == [1, 2]
+        again = await store.append_many(replayed, {3: 9}, replaying=replication_id)
+        assert [r.packet_id for r in again] == [None, None]  # keyed by offset: not twice
+        with pytest.raises(StoreFailedOver):  # not adopted yet
+            await store.append_many([], {3: 9})
+        assert await store.adopt([3], replication_id)
+        assert not await store.adopt([3], "another primary's id")
+        assert await store.failover_state([3, 4]) == FailoverState(
+            replication_id, {3: 9}, frozenset({3})
+        )
+        later = AppendRequest(client, 9, 1, FAR, b"m9", source_partition=3)
+        assert [r.packet_id for r in await store.append_many([later], {3: 10})] == [3]
+        window = await store.window(client, 10, 0)
+        assert [m.data for m in window] == [b"m7", b"m8", b"m9"]
+    finally:
+        await store.close()

@@ -17,7 +17,7 @@ is idempotent by source offset, ``mark_sent`` and ``clear`` are idempotent, and 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -41,6 +41,37 @@ class StoreUnavailable(StoreError):
     The message names the backend and its address (never credentials). The call may or may
     not have been applied; calling again is safe (see the module docstring).
     """
+
+
+class StoreFailedOver(StoreError):
+    """The store's primary has changed since the records of some partitions were last
+    applied to it (a Redis failover, or a restart): writes confirmed on the previous
+    primary may be missing. Nothing of the refused call was written.
+
+    ``replication_id``: the primary's replication id now (Redis ``master_replid``). The
+    caller re-applies those partitions' records from :meth:`MessageStore.failover_state`'s
+    offsets, with ``replaying`` set to this id, and then calls :meth:`MessageStore.adopt`.
+    """
+
+    def __init__(self, message: str, replication_id: str) -> None:
+        super().__init__(message)
+        self.replication_id = replication_id
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverState:
+    """What :meth:`MessageStore.failover_state` found on the primary.
+
+    ``replication_id``: the primary's replication id. ``applied``: per ``msg.persisted``
+    partition, the offset below which every record was applied to the data this primary
+    holds (partitions without one are absent): re-applying from there recovers whatever a
+    failover dropped. ``current``: the partitions whose records were last applied on this
+    primary (nothing to re-apply for them).
+    """
+
+    replication_id: str
+    applied: Mapping[int, int]
+    current: frozenset[int] = frozenset()
 
 
 class MessageState(IntEnum):
@@ -97,6 +128,10 @@ class AppendRequest:
     qos: int
     expires_at_ms: int
     data: bytes
+    #: The ``msg.persisted`` partition of the record (every record of one client is in the
+    #: same one): which partition's failover epoch guards the append
+    #: (:class:`StoreFailedOver`). None: unguarded (a caller that never re-applies).
+    source_partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,18 +228,45 @@ class MessageStore(abc.ABC):
         or RELEASED one stays until acknowledged). Raises ``ValueError`` if ``limit`` < 0.
         """
 
-    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        applied: Mapping[int, int] | None = None,
+        replaying: str = "",
+    ) -> list[AppendResult]:
         """:meth:`append` for each request, in order; one result per request.
 
         Each append is atomic by itself, not the whole batch: after a failure
         (:class:`StoreUnavailable`) some may have been applied, and calling again is safe
         (appends are idempotent by source offset). Backends override this to save round
         trips; this default calls :meth:`append` one by one.
+
+        ``applied`` (``msg.persisted`` partition → offset): every record of the partition
+        below the offset has been handled once these appends are in; a backend whose
+        primary can fail over and drop writes (Redis) records it after the appends, for
+        :meth:`failover_state`. ``replaying``: a replication id a failover changed to (from
+        :class:`StoreFailedOver`), while its partitions' records are re-applied. A backend
+        that can lose writes to a failover raises :class:`StoreFailedOver` (writing
+        nothing) when a partition's records were last applied on another primary; this
+        default never does.
         """
         return [
             await self.append(r.client_id, r.source_offset, r.qos, r.expires_at_ms, r.data)
             for r in requests
         ]
+
+    async def failover_state(self, partitions: Collection[int]) -> FailoverState | None:
+        """The primary's replication id and how far each of ``partitions`` (of
+        ``msg.persisted``) was applied to its data; None for a backend without failovers
+        that drop writes (this default)."""
+        return None
+
+    async def adopt(self, partitions: Collection[int], replication_id: str) -> bool:
+        """Mark ``partitions`` as re-applied on the primary whose replication id is
+        ``replication_id``: their appends are accepted again. False (nothing marked) when
+        the primary's id is another one by now (it failed over again). This default has
+        nothing to mark."""
+        return True
 
     async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
         """:meth:`acknowledge` for each request, in order; one result per request (each

@@ -17,7 +17,7 @@ the lock and takes it only to delete expired messages.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -183,10 +183,17 @@ class PostgresMessageStore(MessageStore):
         )
         return result
 
-    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        applied: Mapping[int, int] | None = None,
+        replaying: str = "",
+    ) -> list[AppendResult]:
         """See :meth:`MessageStore.append_many`. One transaction per :data:`CHUNK` appends,
         3 to 5 statements each: a commit (a WAL flush) per chunk, not per message. Raises
-        ``ValueError`` (before any write) for arguments out of range."""
+        ``ValueError`` (before any write) for arguments out of range. ``applied`` and
+        ``replaying`` are not needed: a committed transaction is not dropped by a restart,
+        and a standby's promotion is PostgreSQL's replication's business."""
         for r in requests:
             check_append(r.source_offset, r.qos, r.expires_at_ms)
         return await self._chunked("append", requests, self._append)

@@ -15,9 +15,27 @@ Keys of one client (``P`` = the key prefix, ``C`` = the client id with ``%``, ``
 script may touch them all. Each append sets every key to expire (PEXPIREAT) at ``exp``: a
 client nobody touches any more vanishes when its last message would have expired.
 
+Kafka is the source of truth where Redis replication cannot promise durability (as TBMQ's
+clustering does): two hashes of ``msg.persisted`` partition → value say what the data holds:
+
+- ``P:applied``: the offset below which every record of the partition has been applied
+  (written after the appends of each batch, in the same replication stream, so a replica
+  that has it has those appends too);
+- ``P:epochs``: the replication id (``master_replid``) of the primary the partition's
+  records were last applied on.
+
+A promoted replica, or a replica resynchronised from one, holds a prefix of its former
+primary's writes, and its ``master_replid`` is new. Every append checks the partition's
+epoch against the primary's id and is refused (:class:`StoreFailedOver`, nothing written)
+when they differ; the caller re-applies the partition's records from ``P:applied`` (the
+appends are idempotent by source offset, so what the new primary has is not stored
+twice), then :meth:`RedisMessageStore.adopt` sets the epoch.
+
 With replicas (``wait_replicas``), every writing call ends with ``WAIT``: it returns only once
-that many replicas have the call's writes, so the primary's death and a failover cannot drop
-a write the caller was told is done (device_persist commits Kafka offsets only after that).
+that many replicas have the call's writes (device_persist commits Kafka offsets only after
+that). That is not enough by itself: the Sentinels may promote a replica that had not
+confirmed the write, and the one that had then resynchronises from it and drops it; the
+epochs above recover such writes from Kafka.
 ``WAIT`` covers the writes made on its own connection, and a retried call may find its work
 done already and write nothing; so the pipeline writes the counter ``P:replicated`` just
 before ``WAIT``: the replication stream is ordered, so its acknowledgement by a replica
@@ -32,7 +50,8 @@ failing it halfway.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -51,10 +70,12 @@ from services.common.stores.base import (
     AckRequest,
     AppendRequest,
     AppendResult,
+    FailoverState,
     MessageState,
     MessageStore,
     StoredMessage,
     StoreError,
+    StoreFailedOver,
     StoreStats,
     StoreUnavailable,
     WindowRequest,
@@ -64,18 +85,40 @@ from services.common.stores.base import (
 
 T = TypeVar("T")
 
-# KEYS q m d c; ARGV max_messages, then (source_offset qos expires_at_ms data) per message,
-# all for this one client, in order. Returns {packet_id, dropped} per message; packet_id 0
-# when its offset was already appended.
-_APPEND = """#!lua
+# The primary's replication id, and the refusal of a write for a partition whose records
+# were last applied on another primary (unless they are being re-applied on this one).
+_GUARD = """
+local function replid()
+  return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)')
+end
+local function guard(epochs, partition, replaying)
+  if partition == '' then
+    return
+  end
+  local now = replid()
+  if replaying ~= now and redis.call('HGET', epochs, partition) ~= now then
+    error({err = 'FAILOVER ' .. now})
+  end
+end
+"""
+
+# KEYS q m d c epochs; ARGV max_messages partition replaying, then (source_offset qos
+# expires_at_ms data) per message, all for this one client, in order. Returns {packet_id,
+# dropped} per message; packet_id 0 when its offset was already appended.
+_APPEND = (
+    """#!lua
+"""
+    + _GUARD
+    + """
 local q, m, d, c = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+guard(KEYS[5], ARGV[2], ARGV[3])
 local cap = tonumber(ARGV[1])
 local out = {}
 local last = tonumber(redis.call('HGET', c, 'off') or '-1')
 local pid = tonumber(redis.call('HGET', c, 'pid') or '0')
 local exp = tonumber(redis.call('HGET', c, 'exp') or '0')
 local total_dropped = 0
-for i = 2, #ARGV, 4 do
+for i = 4, #ARGV, 4 do
   local offset = tonumber(ARGV[i])
   if offset <= last then
     out[#out + 1] = 0
@@ -112,12 +155,67 @@ if last >= 0 then
   if total_dropped > 0 then
     redis.call('HINCRBY', c, 'dropped', total_dropped)
   end
-  for _, key in ipairs(KEYS) do
-    redis.call('PEXPIREAT', key, exp)
+  for i = 1, 4 do
+    redis.call('PEXPIREAT', KEYS[i], exp)
   end
 end
 return out
 """
+)
+
+# KEYS epochs applied; ARGV replaying, then (partition offset) pairs: every record of the
+# partition below the offset is applied (never lowered).
+_APPLIED = (
+    """#!lua
+"""
+    + _GUARD
+    + """
+for i = 2, #ARGV, 2 do
+  guard(KEYS[1], ARGV[i], ARGV[1])
+end
+for i = 2, #ARGV, 2 do
+  local old = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > old then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
+end
+return 0
+"""
+)
+
+# KEYS applied epochs; ARGV partitions. Returns {replid, then per partition: offset or -1,
+# 1 if its epoch is the primary's id else 0}.
+_FAILOVER_STATE = (
+    """#!lua
+"""
+    + _GUARD
+    + """
+local now = replid()
+local out = {now}
+for i = 1, #ARGV do
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  out[#out + 1] = redis.call('HGET', KEYS[2], ARGV[i]) == now and 1 or 0
+end
+return out
+"""
+)
+
+# KEYS epochs; ARGV replid, then partitions. Returns 1 when marked, 0 when the primary's
+# id is another one.
+_ADOPT = (
+    """#!lua
+"""
+    + _GUARD
+    + """
+if replid() ~= ARGV[1] then
+  return 0
+end
+for i = 2, #ARGV do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[1])
+end
+return 1
+"""
+)
 
 # KEYS q m d; ARGV limit now_ms after_seq. Returns {pid, seq, meta, data, pid, seq, ...}.
 _WINDOW = """#!lua
@@ -219,6 +317,10 @@ _UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+#: A guarded script's refusal (``_GUARD``).
+_FAILED_OVER = re.compile(r"^FAILOVER (\w+)")
+
+
 def _escape(client_id: str) -> str:
     """``client_id`` with ``%``, ``{`` and ``}`` percent-encoded: no brace can end the tag."""
     return client_id.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
@@ -313,6 +415,11 @@ class RedisMessageStore(MessageStore):
             self._address = _public_address(url)
             self._redis = aioredis.Redis.from_url(url, **options)
         self._append = self._redis.register_script(_APPEND)
+        self._applied = self._redis.register_script(_APPLIED)
+        self._failover_state = self._redis.register_script(_FAILOVER_STATE)
+        self._adopt = self._redis.register_script(_ADOPT)
+        self._epochs_key = f"{key_prefix}epochs"
+        self._applied_key = f"{key_prefix}applied"
         self._window = self._redis.register_script(_WINDOW)
         self._mark_sent = self._redis.register_script(_MARK_SENT)
         self._acknowledge = self._redis.register_script(_ACKNOWLEDGE)
@@ -337,6 +444,16 @@ class RedisMessageStore(MessageStore):
         except _UNAVAILABLE_ERRORS as exc:
             raise StoreUnavailable(
                 f"Redis store at {self._address} is unavailable ({what}): {exc}"
+            ) from exc
+        except redis_errors.ResponseError as exc:
+            failed_over = _FAILED_OVER.search(str(exc))
+            if failed_over is None:
+                raise StoreError(f"Redis store at {self._address}: {what} failed: {exc}") from exc
+            replication_id = failed_over.group(1)
+            raise StoreFailedOver(
+                f"Redis store at {self._address}: {what} refused: the primary (replication "
+                f"id {replication_id}) is not the one the records were last applied on",
+                replication_id,
             ) from exc
         except redis_errors.RedisError as exc:
             raise StoreError(f"Redis store at {self._address}: {what} failed: {exc}") from exc
@@ -389,7 +506,12 @@ class RedisMessageStore(MessageStore):
                 if wait:
                     pipe.incr(f"{self._prefix}replicated")
                     pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
-                replies: list[Any] = await pipe.execute()
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                for reply in replies:
+                    # Raised here rather than by execute(), whose message for a failed
+                    # command of a pipeline loses the server's words (redis-py 5).
+                    if isinstance(reply, Exception):
+                        raise reply
                 return replies
 
         replies = await self._run(what, run)
@@ -404,31 +526,72 @@ class RedisMessageStore(MessageStore):
             )
         return replies[:-2]
 
-    async def append_many(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        applied: Mapping[int, int] | None = None,
+        replaying: str = "",
+    ) -> list[AppendResult]:
         """See :meth:`MessageStore.append_many`. One pipelined round trip, one EVALSHA per
-        client (with all of that client's messages); O(log n) per message and per drop."""
+        client (with all of that client's messages), then one for ``applied``; O(log n)
+        per message and per drop. Each checks its partitions' epochs first (module
+        docstring): :class:`StoreFailedOver` when one is not the primary's."""
         by_client: dict[str, list[int]] = {}
         for index, r in enumerate(requests):
             check_append(r.source_offset, r.qos, r.expires_at_ms)
             by_client.setdefault(r.client_id, []).append(index)
+        marks = [value for item in sorted((applied or {}).items()) for value in item]
 
         async def queue(pipe: Pipeline) -> None:
             for client_id, indexes in by_client.items():
-                args: list[Any] = [self._max_messages]
+                partition = requests[indexes[0]].source_partition
+                guarded = "" if partition is None else partition
+                args: list[Any] = [self._max_messages, guarded, replaying]
                 for index in indexes:
                     r = requests[index]
                     args += (r.source_offset, r.qos, r.expires_at_ms, r.data)
-                await self._append(keys=self._keys(client_id), args=args, client=pipe)
+                keys = [*self._keys(client_id), self._epochs_key]
+                await self._append(keys=keys, args=args, client=pipe)
+            if marks:
+                keys = [self._epochs_key, self._applied_key]
+                await self._applied(keys=keys, args=[replaying, *marks], client=pipe)
 
         results: list[AppendResult] = [AppendResult(None, 0)] * len(requests)
-        if not requests:
+        if not requests and not marks:
             return results
         replies = await self._pipeline("append", queue)
+        if marks:
+            replies = replies[:-1]
         for indexes, reply in zip(by_client.values(), replies, strict=True):
             for position, index in enumerate(indexes):
                 packet_id, dropped = reply[2 * position], reply[2 * position + 1]
                 results[index] = AppendResult(packet_id or None, dropped)
         return results
+
+    async def failover_state(self, partitions: Collection[int]) -> FailoverState:
+        """See :meth:`MessageStore.failover_state`. One EVALSHA (reads only)."""
+        wanted = sorted(partitions)
+        keys = [self._applied_key, self._epochs_key]
+        reply = await self._run(
+            "failover state", lambda: self._failover_state(keys=keys, args=wanted)
+        )
+        replication_id = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        offsets, current = reply[1::2], reply[2::2]
+        applied = {p: int(o) for p, o in zip(wanted, offsets, strict=True) if int(o) >= 0}
+        same = frozenset(p for p, c in zip(wanted, current, strict=True) if int(c) == 1)
+        return FailoverState(replication_id, applied, same)
+
+    async def adopt(self, partitions: Collection[int], replication_id: str) -> bool:
+        """See :meth:`MessageStore.adopt`. One EVALSHA, confirmed by ``wait_replicas``."""
+        wanted = sorted(partitions)
+
+        async def queue(pipe: Pipeline) -> None:
+            await self._adopt(keys=[self._epochs_key], args=[replication_id, *wanted], client=pipe)
+
+        if not wanted:
+            return True
+        [marked] = await self._pipeline("adopt", queue)
+        return int(marked) == 1
 
     async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
         """See :meth:`MessageStore.acknowledge_many`. One pipelined round trip."""
