@@ -249,7 +249,7 @@ SESSION_TIMEOUT = 3.0
 SLOW_START = 2 * SESSION_TIMEOUT
 
 
-class _SlowStart(AIOKafkaProducer):
+class _SlowStart(AIOKafkaProducer):  # type: ignore[misc]
     """A transactional producer whose start (InitProducerId, the fence of the partition's
     previous owner) takes :data:`SLOW_START` seconds longer, as the router's twelve did on
     a loaded machine after a restart (bench/NOTES.md, "Recovery time")."""
