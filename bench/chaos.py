@@ -28,9 +28,11 @@ before the killed process did (a failover, not the restart, brought it back).
 
 With ``--production``, the default rounds are :data:`PRODUCTION_ROUNDS`: five Redis
 primary kills in a row (each one a Sentinel failover, the restarted node rejoining as a
-replica), then a rolling kill and restart of the three Kafka brokers, each down
+replica), then a kill -9 and restart of each of the three Kafka brokers in turn, each down
 :data:`PRODUCTION_DOWN` seconds: longer than Sentinel's down-after and Kafka's broker
-session timeout, so every kill is a failover, not a quick restart.
+session timeout, so every kill is a failover, not a quick restart; last, a rolling restart
+of the three brokers as one round (:data:`KAFKA_ROLLING`: each stopped cleanly and started
+again, back in sync before the next).
 """
 
 from __future__ import annotations
@@ -45,15 +47,20 @@ from typing import Any
 
 from bench import resumption
 from bench.durability import DurabilityLoad, Report
-from services.local import cluster, layout, ports, processes, redis
+from services.local import cluster, kafka, layout, ports, processes, redis
 from services.local.settings import LocalSettings
 
 #: The alias of the Redis node that is primary when the kill comes.
 REDIS_PRIMARY = "redis-primary"
 
+#: The name of a round that restarts every Kafka broker cleanly, one after another, each
+#: started again and back in the in-sync replicas of all its partitions before the next
+#: stops (:func:`services.local.kafka.start`): a rolling restart, as MSK patches brokers.
+KAFKA_ROLLING = "kafka-rolling"
+
 #: The production layout's rounds: five Redis primary kills in a row, then the three Kafka
-#: brokers one after another (a rolling restart, by kill -9).
-PRODUCTION_ROUNDS = (*[REDIS_PRIMARY] * 5, "kafka1", "kafka2", "kafka3")
+#: brokers killed one after another, then a rolling restart of the three.
+PRODUCTION_ROUNDS = (*[REDIS_PRIMARY] * 5, "kafka1", "kafka2", "kafka3", KAFKA_ROLLING)
 
 #: Seconds each process of :data:`PRODUCTION_ROUNDS` stays dead: beyond Sentinel's
 #: down-after (:data:`services.local.redis.SENTINEL_DOWN_AFTER_MS`) and the brokers'
@@ -128,6 +135,10 @@ class ChaosResult:
 def resolve(settings: LocalSettings, name: str) -> str:
     """The process to kill for ``name``: itself, or for ``redis-primary`` the node that is
     primary now. Raises ``KeyError`` for a name the cluster does not have."""
+    if name == KAFKA_ROLLING:
+        if settings.kafka_brokers < 2:
+            raise KeyError(f"{KAFKA_ROLLING} needs several Kafka brokers (--production)")
+        return name
     if name == REDIS_PRIMARY:
         node = redis.primary(settings)
         if node is None:
@@ -142,15 +153,19 @@ def resolve(settings: LocalSettings, name: str) -> str:
 def _disrupt(
     settings: LocalSettings, load: DurabilityLoad, name: str, timing: Timing, log: Log
 ) -> Disruption:
-    """Kill ``name``, bring it back, wait for delivery to resume, let the load settle."""
+    """Kill ``name``, bring it back, wait for delivery to resume, let the load settle
+    (:data:`KAFKA_ROLLING`: restart the brokers one by one instead, :func:`_roll`)."""
     victim = resolve(settings, name)
     disruption = Disruption(victim)
-    log(f"kill -9 {victim}")
     disruption.killed_at = time.monotonic()
-    if not cluster.kill_component(settings, victim):
-        disruption.error = "was not running"
-    time.sleep(timing.down)
     try:
+        if victim == KAFKA_ROLLING:
+            _roll(settings, log)
+        else:
+            log(f"kill -9 {victim}")
+            if not cluster.kill_component(settings, victim):
+                disruption.error = "was not running"
+            time.sleep(timing.down)
         cluster.up(settings)
     except (processes.StartError, TimeoutError) as exc:
         disruption.error = f"not brought back: {exc}"
@@ -164,6 +179,18 @@ def _disrupt(
         time.sleep(0.05)
     time.sleep(timing.settle)
     return disruption
+
+
+def _roll(settings: LocalSettings, log: Log) -> None:
+    """Stop each Kafka broker cleanly (a controlled shutdown: its leaderships move first)
+    and start it again, waiting until it is back in the in-sync replicas of its partitions
+    before the next. Raises what starting a broker raises."""
+    for node in kafka.broker_ids(settings):
+        broker = kafka.broker_name(settings, node)
+        log(f"rolling restart: stop {broker}")
+        cluster.stop_component(settings, broker)
+        cluster.start_component(settings, broker)
+        log(f"rolling restart: {broker} back in sync")
 
 
 def _measure(result: ChaosResult, load: DurabilityLoad) -> None:
@@ -193,7 +220,8 @@ def run(
     log: Log = print,
 ) -> ChaosResult:
     """Run the chaos over ``names`` (in that order) against the cluster of ``settings``
-    (brought up first if a part is down). Raises ``KeyError`` for an unknown process name,
+    (brought up first if a part is down); a process the launcher could not bring back
+    ends the rounds there. Raises ``KeyError`` for an unknown process name,
     :class:`~services.local.processes.StartError` when the cluster cannot be brought up
     before the run, ``TimeoutError`` when the load cannot be set up."""
     for name in names:
@@ -207,7 +235,13 @@ def run(
     ) as load:
         time.sleep(timing.warmup)
         for name in names:
-            result.disruptions.append(_disrupt(settings, load, name, timing, log))
+            disruption = _disrupt(settings, load, name, timing, log)
+            result.disruptions.append(disruption)
+            if disruption.back_at is None:
+                # The next kill would be a second failure at once (two of three Kafka
+                # brokers down: nothing meets min.insync.replicas), not what a round tests.
+                log(f"stopping: {disruption.process} was not brought back")
+                break
         log("publishing stops; waiting for the last PUBACKs and deliveries")
         result.unacknowledged_at_end = load.stop_publishing(timing.drain)
         result.undelivered_at_end = load.drain(timing.drain)

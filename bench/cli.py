@@ -310,7 +310,8 @@ def chaos_parser(parser: argparse.ArgumentParser) -> None:
         "--processes",
         help="comma-separated processes to kill, in order (default: every process of the "
         f"cluster; with --production: {','.join(chaos.PRODUCTION_ROUNDS)}; "
-        f"{chaos.REDIS_PRIMARY} = the Redis node that is primary then)",
+        f"{chaos.REDIS_PRIMARY} = the Redis node that is primary then; "
+        f"{chaos.KAFKA_ROLLING} = a rolling restart of the Kafka brokers)",
     )
     parser.add_argument("--publishers", type=int, default=20, help="QoS 1 publishers")
     parser.add_argument("--rate", type=float, default=500.0, help="msg/s over all publishers")

@@ -244,6 +244,13 @@ async def measure_recovery(
 RECONNECT_SECONDS = 0.2
 """How long a probe publisher waits before it connects again (a broker still down refuses)."""
 
+PUBLISH_TIMEOUT = 12.0
+"""Seconds a probe publisher waits for a PUBACK before it gives the PUBLISH up and connects
+again: beyond the broker's own bound (it refuses or closes the connection once Kafka has not
+answered within ``kafka_request_timeout_seconds``, 10 s by default). aiomqtt 2.5 does not wake
+a ``publish`` waiting for its PUBACK when the connection closes, so with the client's 30 s
+timeout the probe measured that wait after a Kafka broker kill, not the broker."""
+
 
 def _seqs(pair: _Pair) -> set[int]:
     return {seq for seq, _ in pair.arrivals}
@@ -281,7 +288,9 @@ async def _publish(
                     seq += 1
                     pair.sent_at[seq] = time.time()
                     client.last_reason = None
-                    await client.publish(pair.topic, str(seq).encode(), qos=qos)
+                    await client.publish(
+                        pair.topic, str(seq).encode(), qos=qos, timeout=PUBLISH_TIMEOUT
+                    )
                     if client.accepted():
                         pair.acked.add(seq)
                     await asyncio.sleep(interval)

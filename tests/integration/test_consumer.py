@@ -10,9 +10,17 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from services.common.kafka.admin import TopicSpec, ensure_topics
-from services.common.kafka.consumer import Record, consume_batches, make_consumer
+from services.common.kafka.consumer import (
+    PartitionTransactions,
+    Record,
+    Transaction,
+    consume_batches,
+    consume_in_transactions,
+    make_consumer,
+)
 from services.common.settings import Settings
 from tests.waiting import wait_for
 
@@ -230,3 +238,76 @@ async def test_records_of_the_first_topics_overtake_a_backlog(
     finally:
         await _stop(consumer, task)
     assert seen.index(b"now") < 1000  # not behind the 5,000 records fetched before it
+
+
+#: The consumer group session timeout of the test below (seconds): the local cluster's
+#: stages' (a shorter one expires on a loaded machine whatever the listener does).
+SESSION_TIMEOUT = 3.0
+
+#: Seconds longer than usual the transactional producers of the test below take to start:
+#: twice :data:`SESSION_TIMEOUT`.
+SLOW_START = 2 * SESSION_TIMEOUT
+
+
+class _SlowStart(AIOKafkaProducer):  # type: ignore[misc]
+    """A transactional producer whose start (InitProducerId, the fence of the partition's
+    previous owner) takes :data:`SLOW_START` seconds longer, as the router's twelve did on
+    a loaded machine after a restart (bench/NOTES.md, "Recovery time")."""
+
+    async def start(self) -> None:
+        await asyncio.sleep(SLOW_START)
+        await super().start()
+
+
+async def test_a_slow_fence_after_an_assignment_keeps_the_member_in_its_group(
+    topic: Topic,
+) -> None:
+    """The fence of newly assigned partitions runs outside aiokafka's rebalance listener,
+    which sends no heartbeat: a fence longer than the session timeout used to get the
+    member dropped by the coordinator and the group rebalanced once more."""
+    settings = topic.settings.model_copy(
+        update={
+            "consumer_session_timeout_seconds": SESSION_TIMEOUT,
+            "consumer_heartbeat_interval_seconds": SESSION_TIMEOUT / 6,
+        }
+    )
+    group = f"it-{uuid.uuid4().hex[:8]}"
+    consumer = make_consumer(settings, group_id=group, fetch_max_wait_ms=100)
+    transactions = PartitionTransactions(
+        lambda transactional_id: _SlowStart(
+            bootstrap_servers=settings.kafka_bootstrap, transactional_id=transactional_id
+        ),
+        f"{group}.",
+        group,
+    )
+    handled: list[Record] = []
+    revoked: list[set[TopicPartition]] = []
+
+    async def handle(records: list[Record], transaction: Transaction) -> list[Awaitable[object]]:
+        handled.extend(records)
+        return []
+
+    async def on_revoked(partitions: set[TopicPartition]) -> None:
+        if partitions:  # aiokafka revokes the empty set before the first join
+            revoked.append(partitions)
+
+    task = await _run(
+        consumer,
+        consume_in_transactions(
+            consumer, handle, transactions, topics=[topic.name], on_revoked=on_revoked
+        ),
+    )
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await topic.put_many(PARTITIONS * 2)
+        await wait_for(lambda: len(handled) >= PARTITIONS * 2, "the records handled", 60.0)
+        # Handled only once fenced, SLOW_START after the assignment: well past the
+        # session timeout, so a member the coordinator dropped meanwhile is gone or back
+        # through a revocation by now.
+        [description] = await admin.describe_consumer_groups([group])
+        [_, _, state, _, _, members, *_] = description.groups[0]
+        assert (state, len(members), revoked) == ("Stable", 1, [])
+    finally:
+        await admin.close()
+        await _stop(consumer, task)

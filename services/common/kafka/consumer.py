@@ -734,6 +734,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.committed: dict[TopicPartition, int] = {}
         # Partitions whose last failure was StaleOutputs: read again without a backoff.
         self.stale: set[TopicPartition] = set()
+        # Whether the group assigned partitions the loop has not fenced yet (paused until).
+        self.fence_due = False
 
     async def run(
         self, topics: Sequence[str], first: Sequence[str], max_records: int, interval: float
@@ -741,6 +743,8 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer.subscribe(list(topics), listener=self)
         try:
             while True:
+                if self.fence_due:
+                    await self._fence_assigned()
                 rebalances = self.rebalances
                 batches = await _next_batch(
                     self.consumer, first, max_records, wait=not self.pending
@@ -874,16 +878,31 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        """After a rebalance: start the producers of the new partitions (fencing their
-        previous owners), read each new partition from its committed offset as it is once
-        they are fenced, then tell the stage. Reading may have started meanwhile, from
-        offsets read before the fence: what it fetched is dropped (:meth:`_drop_stale`)."""
-        partitions = set(assigned)
+        """After a rebalance: pause the partitions new to this loop until it has fenced
+        their previous owners (:meth:`_fence_assigned`, the loop's next step). Not here:
+        aiokafka 0.14 sends no heartbeat while this listener runs, and starting the new
+        partitions' producers (each InitProducerId aborts the previous owner's open
+        transaction) took longer than the session timeout after a router restart on a
+        loaded machine: the coordinator then dropped the member and the group rebalanced
+        once more (bench/NOTES.md, "Recovery time")."""
         async with self.lock:
             self.rebalances += 1
+            self.consumer.pause(*(set(assigned) - self.transactions.partitions))
+            self.fence_due = True
+
+    async def _fence_assigned(self) -> None:
+        """Own exactly the partitions the group assigned: start the producers of the new
+        ones (fencing their previous owners), read each new partition from its committed
+        offset as it is once they are fenced, resume them, then tell the stage. A batch
+        fetched before this is dropped (:meth:`_drop_stale`)."""
+        async with self.lock:
+            self.rebalances += 1
+            self.fence_due = False
+            partitions = self.consumer.assignment()
             new = partitions - self.transactions.partitions
             await fence(self.transactions, partitions)
             self.rewound = await self._rewind(new)
             self.committed.update(self.rewound)
+            self.consumer.resume(*new)
         if self.on_assigned is not None:
-            await self.on_assigned(partitions)
+            await self.on_assigned(set(partitions))
