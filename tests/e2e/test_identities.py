@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections.abc import AsyncIterator
+from functools import partial
 
 import jwt
 import pytest
@@ -184,6 +185,17 @@ async def test_a_jwt_client_cannot_choose_the_user_name_its_rules_are_built_from
         {"aud": issuer, "sub": "alice", "exp": int(time.time()) + 300}, secret, "HS256"
     ).encode()
     node1, node2 = cluster.node_ports
+
+    def accepted_on(port: int) -> bool:
+        probe = PahoClient(port, unique("jwt"), username="alice", password=token)
+        ok = probe.connect().value == 0
+        probe.close()
+        return ok
+
+    # Each node learns of the new issuer through the store's change notification: until
+    # then its token is refused with 0x86, which is not what this test is about.
+    for port in (node1, node2):
+        wait_until(partial(accepted_on, port), f"the new JWT credential on port {port}")
     bob = PahoClient(node1, unique("jwt"), username="bob", password=token)
     assert bob.connect().value == NOT_AUTHORIZED
     bob.close()
