@@ -238,10 +238,10 @@ def _short_of_scale(settings: LocalSettings, maxconn: int | None) -> str | None:
     return (
         f"Warning: HAProxy takes at most {maxconn:,} connections, fewer than the {scale:,} "
         f"the ingest nodes take ({settings.ingest_nodes} x max_connections "
-        f"{settings.max_connections:,}): the hard open-file limit is too low. Run "
-        "`cormorant down` and `cormorant up` as root, or raise the hard limit to "
-        f"{needed:,} first (nofile in /etc/security/limits.conf, LimitNOFILE= in a "
-        "systemd unit)."
+        f"{settings.max_connections:,}): the hard open-file limit is too low. Raise "
+        f"the hard limit to {needed:,} (nofile in /etc/security/limits.conf, LimitNOFILE= "
+        "in a systemd unit, the container's ulimit; `cormorant up` raises it itself when "
+        "it has CAP_SYS_RESOURCE), then `cormorant down` and `cormorant up`."
     )
 
 
