@@ -169,6 +169,22 @@ async def test_a_disabled_credential_is_banned_and_a_client_id_credential_needs_
     assert PahoClient(cluster.mqtt_port, legacy).connect().value == 0
 
 
+def _connect_with_tokens(
+    cluster: LocalCluster, device: str, cases: list[tuple[bytes, int]]
+) -> None:
+    """Connect as ``device`` with each token, expecting its CONNACK Reason Code; an accepted
+    one must also get its QoS 1 PUBLISH under ``fleet/<device>/`` acknowledged with 0. The
+    User Name is the token's sub (bound identity; paho sends no Password without one)."""
+    for password, expected in cases:
+        client = PahoClient(cluster.mqtt_port, device, username=device, password=password)
+        assert client.connect().value == expected, password
+        if expected == 0:
+            mid = client.publish(f"fleet/{device}/x", b"1", 1)
+            wait_until(lambda c=client, m=mid: m in c.snapshot()[0], "PUBACK")
+            assert client.snapshot()[0][mid].value == 0
+            client.close()
+
+
 async def test_jwt_credentials_accept_valid_tokens_only(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
@@ -194,15 +210,7 @@ async def test_jwt_credentials_accept_valid_tokens_only(
         (jwt.encode({"aud": issuer, "exp": now + 60}, "x" * 40, "HS256").encode(), 0x86),
         (b"not.a.token", 0x86),
     ]
-    for password, expected in cases:
-        # The User Name is the token's sub (paho sends no Password without a User Name)
-        client = PahoClient(cluster.mqtt_port, device, username=device, password=password)
-        assert client.connect().value == expected, password
-        if expected == 0:
-            mid = client.publish(f"fleet/{device}/x", b"1", 1)
-            wait_until(lambda c=client, m=mid: m in c.snapshot()[0], "PUBACK")
-            assert client.snapshot()[0][mid].value == 0
-            client.close()
+    _connect_with_tokens(cluster, device, cases)
     done = mosquitto_pub(cluster.mqtt_port, f"fleet/{device}/t", "x", qos=1, client_id=device,
                          extra=("-u", device, "-P", token(sub=device).decode()))  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -229,15 +237,7 @@ async def test_a_jwks_credential_accepts_tokens_of_the_served_keys_only(
             (signed_token(stranger, "k9", aud=issuer, sub=device), 0x86),  # a kid not served
             (signed_token(key, "k1", aud=issuer, sub="someone-else"), NOT_AUTHORIZED),
         ]
-        for password, expected in cases:
-            # The User Name is the token's sub (bound identity: a different one is refused).
-            client = PahoClient(cluster.mqtt_port, device, username=device, password=password)
-            assert client.connect().value == expected, password
-            if expected == 0:
-                mid = client.publish(f"fleet/{device}/x", b"1", 1)
-                wait_until(lambda c=client, m=mid: m in c.snapshot()[0], "PUBACK")
-                assert client.snapshot()[0][mid].value == 0
-                client.close()
+        _connect_with_tokens(cluster, device, cases)
         # Each node fetched the set at most once: the unknown kid did not refetch it.
         assert 1 <= served.requests <= len(cluster.node_ports)
 
