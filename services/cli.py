@@ -35,28 +35,33 @@ def main() -> None:
 @click.option("--host", "mqtt_host", help="Address to bind the MQTT listener to.")
 @click.option("--port", "mqtt_port", type=int, help="Port of the MQTT listener.")
 @click.option(
-    "--node-id-from-ecs-task",
+    "--node-id-from-pool",
     is_flag=True,
-    help="Take the node id from the ECS task metadata (the task id), so that every task "
-    "of an autoscaled ECS service is a node of its own.",
+    help="Claim a node id (ingest-1 ... ingest-<ingest_node_pool_size>) leased in "
+    "PostgreSQL, so that every task of an autoscaled service is a node of its own and "
+    "their downlink topics stay as few as the pool's ids.",
 )
 def ingest(
-    node_id: str | None, mqtt_host: str | None, mqtt_port: int | None, node_id_from_ecs_task: bool
+    node_id: str | None, mqtt_host: str | None, mqtt_port: int | None, node_id_from_pool: bool
 ) -> None:
     """Run an ingest node: the MQTT listener (connection container) of one node."""
-    if node_id_from_ecs_task:
+    lease = None
+    if node_id_from_pool:
         if node_id is not None:
-            raise click.UsageError("--node-id and --node-id-from-ecs-task exclude each other")
-        from services.cloud.ecs_task import NotInEcsTask, task_id
+            raise click.UsageError("--node-id and --node-id-from-pool exclude each other")
+        from services.common.settings import Settings
+        from services.common.stores.base import StoreUnavailable
+        from services.ingest.node_lease import PoolExhausted, claim_node_id
 
         try:
-            node_id = task_id()
-        except NotInEcsTask as exc:
+            lease = claim_node_id(Settings())
+        except (PoolExhausted, StoreUnavailable) as exc:
             raise click.ClickException(str(exc)) from exc
+        node_id = lease.node_id
     _apply(node_id=node_id, mqtt_host=mqtt_host, mqtt_port=mqtt_port)
     from services.ingest.main import run
 
-    run()
+    run(lease)
 
 
 @main.command()

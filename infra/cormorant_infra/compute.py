@@ -220,10 +220,13 @@ class Compute(pulumi.ComponentResource):
         Secrets Manager secret as PEM text."""
         config = self._config
         spec.tier = "ingest"
-        spec.args = ["--node-id-from-ecs-task"]
+        spec.args = ["--node-id-from-pool"]
         kinds = ingest_listeners(config)
         spec.ports = list(kinds)
         spec.settings |= {
+            # Node ids (and so downlink topics) bounded: a rolling deploy (maximum 200 %)
+            # runs the old and the new tasks at once.
+            "ingest_node_pool_size": 2 * config.services[shared.INGEST].max_tasks,
             "mqtt_host": "0.0.0.0",
             "listeners": [
                 {

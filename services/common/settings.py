@@ -502,6 +502,23 @@ class Settings(BaseSettings):
 
     # --- ingest ----------------------------------------------------------------------------
     node_id: str = Field("node1", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Ingest node id.")
+    ingest_node_pool_size: int = Field(
+        16,
+        ge=1,
+        le=999,
+        description="Node ids an autoscaled ingest task (cormorant ingest --node-id-from-pool) "
+        "may claim: ingest-1 ... ingest-<size>, leased in PostgreSQL. Each names a downlink "
+        "topic, so this bounds their number; at least twice the ingest service's maximum "
+        "task count (a rolling deploy runs both generations at once).",
+    )
+    ingest_node_lease_seconds: float = Field(
+        30.0,
+        ge=3.0,
+        le=600.0,
+        description="How long a pooled node id's lease lasts without renewal (renewed every "
+        "third of it): a dead task's id comes free after at most this; a node that cannot "
+        "renew it (PostgreSQL unreachable) stops before it runs out.",
+    )
     mqtt_host: str = Field("127.0.0.1", description="Address the ingest MQTT listener binds.")
     mqtt_port: int = Field(1884, ge=0, le=65535, description="Port of the ingest MQTT listener.")
     listeners: list[Listener] = Field(

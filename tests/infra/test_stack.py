@@ -471,7 +471,8 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     ]  # fmt: skip
     assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
-    assert ingest["command"] == ["--node-id-from-ecs-task"]
+    assert ingest["command"] == ["--node-id-from-pool"]
+    assert env["CORMORANT_INGEST_NODE_POOL_SIZE"] == "8"  # twice maxTasks (4)
     assert ingest["portMappings"] == [
         {"containerPort": 1883, "protocol": "tcp"},
         {"containerPort": shared.MQTT_WS_PORT, "protocol": "tcp"},
