@@ -12,7 +12,7 @@ import click
 
 from services.blocked_cli import blocked
 from services.cloud.cli import cloud
-from services.command_names import ADMIN_COMMAND, TOPICS_COMMAND
+from services.command_names import ADMIN_COMMAND, MIGRATE_COMMAND, TOPICS_COMMAND
 from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
 from spark_emr.cli import analytics
@@ -215,6 +215,33 @@ def create_topics(timeout: float) -> None:
     for spec in specs:
         state = "created" if spec.name in created else "exists"
         click.echo(f"{spec.name}  partitions={spec.partitions}  {state}")
+
+
+@main.command(MIGRATE_COMMAND)
+@click.option("--role", default="cormorant", show_default=True, help="The services' role.")
+@click.option("--rotate", is_flag=True, help="Generate and set a new password for the role.")
+def migrate_db(role: str, rotate: bool) -> None:
+    """Apply the PostgreSQL schema migrations as the database owner (postgres_dsn and its
+    password: on AWS the RDS master user), then create or update the services' own
+    least-privilege role with the password in postgres_service_password_secret_arn.
+    Exits with status 1 on failure.
+    """
+    import psycopg
+
+    from services.cloud.migrate_db import MigrationFailed, run_migration
+    from services.common.settings import get_settings
+
+    settings = get_settings()
+    secret_arn = settings.postgres_service_password_secret_arn
+    if secret_arn is None:
+        raise click.UsageError("CORMORANT_POSTGRES_SERVICE_PASSWORD_SECRET_ARN is not set")
+    try:
+        result = run_migration(settings, secret_arn, role, rotate)
+    except (MigrationFailed, psycopg.Error) as exc:
+        raise click.ClickException(f"migrating the database: {exc}") from exc
+    applied = ", ".join(map(str, result.applied)) or "none pending"
+    password = "a new password, stored in its secret" if result.generated else "its stored password"
+    click.echo(f"migrations applied: {applied}; role {role}: {password}")
 
 
 @main.command("settings")

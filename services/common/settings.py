@@ -803,6 +803,14 @@ class Settings(BaseSettings):
         "restart (the task's role needs secretsmanager:GetSecretValue on it). Takes "
         "precedence over postgres_password.",
     )
+    postgres_service_password_secret_arn: str | None = Field(
+        None,
+        pattern=r"^arn:aws[a-z-]*:secretsmanager:",
+        description="For cormorant migrate-db only: the Secrets Manager secret (JSON with "
+        "username and password) of the services' own PostgreSQL role, which the task "
+        "creates or updates (it logs in as postgres_dsn's owner, on AWS the RDS master "
+        "user); the services read it as their postgres_password_secret_arn.",
+    )
     postgres_sslmode: Literal[
         "disable", "allow", "prefer", "require", "verify-ca", "verify-full"
     ] = Field(
