@@ -36,6 +36,10 @@ class TaskResult:
     log_stream: str
 
 
+TASK_NAMES = {TOPICS_COMMAND: "topics", MIGRATE_COMMAND: "migration"}
+"""What the messages call each one-off task (by its command)."""
+
+
 def log_stream(task_arn: str, command: str = TOPICS_COMMAND) -> str:
     """The awslogs stream of the ``command`` container of task ``task_arn``:
     ``<stream prefix>/<container name>/<task id>`` (both are the command in infra/)."""
@@ -58,8 +62,9 @@ def run_topics_task(
         if command == MIGRATE_COMMAND
         else outputs.topics_task_definition
     )
+    task_name = TASK_NAMES[command]
     if definition is None:
-        raise TaskFailed(f"the stack has no {command} task: run `pulumi up` with this release")
+        raise TaskFailed(f"the stack has no {task_name} task: run `pulumi up` with this release")
     answer = ecs.run_task(
         cluster=outputs.ecs_cluster,
         taskDefinition=definition,
@@ -76,7 +81,7 @@ def run_topics_task(
     )
     if answer.get("failures") or not answer.get("tasks"):
         reasons = ", ".join(f"{f.get('arn', '')} {f.get('reason', '')}" for f in answer["failures"])
-        raise TaskFailed(f"ECS did not start the {command} task: {reasons or 'no task returned'}")
+        raise TaskFailed(f"ECS did not start the {task_name} task: {reasons or 'no task returned'}")
     task_arn = answer["tasks"][0]["taskArn"]
     result = TaskResult(
         task_arn, outputs.log_groups.get(command, ""), log_stream(task_arn, command)
@@ -91,7 +96,7 @@ def run_topics_task(
         )
     except WaiterError as exc:
         raise TaskFailed(
-            f"the {command} task {task_arn} did not stop within {timeout:g} s; {logs}"
+            f"the {task_name} task {task_arn} did not stop within {timeout:g} s; {logs}"
         ) from exc
     [task] = ecs.describe_tasks(cluster=outputs.ecs_cluster, tasks=[task_arn])["tasks"]
     container: dict[str, Any] = next(
@@ -100,5 +105,5 @@ def run_topics_task(
     exit_code = container.get("exitCode")
     if exit_code != 0:
         reason = container.get("reason") or task.get("stoppedReason", "unknown")
-        raise TaskFailed(f"the {command} task exited with {exit_code} ({reason}); {logs}")
+        raise TaskFailed(f"the {task_name} task exited with {exit_code} ({reason}); {logs}")
     return result

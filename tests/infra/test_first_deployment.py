@@ -257,11 +257,12 @@ def test_services_log_in_as_their_own_role_that_the_migration_task_keeps(
     master = managed["secretArn"]
     [login] = [s for s in serverless.of_type(SECRET) if s.name.endswith("-service-login")]
     versions = serverless.of_type(SECRET_VERSION)
-    assert login.outputs["id"] not in {v.inputs["secretId"] for v in versions}  # not in state
+    assert f"{login.name}-id" not in {v.inputs["secretId"] for v in versions}  # not in state
     own = login.outputs["arn"]
     for command in (shared.INGEST, "device-persist", shared.ADMIN):
         container = containers(serverless)[command]
-        settings = read_as_the_service(environment(container), monkeypatch)
+        injected = {s["name"]: "<from Secrets Manager>" for s in container["secrets"]}
+        settings = read_as_the_service({**environment(container), **injected}, monkeypatch)
         assert conninfo_to_dict(settings.postgres_dsn)["user"] == shared.SERVICE_ROLE
         # Read at each new connection: a rotated password reaches a running task.
         assert password_of(settings) == SecretsManagerPassword(own)
@@ -290,5 +291,7 @@ def test_the_bootstrap_up_starts_no_service_before_the_migration_task_ran() -> N
     # `up` they would fail to log in, and the circuit breaker would fail the deployment.
     first = deploy("dev-bootstrap", {**stack_file_values("dev"), "cormorant:bootstrap": True})
     assert {s.inputs["desiredCount"] for s in first.of_type(SERVICE)} == {0}
-    assert {t.inputs["minCapacity"] for t in first.of_type(SCALING_TARGET)} == {0}
+    ecs = [t for t in first.of_type(SCALING_TARGET) if t.inputs["serviceNamespace"] == "ecs"]
+    assert len(ecs) == len(shared.SERVICE_COMMANDS)
+    assert {t.inputs["minCapacity"] for t in ecs} == {0}
     assert first.outputs["migrateTaskDefinition"].endswith("migrate-db:1")

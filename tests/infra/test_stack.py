@@ -521,11 +521,12 @@ def test_store_secrets_only_where_the_store_is_read(
     for command, names in redis.items():
         assert ("CORMORANT_REDIS_PASSWORD" in names) == (command in readers), command
         # PostgreSQL: the admin service's users and audit trail (and the postgres store),
-        # whose password the task reads itself (RDS rotates it).
+        # the ingest nodes' credentials and node id leases, the migration task; whose
+        # password the task reads itself (it may rotate).
         assert "CORMORANT_POSTGRES_PASSWORD" not in names
         env = environment(containers(dev)[command])
         has_postgres = "CORMORANT_POSTGRES_PASSWORD_SECRET_ARN" in env
-        assert has_postgres == (command == shared.ADMIN), command
+        assert has_postgres == (command in (shared.ADMIN, shared.INGEST, shared.MIGRATE_COMMAND))
     env = environment(containers(dev)["device-persist"])
     assert env["CORMORANT_REDIS_URL"].startswith("rediss://master.")
     for command in readers:
@@ -535,7 +536,8 @@ def test_store_secrets_only_where_the_store_is_read(
         assert env["CORMORANT_POSTGRES_SSLMODE"] == "verify-full"
         assert env["CORMORANT_POSTGRES_SSLROOTCERT"] == compute.RDS_CA_BUNDLE
         arn = env["CORMORANT_POSTGRES_PASSWORD_SECRET_ARN"]
-        assert ":secret:rds!db-" in arn  # the RDS-managed secret, read at each connection
+        # The services' own login (the migration task writes it), read at each connection.
+        assert ":secret:cormorant-serverless-postgres-cormorant-" in arn
         statements = policy_documents(serverless)[f"cormorant-serverless-{command}-task"]
         assert {
             "Effect": "Allow",
