@@ -76,3 +76,8 @@ FROM runtime AS topics
 # Exits when every topic exists: no ready file, no health check.
 HEALTHCHECK NONE
 ENTRYPOINT ["cormorant", "create-topics"]
+
+FROM runtime AS migrate
+# Exits once the schema and the services' role are up to date: no health check.
+HEALTHCHECK NONE
+ENTRYPOINT ["cormorant", "migrate-db"]

@@ -12,7 +12,7 @@ import click
 
 from services.blocked_cli import blocked
 from services.cloud.cli import cloud
-from services.command_names import ADMIN_COMMAND, TOPICS_COMMAND
+from services.command_names import ADMIN_COMMAND, MIGRATE_COMMAND, TOPICS_COMMAND
 from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
 from spark_emr.cli import analytics
@@ -35,28 +35,33 @@ def main() -> None:
 @click.option("--host", "mqtt_host", help="Address to bind the MQTT listener to.")
 @click.option("--port", "mqtt_port", type=int, help="Port of the MQTT listener.")
 @click.option(
-    "--node-id-from-ecs-task",
+    "--node-id-from-pool",
     is_flag=True,
-    help="Take the node id from the ECS task metadata (the task id), so that every task "
-    "of an autoscaled ECS service is a node of its own.",
+    help="Claim a node id (ingest-1 ... ingest-<ingest_node_pool_size>) leased in "
+    "PostgreSQL, so that every task of an autoscaled service is a node of its own and "
+    "their downlink topics stay as few as the pool's ids.",
 )
 def ingest(
-    node_id: str | None, mqtt_host: str | None, mqtt_port: int | None, node_id_from_ecs_task: bool
+    node_id: str | None, mqtt_host: str | None, mqtt_port: int | None, node_id_from_pool: bool
 ) -> None:
     """Run an ingest node: the MQTT listener (connection container) of one node."""
-    if node_id_from_ecs_task:
+    lease = None
+    if node_id_from_pool:
         if node_id is not None:
-            raise click.UsageError("--node-id and --node-id-from-ecs-task exclude each other")
-        from services.cloud.ecs_task import NotInEcsTask, task_id
+            raise click.UsageError("--node-id and --node-id-from-pool exclude each other")
+        from services.common.settings import Settings
+        from services.common.stores.base import StoreUnavailable
+        from services.ingest.node_lease import PoolExhausted, claim_node_id
 
         try:
-            node_id = task_id()
-        except NotInEcsTask as exc:
+            lease = claim_node_id(Settings())
+        except (PoolExhausted, StoreUnavailable) as exc:
             raise click.ClickException(str(exc)) from exc
+        node_id = lease.node_id
     _apply(node_id=node_id, mqtt_host=mqtt_host, mqtt_port=mqtt_port)
     from services.ingest.main import run
 
-    run()
+    run(lease)
 
 
 @main.command()
@@ -210,6 +215,33 @@ def create_topics(timeout: float) -> None:
     for spec in specs:
         state = "created" if spec.name in created else "exists"
         click.echo(f"{spec.name}  partitions={spec.partitions}  {state}")
+
+
+@main.command(MIGRATE_COMMAND)
+@click.option("--role", default="cormorant", show_default=True, help="The services' role.")
+@click.option("--rotate", is_flag=True, help="Generate and set a new password for the role.")
+def migrate_db(role: str, rotate: bool) -> None:
+    """Apply the PostgreSQL schema migrations as the database owner (postgres_dsn and its
+    password: on AWS the RDS master user), then create or update the services' own
+    least-privilege role with the password in postgres_service_password_secret_arn.
+    Exits with status 1 on failure.
+    """
+    import psycopg
+
+    from services.cloud.migrate_db import MigrationFailed, run_migration
+    from services.common.settings import get_settings
+
+    settings = get_settings()
+    secret_arn = settings.postgres_service_password_secret_arn
+    if secret_arn is None:
+        raise click.UsageError("CORMORANT_POSTGRES_SERVICE_PASSWORD_SECRET_ARN is not set")
+    try:
+        result = run_migration(settings, secret_arn, role, rotate)
+    except (MigrationFailed, psycopg.Error) as exc:
+        raise click.ClickException(f"migrating the database: {exc}") from exc
+    applied = ", ".join(map(str, result.applied)) or "none pending"
+    password = "a new password, stored in its secret" if result.generated else "its stored password"
+    click.echo(f"migrations applied: {applied}; role {role}: {password}")
 
 
 @main.command("settings")

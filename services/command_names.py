@@ -13,3 +13,7 @@ ADMIN_COMMAND = "admin"
 
 TOPICS_COMMAND = "create-topics"
 """The command of the one-off task that creates Cormorant's core Kafka topics."""
+
+MIGRATE_COMMAND = "migrate-db"
+"""The command of the one-off task that migrates the PostgreSQL schema as the master user and
+creates or updates the services' own role."""

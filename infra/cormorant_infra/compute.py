@@ -13,7 +13,10 @@ record per task), where the admin service and a Prometheus find them; each serve
 ``admin_port``, behind :class:`~cormorant_infra.admin_access.AdminAccess`'s load balancer).
 
 The topics task runs ``cormorant create-topics`` once per deployment (``cormorant cloud
-create-topics`` starts it), creating the core topics from the project's own specs.
+create-topics`` starts it), creating the core topics from the project's own specs. The
+migration task runs ``cormorant migrate-db`` after each deployment (``cormorant cloud
+migrate-db``): the schema, and the services' own PostgreSQL role and its login secret
+(:mod:`~cormorant_infra.database`).
 """
 
 from __future__ import annotations
@@ -62,7 +65,10 @@ LAG_TOPICS = {"router": "msg_all", "device-persist": "msg_persisted"}
 attribute) they consume in their consumer group."""
 
 TOPICS_TASK_SIZE = ServiceSize(cpu=256, memory=512)
-"""The topics task's size: an admin client's few requests."""
+"""The one-off tasks' size: an admin client's (or a migration's) few requests."""
+
+ONE_OFF_TARGETS = {shared.TOPICS_COMMAND: "topics", shared.MIGRATE_COMMAND: "migrate"}
+"""The one-off tasks' commands → their image targets (Dockerfile): they exit when done."""
 
 
 @dataclass
@@ -77,6 +83,8 @@ class TaskSpec:
     kms_key_arns: list[pulumi.Input[str]]
     read_secret_arns: list[pulumi.Input[str]] = field(default_factory=list)
     """Secrets the task's code reads itself (its task role may), not injected by ECS."""
+    write_secret_arns: list[pulumi.Input[str]] = field(default_factory=list)
+    """Secrets the task's code reads and writes (the migration task: the services' login)."""
     write_kafka: bool = True
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
@@ -141,6 +149,8 @@ class Compute(pulumi.ComponentResource):
             self._service(spec, cluster, task_definition, ingress)
         topics = self._topics_spec()
         self.topics_task_definition: pulumi.Output[str] = self._task_definition(topics).arn
+        migrate = self._migrate_spec(database)
+        self.migrate_task_definition: pulumi.Output[str] = self._task_definition(migrate).arn
         self.task_subnet_ids = network.private_subnet_ids
         self.task_security_group = network.security_groups["stages"]
         self.register_outputs({"clusterName": self.cluster_name})
@@ -176,6 +186,8 @@ class Compute(pulumi.ComponentResource):
             )
             if command == shared.INGEST:
                 self._ingest(spec)
+                # The MQTT credentials, and the node id leases (finding 5 of issue 24).
+                self._postgres(spec, database)
             if command in ("device-persist", shared.ADMIN):
                 # The admin service reads the DEVICE store (stored messages of a session)
                 # and keeps its users and audit trail in PostgreSQL.
@@ -185,15 +197,7 @@ class Compute(pulumi.ComponentResource):
                     spec.secrets["redis_password"] = cache.auth_secret_arn
                     spec.secret_arns.append(cache.auth_secret_arn)
                 if config.store_backend == "postgres" or command == shared.ADMIN:
-                    spec.settings |= {
-                        "postgres_dsn": database.dsn,
-                        "postgres_sslmode": "verify-full",
-                        "postgres_sslrootcert": RDS_CA_BUNDLE,
-                    }
-                    # RDS rotates the password every 7 days; ECS would inject it once, at
-                    # task start, so the tasks read it themselves at each new connection.
-                    spec.settings["postgres_password_secret_arn"] = database.password_secret_arn
-                    spec.read_secret_arns.append(database.password_secret_arn)
+                    self._postgres(spec, database)
             if command == shared.ADMIN:
                 access = self._admin_access
                 spec.tier = "admin"
@@ -220,10 +224,13 @@ class Compute(pulumi.ComponentResource):
         Secrets Manager secret as PEM text."""
         config = self._config
         spec.tier = "ingest"
-        spec.args = ["--node-id-from-ecs-task"]
+        spec.args = ["--node-id-from-pool"]
         kinds = ingest_listeners(config)
         spec.ports = list(kinds)
         spec.settings |= {
+            # Node ids (and so downlink topics) bounded: a rolling deploy (maximum 200 %)
+            # runs the old and the new tasks at once.
+            "ingest_node_pool_size": 2 * config.services[shared.INGEST].max_tasks,
             "mqtt_host": "0.0.0.0",
             "listeners": [
                 {
@@ -247,6 +254,35 @@ class Compute(pulumi.ComponentResource):
             spec.secrets |= {name: iam.secret_key(arn, key) for name, key in keys.items()}
             spec.secret_arns.append(arn)
 
+    def _postgres(self, spec: TaskSpec, database: Database) -> None:
+        """PostgreSQL for ``spec``'s task, over verified TLS: the password is read from its
+        secret at each new connection (it may rotate; ECS would inject it once, at task
+        start), so the task role may read that secret."""
+        spec.settings |= {
+            "postgres_dsn": database.dsn,
+            "postgres_sslmode": "verify-full",
+            "postgres_sslrootcert": RDS_CA_BUNDLE,
+            "postgres_password_secret_arn": database.password_secret_arn,
+        }
+        spec.read_secret_arns.append(database.password_secret_arn)
+
+    def _migrate_spec(self, database: Database) -> TaskSpec:
+        """The migration task: the master user's login (read from RDS's secret when it
+        starts), the services' login secret to create or rotate; no Kafka writes."""
+        spec = self._topics_spec()
+        spec.command = shared.MIGRATE_COMMAND
+        spec.write_kafka = False
+        spec.settings |= {
+            "postgres_dsn": database.master_dsn,
+            "postgres_sslmode": "verify-full",
+            "postgres_sslrootcert": RDS_CA_BUNDLE,
+            "postgres_password_secret_arn": database.master_secret_arn,
+            "postgres_service_password_secret_arn": database.password_secret_arn,
+        }
+        spec.read_secret_arns.append(database.master_secret_arn)
+        spec.write_secret_arns.append(database.password_secret_arn)
+        return spec
+
     def _topics_spec(self) -> TaskSpec:
         kafka = self._kafka
         return TaskSpec(
@@ -261,7 +297,7 @@ class Compute(pulumi.ComponentResource):
     # --- resources ---------------------------------------------------------------------
 
     def _image(self, command: str) -> str:
-        target = "topics" if command == shared.TOPICS_COMMAND else command
+        target = ONE_OFF_TARGETS.get(command, command)
         return f"{self._config.image}:{self._config.image_tag}-{target}"
 
     def _execution_role(self, spec: TaskSpec, log_group: aws.cloudwatch.LogGroup) -> aws.iam.Role:
@@ -305,6 +341,13 @@ class Compute(pulumi.ComponentResource):
         statements = self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka)
         if spec.read_secret_arns:
             statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.read_secret_arns))
+        if spec.write_secret_arns:
+            statements.append(
+                iam.allow(
+                    ["secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"],
+                    spec.write_secret_arns,
+                )
+            )
         return iam.service_role(
             f"{self._name}-{spec.command}-task",
             ECS_TASKS,
@@ -369,7 +412,7 @@ class Compute(pulumi.ComponentResource):
             container["portMappings"] = [
                 {"containerPort": port, "protocol": "tcp"} for port in spec.ports
             ]
-        if spec.command != shared.TOPICS_COMMAND:  # a one-off task that exits when done
+        if spec.command not in ONE_OFF_TARGETS:  # a one-off task exits when done
             check = ADMIN_HEALTH_CHECK if spec.command == shared.ADMIN else HEALTH_CHECK
             container["healthCheck"] = {
                 "command": ["CMD-SHELL", check],
@@ -416,7 +459,7 @@ class Compute(pulumi.ComponentResource):
             name=spec.command,
             cluster=cluster.arn,
             task_definition=task_definition.arn,
-            desired_count=size.min_tasks,
+            desired_count=0 if config.bootstrap else size.min_tasks,
             launch_type="FARGATE",
             network_configuration={
                 "subnets": self._network.private_subnet_ids,
@@ -463,7 +506,9 @@ class Compute(pulumi.ComponentResource):
             service_namespace="ecs",
             scalable_dimension="ecs:service:DesiredCount",
             resource_id=pulumi.Output.concat("service/", cluster.name, "/", service.name),
-            min_capacity=size.min_tasks,
+            # Raised from 0 after the bootstrap `up`: Application Auto Scaling then starts
+            # the tasks up to the new minimum.
+            min_capacity=0 if config.bootstrap else size.min_tasks,
             max_capacity=size.max_tasks,
             opts=child,
         )

@@ -205,6 +205,11 @@ class StackConfig(_Model):
 
     # --- the stack as a whole --------------------------------------------------------------
     production: bool = False
+    bootstrap: bool = False
+    """The stack's first ``pulumi up``: every service at 0 tasks (its desired count and
+    autoscaling minimum), so that nothing logs in to PostgreSQL before the migration task
+    (``cormorant cloud migrate-db``) made the services' role; the next ``up`` without it
+    raises the autoscaling minimums, and the services start."""
 
     @field_validator("vpc_cidr")
     @classmethod

@@ -5,6 +5,12 @@ master password generated and rotated by RDS in Secrets Manager (never in the st
 state), Multi-AZ and deletion protection from the stack's configuration (on in prod), its
 ``postgresql`` log group declared with the stack's retention, and protected from
 ``pulumi destroy`` in a production stack.
+
+The services do not log in as the master user (whose password RDS rotates every 7 days):
+the one-off migration task (``cormorant migrate-db``, compute) logs in as the master user,
+migrates the schema and creates the services' own least-privilege role
+(:data:`~cormorant_infra.shared.SERVICE_ROLE`), whose password it generates into a secret
+of its own, never in the stack's state.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_aws as aws
 
+from cormorant_infra import shared
 from cormorant_infra.config import StackConfig
 from cormorant_infra.network import POSTGRES_PORT, Network
 
 DATABASE = "cormorant"
-USERNAME = "cormorant"
+MASTER_USERNAME = "cormorant_admin"
+"""The RDS master user: only the migration task logs in as it. (Not the services' role
+name: that role is the one the migration task creates.)"""
 CA_CERTIFICATE = "rds-ca-rsa2048-g1"
 """The RDS CA of the server certificate; its root is in the images' RDS bundle."""
 
@@ -34,9 +43,11 @@ def _managed_secret_arn(secrets: Sequence[aws.rds.outputs.InstanceMasterUserSecr
 class Database(pulumi.ComponentResource):
     """The RDS PostgreSQL instance.
 
-    Attributes: ``dsn`` (``postgresql://cormorant@<host>:5432/cormorant``, no password),
-    ``identifier``, ``password_secret_arn`` (the RDS-managed secret: JSON with ``username``
-    and ``password``).
+    Attributes: ``dsn`` (the services': ``postgresql://cormorant@<host>:5432/cormorant``,
+    no password), ``password_secret_arn`` (their role's secret: JSON with ``username`` and
+    ``password``, written by the migration task), ``master_dsn`` and
+    ``master_secret_arn`` (the RDS-managed secret) for the migration task only,
+    ``identifier``.
     """
 
     def __init__(
@@ -78,7 +89,7 @@ class Database(pulumi.ComponentResource):
             storage_type="gp3",
             storage_encrypted=True,
             db_name=DATABASE,
-            username=USERNAME,
+            username=MASTER_USERNAME,
             manage_master_user_password=True,
             port=POSTGRES_PORT,
             multi_az=config.db_multi_az,
@@ -98,9 +109,20 @@ class Database(pulumi.ComponentResource):
         )
         self.identifier: pulumi.Output[str] = instance.identifier
         self.dsn: pulumi.Output[str] = pulumi.Output.concat(
-            f"postgresql://{USERNAME}@", instance.address, f":{POSTGRES_PORT}/{DATABASE}"
+            f"postgresql://{shared.SERVICE_ROLE}@", instance.address, f":{POSTGRES_PORT}/{DATABASE}"
         )
-        self.password_secret_arn: pulumi.Output[str] = instance.master_user_secrets.apply(
+        self.master_dsn: pulumi.Output[str] = pulumi.Output.concat(
+            f"postgresql://{MASTER_USERNAME}@", instance.address, f":{POSTGRES_PORT}/{DATABASE}"
+        )
+        self.master_secret_arn: pulumi.Output[str] = instance.master_user_secrets.apply(
             _managed_secret_arn
         )
+        # Its value comes from the migration task (generated there, never in the state).
+        service_secret = aws.secretsmanager.Secret(
+            f"{name}-service-login",
+            name_prefix=f"{name}-postgres-{shared.SERVICE_ROLE}-",
+            description="The PostgreSQL login of Cormorant's services (cormorant migrate-db)",
+            opts=child,
+        )
+        self.password_secret_arn: pulumi.Output[str] = service_secret.arn
         self.register_outputs({"dsn": self.dsn})

@@ -347,6 +347,8 @@ class Network(pulumi.ComponentResource):
             between(client, "kafka", self.kafka_port)
         for client in ("stages", "admin"):
             between(client, "cache", REDIS_PORT)
+        # The ingest nodes read the MQTT credentials and lease their node ids there.
+        for client in ("ingest", "stages", "admin"):
             between(client, "database", POSTGRES_PORT)
         # AWS APIs the tasks need (ECR, Secrets Manager, CloudWatch Logs, STS), through the
         # NAT gateways: HTTPS out only.

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from services.command_names import ADMIN_COMMAND, SERVICE_COMMANDS, TOPICS_COMMAND
+from services.command_names import (
+    ADMIN_COMMAND,
+    MIGRATE_COMMAND,
+    SERVICE_COMMANDS,
+    TOPICS_COMMAND,
+)
 from services.common.kafka.admin import (
     TopicSpec,
     app_shared_topic_spec,
@@ -31,6 +36,7 @@ from services.common.mqtt.ports import (
     MQTT_WSS_PUBLIC_PORT,
 )
 from services.common.settings import Settings
+from services.common.stores.service_role import SERVICE_ROLE
 from services.common.versions import (
     EMR_RELEASE_LABEL,
     KAFKA_VERSION,
@@ -46,6 +52,7 @@ __all__ = [
     "HTTP_PORT",
     "INGEST",
     "KAFKA_VERSION",
+    "MIGRATE_COMMAND",
     "MQTT_PORT",
     "MQTT_TLS_PORT",
     "MQTT_WSS_PORT",
@@ -53,6 +60,7 @@ __all__ = [
     "MQTT_WS_PORT",
     "PRODUCTION_TAG",
     "SERVICE_COMMANDS",
+    "SERVICE_ROLE",
     "SPARK_VERSION",
     "TOPICS_COMMAND",
     "Settings",

@@ -75,6 +75,7 @@ def build(config: StackConfig) -> dict[str, Any]:
         "redisReplicationGroupId": cache.replication_group_id,
         "dbInstanceIdentifier": database.identifier,
         "topicsTaskDefinition": compute.topics_task_definition,
+        "migrateTaskDefinition": compute.migrate_task_definition,
         "taskSubnetIds": compute.task_subnet_ids,
         "taskSecurityGroupId": compute.task_security_group,
         "logGroups": compute.log_groups,

@@ -88,3 +88,27 @@ def create_topics(outputs_file: IO[str], timeout: float) -> None:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"topics created (task {result.task_arn})")
     click.echo(f"logs: {result.log_group} {result.log_stream}")
+
+
+@cloud.command("migrate-db")
+@_OUTPUTS
+@click.option(
+    "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the task."
+)
+def migrate_db(outputs_file: IO[str], timeout: float) -> None:
+    """Run the stack's one-off migration task (`cormorant migrate-db` on Fargate): the
+    PostgreSQL schema, and the services' own role with the password in its secret."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from services.cloud.topics_task import TaskFailed, run_topics_task
+    from services.command_names import MIGRATE_COMMAND
+
+    outputs = _read_outputs(outputs_file)
+    ecs = boto3.client("ecs", region_name=outputs.region)
+    try:
+        result = run_topics_task(ecs, outputs, timeout, MIGRATE_COMMAND)
+    except (TaskFailed, ClientError, BotoCoreError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"database migrated (task {result.task_arn})")
+    click.echo(f"logs: {result.log_group} {result.log_stream}")

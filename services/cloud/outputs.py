@@ -21,8 +21,9 @@ class StackOutputs(BaseModel):
 
     ``region``: the AWS region; ``ecs_cluster`` and ``ecs_services`` (names);
     ``target_group_arns`` (the NLB's); ``msk_cluster_arn``; ``redis_replication_group_id``;
-    ``db_instance_identifier``; ``emr_application_id``; the topics task
-    (``topics_task_definition`` ARN, ``task_subnet_ids``, ``task_security_group_id``);
+    ``db_instance_identifier``; ``emr_application_id``; the one-off tasks
+    (``topics_task_definition`` and ``migrate_task_definition`` ARNs, the latter absent
+    from stacks of earlier releases; ``task_subnet_ids``, ``task_security_group_id``);
     ``log_groups`` (service command → CloudWatch log group); and what users connect to:
     ``mqtt_endpoints``, ``kafka_bootstrap``, ``archive_bucket``.
     """
@@ -40,6 +41,7 @@ class StackOutputs(BaseModel):
     db_instance_identifier: str
     emr_application_id: str
     topics_task_definition: str
+    migrate_task_definition: str | None = None
     task_subnet_ids: list[str]
     task_security_group_id: str
     log_groups: dict[str, str]

@@ -502,6 +502,23 @@ class Settings(BaseSettings):
 
     # --- ingest ----------------------------------------------------------------------------
     node_id: str = Field("node1", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Ingest node id.")
+    ingest_node_pool_size: int = Field(
+        16,
+        ge=1,
+        le=999,
+        description="Node ids an autoscaled ingest task (cormorant ingest --node-id-from-pool) "
+        "may claim: ingest-1 ... ingest-<size>, leased in PostgreSQL. Each names a downlink "
+        "topic, so this bounds their number; at least twice the ingest service's maximum "
+        "task count (a rolling deploy runs both generations at once).",
+    )
+    ingest_node_lease_seconds: float = Field(
+        30.0,
+        ge=3.0,
+        le=600.0,
+        description="How long a pooled node id's lease lasts without renewal (renewed every "
+        "third of it): a dead task's id comes free after at most this; a node that cannot "
+        "renew it (PostgreSQL unreachable) stops before it runs out.",
+    )
     mqtt_host: str = Field("127.0.0.1", description="Address the ingest MQTT listener binds.")
     mqtt_port: int = Field(1884, ge=0, le=65535, description="Port of the ingest MQTT listener.")
     listeners: list[Listener] = Field(
@@ -785,6 +802,14 @@ class Settings(BaseSettings):
         "read from for every new connection, so a rotated password is picked up without a "
         "restart (the task's role needs secretsmanager:GetSecretValue on it). Takes "
         "precedence over postgres_password.",
+    )
+    postgres_service_password_secret_arn: str | None = Field(
+        None,
+        pattern=r"^arn:aws[a-z-]*:secretsmanager:",
+        description="For cormorant migrate-db only: the Secrets Manager secret (JSON with "
+        "username and password) of the services' own PostgreSQL role, which the task "
+        "creates or updates (it logs in as postgres_dsn's owner, on AWS the RDS master "
+        "user); the services read it as their postgres_password_secret_arn.",
     )
     postgres_sslmode: Literal[
         "disable", "allow", "prefer", "require", "verify-ca", "verify-full"

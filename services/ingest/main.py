@@ -73,19 +73,29 @@ from services.common.records import (
     parse_downlink,
 )
 from services.common.settings import Settings
+from services.common.stores.base import StoreUnavailable
 from services.common.web import serve_http
 from services.ingest.delayed_wills import WillOwnership
 from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
+from services.ingest.node_lease import HeldLease, NodeLeases
 
 log = logging.getLogger(__name__)
 
 
-def build_app(settings: Settings) -> faust.App:
-    """Build the ingest node's Faust app: an :class:`IngestService` run by the app's worker."""
+def build_app(settings: Settings, lease: HeldLease | None = None) -> faust.App:
+    """Build the ingest node's Faust app: an :class:`IngestService` run by the app's worker.
+
+    With ``lease`` (the claimed pool slot that gave ``settings.node_id``), a task renews it
+    for the worker's life (a lost lease crashes the worker: the id may be another's now)
+    and the shutdown hook releases it once every connection is closed."""
     app = make_app(settings, f"ingest-{settings.node_id}")
     service = IngestService(settings, app)
     run_task(app, service.run)
+    if lease is not None:
+        held = lease.moved_to(NodeLeases.from_settings(settings))
+        service.lease = held
+        run_task(app, held.hold)
     on_shutdown(app, service.stop)
     return app
 
@@ -167,6 +177,7 @@ class IngestService:
         )
         self.listeners: list[Listeners] = []
         self.tasks: list[asyncio.Task[None]] = []
+        self.lease: HeldLease | None = None
         self.downlink = names.downlink(settings.node_id)
         # Downlink records a crashed router routed twice (read from the end: a restarted
         # node has no connection that got the originals).
@@ -321,9 +332,24 @@ class IngestService:
         await self.cache.store.close()
         await self.reader.stop()
         await self.msg_all_ends.stop()
+        if self.lease is not None:
+            await self.release_lease(self.lease)
+
+    async def release_lease(self, lease: HeldLease) -> None:
+        """Give the node id back for the next task (it would expire by itself otherwise)."""
+        try:
+            await lease.release()
+        except StoreUnavailable as exc:
+            log.warning("node id %s: not released (it expires by itself): %s", lease.node_id, exc)
+        finally:
+            await lease.leases.close()
 
 
-def run() -> None:
+def run(lease: HeldLease | None = None) -> None:
     """Entry point of ``cormorant ingest``: the core topics and this node's downlink topic
-    are created before consumers start."""
-    run_service(build_app, lambda settings: [downlink_topic_spec(settings, settings.node_id)])
+    are created before consumers start; ``lease``: the pooled node id's lease, if the node
+    id came from the pool (:mod:`services.ingest.node_lease`)."""
+    run_service(
+        lambda settings: build_app(settings, lease),
+        lambda settings: [downlink_topic_spec(settings, settings.node_id)],
+    )

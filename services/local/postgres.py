@@ -122,7 +122,8 @@ def _secure(settings: LocalSettings, data: Path) -> list[str]:
     pg_hba.conf is rewritten on every start: the superuser (the launcher's psql) is trusted
     on loopback; the ``cormorant`` role is trusted too on a plain local cluster, and with
     ``local_tls_cert_file`` it must come over TLS (``hostssl``) and, when
-    ``postgres_password`` is set, log in with it (SCRAM-SHA-256). The certificate and key
+    ``postgres_password`` is set, log in with it (SCRAM-SHA-256); any other role logs in
+    with its password (SCRAM-SHA-256). The certificate and key
     are copied into the data directory, owned by the server's user with mode 0600, as
     PostgreSQL requires of its key.
     """
@@ -131,7 +132,9 @@ def _secure(settings: LocalSettings, data: Path) -> list[str]:
     hba = data / "pg_hba.conf"
     hba.write_text(
         f"host    all  {SUPERUSER}  127.0.0.1/32  trust\n"
-        f"{kind}  all  {ROLE}  127.0.0.1/32  {method}\n",
+        f"{kind}  all  {ROLE}  127.0.0.1/32  {method}\n"
+        # Any other role (one cormorant migrate-db made) logs in with its password.
+        f"{kind}  all  all  127.0.0.1/32  scram-sha-256\n",
         encoding="utf-8",
     )
     files = [hba]

@@ -9,13 +9,14 @@ import json
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import cormorant_policies as rules
-from cormorant_infra import shared
+from cormorant_infra import database, shared
 from cormorant_infra.config import ConfigError, from_values
 from services.common.kafka.admin import MSK_SERVERLESS_TOPIC_CONFIGS, core_topic_specs
 from services.common.stores.postgres_pool import SecretsManagerPassword, password_of
-from tests.infra.mocks import Deployment, as_pulumi_config, stack_file_values
+from tests.infra.mocks import Deployment, as_pulumi_config, deploy, stack_file_values
 from tests.infra.test_policies import check
 from tests.infra.test_stack import (
     ALARM,
@@ -28,6 +29,7 @@ from tests.infra.test_stack import (
     environment,
     group_tier,
     nlb_listeners,
+    policy_documents,
     read_as_the_service,
 )
 
@@ -36,6 +38,8 @@ TOPIC = "aws:sns/topic:Topic"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 ASSOCIATION = "aws:msk/singleScramSecretAssociation:SingleScramSecretAssociation"
 SECRET_POLICY = "aws:secretsmanager/secretPolicy:SecretPolicy"
+SECRET = "aws:secretsmanager/secret:Secret"
+SECRET_VERSION = "aws:secretsmanager/secretVersion:SecretVersion"
 
 
 def statements(document: str) -> list[dict[str, Any]]:
@@ -240,16 +244,54 @@ def test_the_listeners_forward_where_the_tasks_listen(deployment: Deployment) ->
     assert forwarded == registered
 
 
-# 3. PostgreSQL logins broke after a week: RDS rotates the password ECS injected at start.
+# 3. PostgreSQL logins broke after a week: RDS rotates the password ECS injected at start,
+#    and the services logged in as the master user.
 
 
-def test_tasks_read_the_rotating_postgres_password_at_each_connection(
+def test_services_log_in_as_their_own_role_that_the_migration_task_keeps(
     serverless: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     [instance] = serverless.of_type("aws:rds/instance:Instance")
+    assert instance.inputs["username"] == database.MASTER_USERNAME != shared.SERVICE_ROLE
     [managed] = instance.outputs["masterUserSecrets"]
-    for command in ("device-persist", shared.ADMIN):
+    master = managed["secretArn"]
+    [login] = [s for s in serverless.of_type(SECRET) if s.name.endswith("-service-login")]
+    versions = serverless.of_type(SECRET_VERSION)
+    assert f"{login.name}-id" not in {v.inputs["secretId"] for v in versions}  # not in state
+    own = login.outputs["arn"]
+    for command in (shared.INGEST, "device-persist", shared.ADMIN):
         container = containers(serverless)[command]
-        settings = read_as_the_service(environment(container), monkeypatch)
-        assert password_of(settings) == SecretsManagerPassword(managed["secretArn"])
+        injected = {s["name"]: "<from Secrets Manager>" for s in container["secrets"]}
+        settings = read_as_the_service({**environment(container), **injected}, monkeypatch)
+        assert conninfo_to_dict(settings.postgres_dsn)["user"] == shared.SERVICE_ROLE
+        # Read at each new connection: a rotated password reaches a running task.
+        assert password_of(settings) == SecretsManagerPassword(own)
         assert "CORMORANT_POSTGRES_PASSWORD" not in {s["name"] for s in container["secrets"]}
+        assert master not in json.dumps(container)
+    task = containers(serverless)[shared.MIGRATE_COMMAND]
+    assert task["image"].endswith(":0.1.0-migrate") and "healthCheck" not in task
+    settings = read_as_the_service(environment(task), monkeypatch)
+    assert conninfo_to_dict(settings.postgres_dsn)["user"] == database.MASTER_USERNAME
+    assert password_of(settings) == SecretsManagerPassword(master)
+    assert settings.postgres_service_password_secret_arn == own
+    assert serverless.outputs["migrateTaskDefinition"].endswith("migrate-db:1")
+    # Only the migration task's role may read the master secret, or write the login.
+    for name, document in policy_documents(serverless).items():
+        granted = [s for s in document["Statement"] if master in json.dumps(s["Resource"])]
+        put = "secretsmanager:PutSecretValue"
+        writes = [s for s in document["Statement"] if put in s["Action"]]
+        if name.endswith(f"-{shared.MIGRATE_COMMAND}-task"):
+            assert granted and [w["Resource"] for w in writes] == [[own]]
+        else:
+            assert not granted and not writes, name
+
+
+def test_the_bootstrap_up_starts_no_service_before_the_migration_task_ran() -> None:
+    # The services' role exists only once `cormorant cloud migrate-db` ran: on the first
+    # `up` they would fail to log in, and the circuit breaker would fail the deployment.
+    first = deploy("dev-bootstrap", {**stack_file_values("dev"), "cormorant:bootstrap": True})
+    assert {s.inputs["desiredCount"] for s in first.of_type(SERVICE)} == {0}
+    ecs = [t for t in first.of_type(SCALING_TARGET) if t.inputs["serviceNamespace"] == "ecs"]
+    assert len(ecs) == len(shared.SERVICE_COMMANDS)
+    assert {t.inputs["minCapacity"] for t in ecs} == {0}
+    assert first.outputs["migrateTaskDefinition"].endswith("migrate-db:1")

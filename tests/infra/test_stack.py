@@ -240,6 +240,7 @@ def test_tiers_reach_only_their_servers(dev: Deployment) -> None:
         ("nlb", "ingest", shared.MQTT_WS_PORT),  # 443: WebSocket, TLS ended at the NLB
         ("nlb", "ingest", http),  # the target group's health check: /ready
         ("ingest", "kafka", 9096),
+        ("ingest", "database", 5432),  # credentials, node id leases
         ("stages", "kafka", 9096),
         ("analytics", "kafka", 9096),
         ("stages", "cache", 6379),
@@ -395,7 +396,7 @@ def test_every_service_has_its_log_group_and_autoscaling(deployment: Deployment)
         assert container["logConfiguration"]["logDriver"] == "awslogs"
         assert options["awslogs-group"] in log_groups
         assert options["awslogs-group"].endswith(f"/{command}")
-        if command == shared.TOPICS_COMMAND:
+        if command in compute.ONE_OFF_TARGETS:
             continue
         target = targets[f"service/{cluster}/{command}"]
         assert 1 <= target["minCapacity"] <= target["maxCapacity"]
@@ -453,7 +454,7 @@ def test_task_environment_is_cormorants_settings(
         assert read.kafka_bootstrap == deployment.outputs["kafkaBootstrap"]
         assert read.application_client_ids == []
         assert container["image"].endswith(
-            f":0.1.0-{'topics' if command == shared.TOPICS_COMMAND else command}"
+            f":0.1.0-{compute.ONE_OFF_TARGETS.get(command, command)}"
         )
 
 
@@ -471,7 +472,8 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     ]  # fmt: skip
     assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
-    assert ingest["command"] == ["--node-id-from-ecs-task"]
+    assert ingest["command"] == ["--node-id-from-pool"]
+    assert env["CORMORANT_INGEST_NODE_POOL_SIZE"] == "4"  # twice the ingest maxTasks (2)
     assert ingest["portMappings"] == [
         {"containerPort": 1883, "protocol": "tcp"},
         {"containerPort": shared.MQTT_WS_PORT, "protocol": "tcp"},
@@ -487,12 +489,12 @@ def test_health_check_is_the_images(dev: Deployment) -> None:
     assert compute.HEALTH_CHECK in dockerfile
     assert compute.ADMIN_HEALTH_CHECK in dockerfile
     for command, container in containers(dev).items():
-        if command == shared.TOPICS_COMMAND:
+        if command in compute.ONE_OFF_TARGETS:
             assert "healthCheck" not in container
         else:
             check = compute.ADMIN_HEALTH_CHECK if command == shared.ADMIN else compute.HEALTH_CHECK
             assert container["healthCheck"]["command"] == ["CMD-SHELL", check]
-        if command != shared.TOPICS_COMMAND:
+        if command not in compute.ONE_OFF_TARGETS:
             # Every service serves /health, /ready and /metrics beyond its own loopback.
             assert environment(container)["CORMORANT_HTTP_HOST"] == "0.0.0.0"
     assert compute.RDS_CA_BUNDLE in dockerfile
@@ -519,11 +521,12 @@ def test_store_secrets_only_where_the_store_is_read(
     for command, names in redis.items():
         assert ("CORMORANT_REDIS_PASSWORD" in names) == (command in readers), command
         # PostgreSQL: the admin service's users and audit trail (and the postgres store),
-        # whose password the task reads itself (RDS rotates it).
+        # the ingest nodes' credentials and node id leases, the migration task; whose
+        # password the task reads itself (it may rotate).
         assert "CORMORANT_POSTGRES_PASSWORD" not in names
         env = environment(containers(dev)[command])
         has_postgres = "CORMORANT_POSTGRES_PASSWORD_SECRET_ARN" in env
-        assert has_postgres == (command == shared.ADMIN), command
+        assert has_postgres == (command in (shared.ADMIN, shared.INGEST, shared.MIGRATE_COMMAND))
     env = environment(containers(dev)["device-persist"])
     assert env["CORMORANT_REDIS_URL"].startswith("rediss://master.")
     for command in readers:
@@ -533,7 +536,8 @@ def test_store_secrets_only_where_the_store_is_read(
         assert env["CORMORANT_POSTGRES_SSLMODE"] == "verify-full"
         assert env["CORMORANT_POSTGRES_SSLROOTCERT"] == compute.RDS_CA_BUNDLE
         arn = env["CORMORANT_POSTGRES_PASSWORD_SECRET_ARN"]
-        assert ":secret:rds!db-" in arn  # the RDS-managed secret, read at each connection
+        # The services' own login (the migration task writes it), read at each connection.
+        assert ":secret:cormorant-serverless-postgres-cormorant-" in arn
         statements = policy_documents(serverless)[f"cormorant-serverless-{command}-task"]
         assert {
             "Effect": "Allow",
@@ -851,6 +855,7 @@ def test_outputs(deployment: Deployment) -> None:
         "redisReplicationGroupId",
         "dbInstanceIdentifier",
         "topicsTaskDefinition",
+        "migrateTaskDefinition",
     }
     assert deployment.secret_outputs == set()
     # What `cormorant cloud` reads from `pulumi stack output --json`.

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from click.testing import CliRunner
 
 from services.cli import main
 from services.cloud.ecs_task import NotInEcsTask, task_id, task_id_from_arn
 from services.common.settings import Settings
-from tests.commands import run_cormorant
 
 
 @pytest.mark.parametrize(
@@ -51,14 +48,7 @@ def test_outside_ecs_there_is_no_task_id() -> None:
         task_id({})
 
 
-def test_ingest_outside_ecs_refuses_to_start_without_a_node_id() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ECS_CONTAINER_METADATA_URI_V4"}
-    result = run_cormorant("ingest", "--node-id-from-ecs-task", env=env)
-    assert result.returncode == 1
-    assert "ECS_CONTAINER_METADATA_URI_V4 is not set" in result.stderr
-
-
 def test_node_id_options_exclude_each_other() -> None:
-    result = CliRunner().invoke(main, ["ingest", "--node-id", "n1", "--node-id-from-ecs-task"])
+    result = CliRunner().invoke(main, ["ingest", "--node-id", "n1", "--node-id-from-pool"])
     assert result.exit_code == 2
-    assert "--node-id and --node-id-from-ecs-task exclude each other" in result.output
+    assert "--node-id and --node-id-from-pool exclude each other" in result.output

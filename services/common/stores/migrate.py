@@ -65,7 +65,19 @@ async def migrate(conn: psycopg.AsyncConnection[Any]) -> list[int]:
 
     ``conn`` must not be inside a transaction. Raises ``psycopg.Error`` (nothing applied)
     if a file fails or the server is unreachable.
+
+    When every migration is applied already, nothing is locked or created: the services
+    log in as a role without DDL rights (:mod:`.service_role`), which could not even
+    ``CREATE TABLE IF NOT EXISTS`` the version table; the migration task applies the files.
     """
+    wanted = {migration.version for migration in load_migrations()}
+    async with conn.transaction():
+        cursor = await conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL")
+        row = await cursor.fetchone()
+        if row is not None and row[0]:
+            cursor = await conn.execute("SELECT version FROM schema_migrations")
+            if wanted <= {version for (version,) in await cursor.fetchall()}:
+                return []
     applied_now: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
