@@ -477,5 +477,6 @@ async def import_rows(
     written = not dry_run and not any(r.error for r in results)
     return ImportResult(written, dry_run, results)
 
+
 def _conflict(message: str | None) -> str | None:
     return None if message is None else f"{message} (stored, or in an earlier row)"
