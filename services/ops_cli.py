@@ -440,11 +440,8 @@ def retained() -> None:
 
 
 def _preview(message: dict[str, Any], width: int = 40) -> str:
-    text = (
-        message["payload"]
-        if message["payload_encoding"] == "utf-8"
-        else "base64:" + message["payload"]
-    )
+    payload = str(message["payload"])
+    text = payload if message["payload_encoding"] == "utf-8" else "base64:" + payload
     text = text.replace("\n", "\\n")
     return text if len(text) <= width else text[: width - 3] + "..."
 

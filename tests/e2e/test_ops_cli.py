@@ -150,9 +150,11 @@ def test_retained_messages_are_listed_shown_and_deleted(cluster: LocalCluster, c
     publisher = PahoClient(cluster.mqtt_port, unique("cli-pub"))
     assert publisher.connect() == 0
     try:
-        for name, payload in (("a", b"21.5"), ("b", b"\xff\x00")):
-            mid = publisher.client.publish(f"{base}/{name}", payload, 1, retain=True).mid
-            wait_until(lambda mid=mid: mid in publisher.snapshot()[0], "PUBACK")
+        mids = [
+            publisher.client.publish(f"{base}/{name}", payload, 1, retain=True).mid
+            for name, payload in (("a", b"21.5"), ("b", b"\xff\x00"))
+        ]
+        wait_until(lambda: set(mids) <= set(publisher.snapshot()[0]), "both PUBACKs")
     finally:
         publisher.close()
     wait_until(
