@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
@@ -180,6 +181,13 @@ def login(
         url = f"http://127.0.0.1:{get_settings().admin_port}"
     if not url.startswith(("http://", "https://")):
         raise click.UsageError(f"URL {url!r}: an http:// or https:// URL")
+    host = urlsplit(url).hostname or ""
+    if url.startswith("http://") and host not in ("127.0.0.1", "::1", "localhost"):
+        click.echo(
+            f"warning: {url} is plain HTTP: the password and the token cross the network "
+            "unencrypted (use the stack's https:// admin URL)",
+            err=True,
+        )
     if password_file is not None:
         password = read_secret(password_file).decode("utf-8", "surrogateescape")
     else:
