@@ -6,15 +6,21 @@ file (see :mod:`services.common.settings`); options given here override them.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from services.blocked_cli import blocked
+from services.cli_common import PASSWORD_FILE_HELP, alias, deprecated_option, read_secret
 from services.cloud.cli import cloud
 from services.command_names import ADMIN_COMMAND, MIGRATE_COMMAND, TOPICS_COMMAND
+from services.common.versions import cormorant_version
 from services.credentials_cli import credentials
 from services.local.cli import down, fetch_kafka, status, up
+from services.ops_cli import COMMANDS as OPERATOR_COMMANDS
 from spark_emr.cli import analytics
 
 
@@ -26,6 +32,7 @@ def _apply(**overrides: object) -> None:
 
 
 @click.group()
+@click.version_option(cormorant_version(), prog_name="cormorant", message="%(prog)s %(version)s")
 def main() -> None:
     """Cormorant: a Kafka-backed, horizontally scalable MQTT broker."""
 
@@ -125,54 +132,73 @@ def _users_call(call: str, *args: str) -> object:
         raise click.ClickException(str(exc)) from exc
 
 
-def _new_password(password_stdin: bool) -> str:
-    import sys
-
+def _new_password(password_file: str | None, password_stdin: bool) -> str:
+    """The new password: from ``--password-file`` (or the deprecated ``--password-stdin``),
+    else asked for twice."""
     if password_stdin:
-        return sys.stdin.readline().rstrip("\n")
+        if password_file is not None:
+            raise click.UsageError("--password-file and --password-stdin exclude each other")
+        password_file = "-"
+    if password_file is not None:
+        return read_secret(password_file).decode("utf-8", "surrogateescape")
     password: str = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     return password
 
 
-_PASSWORD_STDIN = click.option(
-    "--password-stdin", is_flag=True, help="Read the password from standard input (one line)."
-)
+def _password_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = deprecated_option(
+        "--password-stdin", "--password-file -", is_flag=True, help="Deprecated: --password-file -."
+    )(command)
+    return click.option(
+        "--password-file", type=click.Path(allow_dash=True), help=PASSWORD_FILE_HELP
+    )(command)
 
 
 @admin_users.command("add")
 @click.argument("username")
-@_PASSWORD_STDIN
-def admin_users_add(username: str, password_stdin: bool) -> None:
-    """Create admin user USERNAME (the password is asked for twice)."""
-    _users_call("add", username, _new_password(password_stdin))
+@_password_options
+def admin_users_add(username: str, password_file: str | None, password_stdin: bool) -> None:
+    """Create admin user USERNAME (the password is asked for twice without --password-file)."""
+    _users_call("add", username, _new_password(password_file, password_stdin))
     click.echo(f"admin user {username} created")
 
 
 @admin_users.command("set-password")
 @click.argument("username")
-@_PASSWORD_STDIN
-def admin_users_set_password(username: str, password_stdin: bool) -> None:
+@_password_options
+def admin_users_set_password(
+    username: str, password_file: str | None, password_stdin: bool
+) -> None:
     """Change USERNAME's password (its tokens are revoked)."""
-    _users_call("set_password", username, _new_password(password_stdin))
+    _users_call("set_password", username, _new_password(password_file, password_stdin))
     click.echo(f"password of {username} changed")
 
 
-@admin_users.command("remove")
+@admin_users.command("delete")
 @click.argument("username")
-def admin_users_remove(username: str) -> None:
+def admin_users_delete(username: str) -> None:
     """Delete admin user USERNAME and its tokens."""
     if not _users_call("remove", username):
         raise click.ClickException(f"no admin user {username}")
-    click.echo(f"admin user {username} removed")
+    click.echo(f"admin user {username} deleted")
+
+
+admin_users.add_command(alias(admin_users_delete, "remove", "admin-users delete"))
 
 
 @admin_users.command("list")
-def admin_users_list() -> None:
-    """List the admin users."""
+@click.option("--json", "as_json", is_flag=True, help='Print JSON: {"usernames": [...]}.')
+def admin_users_list(as_json: bool) -> None:
+    """List the admin users, by name."""
     names = _users_call("names")
     assert isinstance(names, list)
-    for name in names:
-        click.echo(name)
+    if as_json:
+        click.echo(json.dumps({"usernames": names}))
+    elif not names:
+        click.echo("no admin users (cormorant admin-users add NAME creates one)")
+    else:
+        for name in names:
+            click.echo(name)
 
 
 @main.command(TOPICS_COMMAND)
@@ -278,6 +304,8 @@ main.add_command(cloud)
 main.add_command(analytics)
 main.add_command(credentials)
 main.add_command(blocked)
+for _command in OPERATOR_COMMANDS:
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
+from services.cli_common import deprecated_option, read_secret
 from services.common.auth.authorize import RuleError
 from services.common.auth.certificates import CertificateMatch
 from services.common.auth.credentials import (
@@ -83,8 +84,7 @@ def _password(value: str | None, file: Path | None) -> bytes | None:
         return value.encode("utf-8")
     if file is None:
         return None
-    data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
-    return data[:-1] if data.endswith(b"\n") else data
+    return read_secret(file)
 
 
 def _certificate(
@@ -188,10 +188,11 @@ _TYPE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--kind", type=_KINDS, help="DEVICE (default) or APPLICATION."),
     click.option("--client-id", help="MQTT_BASIC: the Client Identifier it is for."),
     click.option("--username", help="MQTT_BASIC, SCRAM: the User Name it is for."),
-    click.option("--password",
-                 help="MQTT_BASIC, SCRAM: the password (`ps` shows it: prefer --password-file)."),
+    deprecated_option("--password", "--password-file -",
+                      help="Deprecated (`ps` shows it): --password-file."),
     click.option("--password-file", type=click.Path(path_type=Path, allow_dash=True),
-                 help="Read the password from this file ('-': standard input)."),
+                 help="MQTT_BASIC, SCRAM: read the password from this file ('-': standard "
+                 "input; one trailing newline dropped)."),
     click.option("--rule", "rules", multiple=True,
                  help="'<allow|deny> <publish|subscribe|all> <topic filter>', repeatable, in "
                  "order; ${client_id} and ${username} stand for whole topic levels. "
@@ -235,6 +236,45 @@ def _type_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_TYPE_OPTIONS):
         command = option(command)
     return command
+
+
+def _check_required(credential_type: str, options: dict[str, Any], passwordless: bool) -> None:
+    """Raise ``click.ClickException`` naming the options a credential of
+    ``credential_type`` needs and has not been given (``passwordless``: --no-password or
+    --generate-secret)."""
+    given = {name for name, value in options.items() if value not in (None, (), False)}
+    password = bool(given & {"password", "password_file"})
+    kind = CredentialType(credential_type.upper())
+    missing: str | None = None
+    if kind is CredentialType.MQTT_BASIC:
+        if not given & {"client_id", "username"}:
+            missing = (
+                "an MQTT_BASIC credential needs a client id or a user name: --client-id, --username"
+            )
+        elif not passwordless and not password:
+            missing = (
+                "an MQTT_BASIC credential needs a password: --password-file (- for standard "
+                "input), or --generate-secret, or --no-password"
+            )
+    elif kind is CredentialType.SCRAM:
+        if "username" not in given:
+            missing = "a SCRAM credential needs a user name: --username"
+        elif not password:
+            missing = "a SCRAM credential needs a password: --password-file (- for standard input)"
+    elif kind is CredentialType.X509:
+        if not given & {"cert_file", "cert_fingerprint", "cert_cn", "cert_san"}:
+            missing = (
+                "an X509 credential needs a certificate: --cert-file, --cert-fingerprint, "
+                "--cert-cn or --cert-san"
+            )
+    elif not given & {"jwt_secret_file", "jwt_public_key_file", "jwt_jwks_url"}:
+        missing = (
+            "a JWT credential needs its token settings: the issuer's key (--jwt-secret-file "
+            "for HMAC, --jwt-public-key-file) or --jwt-jwks-url, and --jwt-audience with a "
+            "public key (or --no-audience)"
+        )
+    if missing is not None:
+        raise click.ClickException(missing)
 
 
 def _kind(value: str | None) -> ClientKind | None:
@@ -290,6 +330,7 @@ def add(
     cormorant credentials add sensor-2 --client-id sensor-2 --username sensor-2 \\
         --generate-secret --rule 'allow publish sensors/${client_id}/#'
     """
+    _check_required(credential_type, options, no_password or generate_secret)
     spec = CredentialSpec(
         name=name,
         type=CredentialType(credential_type.upper()),
@@ -414,3 +455,111 @@ def delete(name: str, as_json: bool) -> None:
         click.echo(json.dumps({"deleted": public_view(gone)}, indent=2))
     else:
         click.echo(f"deleted {gone.name} ({gone.id})")
+
+
+# ---------------------------------------------------------------------------- import, export
+
+_FORMAT = click.option(
+    "--format",
+    "file_format",
+    type=click.Choice(["csv", "json"]),
+    help="The file's format (default: from its extension; JSON for standard input/output).",
+)
+
+
+def _format_of(path: str, given: str | None) -> str:
+    if given is not None:
+        return given
+    suffix = Path(path).suffix.lower()
+    return "csv" if suffix == ".csv" else "json"
+
+
+@credentials.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@_FORMAT
+@click.option("--dry-run", is_flag=True, help="Check every row, write nothing.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the API's answer: every row's outcome."
+)
+def import_command(file: str, file_format: str | None, dry_run: bool, as_json: bool) -> None:
+    """Create the credentials of FILE (CSV or JSON, up to 10,000), all or none: every row
+    is checked first (as `credentials add` checks), then all are stored in one transaction;
+    if any row is not valid or conflicts with a stored credential, nothing is written and
+    each such row is named with its error. Through the admin API (cormorant login).
+
+    \b
+    name,type,client_id,username,password,rules
+    sensor-1,MQTT_BASIC,sensor-1,sensor-1,a-long-password-1,allow publish sensors/${client_id}/#
+    gateway-7,MQTT_BASIC,gateway-7,,,allow all gw/7/#
+    """
+    from services.admin_client import AdminApiError
+    from services.common.auth.bulk import BulkError, rows_from_csv, rows_from_json
+    from services.ops_cli import admin_client
+
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8-sig")
+        reader = rows_from_csv if _format_of(file, file_format) == "csv" else rows_from_json
+        rows = reader(text)
+    except (BulkError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"{file}: {exc}") from None
+    body = {"credentials": rows, "dry_run": dry_run}
+    with admin_client() as client:
+        try:
+            answer = client.call("POST", "/api/credentials:import", body=body)
+        except AdminApiError as exc:
+            if not isinstance(exc.body, dict) or "rows" not in exc.body:
+                raise
+            answer = exc.body
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    else:
+        for row in answer["rows"]:
+            if row["error"] is not None:
+                click.echo(f"row {row['row']} ({row['name'] or 'no name'}): {row['error']}")
+        click.echo(answer["detail"])
+    if answer["errors"]:
+        sys.exit(1)
+
+
+@credentials.command("export")
+@_FORMAT
+@click.option("--output", "-o", default="-", show_default=True,
+              help="The file to write (mode 0600), or - for standard output.")  # fmt: skip
+@click.option(
+    "--include-secrets",
+    is_flag=True,
+    help="Add password hashes, SCRAM keys and JWT HMAC secrets as stored (never a clear "
+    "password: none is kept), so that the file imports elsewhere; audited. Keep such a "
+    "file as you would the passwords.",
+)
+@click.option("--type", "credential_type", type=_TYPES, help="Only credentials of this type.")
+def export_command(
+    file_format: str | None, output: str, include_secrets: bool, credential_type: str | None
+) -> None:
+    """Write every credential as rows `credentials import` takes, by name. Without
+    --include-secrets a credential's secrets are left out: one with a password then
+    imports only with a password added. Through the admin API (cormorant login)."""
+    import os
+
+    from services.common.auth.bulk import rows_to_csv
+    from services.ops_cli import admin_client
+
+    params = {
+        "include_secrets": str(include_secrets).lower(),
+        "type": None if credential_type is None else credential_type.upper(),
+    }
+    with admin_client() as client:
+        answer = client.call("GET", "/api/credentials:export", params)
+    rows = answer["credentials"]
+    if _format_of(output, file_format) == "csv":
+        text = rows_to_csv(rows)
+    else:
+        text = json.dumps({"credentials": rows}, indent=2) + "\n"
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    descriptor = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o600)  # an older file keeps its mode otherwise
+        out.write(text)
+    click.echo(f"{len(rows)} credentials written to {output}", err=True)

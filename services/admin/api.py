@@ -28,6 +28,7 @@ from services.admin import (
     cluster_api,
     console_api,
     credentials_api,
+    credentials_bulk_api,
     health_api,
     login_api,
     retained_api,
@@ -92,6 +93,7 @@ def create_app(context: AdminContext) -> FastAPI:
         audit_api.router,
         admin_users_api.router,
         credentials_api.router,
+        credentials_bulk_api.router,
         blocked_api.router,
     ):
         app.include_router(router)

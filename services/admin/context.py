@@ -6,6 +6,7 @@ topics up to now, auditing a change, paging parameters and common error response
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -129,3 +130,20 @@ async def audited_store_change(
         raise
     finally:
         await users.audit(user, action, target, detail, code)
+
+
+ClientIdPattern = Annotated[
+    str | None,
+    Query(
+        max_length=1024,
+        description="A shell-style pattern the whole client id matches: * any characters, "
+        "? one, [abc] one of these (sensor-*, line-?-[0-9]*).",
+    ),
+]
+"""A list filter: client ids matching a pattern (:func:`client_id_matches`)."""
+
+
+def client_id_matches(pattern: str | None, client_id: str) -> bool:
+    """Whether ``client_id`` matches the shell-style ``pattern`` (case-sensitive, as
+    Client Identifiers are; None matches every client id)."""
+    return pattern is None or fnmatch.fnmatchcase(client_id, pattern)

@@ -20,9 +20,11 @@ from services.admin.commands import disconnect_records
 from services.admin.context import (
     UNAVAILABLE,
     AdminContext,
+    ClientIdPattern,
     Limit,
     Offset,
     audited,
+    client_id_matches,
     context_of,
     synced,
 )
@@ -90,6 +92,7 @@ async def sessions(
     node: Annotated[str | None, Query(max_length=64, description="Ingest node id.")] = None,
     kind: Annotated[Literal["DEVICE", "APPLICATION"] | None, Query()] = None,
     persistent: Annotated[bool | None, Query()] = None,
+    pattern: ClientIdPattern = None,
 ) -> models.ClientPage:
     """Sessions (connected clients, and persistent sessions waiting for theirs), by
     client id, filtered."""
@@ -99,6 +102,7 @@ async def sessions(
         (client_id, session)
         for client_id, session in sorted(context.state.sessions.items())
         if (search is None or search in client_id)
+        and client_id_matches(pattern, client_id)
         and (connected is None or session.connected == connected)
         and (node is None or session.node_id == node)
         and (kind is None or session.kind.name == kind)

@@ -9,7 +9,14 @@ from fastapi import APIRouter, Query, Request
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import Limit, Offset, context_of, synced
+from services.admin.context import (
+    ClientIdPattern,
+    Limit,
+    Offset,
+    client_id_matches,
+    context_of,
+    synced,
+)
 from services.common.subscription import Subscription
 
 router = APIRouter(prefix="/api/subscriptions", tags=["subscriptions"])
@@ -39,6 +46,7 @@ async def subscriptions(
         str | None, Query(max_length=256, description="Part of the Topic Filter.")
     ] = None,
     client_id: Annotated[str | None, Query(max_length=65535, description="One client's.")] = None,
+    pattern: ClientIdPattern = None,
 ) -> models.SubscriptionPage:
     """Every subscription, by client id, filtered."""
     context = context_of(request)
@@ -47,6 +55,7 @@ async def subscriptions(
         sub
         for sub in context.state.all_subscriptions()
         if (client_id is None or sub.client_id == client_id)
+        and client_id_matches(pattern, sub.client_id)
         and (search is None or search in sub.topic_filter)
     ]
     return models.SubscriptionPage(

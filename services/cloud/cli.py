@@ -9,23 +9,38 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any
 
 import click
 
+from services.cli_common import deprecated_option
 from services.cloud.outputs import OutputsError, StackOutputs
 
-_OUTPUTS = click.option(
-    "--outputs",
-    "outputs_file",
-    type=click.File("r"),
-    required=True,
-    help="The stack's outputs: `pulumi stack output --json` saved to a file, or - for "
-    "standard input.",
-)
+
+def _outputs_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = deprecated_option(
+        "--outputs",
+        "--stack-outputs",
+        "old_outputs_file",
+        type=click.File("r"),
+        help="Deprecated: --stack-outputs.",
+    )(command)
+    return click.option(
+        "--stack-outputs",
+        "outputs_file",
+        type=click.File("r"),
+        help="The stack's outputs: `pulumi stack output --json` saved to a file, or - for "
+        "standard input.",
+    )(command)
 
 
-def _read_outputs(source: IO[str]) -> StackOutputs:
+def _read_outputs(source: IO[str] | None, old_source: IO[str] | None) -> StackOutputs:
+    if source is not None and old_source is not None:
+        raise click.UsageError("--stack-outputs and --outputs exclude each other")
+    source = source or old_source
+    if source is None:
+        raise click.UsageError("missing option --stack-outputs (pulumi stack output --json)")
     try:
         return StackOutputs.parse(source.read())
     except OutputsError as exc:
@@ -38,16 +53,16 @@ def cloud() -> None:
 
 
 @cloud.command()
-@_OUTPUTS
+@_outputs_options
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON list.")
-def status(outputs_file: IO[str], as_json: bool) -> None:
+def status(outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, as_json: bool) -> None:
     """Check every part of the deployed stack: ECS services, NLB targets, MSK, ElastiCache,
     RDS, EMR Serverless. Exits with status 1 when any part is not ok."""
     from botocore.exceptions import BotoCoreError
 
     from services.cloud.status import Clients, stack_status
 
-    outputs = _read_outputs(outputs_file)
+    outputs = _read_outputs(outputs_file, old_outputs_file)
     try:
         checks = stack_status(outputs, Clients.for_region(outputs.region))
     except BotoCoreError as exc:
@@ -68,11 +83,13 @@ def status(outputs_file: IO[str], as_json: bool) -> None:
 
 
 @cloud.command("create-topics")
-@_OUTPUTS
+@_outputs_options
 @click.option(
     "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the task."
 )
-def create_topics(outputs_file: IO[str], timeout: float) -> None:
+def create_topics(
+    outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, timeout: float
+) -> None:
     """Run the stack's one-off topics task (`cormorant create-topics` on Fargate, in the
     stack's network) and wait until it has created the Kafka topics."""
     import boto3
@@ -80,7 +97,7 @@ def create_topics(outputs_file: IO[str], timeout: float) -> None:
 
     from services.cloud.topics_task import TaskFailed, run_topics_task
 
-    outputs = _read_outputs(outputs_file)
+    outputs = _read_outputs(outputs_file, old_outputs_file)
     ecs = boto3.client("ecs", region_name=outputs.region)
     try:
         result = run_topics_task(ecs, outputs, timeout)
@@ -91,11 +108,13 @@ def create_topics(outputs_file: IO[str], timeout: float) -> None:
 
 
 @cloud.command("migrate-db")
-@_OUTPUTS
+@_outputs_options
 @click.option(
     "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the task."
 )
-def migrate_db(outputs_file: IO[str], timeout: float) -> None:
+def migrate_db(
+    outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, timeout: float
+) -> None:
     """Run the stack's one-off migration task (`cormorant migrate-db` on Fargate): the
     PostgreSQL schema, and the services' own role with the password in its secret."""
     import boto3
@@ -104,7 +123,7 @@ def migrate_db(outputs_file: IO[str], timeout: float) -> None:
     from services.cloud.topics_task import TaskFailed, run_topics_task
     from services.command_names import MIGRATE_COMMAND
 
-    outputs = _read_outputs(outputs_file)
+    outputs = _read_outputs(outputs_file, old_outputs_file)
     ecs = boto3.client("ecs", region_name=outputs.region)
     try:
         result = run_topics_task(ecs, outputs, timeout, MIGRATE_COMMAND)

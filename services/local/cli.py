@@ -7,6 +7,7 @@ figures, read from its ``/metrics`` twice, ``--interval`` seconds apart.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -83,6 +84,25 @@ def _number(value: float | None, rate: bool = False) -> str:
 _INFRA_ONLY = click.option(
     "--infra-only", is_flag=True, help="Only Kafka, Redis and PostgreSQL, not the services."
 )
+
+
+def _status_json(
+    row: cluster.ComponentStatus, live: dict[str, Figures] | None
+) -> dict[str, object]:
+    """One part as ``status --json`` prints it (figures None where not known)."""
+    got = None if live is None else live.get(row.name)
+    return {
+        "name": row.name,
+        "pid": row.pid,
+        "port": row.port,
+        "http_port": row.http_port,
+        "healthy": row.healthy,
+        "health": row.health,
+        "connections": None if got is None else got.connections,
+        "msg_in_per_second": None if got is None else got.msg_in,
+        "msg_out_per_second": None if got is None else got.msg_out,
+        "lag": None if got is None else got.lag,
+    }
 
 
 def _print_table(
@@ -254,13 +274,26 @@ def _short_of_scale(settings: LocalSettings, maxconn: int | None) -> str | None:
     show_default=True,
     help="Seconds between the two reads of each service's /metrics (the rates' window).",
 )
-def status(infra_only: bool, interval: float) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print JSON: {"parts": [{"name", "pid", "port", "http_port", "healthy", "health", '
+    '"connections", "msg_in_per_second", "msg_out_per_second", "lag"}]}.',
+)
+def status(infra_only: bool, interval: float, as_json: bool) -> None:
     """Show each part's pid, port and health, and each service's live figures (connected
     clients, PUBLISH packets per second in and out, Kafka consumer lag); exit with status 1
     if any part is down."""
     settings = layout.current(LocalSettings())
     rows = cluster.status(settings, infrastructure_only=infra_only)
-    _print_table(rows, None if infra_only else live_figures(rows, interval))
+    live = None if infra_only else live_figures(rows, interval)
+    if as_json:
+        click.echo(json.dumps({"parts": [_status_json(row, live) for row in rows]}, indent=2))
+        if not all(row.healthy for row in rows):
+            raise SystemExit(1)
+        return
+    _print_table(rows, live)
     if not infra_only:
         maxconn = haproxy.max_connections(settings)
         click.echo(_connection_ceiling(maxconn))

@@ -142,7 +142,7 @@ def build_stack(running: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
 def run_status(outputs: dict[str, Any], tmp_path: Path, *options: str) -> Any:
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps(outputs), encoding="utf-8")
-    return CliRunner().invoke(main, ["cloud", "status", "--outputs", str(path), *options])
+    return CliRunner().invoke(main, ["cloud", "status", "--stack-outputs", str(path), *options])
 
 
 def by_part(checks: list[Check]) -> dict[tuple[str, str], Check]:
@@ -242,7 +242,9 @@ def test_missing_parts_and_targets(
 
 def test_outputs_that_are_not_a_cormorant_stack(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json", encoding="utf-8")
-    result = CliRunner().invoke(main, ["cloud", "status", "--outputs", str(tmp_path / "bad.json")])
+    result = CliRunner().invoke(
+        main, ["cloud", "status", "--stack-outputs", str(tmp_path / "bad.json")]
+    )
     assert result.exit_code == 1
     assert "Error: stack outputs are not JSON" in result.output
     with pytest.raises(OutputsError, match=r"ecsCluster \(field required\)"):

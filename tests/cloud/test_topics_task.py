@@ -132,7 +132,7 @@ def test_the_command_reads_the_outputs(tmp_path: Path) -> None:
 
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({"region": "eu-west-1"}), encoding="utf-8")
-    result = CliRunner().invoke(main, ["cloud", "create-topics", "--outputs", str(outputs)])
+    result = CliRunner().invoke(main, ["cloud", "create-topics", "--stack-outputs", str(outputs)])
     assert result.exit_code == 1
     assert (
         "stack outputs lack what cormorant cloud needs: ecsCluster (field required)"

@@ -53,10 +53,10 @@ def running(settings: LocalSettings) -> LocalSettings:
 
 
 def add_user(settings: LocalSettings, username: str, password: str = PASSWORD) -> None:
-    """``cormorant admin-users add <username> --password-stdin`` against the test cluster."""
+    """``cormorant admin-users add <username> --password-file -`` against the test cluster."""
     env = local_cluster.child_environment(local_cluster.local_settings(settings))
     result = run_cormorant(
-        "admin-users", "add", username, "--password-stdin", env=env, input=password
+        "admin-users", "add", username, "--password-file", "-", env=env, input=password
     )
     assert result.returncode == 0, result.stderr
     assert f"admin user {username} created" in result.stdout

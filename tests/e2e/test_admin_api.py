@@ -58,6 +58,8 @@ def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:
         ("GET", "/api/credentials/someone"),
         ("PATCH", "/api/credentials/someone"),
         ("DELETE", "/api/credentials/someone"),
+        ("POST", "/api/credentials:import"),
+        ("GET", "/api/credentials:export"),
     ],
 )
 def test_calls_without_a_valid_token_are_refused(

@@ -177,6 +177,14 @@ class CredentialAdmin:
         check_credential(credential)
         return await self.store.insert(credential)
 
+    async def checked(self, spec: CredentialSpec) -> Credential:
+        """The credential ``spec`` describes, its password hashed, checked as :meth:`add`
+        checks it, not stored (an import checks every row before storing any). Raises
+        what :meth:`add` raises, but no conflict."""
+        credential = await self._built(spec)
+        check_credential(credential)
+        return credential
+
     async def _built(self, spec: CredentialSpec) -> Credential:
         """The credential ``spec`` describes, its password hashed (argon2id), not checked
         by :func:`~.credentials.check_credential` yet."""

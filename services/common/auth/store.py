@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -285,6 +285,56 @@ class CredentialStore:
 
         return await self._run("insert", body)
 
+    async def insert_all(
+        self, credentials: Sequence[Credential], commit: bool = True, timeout: float = 120.0
+    ) -> dict[int, str]:
+        """Store new credentials in one transaction, all or none: returns the conflicts
+        (index in ``credentials`` → what it conflicts with: a stored credential, or an
+        earlier one of ``credentials``), and stores nothing when there is one or when
+        ``commit`` is false (a dry run). ``timeout``: seconds the whole batch may take."""
+        rows = [_values(c) for c in credentials]
+        if not rows:
+            return {}
+        columns = list(rows[0])
+        # ON CONFLICT DO NOTHING: a conflicting row (any unique index: name, MQTT_BASIC
+        # identity, SCRAM user name, fingerprint) returns no id, and the batch goes on.
+        statement = (
+            f"INSERT INTO mqtt_credentials ({', '.join(columns)})"
+            f" VALUES ({', '.join('%(' + k + ')s' for k in columns)})"
+            " ON CONFLICT DO NOTHING RETURNING id"
+        )
+
+        async def body(conn: Connection) -> dict[int, str]:
+            cursor = conn.cursor()
+            await cursor.executemany(statement, rows, returning=True)
+            refused: list[int] = []
+            for index in range(len(rows)):
+                if await cursor.fetchone() is None:
+                    refused.append(index)
+                cursor.nextset()
+            conflicts: dict[int, str] = {}
+            if refused:
+                names = [credentials[i].name for i in refused]
+                await cursor.execute(
+                    "SELECT name FROM mqtt_credentials WHERE name = ANY(%s)", (names,)
+                )
+                taken = {row[0] for row in await cursor.fetchall()}
+                for index in refused:
+                    conflicts[index] = (
+                        "a credential with this name exists already"
+                        if credentials[index].name in taken
+                        else "a credential with this identity (MQTT_BASIC user name and "
+                        "client id, SCRAM user name, or certificate fingerprint) exists already"
+                    )
+            if conflicts or not commit:
+                raise _RolledBack(conflicts)
+            return conflicts
+
+        try:
+            return await self._pool.run("insert all", body, timeout)
+        except _RolledBack as rolled_back:
+            return rolled_back.conflicts
+
     async def replace(self, credential: Credential) -> Credential | None:
         """Store ``credential`` over the one with its id, if that one's revision is still
         ``credential.revision``; returns it as stored (its revision one higher), or None if
@@ -408,6 +458,14 @@ class CredentialStore:
     async def close(self) -> None:
         """Close the pool's connections."""
         await self._pool.close()
+
+
+class _RolledBack(Exception):
+    """Ends a transaction of :meth:`CredentialStore.insert_all` without committing it."""
+
+    def __init__(self, conflicts: dict[int, str]) -> None:
+        super().__init__("rolled back")
+        self.conflicts = conflicts
 
 
 def _conflict_message(exc: psycopg.errors.UniqueViolation) -> str:

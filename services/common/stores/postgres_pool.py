@@ -157,12 +157,19 @@ class MigratedPool:
                 await migrate(conn)
             self._ready = True
 
-    async def run(self, what: str, body: Callable[[Connection], Awaitable[T]]) -> T:
-        """Run ``body`` in one transaction within the timeout. Raises
-        :class:`~.base.StoreUnavailable` when the server cannot be reached or does not
-        answer in time; any other ``psycopg.Error`` goes to the caller."""
+    async def run(
+        self,
+        what: str,
+        body: Callable[[Connection], Awaitable[T]],
+        timeout: float | None = None,
+    ) -> T:
+        """Run ``body`` in one transaction within the timeout (``timeout`` seconds if given,
+        for a long batch; else the pool's). Raises :class:`~.base.StoreUnavailable` when
+        the server cannot be reached or does not answer in time; any other
+        ``psycopg.Error`` goes to the caller."""
+        timeout = self.timeout if timeout is None else timeout
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(timeout):
                 await self.ensure_ready()
                 async with self._pool.connection() as conn, conn.transaction():
                     return await body(conn)
@@ -171,7 +178,7 @@ class MigratedPool:
             # background (its log, psycopg.pool, has each attempt's error) until we give up.
             raise StoreUnavailable(
                 f"PostgreSQL {self.name} at {self.address} is unavailable ({what}): no "
-                f"connection or no answer within {self.timeout} s"
+                f"connection or no answer within {timeout} s"
             ) from exc
         except psycopg.OperationalError as exc:
             # Connection refused or lost, no pooled connection in time (PoolTimeout),
