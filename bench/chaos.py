@@ -378,7 +378,8 @@ def table(result: ChaosResult) -> str:
             f"published {r.published:,}, acknowledged {r.acknowledged:,}, refused "
             f"{r.refused:,}, delivered {r.delivered:,}; **acknowledged and lost {r.lost:,}**, "
             f"duplicates {r.duplicates:,}, reordered {r.reordered:,}; unacknowledged at the "
-            f"end {result.unacknowledged_at_end:,}",
+            f"end {result.unacknowledged_at_end:,}; not delivered when the drain ended "
+            f"{result.undelivered_at_end:,} (counted as lost: still queued, or gone)",
         ]
         if r.lost_examples:
             lines.append(f"lost (publisher, seq): {r.lost_examples}")
