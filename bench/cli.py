@@ -295,7 +295,8 @@ def _cluster(args: argparse.Namespace, stack: contextlib.ExitStack) -> LocalSett
     closes), or the one ``cormorant up`` started; the cluster is brought up (whatever is
     not running is started)."""
     if args.own_cluster:
-        settings = stack.enter_context(chaos.own_cluster(args.production))
+        keep = getattr(args, "keep_logs", None)
+        settings = stack.enter_context(chaos.own_cluster(args.production, keep_logs=keep))
     else:
         settings = layout.current(LocalSettings())
         if args.production and not settings.redis_replicas:
@@ -326,9 +327,20 @@ def chaos_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--settle", type=float, default=10.0, help="seconds of load after recovery, per kill"
     )
-    parser.add_argument("--recovery-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--recovery-timeout",
+        type=float,
+        default=chaos.RESUME_BOUND,
+        help="max seconds after a process is back to wait for new traffic to flow "
+        f"(default {chaos.RESUME_BOUND:g})",
+    )
     parser.add_argument("--drain", type=float, default=120.0, help="max seconds to drain")
     _cluster_options(parser)
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        help="with --own-cluster: copy its processes' logs into this directory at the end",
+    )
     parser.add_argument("--output", type=Path, default=results.RESULTS_DIR / "chaos.jsonl")
 
 

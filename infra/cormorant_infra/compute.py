@@ -194,6 +194,7 @@ class Compute(pulumi.ComponentResource):
                 spec.settings["store_backend"] = config.store_backend
                 if config.store_backend == "redis":
                     spec.settings["redis_url"] = cache.url
+                    spec.settings["redis_wait_replicas"] = cache.wait_replicas
                     spec.secrets["redis_password"] = cache.auth_secret_arn
                     spec.secret_arns.append(cache.auth_secret_arn)
                 if config.store_backend == "postgres" or command == shared.ADMIN:

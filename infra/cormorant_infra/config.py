@@ -312,6 +312,12 @@ class StackConfig(_Model):
                 "internet: passwords and tokens would cross it in clear; set plainMqtt "
                 "false (devices use 8883) or narrow allowedCidrs"
             )
+        if self.production and self.store_backend == "redis" and self.redis_nodes < 3:
+            raise ValueError(
+                "a production stack's Redis needs redisNodes 3 or more (a primary and two "
+                "replicas): with one replica, a failover leaves the new primary nothing to "
+                "confirm writes until ElastiCache has replaced the failed node"
+            )
         if self.db_max_allocated_storage_gib < self.db_allocated_storage_gib:
             raise ValueError("dbMaxAllocatedStorageGib is below dbAllocatedStorageGib")
         if self.archive_expiration_days is not None and (

@@ -110,8 +110,9 @@ def ingest_target_ports(config: StackConfig) -> list[int]:
 class Network(pulumi.ComponentResource):
     """VPC, subnets, routes, NAT gateways, S3 gateway endpoint and the tiers' security groups.
 
-    Attributes: ``vpc_id``; ``public_subnet_ids`` and ``private_subnet_ids`` (one per zone,
-    in zone order); ``security_groups`` (tier name of :data:`TIERS` → security group id);
+    Attributes: ``vpc_id``; ``zones`` (the availability zones' names, in order);
+    ``public_subnet_ids`` and ``private_subnet_ids`` (one per zone, in zone order);
+    ``security_groups`` (tier name of :data:`TIERS` → security group id);
     ``kafka_port`` (9096 SCRAM or 9098 IAM).
     """
 
@@ -241,6 +242,7 @@ class Network(pulumi.ComponentResource):
         self._rules(name, config, groups)
 
         self.vpc_id = vpc.id
+        self.zones: list[str] = list(zones)
         self.public_subnet_ids = [subnet.id for subnet in public_subnets]
         self.private_subnet_ids = [subnet.id for subnet in private_subnets]
         self.security_groups: dict[str, pulumi.Output[str]] = {

@@ -108,6 +108,13 @@ def test_wrong_types_and_ranges() -> None:
     assert "cormorant:kafkaMode: Input should be 'provisioned' or 'serverless'" in message
 
 
+def test_a_production_redis_needs_two_replicas() -> None:
+    message = refused(production=True, redisNodes=2)
+    assert "a production stack's Redis needs redisNodes 3 or more" in message
+    assert config(production=True, redisNodes=3).redis_nodes == 3
+    assert config(production=True, redisNodes=2, storeBackend="postgres").redis_nodes == 2
+
+
 def test_fargate_sizes() -> None:
     message = refused(services={"router": {"cpu": 256, "memory": 4096}})
     assert "cormorant:services.router: memory 4096 MiB is not allowed with cpu 256" in message

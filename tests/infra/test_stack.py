@@ -358,6 +358,23 @@ def test_redis_replication_group(deployment: Deployment) -> None:
     assert {"name": "maxmemory-policy", "value": "noeviction"} in parameters["parameters"]
 
 
+def test_prod_redis_has_two_replicas_in_other_zones_and_device_persist_waits_for_one(
+    prod: Deployment, dev: Deployment
+) -> None:
+    group = prod.one("aws:elasticache/replicationGroup:ReplicationGroup").inputs
+    assert group["numCacheClusters"] == 3
+    assert group["automaticFailoverEnabled"] is True and group["multiAzEnabled"] is True
+    assert sorted(group["preferredCacheClusterAzs"]) == sorted(ZONES)
+    # A write counts once a replica has it; after a failover the other replica confirms.
+    assert environment(containers(prod)["device-persist"])["CORMORANT_REDIS_WAIT_REPLICAS"] == "1"
+    # dev: one replica; waiting for it would stop every write until ElastiCache replaced a
+    # failed node.
+    dev_group = dev.one("aws:elasticache/replicationGroup:ReplicationGroup").inputs
+    assert dev_group["numCacheClusters"] == 2
+    assert len(set(dev_group["preferredCacheClusterAzs"])) == 2
+    assert environment(containers(dev)["device-persist"])["CORMORANT_REDIS_WAIT_REPLICAS"] == "0"
+
+
 @pytest.mark.parametrize(("stack", "production"), [("dev", False), ("prod", True)])
 def test_rds_postgres(stack: str, production: bool, request: pytest.FixtureRequest) -> None:
     deployment: Deployment = request.getfixturevalue(stack)

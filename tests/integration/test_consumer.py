@@ -175,6 +175,53 @@ async def test_a_handler_that_raises_fails_its_batch_the_same_way(topic: Topic) 
     assert raised
 
 
+async def test_a_failed_batch_is_read_again_without_asking_kafka_where_to_start(
+    topic: Topic,
+) -> None:
+    # Where to read again is known locally: the first offset of each partition the batches
+    # in flight read. Asking the coordinator for every assigned partition's committed
+    # offset, and the broker for the beginning of those with none, one partition at a
+    # time, held device_persist's retry 5-16 s after a Redis failover on a loaded machine.
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    handled: list[bytes] = []
+    failed = False
+    asked: list[str] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise ConnectionError("Redis is failing over")
+        handled.extend(r.value for r in records)
+        return []
+
+    await topic.put_many(12)
+    consumer = topic.consumer(group)
+    committed, to_beginning = consumer.committed, consumer.seek_to_beginning
+
+    async def spy_committed(tp: TopicPartition) -> int | None:
+        asked.append("committed")
+        return await committed(tp)
+
+    async def spy_to_beginning(*partitions: TopicPartition) -> None:
+        asked.append("seek_to_beginning")
+        await to_beginning(*partitions)
+
+    task = await _run(consumer, consume_batches(consumer, handle, topics=[topic.name]))
+    consumer.committed = spy_committed  # type: ignore[method-assign]
+    consumer.seek_to_beginning = spy_to_beginning  # type: ignore[method-assign]
+    try:
+        await wait_for(
+            lambda: sorted(handled, key=int) == [str(i).encode() for i in range(12)],
+            "every record handled after the failure",
+            TIMEOUT,
+        )
+    finally:
+        await _stop(consumer, task)
+    assert failed
+    assert asked == []
+
+
 async def test_no_batch_after_a_failed_one_is_handled_before_it_is_read_again(
     kafka_bootstrap: str, settings: Settings
 ) -> None:

@@ -1,9 +1,13 @@
 """The chaos run's per-round accounting (bench.durability.Ledger.report over a window of
-publication times) and the production rounds."""
+publication times), the production rounds, each round's aim and the failover steps read
+from the logs (bench.timeline)."""
 
 from __future__ import annotations
 
-from bench import chaos
+import datetime
+from pathlib import Path
+
+from bench import chaos, timeline
 from bench.durability import Ledger
 from services.local import kafka, redis
 
@@ -51,3 +55,47 @@ def test_the_production_rounds_outlast_every_failover_threshold() -> None:
     }
     assert chaos.PRODUCTION_DOWN * 1000 > redis.SENTINEL_DOWN_AFTER_MS
     assert chaos.PRODUCTION_DOWN * 1000 > kafka.BROKER_SESSION_TIMEOUT_MS
+
+
+def test_each_round_is_held_to_its_aim() -> None:
+    """A Kafka broker or Redis node kill is held to its outage (failover while it is down),
+    a stage to how soon traffic flows once it is back; a rolling restart to neither."""
+    broker = chaos.Disruption("kafka2", outage_s=chaos.FAILOVER_AIM + 0.1)
+    assert (broker.aim(), broker.within_aim()) == (("outage_s", chaos.FAILOVER_AIM), False)
+    node = chaos.Disruption("redis3", outage_s=chaos.FAILOVER_AIM)
+    assert node.within_aim() is True
+    stage = chaos.Disruption("device-persist", flowing_s=2.0, recovery_s=30.0)
+    assert (stage.aim(), stage.within_aim()) == (("flowing_s", chaos.STAGE_AIM), True)
+    assert chaos.Disruption("router").within_aim() is None  # delivery never resumed
+    assert chaos.Disruption(chaos.KAFKA_ROLLING, outage_s=99.0).aim() is None
+    table = chaos.table(chaos.ChaosResult([broker, stage]))
+    assert "outage ≤ 12 s: **missed**" in table and "flowing ≤ 3 s: met" in table
+
+
+def test_the_timeline_of_a_round_is_read_from_the_logs(tmp_path: Path) -> None:
+    """The first line of each failover step after the kill, per process, in seconds after
+    it; lines before the kill or after the round, and unknown lines, are left out."""
+    kill = datetime.datetime(2026, 11, 27, 1, 49, 53).timestamp()
+    (tmp_path / "redis-sentinel1.log").write_text(
+        "16589:X 27 Nov 2026 01:49:50.000 # +sdown master cormorant 127.0.0.1 16417\n"
+        "16589:X 27 Nov 2026 01:49:58.728 # +sdown master cormorant 127.0.0.1 16417\n"
+        "16589:X 27 Nov 2026 01:49:59.964 # +switch-master cormorant 127.0.0.1 16417 x 16419\n"
+        "16589:X 27 Nov 2026 01:50:30.000 # +switch-master cormorant 127.0.0.1 16419 x 16417\n"
+    )
+    (tmp_path / "kafka2.log").write_text(
+        "[2026-11-27 01:49:57,648] INFO [QuorumController id=2] Fencing broker 1 because its "
+        "session has timed out. (org.apache.kafka.controller.ReplicationControlManager)\n"
+        "[2026-11-27 01:49:57,700] INFO something else\n"
+    )
+    (tmp_path / "device-persist.log").write_text(
+        "[2026-11-27 01:50:07,866] [17755] [INFO] msg.persisted partitions [0] applied on "
+        "the primary with replication id 1024\n"
+    )
+    events = timeline.timeline(tmp_path, kill, kill + 30)
+    assert [(round(e.seconds, 3), e.process, e.step) for e in events] == [
+        (4.648, "kafka2", "Kafka: dead broker fenced"),
+        (5.728, "redis-sentinel1", "Sentinel: primary down (own view)"),
+        (6.964, "redis-sentinel1", "Sentinel: switched to a replica"),
+        (14.866, "device-persist", "store failover re-applied"),
+    ]
+    assert timeline.render(events[:1]) == "+  4.6 s  Kafka: dead broker fenced (kafka2)"
