@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,8 @@ class Counter:
             self.writes += 1
             await original(conn, *args, **kwargs)
 
-        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+        # Patched on the class: the pool's connections are made later, on demand.
+        setattr(AbstractConnection, "send_packed_command", counted)  # noqa: B010
 
 
 async def redis_cpu(url: str) -> float:
@@ -119,10 +120,10 @@ async def run_round(args: argparse.Namespace, counter: Counter) -> dict[str, Any
     sent: list[tuple[bytes, int]] = []  # (client key, Packet Identifier) of each downlink
 
     async def send(
-        topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]]
+        topic: str, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None
     ) -> Awaitable[object]:
         if topic != names.client_events:
-            for target in decode_targets(dict(headers)[HEADER_TARGETS]):
+            for target in decode_targets(dict(headers or ())[HEADER_TARGETS]):
                 sent.append((key, target.packet_id))
         done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -137,7 +138,7 @@ async def run_round(args: argparse.Namespace, counter: Counter) -> dict[str, Any
     clients = [f"bench-{uuid.uuid4().hex[:10]}-{i}" for i in range(args.clients)]
     session_id = b"session-00000001"
     for client in clients:
-        record = SessionRecord(
+        session = SessionRecord(
             node_id="n1",
             connection_id=b"conn-0000000000a",
             connected=True,
@@ -148,7 +149,7 @@ async def run_round(args: argparse.Namespace, counter: Counter) -> dict[str, Any
             session_id=session_id,
             updated_at_ms=int(time.time() * 1000),
         )
-        persister.apply_session(client.encode(), encode_session(record))
+        persister.apply_session(client.encode(), encode_session(session))
     offsets = itertools.count()
     meta = encode_meta(PublishMeta("bench/t", 1, False, int(time.time() * 1000), 4))
     targets = {c: encode_targets([Target(c, 1)]) for c in clients}
@@ -178,7 +179,7 @@ async def run_round(args: argparse.Namespace, counter: Counter) -> dict[str, Any
         records = batch_records()
         started = time.perf_counter()
         now = int(time.time() * 1000)
-        acks = await persister.handle_batch(records, now)  # type: ignore[arg-type]
+        acks = await persister.handle_batch(records, now)
         await asyncio.gather(*acks)
         return (time.perf_counter() - started) * 1000
 
