@@ -191,14 +191,23 @@ def _fmt(value: float | None, fmt: str) -> str:
 
 
 def _cpu_line(name: str, med: Mapping[str, float | None]) -> str:
-    """``- <name>: <process> <CPU-s>, …`` from the ``broker_cpu_s.*`` medians."""
+    """``- <name>: <process> <CPU-s> (<µs per delivered msg>), …`` from the
+    ``broker_cpu_s.*`` and ``broker_cpu_us_per_delivered.*`` medians (runs from before the
+    latter existed show the seconds alone)."""
     parts = sorted(
         (k.removeprefix("broker_cpu_s."), v)
         for k, v in med.items()
         if k.startswith("broker_cpu_s.") and v is not None
     )
-    text = ", ".join(f"{proc} {value:.2f}" for proc, value in parts) or "not measured"
-    return f"- {name}: {text}"
+    texts = []
+    for proc, value in parts:
+        per_message = med.get(f"broker_cpu_us_per_delivered.{proc}")
+        texts.append(
+            f"{proc} {value:.2f}"
+            if per_message is None
+            else f"{proc} {value:.2f} ({per_message:,.1f} µs/msg)"
+        )
+    return f"- {name}: {', '.join(texts) or 'not measured'}"
 
 
 def markdown(
@@ -244,7 +253,8 @@ def markdown(
         lines.append(line)
     lines += [
         "",
-        "CPU seconds per process during the measure window (medians; children excluded):",
+        "CPU seconds per process during the measure window (medians; children excluded), and "
+        "in brackets its CPU µs per delivered message:",
         "",
     ]
     shown = ((a, med_a), (b, med_b)) + (((KAFKA_FLOOR, med_f),) if floor else ())
@@ -330,7 +340,8 @@ def transports_markdown(records: Sequence[Mapping[str, Any]]) -> str:
             lines.append(f"| {name} ÷ {ref} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "CPU seconds per process during the measure window (medians; children excluded):",
+        "CPU seconds per process during the measure window (medians; children excluded), and "
+        "in brackets its CPU µs per delivered message:",
         "",
     ]
     lines += [_cpu_line(name, med[name]) for name in names]

@@ -713,3 +713,29 @@ async def test_redis_appends_of_a_partition_applied_on_another_primary_are_refus
         assert [m.data for m in window] == [b"m7", b"m8", b"m9"]
     finally:
         await store.close()
+
+
+async def test_redis_store_loads_its_scripts_again_when_the_server_lost_them(
+    redis_server: str,
+) -> None:
+    """Scripts go to Redis as bare EVALSHA (no SCRIPT EXISTS round trip first): a server
+    that lost them (restarted, failed over to a replica, SCRIPT FLUSH) answers NOSCRIPT, and
+    the store loads them and runs the calls again, losing and doubling nothing."""
+    store = RedisMessageStore(redis_server, key_prefix=f"test-{uuid.uuid4().hex[:12]}:")
+    admin = aioredis.Redis.from_url(redis_server)
+    client = new_client()
+    try:
+        await store.append_many([AppendRequest(client, 0, 1, FAR, b"m0")])
+        await admin.script_flush()
+        results = await store.append_many(
+            [AppendRequest(client, 0, 1, FAR, b"m0"), AppendRequest(client, 1, 1, FAR, b"m1")]
+        )
+        assert [r.packet_id for r in results] == [None, 2]  # offset 0 stored once
+        await admin.script_flush()
+        assert await store.acknowledge_many([AckRequest(client, 1, AckKind.PUBACK)]) == [True]
+        await admin.script_flush()
+        [window] = await store.windows([WindowRequest(client, 10)], now_ms=0)
+        assert [(m.packet_id, m.data) for m in window] == [(2, b"m1")]
+    finally:
+        await admin.aclose()
+        await store.close()

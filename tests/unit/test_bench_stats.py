@@ -86,6 +86,8 @@ def test_summarize_combines_workers() -> None:
     assert report["latency_ms"]["p50"] == 2.0
     assert report["puback_ms"]["p99"] == 1.0
     assert report["delivered_per_cpu_s"] == 90.0
+    # 1 CPU-s of process a over the 180 deliveries of the window.
+    assert report["broker_cpu_us_per_delivered"] == {"a": 1e6 / 180, "b": 1e6 / 180}
 
 
 def test_plans_of_every_scenario() -> None:
@@ -123,13 +125,14 @@ def test_markdown_table_has_ratio() -> None:
             "machine": {"platform": "p", "cpu_count": 2, "python": "3.11"},
             "git_commit": "c", "command": "python -m bench compare p2p",
             "report": {"delivered_per_s": delivered, "latency_ms": {"p50": None},
-                       "broker_cpu_s": {"kafka": 1.0}},
+                       "broker_cpu_s": {"kafka": 1.0},
+                       "broker_cpu_us_per_delivered": {"kafka": 1e6 / delivered}},
         }  # fmt: skip
 
     text = results.markdown([rec("cormorant", 100.0), rec("mosquitto", 400.0)])
     assert "| delivered msg/s | 100 | 400 | 0.25 |" in text
     assert "| end-to-end p50 ms | - | - | - |" in text
-    assert "- cormorant: kafka 1.00" in text
+    assert "- cormorant: kafka 1.00 (10,000.0 µs/msg)" in text
 
 
 def _rec(label: str, broker: str, command: str, delivered: float) -> dict[str, object]:

@@ -62,6 +62,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.client import Pipeline
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
 from services.common.stores.base import (
@@ -103,8 +104,9 @@ end
 """
 
 # KEYS q m d c epochs; ARGV max_messages partition replaying, then (source_offset qos
-# expires_at_ms data) per message, all for this one client, in order. Returns {packet_id,
-# dropped} per message; packet_id 0 when its offset was already appended.
+# expires_at_ms data) per message, all for this one client, in order. Returns one string,
+# "<packet_id>:<dropped>" per message joined by spaces (packet_id 0 when its offset was
+# already appended): one reply to parse per client, not two per message.
 _APPEND = (
     """#!lua
 """
@@ -121,8 +123,7 @@ local total_dropped = 0
 for i = 4, #ARGV, 4 do
   local offset = tonumber(ARGV[i])
   if offset <= last then
-    out[#out + 1] = 0
-    out[#out + 1] = 0
+    out[#out + 1] = '0:0'
   else
     last = offset
     local dropped = 0
@@ -146,8 +147,7 @@ for i = 4, #ARGV, 4 do
     if expires > exp then
       exp = expires
     end
-    out[#out + 1] = pid
-    out[#out + 1] = dropped
+    out[#out + 1] = pid .. ':' .. dropped
   end
 end
 if last >= 0 then
@@ -159,7 +159,7 @@ if last >= 0 then
     redis.call('PEXPIREAT', KEYS[i], exp)
   end
 end
-return out
+return table.concat(out, ' ')
 """
 )
 
@@ -217,11 +217,13 @@ return 1
 """
 )
 
-# KEYS q m d; ARGV limit now_ms after_seq. Returns {pid, seq, meta, data, pid, seq, ...}.
+# KEYS q m d; ARGV limit now_ms after_seq. Returns {heads, data, data, ...}: heads is
+# "<pid>:<seq>:<meta>" per message joined by spaces, then each message's data in order (one
+# reply element per message plus one, not four per message: fewer to parse).
 _WINDOW = """#!lua
 local q, m, d = KEYS[1], KEYS[2], KEYS[3]
 local limit, now, after = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local out, live, expired = {}, 0, {}
+local heads, out, live, expired = {}, {''}, 0, {}
 local from = '-inf'
 if after > 0 then
   -- Sent already by the caller: counted, not returned, never expired.
@@ -239,9 +241,7 @@ while live < limit do
     if string.sub(meta, 2, 2) == '0' and tonumber(string.sub(meta, 3)) <= now then
       expired[#expired + 1] = pid
     else
-      out[#out + 1] = pid
-      out[#out + 1] = seq
-      out[#out + 1] = meta
+      heads[#heads + 1] = pid .. ':' .. seq .. ':' .. meta
       out[#out + 1] = redis.call('HGET', d, pid)
       live = live + 1
     end
@@ -253,6 +253,7 @@ for _, pid in ipairs(expired) do
   redis.call('HDEL', m, pid)
   redis.call('HDEL', d, pid)
 end
+out[1] = table.concat(heads, ' ')
 return out
 """
 
@@ -270,26 +271,31 @@ end
 return 0
 """
 
-# KEYS q m d; ARGV packet_id kind. Returns 1 if something changed, else 0.
+# KEYS q m d; ARGV (packet_id kind) pairs, in the order the client sent them. Returns 1 per
+# pair if it changed something, else 0: one call per client and batch, not per
+# acknowledgement.
 _ACKNOWLEDGE = """#!lua
 local q, m, d = KEYS[1], KEYS[2], KEYS[3]
-local pid, kind = ARGV[1], ARGV[2]
-local meta = redis.call('HGET', m, pid)
-if not meta then
-  return 0
+local out = {}
+for i = 1, #ARGV, 2 do
+  local pid, kind = ARGV[i], ARGV[i + 1]
+  local meta = redis.call('HGET', m, pid)
+  local changed = 0
+  if meta then
+    local qos, state = string.sub(meta, 1, 1), string.sub(meta, 2, 2)
+    if (kind == '4' and qos == '1') or (kind == '7' and qos == '2' and state == '2') then
+      redis.call('ZREM', q, pid)
+      redis.call('HDEL', m, pid)
+      redis.call('HDEL', d, pid)
+      changed = 1
+    elseif kind == '5' and qos == '2' and state ~= '2' then
+      redis.call('HSET', m, pid, '22' .. string.sub(meta, 3))
+      changed = 1
+    end
+  end
+  out[#out + 1] = changed
 end
-local qos, state = string.sub(meta, 1, 1), string.sub(meta, 2, 2)
-if (kind == '4' and qos == '1') or (kind == '7' and qos == '2' and state == '2') then
-  redis.call('ZREM', q, pid)
-  redis.call('HDEL', m, pid)
-  redis.call('HDEL', d, pid)
-  return 1
-end
-if kind == '5' and qos == '2' and state ~= '2' then
-  redis.call('HSET', m, pid, '22' .. string.sub(meta, 3))
-  return 1
-end
-return 0
+return out
 """
 
 # KEYS q m d c. Returns the number of messages deleted.
@@ -425,6 +431,17 @@ class RedisMessageStore(MessageStore):
         self._acknowledge = self._redis.register_script(_ACKNOWLEDGE)
         self._clear = self._redis.register_script(_CLEAR)
         self._stats = self._redis.register_script(_STATS)
+        self._scripts = (
+            self._append,
+            self._applied,
+            self._failover_state,
+            self._adopt,
+            self._window,
+            self._mark_sent,
+            self._acknowledge,
+            self._clear,
+            self._stats,
+        )
 
     def _keys(self, client_id: str) -> list[str]:
         """The client's keys, in the order the scripts expect: q, m, d, c."""
@@ -482,37 +499,51 @@ class RedisMessageStore(MessageStore):
                 raise ValueError(f"limit must be >= 0, got {request.limit}")
         wanted = [r for r in requests if r.limit > 0]
 
-        async def queue(pipe: Pipeline) -> None:
+        def queue(pipe: Pipeline) -> None:
             for r in wanted:
                 args = [r.limit, now_ms, r.after_seq]
-                await self._window(keys=self._keys(r.client_id)[:3], args=args, client=pipe)
+                _evalsha(pipe, self._window, self._keys(r.client_id)[:3], args)
 
         # Not waited for: its only writes drop expired messages, which expire again.
         replies = iter(await self._pipeline("window", queue, writes=False) if wanted else [])
         return [_stored(r.client_id, next(replies)) if r.limit > 0 else [] for r in requests]
 
     async def _pipeline(
-        self, what: str, queue: Callable[[Pipeline], Awaitable[None]], *, writes: bool = True
+        self, what: str, queue: Callable[[Pipeline], None], *, writes: bool = True
     ) -> list[Any]:
         """Run the commands ``queue`` adds to a pipeline in one round trip (no MULTI: each
         script is atomic by itself); the replies, in order. A pipeline that ``writes`` waits
         for ``wait_replicas`` replicas (module docstring) and raises StoreUnavailable when
-        fewer confirm in time."""
+        fewer confirm in time.
+
+        Scripts go as EVALSHA alone (:func:`_evalsha`): redis-py would first ask SCRIPT
+        EXISTS for them, a second round trip on every call. A server that lacks a script
+        (restarted, failed over, SCRIPT FLUSH) answers NOSCRIPT: the scripts are loaded and
+        the whole pipeline runs again, which every operation of this store allows (each is
+        idempotent: appends by source offset, acknowledgements and marks by state)."""
         wait = writes and self._wait_replicas > 0
 
-        async def run() -> list[Any]:
+        async def execute() -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
-                await queue(pipe)
+                queue(pipe)
                 if wait:
                     pipe.incr(f"{self._prefix}replicated")
                     pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
-                for reply in replies:
-                    # Raised here rather than by execute(), whose message for a failed
-                    # command of a pipeline loses the server's words (redis-py 5).
-                    if isinstance(reply, Exception):
-                        raise reply
                 return replies
+
+        async def run() -> list[Any]:
+            replies = await execute()
+            if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
+                for script in self._scripts:
+                    script.sha = await self._redis.script_load(script.script)
+                replies = await execute()
+            for reply in replies:
+                # Raised here rather than by execute(), whose message for a failed
+                # command of a pipeline loses the server's words (redis-py 5).
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
 
         replies = await self._run(what, run)
         if not wait:
@@ -542,7 +573,7 @@ class RedisMessageStore(MessageStore):
             by_client.setdefault(r.client_id, []).append(index)
         marks = [value for item in sorted((applied or {}).items()) for value in item]
 
-        async def queue(pipe: Pipeline) -> None:
+        def queue(pipe: Pipeline) -> None:
             for client_id, indexes in by_client.items():
                 partition = requests[indexes[0]].source_partition
                 guarded = "" if partition is None else partition
@@ -551,10 +582,10 @@ class RedisMessageStore(MessageStore):
                     r = requests[index]
                     args += (r.source_offset, r.qos, r.expires_at_ms, r.data)
                 keys = [*self._keys(client_id), self._epochs_key]
-                await self._append(keys=keys, args=args, client=pipe)
+                _evalsha(pipe, self._append, keys, args)
             if marks:
                 keys = [self._epochs_key, self._applied_key]
-                await self._applied(keys=keys, args=[replaying, *marks], client=pipe)
+                _evalsha(pipe, self._applied, keys, [replaying, *marks])
 
         results: list[AppendResult] = [AppendResult(None, 0)] * len(requests)
         if not requests and not marks:
@@ -563,8 +594,8 @@ class RedisMessageStore(MessageStore):
         if marks:
             replies = replies[:-1]
         for indexes, reply in zip(by_client.values(), replies, strict=True):
-            for position, index in enumerate(indexes):
-                packet_id, dropped = reply[2 * position], reply[2 * position + 1]
+            for index, item in zip(indexes, reply.split(), strict=True):
+                packet_id, dropped = map(int, item.split(b":"))
                 results[index] = AppendResult(packet_id or None, dropped)
         return results
 
@@ -585,8 +616,8 @@ class RedisMessageStore(MessageStore):
         """See :meth:`MessageStore.adopt`. One EVALSHA, confirmed by ``wait_replicas``."""
         wanted = sorted(partitions)
 
-        async def queue(pipe: Pipeline) -> None:
-            await self._adopt(keys=[self._epochs_key], args=[replication_id, *wanted], client=pipe)
+        def queue(pipe: Pipeline) -> None:
+            _evalsha(pipe, self._adopt, [self._epochs_key], [replication_id, *wanted])
 
         if not wanted:
             return True
@@ -594,15 +625,27 @@ class RedisMessageStore(MessageStore):
         return int(marked) == 1
 
     async def acknowledge_many(self, requests: Sequence[AckRequest]) -> list[bool]:
-        """See :meth:`MessageStore.acknowledge_many`. One pipelined round trip."""
+        """See :meth:`MessageStore.acknowledge_many`. One pipelined round trip, one EVALSHA
+        per client with all of its acknowledgements in order; O(log n) each."""
+        by_client: dict[str, list[int]] = {}
+        for index, r in enumerate(requests):
+            by_client.setdefault(r.client_id, []).append(index)
 
-        async def queue(pipe: Pipeline) -> None:
-            for r in requests:
-                args = [r.packet_id, int(AckKind(r.kind))]
-                await self._acknowledge(keys=self._keys(r.client_id)[:3], args=args, client=pipe)
+        def queue(pipe: Pipeline) -> None:
+            for client_id, indexes in by_client.items():
+                args: list[int] = []
+                for index in indexes:
+                    args += (requests[index].packet_id, int(AckKind(requests[index].kind)))
+                _evalsha(pipe, self._acknowledge, self._keys(client_id)[:3], args)
 
-        replies = await self._pipeline("acknowledge", queue) if requests else []
-        return [changed == 1 for changed in replies]
+        changed = [False] * len(requests)
+        if not requests:
+            return changed
+        replies = await self._pipeline("acknowledge", queue)
+        for indexes, reply in zip(by_client.values(), replies, strict=True):
+            for index, done in zip(indexes, reply, strict=True):
+                changed[index] = done == 1
+        return changed
 
     async def mark_sent_many(self, sent: Sequence[tuple[str, Sequence[int]]]) -> None:
         """See :meth:`MessageStore.mark_sent_many`. One pipelined round trip."""
@@ -612,9 +655,9 @@ class RedisMessageStore(MessageStore):
         ]
         wanted = [(client_id, ids) for client_id, ids in wanted if ids]
 
-        async def queue(pipe: Pipeline) -> None:
+        def queue(pipe: Pipeline) -> None:
             for client_id, ids in wanted:
-                await self._mark_sent(keys=self._keys(client_id)[1:2], args=ids, client=pipe)
+                _evalsha(pipe, self._mark_sent, self._keys(client_id)[1:2], ids)
 
         if wanted:
             await self._pipeline("mark_sent", queue)
@@ -631,8 +674,8 @@ class RedisMessageStore(MessageStore):
     async def clear(self, client_id: str) -> int:
         """See :meth:`MessageStore.clear`. One EVALSHA; O(n) (the keys are freed)."""
 
-        async def queue(pipe: Pipeline) -> None:
-            await self._clear(keys=self._keys(client_id), client=pipe)
+        def queue(pipe: Pipeline) -> None:
+            _evalsha(pipe, self._clear, self._keys(client_id), [])
 
         [deleted] = await self._pipeline("clear", queue)
         return int(deleted)
@@ -646,7 +689,7 @@ class RedisMessageStore(MessageStore):
     async def counts(self, client_ids: Sequence[str]) -> list[int]:
         """See :meth:`MessageStore.counts`. One pipeline of ZCARDs."""
 
-        async def queue(pipe: Pipeline) -> None:
+        def queue(pipe: Pipeline) -> None:
             for client_id in client_ids:
                 pipe.zcard(self._keys(client_id)[0])
 
@@ -669,11 +712,18 @@ class RedisMessageStore(MessageStore):
         await self._redis.aclose()
 
 
+def _evalsha(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
+    """Queue ``script`` on ``pipe`` as a bare EVALSHA (``RedisMessageStore._pipeline`` loads
+    the scripts when the server answers NOSCRIPT)."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
 def _stored(client_id: str, reply: list[bytes]) -> list[StoredMessage]:
     """The messages of a ``_WINDOW`` reply."""
     messages = []
-    for i in range(0, len(reply), 4):
-        packet_id, seq, meta, data = reply[i : i + 4]
+    heads = reply[0].split() if reply[0] else []
+    for head, data in zip(heads, reply[1:], strict=True):
+        packet_id, seq, meta = head.split(b":")
         messages.append(
             StoredMessage(
                 client_id=client_id,
