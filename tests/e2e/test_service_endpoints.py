@@ -4,6 +4,7 @@ counters that move by exactly what a test client did."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -217,3 +218,6 @@ def test_every_process_serves_labelled_documented_state_metrics(cluster: LocalCl
             reason.value for reason in Drop
         }
         assert served[name]["cormorant_ready"] == [({}, 1.0)], name
+    for name in ("ingest-node1", "ingest-node2"):  # their mqtts and wss listeners
+        [(_, not_after)] = served[name]["cormorant_tls_certificate_expiry_timestamp_seconds"]
+        assert not_after > time.time()
