@@ -178,15 +178,17 @@ def test_every_process_serves_labelled_documented_state_metrics(cluster: LocalCl
     from scripts.docs_reference import metrics_reference
 
     wills = TopicNames.from_settings(cluster.settings).client_wills
-    node = url(cluster, "ingest-node1", "/metrics")
-    wait_until(
+    nodes = [url(cluster, name, "/metrics") for name in ("ingest-node1", "ingest-node2")]
+    wait_until(  # whichever node the consumer group gave the partitions to
         lambda: any(
             labels.get("topic") == wills
+            for node in nodes
             for labels, _ in parse_exposition(get(node)[2]).get(
                 "cormorant_kafka_consumer_lag_records", ()
             )
         ),
-        f"ingest-node1 reading {wills}",
+        f"an ingest node reading {wills}",
+        timeout=60,
     )
     reference = metrics_reference()
     empty: list[str] = []
