@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import cast
 
+import pytest
+from aiokafka import AIOKafkaConsumer
 from cryptography import x509
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from services.app_delivery.clients import lag_families
+from services.common.kafka.consumer import Record, consume_batches
 from services.common.metrics import (
     Drop,
     MqttCounters,
@@ -118,3 +124,14 @@ def test_the_tls_certificates_not_after_is_read_from_the_file_or_the_pem(
     assert certificate_not_after(from_file) == expected.timestamp() > time.time()
     from_pem = Settings(tls_cert_pem=pki.cert.read_text(), tls_key_pem=pki.key.read_text())
     assert certificate_not_after(from_pem) == expected.timestamp()
+
+
+def test_a_consumer_loop_without_a_stage_name_is_refused() -> None:
+    """Its lag series would have ``stage=""`` (the delayed wills' consumer had none)."""
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        return []
+
+    consumer = cast(AIOKafkaConsumer, object())  # refused before it is used
+    with pytest.raises(ValueError, match="stage name"):
+        asyncio.run(consume_batches(consumer, handle, stage=""))
