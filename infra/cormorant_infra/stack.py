@@ -20,6 +20,7 @@ from cormorant_infra.database import Database
 from cormorant_infra.ingress import Ingress
 from cormorant_infra.kafka import Kafka
 from cormorant_infra.lakehouse import Lakehouse
+from cormorant_infra.monitoring import prometheus_config
 from cormorant_infra.network import Network
 from cormorant_infra.observability import Observability
 
@@ -40,7 +41,9 @@ def build(config: StackConfig) -> dict[str, Any]:
     (``topicsTaskDefinition``, ``taskSubnetIds``, ``taskSecurityGroupId``, ``logGroups``);
     for operators, ``adminCredentialsSecretArn`` (the first admin login: the ARN, never the
     password), ``adminUrl`` (with ``adminCertificateArn``) and ``serviceDnsNamespace``
-    (where a Prometheus finds the tasks: ``<service>.<namespace>``). They parse as
+    (where a Prometheus finds the tasks: ``<service>.<namespace>``) with ``prometheusConfig``
+    (``monitoring/prometheus/ecs.yml`` rendered with it,
+    :func:`cormorant_infra.monitoring.prometheus_config`). They parse as
     :class:`services.cloud.outputs.StackOutputs`. None is secret.
     """
     name = f"cormorant-{pulumi.get_stack()}"
@@ -81,6 +84,7 @@ def build(config: StackConfig) -> dict[str, Any]:
         "logGroups": compute.log_groups,
         "alarmTopicArn": alarms.topic_arn,
         "serviceDnsNamespace": compute.dns_namespace,
+        "prometheusConfig": prometheus_config(compute.dns_namespace),
         "adminCredentialsSecretArn": admin.credentials_secret_arn,
     }
     if admin.url is not None:

@@ -157,8 +157,8 @@ class AppClients:
 
     def families(self) -> Iterable[Metric]:
         """``cormorant_app_clients{state}`` (the persistent APPLICATION sessions this
-        instance owns) and ``cormorant_app_client_lag_records{client_id}`` (each connected
-        one's records not yet acknowledged in its own topic)."""
+        instance owns) and the connected ones' records not yet acknowledged in their own
+        topics (:func:`lag_families`)."""
         connected = sum(1 for session in self.sessions.values() if session.connected)
         clients = GaugeMetricFamily(
             "cormorant_app_clients",
@@ -168,16 +168,12 @@ class AppClients:
         clients.add_metric(["connected"], connected)
         clients.add_metric(["disconnected"], len(self.sessions) - connected)
         yield clients
-        lag = GaugeMetricFamily(
-            "cormorant_app_client_lag_records",
-            "Records of a connected APPLICATION client's topic it has not acknowledged.",
-            labels=["client_id"],
-        )
-        for client_id, feed in sorted(self.feeds.items()):
-            behind = feed.lag()
-            if behind is not None:
-                lag.add_metric([client_id], behind)
-        yield lag
+        behind = [
+            (lag, client_id)
+            for client_id, feed in self.feeds.items()
+            if (lag := feed.lag()) is not None
+        ]
+        yield from lag_families(behind, self.settings.app_client_lag_top)
 
     async def close(self) -> None:
         """Stop every feed and close the admin client (at shutdown)."""
@@ -368,3 +364,31 @@ class AppClients:
             for record in session_expired_records(self.names, client_id, session, now_ms):
                 acks.append(await self._send(*record))
         return acks
+
+
+def lag_families(behind: list[tuple[int, str]], top: int) -> Iterable[Metric]:
+    """``cormorant_app_client_lag_records{client_id}`` for the ``top`` clients furthest
+    behind (ties by Client Identifier) and ``cormorant_app_client_lag_other_records``, the
+    sum of the others' lag (0 when there are none). ``behind`` is (records not acknowledged,
+    Client Identifier) per connected APPLICATION client.
+
+    Bounded: at most ``top`` client series per instance, whatever the number of clients.
+    The rest goes into a family of its own rather than a ``client_id="other"`` series, which
+    a client named ``other`` would share.
+    """
+    ranked = sorted(behind, key=lambda pair: (-pair[0], pair[1]))
+    lag = GaugeMetricFamily(
+        "cormorant_app_client_lag_records",
+        "Records of a connected APPLICATION client's topic it has not acknowledged: the "
+        "CORMORANT_APP_CLIENT_LAG_TOP clients furthest behind, per app_delivery instance.",
+        labels=["client_id"],
+    )
+    for records, client_id in ranked[:top]:
+        lag.add_metric([client_id], records)
+    yield lag
+    yield GaugeMetricFamily(
+        "cormorant_app_client_lag_other_records",
+        "The summed lag of the connected APPLICATION clients not in "
+        "cormorant_app_client_lag_records (beyond CORMORANT_APP_CLIENT_LAG_TOP).",
+        value=sum(records for records, _ in ranked[top:]),
+    )

@@ -22,6 +22,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -105,7 +106,9 @@ class MqttCounters:
     fell behind; ``session_owner_refusals``: CONNECTs refused because the Client
     Identifier's session belongs to another principal; ``publish_withheld``: messages not
     sent to a subscriber because its rules deny it their topic (a wildcard granted over a
-    denied subtree).
+    denied subtree); ``certificate_not_after``: when the TLS listeners' server certificate
+    (the leaf of the chain loaded last) stops being valid, Unix seconds (None without a
+    TLS listener).
     """
 
     publish_received: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -116,6 +119,7 @@ class MqttCounters:
     backpressure_pauses: int = 0
     session_owner_refusals: int = 0
     publish_withheld: int = 0
+    certificate_not_after: float | None = None
 
     def listener(self, name: str) -> ListenerCounters:
         """The byte counters of listener ``name`` (created at first use)."""
@@ -151,11 +155,46 @@ class KafkaCounters:
         self.produce_errors[topic] = self.produce_errors.get(topic, 0) + 1
 
 
+class Drop(StrEnum):
+    """Why a message was not delivered to a subscriber, or not kept for one: the ``reason``
+    label of ``cormorant_messages_dropped_total``.
+
+    ``NO_SUBSCRIBER``: the router found no subscription matching a PUBLISH (MQTT 4.7: the
+    message goes to no one; counted per message, not per subscriber). ``EXPIRED``: its
+    Message Expiry Interval passed before onward delivery started (MQTT 5.0 3.3.2.3.3,
+    [MQTT-3.3.2-5]), at an ingest node or at device_persist. ``QUEUE_FULL``: a connection's
+    queue of messages waiting for its in-flight window (Receive Maximum, MQTT 5.0
+    3.3.4) was full, so its oldest was dropped. ``STORE_FULL``: the DEVICE store's per-client
+    cap (``persisted_max_messages``) dropped a stored message, oldest first.
+    ``NOT_AUTHORIZED``: the subscriber's rules deny it the topic at delivery.
+    ``TOO_LARGE``: the PUBLISH exceeds the subscriber's Maximum Packet Size (MQTT 5.0
+    3.1.2.11.4). ``SESSION_GONE``: a message for a persistent session that ended (or
+    became non-persistent) before device_persist could store it.
+    """
+
+    NO_SUBSCRIBER = "no_subscriber"
+    EXPIRED = "expired"
+    QUEUE_FULL = "queue_full"
+    STORE_FULL = "store_full"
+    NOT_AUTHORIZED = "not_authorized"
+    TOO_LARGE = "too_large"
+    SESSION_GONE = "session_gone"
+
+
 MQTT = MqttCounters()
 """This process's MQTT counters (an ingest node's; zero elsewhere and not served)."""
 
 KAFKA = KafkaCounters()
 """This process's Kafka produce counters (every service)."""
+
+DROPPED: dict[Drop, int] = dict.fromkeys(Drop, 0)
+"""Messages this process dropped, by :class:`Drop` reason (every reason served, 0 included,
+so that ``rate()`` has a series from the first scrape)."""
+
+
+def dropped(reason: Drop, count: int = 1) -> None:
+    """Count ``count`` messages dropped for ``reason``: ``cormorant_messages_dropped_total``."""
+    DROPPED[reason] += count
 
 
 def authentication(method: str, outcome: str) -> None:
@@ -219,6 +258,7 @@ class Collector:
     def collect(self) -> Iterable[Metric]:
         """Every family, as Prometheus' client library asks for them."""
         yield from kafka_families(KAFKA)
+        yield dropped_family(DROPPED)
         for collect in self.collects:
             yield from collect()
 
@@ -252,9 +292,12 @@ async def exposition() -> bytes:
 
 
 def info(service: str, version: str, node_id: str | None = None) -> None:
-    """Serve ``cormorant_service_info{service, version, node_id}`` 1 and the start time."""
+    """Serve ``cormorant_service_info{service, version, node_id}`` 1 and the start time
+    (``node_id`` only on an ingest node: no label has an empty value)."""
     started = time.time()
-    labels = {"service": service, "version": version, "node_id": node_id or ""}
+    labels = {"service": service, "version": version}
+    if node_id:
+        labels["node_id"] = node_id
 
     def collect() -> Iterable[Metric]:
         family = GaugeMetricFamily(
@@ -300,6 +343,19 @@ def kafka_families(counters: KafkaCounters) -> Iterable[Metric]:
     for topic, count in sorted(counters.produce_errors.items()):
         errors.add_metric([topic], count)
     yield errors
+
+
+def dropped_family(counts: dict[Drop, int]) -> Metric:
+    """``cormorant_messages_dropped_total{reason}`` from :data:`DROPPED`'s shape."""
+    family = CounterMetricFamily(
+        "cormorant_messages_dropped",
+        "Messages not delivered to a subscriber or not kept for one, by reason (no_subscriber "
+        "counts PUBLISHes that matched no subscription; the others one per subscriber).",
+        labels=["reason"],
+    )
+    for reason, count in counts.items():
+        family.add_metric([reason.value], count)
+    return family
 
 
 def mqtt_families(
@@ -391,3 +447,10 @@ def mqtt_families(
         "Records waiting to be sent to Kafka or for its acknowledgement.",
         value=pending,
     )
+    if counters.certificate_not_after is not None:
+        yield GaugeMetricFamily(
+            "cormorant_tls_certificate_expiry_timestamp_seconds",
+            "When the mqtts/wss listeners' server certificate expires (its notAfter, Unix "
+            "time), as loaded at start or by the last successful reload (SIGHUP).",
+            value=counters.certificate_not_after,
+        )

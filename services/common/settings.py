@@ -484,6 +484,14 @@ class Settings(BaseSettings):
         description="Deliveries in flight (sent, not yet acknowledged) per APPLICATION client, "
         "within its Receive Maximum.",
     )
+    app_client_lag_top: int = Field(
+        20,
+        ge=0,
+        le=1000,
+        description="APPLICATION clients an app_delivery instance reports by Client Identifier "
+        "in cormorant_app_client_lag_records: the ones furthest behind; the others' lag is "
+        "summed into cormorant_app_client_lag_other_records, so the series stay bounded.",
+    )
 
     # --- device_persist ----------------------------------------------------------------
     persisted_inflight_max: int = Field(

@@ -7,7 +7,9 @@
   503 otherwise; the body names each check's outcome. Load balancers use it (HAProxy in
   the local cluster, the NLB's target health in AWS): an ingest node that lost Kafka gets
   no new clients.
-- ``GET /metrics``: Prometheus' text format (:mod:`services.common.metrics`).
+- ``GET /metrics``: Prometheus' text format (:mod:`services.common.metrics`), with
+  ``cormorant_ready`` and ``cormorant_ready_check{check}``: what ``/ready`` would answer,
+  its checks run before each scrape (:func:`readiness_families`).
 
 Bound to ``settings.http_host:http_port`` (loopback by default; one port per process).
 """
@@ -16,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import faust
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from services.common import metrics
 from services.common.readiness import clear_ready, mark_ready
@@ -93,6 +96,28 @@ def _describe(error: object) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
+def readiness_families(checks: dict[str, str]) -> Iterable[Metric]:
+    """``cormorant_ready`` (1 when every check of ``checks``, the outcomes of
+    :meth:`Readiness.report`, is ``ok``: ``/ready`` answers 200) and
+    ``cormorant_ready_check{check}`` (1 ok, 0 failed, per check)."""
+    ready = bool(checks) and all(outcome == "ok" for outcome in checks.values())
+    yield GaugeMetricFamily(
+        "cormorant_ready",
+        "1 when the process is ready to take work (/ready answers 200; a load balancer "
+        "sends it clients), 0 otherwise.",
+        value=float(ready),
+    )
+    family = GaugeMetricFamily(
+        "cormorant_ready_check",
+        "Each readiness check's outcome as of the scrape: 1 passed, 0 failed (serving, "
+        "kafka, store...).",
+        labels=["check"],
+    )
+    for name, outcome in sorted(checks.items()):
+        family.add_metric([name], float(outcome == "ok"))
+    yield family
+
+
 def serve_http(
     app: faust.App, service: str, ready_file: Path | None, node_id: str | None = None
 ) -> Readiness:
@@ -101,6 +126,15 @@ def serve_http(
     readiness = Readiness(ready_file)
     version = cormorant_version()
     metrics.info(service, version, node_id)
+    outcomes: dict[str, str] = {}
+
+    async def refresh() -> None:
+        _, checks = await readiness.report()
+        outcomes.clear()
+        outcomes.update(checks)
+
+    metrics.on_scrape(refresh)
+    metrics.register(lambda: readiness_families(outcomes))
     identity = {"service": service, "version": version, "node_id": node_id}
 
     async def health(self: Any, request: Any) -> Any:

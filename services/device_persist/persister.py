@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from services.common import clock
+from services.common import clock, metrics
 from services.common.faust_app import SendRecord
 from services.common.kafka.consumer import Record, log_undecodable
 from services.common.kafka.names import TopicNames
@@ -253,6 +253,7 @@ class DevicePersister:
                 by_client[request.client_id] = by_client.get(request.client_id, 0) + result.dropped
         for client_id, dropped in by_client.items():
             self.dropped_messages += dropped
+            metrics.dropped(metrics.Drop.STORE_FULL, dropped)
             log.warning(
                 "client %r: store full (%d messages), dropped its %d oldest",
                 client_id,
@@ -276,8 +277,10 @@ class DevicePersister:
         client_id, message, target = persisted.client_id, persisted.message, persisted.target
         session = self.sessions.get(client_id)
         if session is None or not session.persistent:
+            metrics.dropped(metrics.Drop.SESSION_GONE)
             return None  # the session is gone: nobody to store for
         if deadline is not None and deadline <= now_ms:
+            metrics.dropped(metrics.Drop.EXPIRED)
             return None  # expired on the way (MQTT 3.3.2.3.3)
         if target.qos == 0:
             if session.connected:

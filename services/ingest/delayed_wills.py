@@ -303,6 +303,7 @@ class WillOwnership:
             on_assigned=self.assigned,
             on_revoked=self.revoked,
             after_fetch=self.check_replays,
+            stage="ingest-wills",
         )
 
     async def handle(self, records: list[Record]) -> list[Awaitable[object]]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from services.common.metrics import MQTT
+from services.common.metrics import MQTT, Drop, dropped
 from services.common.mqtt.errors import ProtocolError
 from services.common.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
 from services.common.mqtt.reason_codes import ReasonCode
@@ -92,6 +92,7 @@ def deliver_routed(state: ConnectionState, message: FanOut, target: Target) -> l
         return _withheld(state, message.meta.topic)
     expires_at_ms = message.expires_at_ms
     if expires_at_ms is not None and expires_at_ms <= state.now_ms():
+        dropped(Drop.EXPIRED)
         return []
     aliases = _aliases(state)
     if aliases is None:
@@ -122,6 +123,7 @@ def deliver(
         return _deliver_store_assigned(state, packet, expires_at_ms)
     if packet.qos == 0:
         if not _set_remaining(state, packet, expires_at_ms):
+            dropped(Drop.EXPIRED)
             return []
         return _send_publish(state, packet)
     if len(state.outbound) >= state.client_receive_maximum or state.outbound_queue:
@@ -129,6 +131,7 @@ def deliver(
             state.outbound_queue = deque()
         elif len(state.outbound_queue) >= MAX_QUEUED:
             state.outbound_queue.popleft()
+            dropped(Drop.QUEUE_FULL)
             log.warning(
                 "client %r: outbound queue full, dropped its oldest message", state.client_id
             )
@@ -140,6 +143,7 @@ def deliver(
 def _withheld(state: ConnectionState, topic: str) -> list[Effect]:
     """Nothing is sent: the client's rules deny it ``topic``; counted and logged."""
     MQTT.publish_withheld += 1
+    dropped(Drop.NOT_AUTHORIZED)
     log.debug("client %r: a message on %r withheld by its rules", state.client_id, topic)
     return []
 
@@ -181,6 +185,7 @@ def _send(state: ConnectionState, data: bytes, qos: int) -> list[Effect]:
     """Send the encoded PUBLISH ``data`` of QoS ``qos`` unless it exceeds the client's
     Maximum Packet Size (counted in ``cormorant_mqtt_publish_sent_total``)."""
     if len(data) > state.client_maximum_packet_size:
+        dropped(Drop.TOO_LARGE)
         log.info(
             "client %r: dropped a %d-byte PUBLISH over its Maximum Packet Size",
             state.client_id,
@@ -204,6 +209,7 @@ def _send_with_packet_id(
     state: ConnectionState, packet: Publish, expires_at_ms: int | None
 ) -> list[Effect]:
     if not _set_remaining(state, packet, expires_at_ms):
+        dropped(Drop.EXPIRED)
         return []  # expired while it waited for the window [MQTT-3.3.2-5]
     packet.packet_id = _next_packet_id(state)
     effects = _send_publish(state, packet)
@@ -224,6 +230,7 @@ def _deliver_store_assigned(
         return []
     if not _set_remaining(state, packet, expires_at_ms):
         if not packet.dup:
+            dropped(Drop.EXPIRED)
             _completed_unsent(state, packet.qos, packet_id)
             return []
         # A resend: onward delivery had started, so it goes out with the least interval.

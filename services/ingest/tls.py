@@ -22,7 +22,10 @@ import ssl
 import tempfile
 from pathlib import Path
 
+from cryptography import x509
+
 from services.common.auth.certificates import CertificateIdentity
+from services.common.metrics import MQTT
 from services.common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -74,22 +77,40 @@ def _load_chain(context: ssl.SSLContext, settings: Settings) -> None:
         context.load_cert_chain(str(cert), str(key))
 
 
+def certificate_not_after(settings: Settings) -> float:
+    """When the server certificate (the first of the chain: the leaf) stops being valid, its
+    notAfter as Unix seconds, from ``tls_cert_file`` or ``tls_cert_pem``. Raises ``OSError``
+    for an unreadable file, ``ValueError`` for text that is no PEM certificate."""
+    if settings.tls_cert_file is not None:
+        pem = settings.tls_cert_file.read_bytes()
+    elif settings.tls_cert_pem is not None:
+        pem = settings.tls_cert_pem.encode("ascii")
+    else:
+        raise ValueError("no TLS certificate: set tls_cert_file and tls_key_file")
+    return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+
+
 class TlsContexts:
-    """The node's current TLS server context (:attr:`current`), rebuilt by :meth:`reload`."""
+    """The node's current TLS server context (:attr:`current`), rebuilt by :meth:`reload`;
+    the certificate's notAfter is served as
+    ``cormorant_tls_certificate_expiry_timestamp_seconds`` (``MQTT.certificate_not_after``)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self.current = server_context(settings)
+        MQTT.certificate_not_after = certificate_not_after(settings)
 
     def reload(self) -> bool:
         """Build the context again from the settings' files; True if it replaced the
         current one, False (logged, the current one kept) if it could not be built."""
         try:
             context = server_context(self._settings)
+            not_after = certificate_not_after(self._settings)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log.error("TLS certificate not reloaded, the previous one stays: %s", exc)
             return False
         self.current = context
+        MQTT.certificate_not_after = not_after
         log.info("TLS certificate reloaded: new connections get %s", self._settings.tls_cert_file)
         return True
 

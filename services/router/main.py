@@ -52,7 +52,7 @@ from time import perf_counter
 
 import faust
 from aiokafka import TopicPartition
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.common import metrics
 from services.common.clock import now_ms
@@ -137,6 +137,7 @@ class Router:
         self.table = RoutingTable()
         self.counters = RouterCounters()
         metrics.register(self.counters.families)
+        metrics.register(lambda: state_families(self.table))
         self.reader = CompactedTopicReader(
             settings.kafka_bootstrap,
             [self.names.client_subscriptions, self.names.client_sessions, self.names.msg_retained],
@@ -349,6 +350,8 @@ class RouterCounters:
             routed["app"] += len(routes.app)
         if routes.app_shared:
             routed["app_shared"] += len(routes.app_shared)
+        if not (routes.by_node or routes.persisted or routes.app or routes.app_shared):
+            metrics.dropped(metrics.Drop.NO_SUBSCRIBER)
 
     def families(self) -> Iterable[Metric]:
         """``cormorant_router_match_seconds`` and ``cormorant_router_routed_records_total``."""
@@ -366,6 +369,37 @@ class RouterCounters:
         for path, count in self.routed.items():
             routed.add_metric([path], count)
         yield routed
+
+
+def state_families(table: RoutingTable) -> Iterable[Metric]:
+    """``cormorant_sessions{connected, persistent}``, ``cormorant_subscriptions`` and
+    ``cormorant_retained_messages``: the state the router holds, which is the whole
+    cluster's (every router reads all of ``client.sessions``, ``client.subscriptions`` and
+    ``msg.retained``), so several routers serve the same numbers (``max()`` over them, not
+    ``sum()``). Counted when Prometheus scrapes: one pass over the sessions."""
+    states = (True, False)
+    counts = {(connected, persistent): 0 for connected in states for persistent in states}
+    for session in table.sessions.values():
+        counts[(session.connected, session.persistent)] += 1
+    sessions = GaugeMetricFamily(
+        "cormorant_sessions",
+        "Sessions the cluster holds (client.sessions), by connected and persistent (kept "
+        "after the connection ends).",
+        labels=["connected", "persistent"],
+    )
+    for (connected, persistent), count in counts.items():
+        sessions.add_metric([str(connected).lower(), str(persistent).lower()], count)
+    yield sessions
+    yield GaugeMetricFamily(
+        "cormorant_subscriptions",
+        "Subscriptions the cluster holds (client.subscriptions), Shared Subscriptions included.",
+        value=len(table.trie),
+    )
+    yield GaugeMetricFamily(
+        "cormorant_retained_messages",
+        "Topics holding a retained message (msg.retained).",
+        value=len(table.retained),
+    )
 
 
 def outputs(

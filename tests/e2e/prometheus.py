@@ -69,6 +69,7 @@ def running_prometheus(settings: LocalSettings, directory: Path) -> Iterator[str
     URL once it is ready. Stopped when the block ends."""
     config = yaml.safe_load(LOCAL_CONFIG.read_text(encoding="utf-8"))
     config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = [str(LOCAL_CONFIG.parent / name) for name in config["rule_files"]]
     for job in config["scrape_configs"]:
         ports = processes_of(job["job_name"], settings)
         assert ports, job["job_name"]

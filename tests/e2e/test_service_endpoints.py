@@ -4,13 +4,14 @@ counters that move by exactly what a test client did."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
 
-from services.common.metrics import parse_exposition
+from services.common.metrics import Drop, parse_exposition
 from services.local import cluster as local_cluster
 from tests.e2e.clients import RawSocket, aio_client, collect, unique
 from tests.servers import LocalCluster
@@ -165,3 +166,47 @@ def test_a_refusal_is_counted_by_its_limit(cluster: LocalCluster) -> None:
         )
         assert raw.read_until_closed().startswith(b"HTTP/1.1 404")
     wait_until(lambda: refused() == before + 1, "the refused handshake counted")
+
+
+def test_every_process_serves_labelled_documented_state_metrics(cluster: LocalCluster) -> None:
+    """No series of any process has an empty label value (``node_id=""`` of the services
+    other than ingest; ``stage=""`` of the delayed wills consumer is refused by the consumer
+    loop itself, tests/unit/test_metrics.py), every ``cormorant_*`` family served is in the
+    generated metrics reference, and the state gauges and drop counters are served."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from scripts.docs_reference import metrics_reference
+
+    reference = metrics_reference()
+    empty: list[str] = []
+    undocumented: set[str] = set()
+    served: dict[str, dict[str, list[tuple[dict[str, str], float]]]] = {}
+    for name in [*SERVICES, "admin"]:
+        text = get(url(cluster, name, "/metrics"))[2]
+        served[name] = parse_exposition(text)
+        for family in text_string_to_metric_families(text):
+            exposed = f"{family.name}_total" if family.type == "counter" else family.name
+            if family.name.startswith("cormorant_") and f"| `{exposed}` | {family.type} |" not in (
+                reference
+            ):
+                undocumented.add(exposed)
+            empty += [
+                f"{name}: {sample.name}{sample.labels}"
+                for sample in family.samples
+                if any(v == "" for v in sample.labels.values())
+            ]
+    assert empty == []
+    assert undocumented == set()
+    router = served["router"]
+    assert {(s["connected"], s["persistent"]) for s, _ in router["cormorant_sessions"]} == {
+        ("true", "true"), ("true", "false"), ("false", "true"), ("false", "false")
+    }  # fmt: skip
+    assert "cormorant_subscriptions" in router and "cormorant_retained_messages" in router
+    for name in SERVICES:
+        assert {s["reason"] for s, _ in served[name]["cormorant_messages_dropped_total"]} == {
+            reason.value for reason in Drop
+        }
+        assert served[name]["cormorant_ready"] == [({}, 1.0)], name
+    for name in ("ingest-node1", "ingest-node2"):  # their mqtts and wss listeners
+        [(_, not_after)] = served[name]["cormorant_tls_certificate_expiry_timestamp_seconds"]
+        assert not_after > time.time()

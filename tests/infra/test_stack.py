@@ -971,3 +971,23 @@ def test_components_are_component_resources(dev: Deployment) -> None:
             "cormorant:lakehouse:Lakehouse",
         ]
     )
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_prometheus_configuration_scrapes_the_stacks_own_namespace(
+    stack: str, request: pytest.FixtureRequest
+) -> None:
+    deployment: Deployment = request.getfixturevalue(stack)
+    namespace = deployment.outputs["serviceDnsNamespace"]
+    assert namespace == f"cormorant-{stack}.internal"
+    [registered] = deployment.of_type(
+        "aws:servicediscovery/privateDnsNamespace:PrivateDnsNamespace"
+    )
+    assert registered.inputs["name"] == namespace
+    config = yaml.safe_load(deployment.outputs["prometheusConfig"])
+    names = {
+        job["job_name"]: [n for sd in job["dns_sd_configs"] for n in sd["names"]]
+        for job in config["scrape_configs"]
+    }
+    assert names == {command: [f"{command}.{namespace}"] for command in SERVICE_COMMANDS}
+    assert config["rule_files"] == ["rules.yml"]

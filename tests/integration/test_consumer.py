@@ -107,7 +107,8 @@ async def test_offsets_are_committed_only_once_the_batch_is_acknowledged(topic: 
     await topic.put_many(10)
     consumer = topic.consumer(group)
     task = await _run(
-        consumer, consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05)
+        consumer,
+        consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05, stage="test"),
     )
     try:
         await wait_for(lambda: len(seen) == 10, "all ten records handled", TIMEOUT)
@@ -137,7 +138,8 @@ async def test_a_failed_batch_is_read_again_and_nothing_is_lost(topic: Topic) ->
     await topic.put_many(20)
     consumer = topic.consumer(group)
     task = await _run(
-        consumer, consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05)
+        consumer,
+        consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05, stage="test"),
     )
     try:
         await wait_for(lambda: b"7" in handled, "the failing record handled at last", TIMEOUT)
@@ -165,7 +167,9 @@ async def test_a_handler_that_raises_fails_its_batch_the_same_way(topic: Topic) 
 
     await topic.put_many(5)
     consumer = topic.consumer(group)
-    task = await _run(consumer, consume_batches(consumer, handle, topics=[topic.name]))
+    task = await _run(
+        consumer, consume_batches(consumer, handle, topics=[topic.name], stage="test")
+    )
     try:
         await wait_for(
             lambda: set(handled) == {str(i).encode() for i in range(5)}, "all records", TIMEOUT
@@ -244,7 +248,9 @@ async def test_no_batch_after_a_failed_one_is_handled_before_it_is_read_again(
         return []
 
     consumer = make_consumer(settings, group_id=f"g-{uuid.uuid4().hex[:8]}")
-    task = await _run(consumer, consume_batches(consumer, handle, topics=[name], max_records=2))
+    task = await _run(
+        consumer, consume_batches(consumer, handle, topics=[name], max_records=2, stage="test")
+    )
     try:
         await wait_for(lambda: len(calls) >= 2, "the batch after the failure", TIMEOUT)
     finally:
@@ -277,7 +283,12 @@ async def test_records_of_the_first_topics_overtake_a_backlog(
     task = await _run(
         consumer,
         consume_batches(
-            consumer, handle, topics=[backlog, urgent], max_records=100, first=[urgent]
+            consumer,
+            handle,
+            topics=[backlog, urgent],
+            max_records=100,
+            first=[urgent],
+            stage="test",
         ),
     )
     try:
@@ -341,7 +352,7 @@ async def test_a_slow_fence_after_an_assignment_keeps_the_member_in_its_group(
     task = await _run(
         consumer,
         consume_in_transactions(
-            consumer, handle, transactions, topics=[topic.name], on_revoked=on_revoked
+            consumer, handle, transactions, topics=[topic.name], on_revoked=on_revoked, stage="test"
         ),
     )
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 from test_ingest_support import CONNECTION_ID, NOW_MS, Client, closes, fan_out, of_type, only
 
+from services.common.auth.authorize import DENY_ALL
+from services.common.metrics import DROPPED, Drop
 from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import (
     Connect,
@@ -24,6 +26,7 @@ from services.common.mqtt.packets import (
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import AckKind, Target, expiry_deadline
+from services.ingest.delivery import MAX_QUEUED
 from services.ingest.effects import Effect, Send, StoreAcks, StoreSession
 from services.ingest.fan_out import remaining_interval
 
@@ -422,3 +425,27 @@ def test_an_expired_store_delivery_is_reported_complete_unless_it_is_a_resend() 
     assert isinstance(sent, Publish) and sent.packet_id == 61 and sent.dup
     assert sent.properties.message_expiry_interval == 1
     assert _acks(resend) == []
+
+
+def test_each_drop_is_counted_by_its_reason() -> None:
+    """cormorant_messages_dropped_total: expired, queue full, too large, not authorized."""
+    before = dict(DROPPED)
+    client = _connected(5, Properties(receive_maximum=1, maximum_packet_size=64))
+    client.now = NOW_MS + 10_000
+    assert client.conn.deliver(Publish("t", b"", qos=1), NOW_MS + 10_000) == []
+    assert client.conn.deliver(Publish("t", b"x" * 100)) == []
+    client.now = NOW_MS
+    _delivered(client, Publish("t", b"held", qos=1))
+    for _ in range(MAX_QUEUED + 2):
+        assert client.conn.deliver(Publish("t", b"q", qos=1)) == []
+    client.conn.state.authorizer = DENY_ALL
+    assert client.conn.deliver(Publish("t", b"")) == []
+    assert {reason: DROPPED[reason] - before[reason] for reason in Drop} == {
+        Drop.NO_SUBSCRIBER: 0,
+        Drop.EXPIRED: 1,
+        Drop.QUEUE_FULL: 2,
+        Drop.STORE_FULL: 0,
+        Drop.NOT_AUTHORIZED: 1,
+        Drop.TOO_LARGE: 1,
+        Drop.SESSION_GONE: 0,
+    }

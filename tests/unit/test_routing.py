@@ -13,6 +13,7 @@ from aiokafka.structs import ConsumerRecord
 
 from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
+from services.common.metrics import DROPPED, Drop
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
@@ -40,7 +41,7 @@ from services.common.records import (
 from services.common.sessions import DeliveryPath
 from services.common.subscription import LiveFrom, Subscription
 from services.router import routing
-from services.router.main import outputs
+from services.router.main import RouterCounters, outputs, state_families
 from services.router.routing import RoutingTable
 
 
@@ -594,3 +595,29 @@ def test_a_subscriptions_cut_survives_its_record() -> None:
     assert back_cut.live_from.offsets == (5, 0, 7)
     assert back_plain == plain and back_plain.live_from is None
     assert encode_subscriptions([plain]) == encode_subscriptions([_sub("c", "b")])
+
+
+def test_state_gauges_and_unrouted_messages_are_served() -> None:
+    """cormorant_sessions{connected, persistent}, cormorant_subscriptions,
+    cormorant_retained_messages; a message routed nowhere counts as dropped, no subscriber."""
+    table = _table(a=("n1", [_sub("a", "t/#"), _sub("a", "u")]), b=(None, [_sub("b", "t/x")]))
+    table.set_session("p", SessionRecord("n1", bytes(16), True, 5, False, True))
+    families = {family.name: family for family in state_families(table)}
+    sessions = {
+        (s.labels["connected"], s.labels["persistent"]): s.value
+        for s in families["cormorant_sessions"].samples
+    }
+    assert sessions == {
+        ("true", "true"): 1,
+        ("true", "false"): 1,
+        ("false", "true"): 0,
+        ("false", "false"): 1,
+    }
+    assert families["cormorant_subscriptions"].samples[0].value == 3
+    assert families["cormorant_retained_messages"].samples[0].value == 0
+    counters = RouterCounters()
+    before = DROPPED[Drop.NO_SUBSCRIBER]
+    counters.count(table.route("pub", _meta("t/x")))
+    assert DROPPED[Drop.NO_SUBSCRIBER] == before
+    counters.count(table.route("pub", _meta("nobody/listens")))
+    assert DROPPED[Drop.NO_SUBSCRIBER] == before + 1

@@ -438,6 +438,12 @@ metrics.register(lag_families)
 metrics.on_scrape(refresh_lag)
 
 
+def _check_stage(stage: str) -> None:
+    """Raise ``ValueError`` unless ``stage`` can name a reader in the lag metric."""
+    if not stage:
+        raise ValueError("a consumer loop needs its stage name (the lag metric's label)")
+
+
 async def consume_batches(
     consumer: AIOKafkaConsumer,
     handle: BatchHandler,
@@ -450,7 +456,7 @@ async def consume_batches(
     on_revoked: PartitionsHook | None = None,
     after_fetch: Callable[[], Awaitable[None]] | None = None,
     first: Sequence[str] = (),
-    stage: str = "",
+    stage: str,
     prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Read ``consumer`` forever, hand each batch to ``handle``, commit what is acknowledged.
@@ -470,11 +476,14 @@ async def consume_batches(
     nothing comes). Records of the ``first`` topics already
     fetched go into a batch before any other: a backlog elsewhere does not hold them up
     (device_persist reads acknowledgements before the messages that wait for them).
-    ``stage`` names the reader in ``cormorant_kafka_consumer_lag_records``.
+    ``stage`` names the reader in ``cormorant_kafka_consumer_lag_records`` (required and
+    non-empty: a series with an empty label value cannot be told from one without it;
+    ``ValueError`` otherwise).
     ``prepare`` runs once per fetched batch, before ``handle`` sees it (a failure fails
     the batch). A stage whose outputs must be written exactly once reads with
     :func:`consume_in_transactions` instead.
     """
+    _check_stage(stage)
     committer = _Committer(consumer, bool(topics), on_assigned, on_revoked)
     if topics:
         consumer.subscribe(list(topics), listener=committer)
@@ -526,7 +535,7 @@ async def consume_in_transactions(
     on_revoked: PartitionsHook | None = None,
     after_fetch: Callable[[], Awaitable[None]] | None = None,
     first: Sequence[str] = (),
-    stage: str = "",
+    stage: str,
     prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """:func:`consume_batches` in Kafka transactions: read ``topics`` in ``consumer``'s
@@ -542,6 +551,7 @@ async def consume_in_transactions(
     partitions at once, beside the checks registered with :meth:`Transaction.before_commit`
     (started only then). The other arguments are :func:`consume_batches`'s.
     """
+    _check_stage(stage)
     loop = _TransactionalLoop(
         consumer, handle, transactions, on_assigned, on_revoked, after_fetch, prepare
     )
