@@ -211,7 +211,9 @@ async def test_a_failed_batch_is_read_again_without_asking_kafka_where_to_start(
         asked.append("seek_to_beginning")
         await to_beginning(*partitions)
 
-    task = await _run(consumer, consume_batches(consumer, handle, topics=[topic.name]))
+    task = await _run(
+        consumer, consume_batches(consumer, handle, topics=[topic.name], stage="test")
+    )
     consumer.committed = spy_committed  # type: ignore[method-assign]
     consumer.seek_to_beginning = spy_to_beginning  # type: ignore[method-assign]
     try:
