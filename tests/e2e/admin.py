@@ -81,11 +81,13 @@ def admin_api(settings: LocalSettings) -> AdminApi:
 
 
 @contextmanager
-def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
-    """The web console in a new page of ``browser``, logged in as ``api``'s user through
-    its form; on leaving the block, AssertionError if the page requested anything from
-    elsewhere than the admin service or its Content-Security-Policy blocked anything."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+def open_console(browser: Browser, api: AdminApi, **options: Any) -> Iterator[Page]:
+    """The web console in a new page of ``browser`` (``options``: Playwright's
+    ``new_context`` options, a 1400 x 1000 viewport unless given), logged in as ``api``'s
+    user through its form; on leaving the block, AssertionError if the page requested
+    anything from elsewhere than the admin service or its Content-Security-Policy blocked
+    anything."""
+    context = browser.new_context(**{"viewport": {"width": 1400, "height": 1000}, **options})
     page = context.new_page()
     outside: list[str] = []
     page.on(
