@@ -100,7 +100,8 @@ def open_console(browser: Browser, api: AdminApi, **options: Any) -> Iterator[Pa
         page.fill("#login-username", api.username)
         page.fill("#login-password", PASSWORD)
         page.click("#login-form button[type=submit]")
-        expect(page.locator("#nav")).to_be_visible()
+        # The password check (argon2id) may take seconds on a loaded machine.
+        expect(page.locator("#nav")).to_be_visible(timeout=15_000)
         yield page
     finally:
         context.close()

@@ -180,9 +180,13 @@ function tooltip(format) {
 
 const charts = new Map();
 
+// Tick steps of charts of whole numbers (connections, records): no tick between two.
+const WHOLE_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 1e7, 1e8, 1e9];
+
 // Draws series (name → values, over the shared times in seconds) in the element; the
 // chart is made again only when its series change, and keeps a zoom the user chose.
-function lineChart(element, times, series, format) {
+// `whole`: the values are whole numbers.
+function lineChart(element, times, series, format, whole = false) {
   const names = Object.keys(series);
   const key = names.join("\u0000");
   let chart = charts.get(element.id);
@@ -204,7 +208,11 @@ function lineChart(element, times, series, format) {
           value: (u, v) => (v === null ? "–" : format(v)),
         })),
       ],
-      axes: [{}, { size: 60, values: (u, ticks) => ticks.map(format) }],
+      axes: [
+        // Times on the axis as in the rest of the console: 24-hour clock, browser's zone.
+        { values: (u, ticks) => ticks.map((t) => when(t * 1000).slice(11, 19)) },
+        { size: 60, values: (u, ticks) => ticks.map(format), ...(whole ? { incrs: WHOLE_STEPS } : {}) },
+      ],
       scales: { y: { range: (u, min, max) => [0, Math.max(1, max)] } },
       cursor: { drag: { x: true, y: false } },
       hooks: { setSelect: [(u) => { if (u.select.width > 0) state.zoomed = true; }] },
@@ -236,7 +244,7 @@ async function showOverview() {
     const times = history.map((s) => Date.parse(s.at) / 1000);
     const count = (v) => number.format(Math.round(v));
     const rate = (v) => (v >= 10 ? number.format(Math.round(v)) : decimal.format(v));
-    lineChart($("#chart-connections"), times, { connections: history.map((s) => s.connections) }, count);
+    lineChart($("#chart-connections"), times, { connections: history.map((s) => s.connections) }, count, true);
     // The first sample has no rate yet: it is left out (null) of the rate chart.
     lineChart($("#chart-rates"), times, {
       in: history.map((s, i) => (i ? s.msg_in_per_second : null)),
@@ -245,7 +253,7 @@ async function showOverview() {
     const stages = [...new Set(history.flatMap((s) => Object.keys(s.lag)))].sort();
     lineChart($("#chart-lag"), times, Object.fromEntries(
       stages.map((stage) => [seriesName(stage), history.map((s) => s.lag[stage] ?? 0)]),
-    ), count);
+    ), count, true);
   };
   $("#range").onchange = () => {
     for (const chart of charts.values()) chart.zoomed = false;
