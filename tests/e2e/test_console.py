@@ -399,6 +399,7 @@ def test_credentials_of_every_type_and_a_reset_password(
         page.fill("#credential-jwt-key", "a shared secret of thirty-two bytes or more")
         page.fill("#credential-jwt-issuer", "https://issuer.example")
         page.fill("#credential-jwt-audience", "cormorant")
+        page.fill("#credential-jwt-client-claim", "sub")
         page.fill("#credential-rules", "allow all telemetry/${client_id}/#")
         page.click("#credentials-add-form button[type=submit]")
         _told(message, f"{jwt} created: clients may connect with it.", alerts)
@@ -406,7 +407,7 @@ def test_credentials_of_every_type_and_a_reset_password(
             "tokens of https://issuer.example (HS256)"
         )
         shown = api.get(f"/api/credentials/{jwt}")
-        assert (shown["type"], shown["jwt"]["audience"]) == ("JWT", "cormorant")
+        assert (shown["jwt"]["audience"], shown["jwt"]["client_id_claim"]) == ("cormorant", "sub")
         # Search: only the matching rows stay.
         page.fill("#credentials-search", x509)
         expect(page.locator("#credentials tbody tr:visible")).to_have_count(1)
@@ -467,9 +468,9 @@ def test_the_infrastructure_of_the_test_cluster(
     expect(page.locator("#infra-nodes tbody tr", has_text="ingest-node1")).to_contain_text(
         re.compile(r"\d %.*MiB")
     )
+    screenshot(page, "infrastructure")
     page.fill("#infra-topics-search", sessions_topic)
     expect(page.locator("#infra-topics tbody tr:visible")).to_have_count(1)
-    screenshot(page, "infrastructure")
 
 
 def test_the_websocket_client_talks_mqtt_with_a_device(
