@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from playwright.sync_api import Browser, Locator, Page, expect
+from playwright.sync_api import Browser, Dialog, Locator, Page, expect
 
 from services.common.kafka.names import TopicNames
 from services.local.settings import LocalSettings
@@ -379,7 +379,12 @@ def test_credentials_of_every_type_and_a_reset_password(
     fingerprint = "ab" * 32
     # The console tells an error in an alert: none may come.
     alerts: list[str] = []
-    page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
+
+    def alerted(dialog: Dialog) -> None:
+        alerts.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", alerted)
     try:
         page.click("#nav a[data-view=credentials]")
         message = page.locator("#credentials-message")
