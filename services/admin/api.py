@@ -30,6 +30,7 @@ from services.admin import (
     credentials_api,
     credentials_bulk_api,
     health_api,
+    infrastructure_api,
     login_api,
     retained_api,
     security_headers,
@@ -77,7 +78,7 @@ def create_app(context: AdminContext) -> FastAPI:
     )
     app.state.context = context
     app.state.login_guard = LoginGuard(context.users, context.settings)
-    security_headers.install(app)
+    security_headers.install(app, context.settings.admin_console_ws_url)
     _answer_errors(app)
 
     app.include_router(health_api.router)
@@ -95,6 +96,8 @@ def create_app(context: AdminContext) -> FastAPI:
         credentials_api.router,
         credentials_bulk_api.router,
         blocked_api.router,
+        console_api.settings_router,
+        infrastructure_api.router,
     ):
         app.include_router(router)
     return app

@@ -34,8 +34,8 @@ SERVICES = ("ingest", "router", "device-persist", "app-delivery")
 #: Seconds one probe of a process (health, readiness, metrics together) may take.
 PROBE_TIMEOUT_SECONDS = 3.0
 
-#: Samples kept: 5 minutes at the default 2 s interval.
-HISTORY = 150
+#: Samples kept: an hour at the default 2 s interval (the console's longest time range).
+HISTORY = 1800
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,9 @@ def sample_of(probes: Iterable[Probe], at: float) -> Sample:
     lag: dict[str, float] = {}
     for p in probes:
         for labels, value in p.samples.get("cormorant_kafka_consumer_lag_records", ()):
-            stage = labels.get("stage", "")
+            # A sample without a stage still gets a name, its topic's: no chart series
+            # goes unnamed.
+            stage = labels.get("stage") or f"topic {labels.get('topic') or 'unknown'}"
             lag[stage] = lag.get(stage, 0.0) + value
     return Sample(
         at=at,
@@ -171,13 +173,16 @@ def with_rates(sample: Sample, previous: Sample | None) -> Sample:
 
 class StatsSampler:
     """Probes every process every ``interval`` seconds in the background; keeps the latest
-    probes and the last :data:`HISTORY` samples."""
+    probes, the last :data:`HISTORY` samples and each process's CPU use between its last
+    two probes (:attr:`cpu_percent`)."""
 
     def __init__(self, settings: Settings, interval: float) -> None:
         self.settings = settings
         self.interval = interval
         self.probes: list[Probe] = []
         self.history: deque[Sample] = deque(maxlen=HISTORY)
+        self.cpu_percent: dict[str, float] = {}
+        self._cpu_seen: dict[str, tuple[float, float]] = {}
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -201,10 +206,27 @@ class StatsSampler:
         endpoints = await asyncio.to_thread(endpoints_from, self.settings)
         session = self._session
         self.probes = list(await asyncio.gather(*(probe(session, e) for e in endpoints)))
+        now = time.time()
+        self._note_cpu(now)
         previous = self.history[-1] if self.history else None
-        sample = with_rates(sample_of(self.probes, time.time()), previous)
+        sample = with_rates(sample_of(self.probes, now), previous)
         self.history.append(sample)
         return sample
+
+    def _note_cpu(self, now: float) -> None:
+        """Each answering process's CPU use since its previous probe (:attr:`cpu_percent`,
+        by process name; percent of one core), from its ``process_cpu_seconds_total``."""
+        seen: dict[str, tuple[float, float]] = {}
+        for p in self.probes:
+            if p.error is not None or "process_cpu_seconds_total" not in p.samples:
+                continue
+            name, seconds = p.endpoint.name, p.total("process_cpu_seconds_total")
+            seen[name] = (now, seconds)
+            before = self._cpu_seen.get(name)
+            if before is not None and now > before[0] and seconds >= before[1]:
+                self.cpu_percent[name] = 100.0 * (seconds - before[1]) / (now - before[0])
+        self.cpu_percent = {name: v for name, v in self.cpu_percent.items() if name in seen}
+        self._cpu_seen = seen
 
     async def _run(self) -> None:
         while True:

@@ -1,5 +1,5 @@
 """The cluster API: every service process's health (``/api/cluster``) and the cluster's
-traffic over the last five minutes (``/api/stats``), from
+traffic over the last hour at most (``/api/stats``), from
 :class:`~services.admin.cluster.StatsSampler`'s probes of their ``/health``, ``/ready``
 and ``/metrics``.
 """
@@ -7,8 +7,9 @@ and ``/metrics``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
@@ -52,10 +53,17 @@ async def cluster(request: Request, user: User) -> models.ClusterResponse:
 
 
 @router.get("/stats", response_model=models.StatsResponse, responses=ERRORS)
-async def stats(request: Request, user: User) -> models.StatsResponse:
+async def stats(
+    request: Request,
+    user: User,
+    seconds: Annotated[
+        int, Query(ge=10, le=3600, description="How far back the history goes (seconds).")
+    ] = 300,
+) -> models.StatsResponse:
     """Connections, PUBLISH rates in and out, lag per stage: the latest sample and the
-    last five minutes."""
+    last ``seconds`` (the admin service keeps an hour, from its start)."""
     sampler = context_of(request).sampler
+    since = sampler.history[-1].at - seconds if sampler.history else 0.0
     samples = [
         models.StatsSample(
             at=datetime.fromtimestamp(s.at, UTC),
@@ -69,6 +77,7 @@ async def stats(request: Request, user: User) -> models.StatsResponse:
             lag=s.lag,
         )
         for s in sampler.history
+        if s.at >= since
     ]
     return models.StatsResponse(
         interval_seconds=sampler.interval,

@@ -2,7 +2,9 @@
 health endpoints), as OWASP's Secure Headers Project recommends:
 
 - ``Content-Security-Policy``: everything from the admin service itself and nothing inline
-  (:data:`POLICY`: the console is plain files with no inline script or style); the docs
+  (:data:`POLICY`: the console is plain files with no inline script or style), and the one
+  MQTT over WebSocket URL its WebSocket client connects to (setting
+  ``admin_console_ws_url``, :func:`policy`); the docs
   page, whose Swagger UI starts from one inline script, allows that script by its SHA-256
   (:func:`swagger_page`) rather than any inline script;
 - ``X-Frame-Options: DENY`` and CSP ``frame-ancestors 'none'``: no page is framed
@@ -40,12 +42,22 @@ HEADERS: tuple[tuple[bytes, bytes], ...] = (
 _INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
 
 
+def policy(ws_url: str | None) -> str:
+    """:data:`POLICY`, its ``connect-src`` also allowing ``ws_url`` (an exact ``ws://`` or
+    ``wss://`` URL, CSP Level 3 host-source with a path) when given."""
+    if ws_url is None:
+        return POLICY
+    return POLICY.replace("connect-src 'self'", f"connect-src 'self' {ws_url}")
+
+
 class SecurityHeaders:
     """ASGI middleware: adds :data:`HEADERS` to every HTTP response of ``app``, and
-    ``Content-Security-Policy: POLICY`` to those that carry no policy of their own."""
+    ``Content-Security-Policy: <csp>`` (default :data:`POLICY`) to those that carry no
+    policy of their own."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, csp: str = POLICY) -> None:
         self.app = app
+        self.csp = csp.encode("ascii")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve ``scope`` with the headers added (other scopes pass untouched)."""
@@ -59,16 +71,17 @@ class SecurityHeaders:
                 names = {name.lower() for name, _ in headers}
                 headers += [(name, value) for name, value in HEADERS if name not in names]
                 if b"content-security-policy" not in names:
-                    headers.append((b"content-security-policy", POLICY.encode("ascii")))
+                    headers.append((b"content-security-policy", self.csp))
                 message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, with_headers)
 
 
-def install(app: FastAPI) -> None:
-    """Put :class:`SecurityHeaders` around ``app`` (outermost: error pages get them too)."""
-    app.add_middleware(SecurityHeaders)
+def install(app: FastAPI, ws_url: str | None = None) -> None:
+    """Put :class:`SecurityHeaders` around ``app`` (outermost: error pages get them too),
+    its policy allowing connections to ``ws_url`` (:func:`policy`)."""
+    app.add_middleware(SecurityHeaders, csp=policy(ws_url))
 
 
 def swagger_page(title: str, openapi_url: str, assets: str) -> HTMLResponse:

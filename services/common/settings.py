@@ -739,6 +739,22 @@ class Settings(BaseSettings):
         description="admin_bootstrap_user's password (ECS fills it from the Secrets Manager "
         "secret the deployment generates).",
     )
+    admin_console_ws_url: str | None = Field(
+        None,
+        pattern=r"^wss?://[^\s/?#]+(/[^\s?#]*)?$",
+        description="The MQTT over WebSocket URL the console's WebSocket client connects to "
+        "by default (ws://host:port/mqtt or wss://...), the only one besides the admin "
+        "service itself that the console's Content-Security-Policy lets it connect to "
+        "(connect-src). The local cluster sets HAProxy's ws listener; unset: the console "
+        "has no WebSocket client target.",
+    )
+    admin_haproxy_stats_sockets: list[Path] = Field(
+        default_factory=list,
+        description="HAProxy stats sockets (Unix sockets) the admin service asks which "
+        "ingest nodes are in rotation (show stat), for the console's infrastructure page; "
+        "the local cluster sets its HAProxy processes'. Empty: no HAProxy (AWS: the NLB's "
+        "target health).",
+    )
     cluster_endpoints: dict[str, str] = Field(
         default_factory=dict,
         description="The admin service's view of the cluster: process name -> base URL of "

@@ -377,7 +377,18 @@ def services_of(settings: LocalSettings) -> list[Component]:
         for name in instance_names(command, count)
     ]
     admin = _service(
-        settings, ADMIN, "admin", settings.admin_port, cluster_endpoints=_endpoints(settings)
+        settings,
+        ADMIN,
+        "admin",
+        settings.admin_port,
+        cluster_endpoints=_endpoints(settings),
+        admin_console_ws_url=f"ws://127.0.0.1:{settings.ws_listen_port}/mqtt",
+        admin_haproxy_stats_sockets=json.dumps(
+            [
+                str(haproxy.stats_socket(settings, i))
+                for i in range(1, haproxy.process_count(settings) + 1)
+            ]
+        ),
     )
     proxies = [
         Component(

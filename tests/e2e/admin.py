@@ -81,11 +81,13 @@ def admin_api(settings: LocalSettings) -> AdminApi:
 
 
 @contextmanager
-def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
-    """The web console in a new page of ``browser``, logged in as ``api``'s user through
-    its form; on leaving the block, AssertionError if the page requested anything from
-    elsewhere than the admin service or its Content-Security-Policy blocked anything."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+def open_console(browser: Browser, api: AdminApi, **options: Any) -> Iterator[Page]:
+    """The web console in a new page of ``browser`` (``options``: Playwright's
+    ``new_context`` options, a 1400 x 1000 viewport unless given), logged in as ``api``'s
+    user through its form; on leaving the block, AssertionError if the page requested
+    anything from elsewhere than the admin service or its Content-Security-Policy blocked
+    anything."""
+    context = browser.new_context(**{"viewport": {"width": 1400, "height": 1000}, **options})
     page = context.new_page()
     outside: list[str] = []
     page.on(
@@ -98,7 +100,8 @@ def open_console(browser: Browser, api: AdminApi) -> Iterator[Page]:
         page.fill("#login-username", api.username)
         page.fill("#login-password", PASSWORD)
         page.click("#login-form button[type=submit]")
-        expect(page.locator("#nav")).to_be_visible()
+        # The password check (argon2id) may take seconds on a loaded machine.
+        expect(page.locator("#nav")).to_be_visible(timeout=15_000)
         yield page
     finally:
         context.close()

@@ -701,6 +701,14 @@ class RedisMessageStore(MessageStore):
         """See :meth:`MessageStore.ping`. One PING."""
         await self._run("ping", self._redis.ping)
 
+    async def server_info(self) -> dict[str, Any]:
+        """The primary's ``INFO`` (its default sections: server, replication, memory...;
+        field name → value, as redis-py parses it) and the address asked (without
+        credentials) under ``"address"``. Raises :class:`StoreUnavailable` or
+        :class:`StoreError` as every call does."""
+        info: dict[str, Any] = await self._run("info", self._redis.info)
+        return {**info, "address": self._address}
+
     async def stats(self, client_id: str) -> StoreStats:
         """See :meth:`MessageStore.stats`. One EVALSHA; O(1)."""
         q, _, _, c = self._keys(client_id)
