@@ -42,7 +42,7 @@ class AnalyticsSettings(LocalSettings):
         description="Kafka records in one micro-batch of each archive table "
         "(maxOffsetsPerTrigger; --max-records-per-batch overrides it): the first run over "
         "a large backlog commits in steps of this size instead of one batch that must "
-        "finish whole (docs/analytics.md, \"Scale figures\").",
+        'finish whole (docs/analytics.md, "Scale figures").',
     )
     analytics_master: str = Field(
         "local[*]", description="Spark master of the local analytics jobs (local[N], spark://…)."

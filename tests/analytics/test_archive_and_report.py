@@ -432,6 +432,7 @@ def _athena_answers_as_the_report(
     """The saved Athena queries, run by Spark over the archive's rows of the report's range
     (each table by its own time, as the report limits them), answer what the report wrote
     in ``<out>/tables`` for the same questions."""
+    assert options.since is not None and options.until is not None
     views: dict[str, str] = {}
     before: dict[str, str] = {}
     for name, column in _TIMES.items():

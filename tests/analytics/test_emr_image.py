@@ -25,7 +25,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pyspark.sql import SparkSession
-from pyspark.sql.functions import pandas_udf
+from pyspark.sql.pandas.functions import pandas_udf
 
 from services.common import records
 from spark_emr import decode, emr, versions
@@ -253,11 +253,10 @@ def test_a_spark_job_s_workers_decode_on_the_image_s_environment(
 
     # New UDFs: a UDF keeps the interpreter of its first use, and the archive's may have
     # run earlier in the session.
-    decoded = pandas_udf(decode.decode_event.func, decode.EVENT)  # type: ignore[attr-defined]
+    decoded = pandas_udf(decode.decode_event.func, decode.EVENT)  # type: ignore[attr-defined,call-overload]
+    located = pandas_udf(where, "string")  # type: ignore[call-overload]
     frame = spark.createDataFrame([(records.encode_event(event),)], "value binary")
-    row = frame.select(
-        decoded("value").alias("e"), pandas_udf(where, "string")("value").alias("w")
-    ).first()
+    row = frame.select(decoded("value").alias("e"), located("value").alias("w")).first()
     assert row is not None
     prefix, *dependencies, job_module = row["w"].split("|")
     assert Path(prefix) == job_environment.venv

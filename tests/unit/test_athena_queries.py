@@ -17,7 +17,7 @@ from spark_emr.jobs.archive import TABLES
 DATABASE = "cormorant_test_archive"
 
 
-def _parsed(sql: str) -> exp.Expression:
+def _parsed(sql: str) -> exp.Expr:
     tree = sqlglot.parse_one(sql, read="trino", error_level=ErrorLevel.RAISE)
     assert tree is not None
     return tree
