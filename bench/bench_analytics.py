@@ -4,17 +4,27 @@
   ``m`` header) are written to ``msg.all`` of a private Kafka broker (the local cluster
   launcher, temporary directory, free ports); then the archive job
   (:func:`spark_emr.jobs.archive.run`, ``messages`` table) reads all of them into a fresh
-  archive on ``local[2]``, ``--runs`` times. Reported: records/s over the run's wall time
-  (query start, Kafka reads, pandas-UDF decoding, Parquet writes and the file sink's
-  commit included), median, min and max.
+  archive on ``local[2]``, ``--runs`` rounds; each round runs every configuration once
+  (the rounds interleave them, so the machine's load falls on all alike): each
+  ``--formats`` (``parquet``, the file sink; ``iceberg``, a local Hadoop catalog) with each
+  ``--batch-sizes`` (``maxOffsetsPerTrigger``; 0: one micro-batch) and each
+  ``--min-partitions`` (the Kafka source's ``minPartitions``; 0: one Spark task per Kafka
+  partition). Reported per configuration: records/s over the run's wall time (query start,
+  Kafka reads, pandas-UDF decoding, the writes and the commit included), median, min and
+  max, and the load average around the runs.
 - **report**: an archive of ``--report-messages`` messages (10 million by default; 100,000
   publishers, 300,000 topics, spread over one day) and ``--report-events`` connection events
   is synthesized with Spark and committed through the file sink (so it reads as the
   archive job's output does); then :func:`spark_emr.jobs.report.run` computes every table
   over it on ``local[2]``. Reported: the report's wall time and each table's.
+- **pruning**: the same synthesized archive spread over ``--days`` days (10 by default:
+  10 million messages, a million a day); then ``--runs`` rounds of the report over one day
+  (the middle one) and over the whole archive. Reported: each one's median wall time (the
+  pruned report lists and opens one day's ``date``/``hour`` directories).
 
 Results are printed and appended as JSON lines to ``bench/results/analytics.jsonl``.
-Run from the repository root: ``python bench/bench_analytics.py`` (about 10 minutes here).
+Run from the repository root: ``python bench/bench_analytics.py`` (``--skip`` any of
+``archive``, ``report``, ``pruning``).
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +63,7 @@ def _machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 1),
         "command": " ".join(sys.argv),
     }
 
@@ -89,56 +101,108 @@ async def produce(bootstrap: str, topic: str, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def bench_archive(spark: Any, settings: LocalSettings, count: int, runs: int) -> dict[str, Any]:
-    """Archive ``count`` records ``runs`` times into fresh archives; return the record."""
+@dataclass(frozen=True)
+class ArchiveConfig:
+    """One way of running the archive: table ``format``, ``batch_size``
+    (``maxOffsetsPerTrigger``; 0: unbounded) and ``min_partitions`` (0: Kafka's)."""
+
+    format: str
+    batch_size: int
+    min_partitions: int
+
+    def label(self) -> str:
+        """A short name for the printout and the record."""
+        batch = f"batches of {self.batch_size:,}" if self.batch_size else "one batch"
+        tasks = f", minPartitions {self.min_partitions}" if self.min_partitions else ""
+        return f"{self.format}, {batch}{tasks}"
+
+
+def _archive_once(
+    spark: Any, settings: LocalSettings, config: ArchiveConfig, count: int
+) -> tuple[float, int]:
+    """Archive ``msg.all`` into a fresh archive with ``config``; (seconds, micro-batches)."""
     from spark_emr.jobs import archive
     from spark_emr.kafka_options import kafka_options
     from spark_emr.topics import archive_topics
 
+    topics = archive_topics(TopicNames.from_settings(settings))
+    options = kafka_options(settings.kafka_bootstrap)
+    if config.min_partitions:
+        options["minPartitions"] = str(config.min_partitions)
+    with tempfile.TemporaryDirectory(prefix="bench-archive-") as where:
+        iceberg = None
+        if config.format == "iceberg":
+            iceberg = f"{archive.local_catalog(spark, where, 'bench')}.cormorant"
+        started = time.perf_counter()
+        result = archive.run(
+            spark,
+            where,
+            topics,
+            options,
+            only=("messages",),
+            max_records_per_batch=config.batch_size or None,
+            progress=lambda _: None,
+            iceberg=iceberg,
+        )["messages"]
+        elapsed = time.perf_counter() - started
+    assert result.rows == count, result
+    return elapsed, result.batches
+
+
+def bench_archive(
+    spark: Any, settings: LocalSettings, count: int, runs: int, configs: list[ArchiveConfig]
+) -> list[dict[str, Any]]:
+    """Archive ``count`` records ``runs`` rounds of every one of ``configs``; one record per
+    configuration."""
     names = TopicNames.from_settings(settings)
     produced = asyncio.run(produce(settings.kafka_bootstrap, names.msg_all, count))
     print(f"produced {count:,} records at {produced:,.0f} records/s")
-    topics = archive_topics(names)
-    rates = []
+    rates: dict[ArchiveConfig, list[float]] = {c: [] for c in configs}
+    batches: dict[ArchiveConfig, int] = {}
+    loads = [os.getloadavg()[0]]
     for run in range(runs):
-        with tempfile.TemporaryDirectory(prefix="bench-archive-") as where:
-            started = time.perf_counter()
-            result = archive.run(
-                spark,
-                where,
-                topics,
-                kafka_options(settings.kafka_bootstrap),
-                only=("messages",),
-                progress=lambda _: None,
+        for config in configs:
+            elapsed, batches[config] = _archive_once(spark, settings, config, count)
+            rates[config].append(count / elapsed)
+            loads.append(os.getloadavg()[0])
+            print(
+                f"round {run + 1}, {config.label()}: {count:,} records in {elapsed:.1f} s "
+                f"({batches[config]} batches): {rates[config][-1]:,.0f} records/s "
+                f"(load average {loads[-1]:.0f})"
             )
-            elapsed = time.perf_counter() - started
-        assert result["messages"].rows == count, result
-        rates.append(count / elapsed)
-        print(
-            f"archive run {run + 1}: {count:,} records in {elapsed:.1f} s: "
-            f"{rates[-1]:,.0f} records/s"
-        )
-    return _machine() | {
-        "benchmark": "analytics.archive",
-        "master": "local[2]",
-        "records": count,
-        "payload_bytes": 64,
-        "msg_all_partitions": settings.msg_all_partitions,
-        "records_per_second_median": round(statistics.median(rates)),
-        "records_per_second_min": round(min(rates)),
-        "records_per_second_max": round(max(rates)),
-        "runs": len(rates),
-    }
+    return [
+        _machine()
+        | {
+            "benchmark": "analytics.archive",
+            "master": "local[2]",
+            "format": config.format,
+            "max_records_per_batch": config.batch_size or None,
+            "min_partitions": config.min_partitions or None,
+            "micro_batches": batches[config],
+            "records": count,
+            "payload_bytes": 64,
+            "msg_all_partitions": settings.msg_all_partitions,
+            "records_per_second_median": round(statistics.median(rates[config])),
+            "records_per_second_min": round(min(rates[config])),
+            "records_per_second_max": round(max(rates[config])),
+            "runs": len(rates[config]),
+            "load_average_min": round(min(loads), 1),
+            "load_average_max": round(max(loads), 1),
+        }
+        for config in configs
+    ]
 
 
-def synthesize(spark: Any, where: str, messages: int, events: int) -> None:
-    """Write an archive of ``messages`` messages and ``events`` connection events with the
-    archive's schemas, committed through the file sink (``_spark_metadata``)."""
+def synthesize(spark: Any, where: str, messages: int, events: int, days: int = 1) -> None:
+    """Write an archive of ``messages`` messages and ``events`` connection events, evenly
+    over ``days`` days from 2026-11-01 (UTC), in the archive's layout: its schemas,
+    partitioned by ``date`` and ``hour``, committed through the file sink
+    (``_spark_metadata``)."""
     from pyspark.sql import functions as F
 
     from spark_emr.jobs import archive
 
-    day = 86_400
+    day = 86_400 * days
     start = int(datetime(2026, 11, 1, tzinfo=UTC).timestamp())
     ids = spark.range(messages)
     metric = F.element_at(
@@ -269,16 +333,82 @@ def bench_report(spark: Any, messages: int, events: int) -> dict[str, Any]:
     }
 
 
+def bench_pruning(spark: Any, messages: int, events: int, days: int, runs: int) -> dict[str, Any]:
+    """Time the report over one day of a ``days``-day synthesized archive against the report
+    over all of it, ``runs`` rounds; return the record."""
+    from spark_emr.jobs import report
+
+    first = datetime(2026, 11, 1)
+    day = first + timedelta(days=days // 2)
+    ranges = {
+        "one_day": report.ReportOptions(day, day + timedelta(days=1)),
+        "whole_archive": report.ReportOptions(),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in ranges}
+    counted: dict[str, int] = {}
+    loads = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory(prefix="bench-pruning-") as where:
+        started = time.perf_counter()
+        synthesize(spark, where, messages, events, days)
+        print(
+            f"synthesized {messages:,} messages and {events:,} events over {days} days "
+            f"in {time.perf_counter() - started:.0f} s"
+        )
+        for run in range(runs):
+            for name, options in ranges.items():
+                started = time.perf_counter()
+                summary = report.run(
+                    spark, where, f"{where}/report-{name}", options, lambda _: None
+                )
+                seconds[name].append(time.perf_counter() - started)
+                counted[name] = summary.messages
+                loads.append(os.getloadavg()[0])
+                print(
+                    f"round {run + 1}, {name}: {summary.messages:,} messages reported in "
+                    f"{seconds[name][-1]:.1f} s (load average {loads[-1]:.0f})"
+                )
+    assert counted["whole_archive"] == messages, counted
+    assert counted["one_day"] == messages // days, counted
+    return _machine() | {
+        "benchmark": "analytics.report_pruning",
+        "master": "local[2]",
+        "messages": messages,
+        "events": events,
+        "days": days,
+        "day": day.date().isoformat(),
+        "runs": runs,
+        "one_day_messages": counted["one_day"],
+        "one_day_seconds_median": round(statistics.median(seconds["one_day"]), 1),
+        "one_day_seconds": [round(s, 1) for s in seconds["one_day"]],
+        "whole_archive_seconds_median": round(statistics.median(seconds["whole_archive"]), 1),
+        "whole_archive_seconds": [round(s, 1) for s in seconds["whole_archive"]],
+        "load_average_min": round(min(loads), 1),
+        "load_average_max": round(max(loads), 1),
+    }
+
+
 def main() -> None:
     """Parse the options, run the benchmarks, print and record their results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--formats", default="parquet,iceberg")
+    parser.add_argument("--batch-sizes", default="0", help="maxOffsetsPerTrigger values (0: none)")
+    parser.add_argument("--min-partitions", default="0", help="minPartitions values (0: none)")
     parser.add_argument("--report-messages", type=int, default=10_000_000)
     parser.add_argument("--report-events", type=int, default=1_000_000)
-    parser.add_argument("--skip", choices=["archive", "report"], action="append", default=[])
+    parser.add_argument("--days", type=int, default=10, help="days of the pruning archive")
+    parser.add_argument(
+        "--skip", choices=["archive", "report", "pruning"], action="append", default=[]
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    configs = [
+        ArchiveConfig(f, int(b), int(m))
+        for b in args.batch_sizes.split(",")
+        for m in args.min_partitions.split(",")
+        for f in args.formats.split(",")
+    ]
 
     from spark_emr.jars import fetch_jars
     from spark_emr.session import local_session
@@ -287,7 +417,7 @@ def main() -> None:
     spark = local_session(
         "local[2]", fetch_jars(base.cache_dir), shuffle_partitions=8, driver_memory="4g"
     )
-    results = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-analytics-") as state_dir:
         settings = cluster.local_settings(
             LocalSettings(
@@ -301,11 +431,15 @@ def main() -> None:
         try:
             if "archive" not in args.skip:
                 cluster.start_component(settings, "kafka")
-                results.append(bench_archive(spark, settings, args.records, args.runs))
+                results += bench_archive(spark, settings, args.records, args.runs, configs)
         finally:
             cluster.stop_component(settings, "kafka")
     if "report" not in args.skip:
         results.append(bench_report(spark, args.report_messages, args.report_events))
+    if "pruning" not in args.skip:
+        results.append(
+            bench_pruning(spark, args.report_messages, args.report_events, args.days, args.runs)
+        )
     spark.stop()
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("a", encoding="utf-8") as out:

@@ -75,24 +75,37 @@ ORDER BY date, hour""",
 SELECT date_trunc('minute', at) AS minute,
        count(*) AS connects,
        count_if(previous_kind = 'DISCONNECTED'
-                AND date_diff('second', previous_at, at) <= 60) AS reconnects
+                AND date_diff('millisecond', previous_at, at) <= 60000) AS reconnects
 FROM ordered
 WHERE kind = 'CONNECTED'
 GROUP BY 1
 HAVING count_if(previous_kind = 'DISCONNECTED'
-                AND date_diff('second', previous_at, at) <= 60) >= 10
+                AND date_diff('millisecond', previous_at, at) <= 60000) >= 10
 ORDER BY minute""",
     ),
     Query(
         "delivery-latency",
-        "Latency from PUBLISH received to routed, per delivery path (ms percentiles), last day",
-        f"""SELECT stage,
-       count(*) AS records,
-       approx_percentile(date_diff('millisecond', received_at, routed_at), 0.5) AS p50_ms,
-       approx_percentile(date_diff('millisecond', received_at, routed_at), 0.9) AS p90_ms,
-       approx_percentile(date_diff('millisecond', received_at, routed_at), 0.99) AS p99_ms
-FROM "{{database}}"."deliveries"
-WHERE {_LAST_DAY} AND record_error IS NULL AND received_at IS NOT NULL
+        "Latency from PUBLISH received to routed, per delivery path, and to sent from a "
+        "store (ms percentiles), last day",
+        f"""WITH latencies AS (
+    SELECT 'routed to ' || stage AS stage,
+           date_diff('millisecond', received_at, routed_at) AS latency_ms
+    FROM "{{database}}"."deliveries"
+    WHERE {_LAST_DAY} AND record_error IS NULL AND received_at IS NOT NULL
+      AND NOT (stage = 'downlink' AND cardinality(filter(target_packet_ids, p -> p > 0)) > 0)
+    UNION ALL
+    SELECT 'sent from store' AS stage,
+           date_diff('millisecond', received_at, routed_at) AS latency_ms
+    FROM "{{database}}"."deliveries" CROSS JOIN UNNEST(target_packet_ids) AS t (packet_id)
+    WHERE {_LAST_DAY} AND record_error IS NULL AND received_at IS NOT NULL
+      AND stage = 'downlink' AND packet_id > 0
+)
+SELECT stage,
+       count(*) AS messages,
+       approx_percentile(latency_ms, 0.5) AS p50_ms,
+       approx_percentile(latency_ms, 0.9) AS p90_ms,
+       approx_percentile(latency_ms, 0.99) AS p99_ms
+FROM latencies
 GROUP BY stage
 ORDER BY stage""",
     ),

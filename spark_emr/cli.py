@@ -177,9 +177,8 @@ def _archive_arguments(
                 "CORMORANT_ANALYTICS_KAFKA_SECRET_ARN (or a kafkaScramSecretArn output)"
             )
         arguments += ["--kafka-secret-arn", target.kafka_secret_arn]
-    if max_records_per_batch:
-        arguments += ["--max-records-per-batch", str(max_records_per_batch)]
-    return arguments
+    batch = max_records_per_batch or settings.archive_max_records_per_batch
+    return [*arguments, "--max-records-per-batch", str(batch)]
 
 
 @click.group()
@@ -206,7 +205,8 @@ def fetch_jars() -> None:
 @click.option(
     "--max-records-per-batch",
     type=click.IntRange(min=1),
-    help="Bound each micro-batch (Kafka maxOffsetsPerTrigger).",
+    help="Bound each micro-batch (Kafka maxOffsetsPerTrigger; default: the "
+    "archive_max_records_per_batch setting).",
 )
 def archive(
     emr: bool,
@@ -238,7 +238,8 @@ def archive(
                 uri,
                 job.ArchiveTopics(**_topics(settings)),
                 _kafka(settings),
-                max_records_per_batch=max_records_per_batch,
+                max_records_per_batch=max_records_per_batch
+                or settings.archive_max_records_per_batch,
                 progress=click.echo,
                 iceberg=_iceberg_locally(settings, spark, uri),
             )
@@ -273,7 +274,8 @@ def archive(
 @click.option(
     "--max-records-per-batch",
     type=click.IntRange(min=1),
-    help="Bound each micro-batch (Kafka maxOffsetsPerTrigger).",
+    help="Bound each micro-batch (Kafka maxOffsetsPerTrigger; default: the "
+    "archive_max_records_per_batch setting).",
 )
 def schedule(
     stack_outputs: Path | None,

@@ -36,6 +36,14 @@ class AnalyticsSettings(LocalSettings):
         "locally a Hadoop catalog in the archive directory, on EMR the stack's Glue Data "
         "Catalog database, which Athena queries).",
     )
+    archive_max_records_per_batch: int = Field(
+        1_000_000,
+        ge=1,
+        description="Kafka records in one micro-batch of each archive table "
+        "(maxOffsetsPerTrigger; --max-records-per-batch overrides it): the first run over "
+        "a large backlog commits in steps of this size instead of one batch that must "
+        'finish whole (docs/analytics.md, "Scale figures").',
+    )
     analytics_master: str = Field(
         "local[*]", description="Spark master of the local analytics jobs (local[N], spark://…)."
     )

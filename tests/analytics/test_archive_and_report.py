@@ -25,9 +25,11 @@ from typing import Any
 import pandas as pd
 import pyarrow.dataset as pads
 import pytest
+import sqlglot
 from aiokafka import AIOKafkaConsumer
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from services.cli import main
 from services.common.kafka.admin import TopicSpec, ensure_topics
@@ -36,6 +38,7 @@ from services.common.kafka.names import TopicNames
 from services.common.records import EventKind, decode_ack, decode_event
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
+from spark_emr.athena import QUERIES
 from spark_emr.jobs import archive, report
 from spark_emr.kafka_admin import KafkaUnreachable
 from spark_emr.kafka_options import kafka_options
@@ -397,11 +400,110 @@ def test_report_numbers_equal_counts_computed_independently(
     assert latency.loc["acknowledged", "p50_ms"] >= latency.loc["sent from store", "p50_ms"]
     assert "routed to persisted" in latency.index
 
+    _athena_answers_as_the_report(spark, archived["where"], report.ReportOptions(since, until), out)
+
     index = render(out)
     page = index.read_text(encoding="utf-8")
     assert page.count('src="data:image/png;base64,') >= 8
     assert "http://" not in page and "https://" not in page  # nothing fetched at view time
     assert json.loads((out / "summary.json").read_text())["messages"] == summary.messages
+
+
+_TIMES = {"messages": "received_at", "events": "at", "deliveries": "routed_at", "acks": "acked_at"}
+
+
+def _athena(spark: SparkSession, name: str, views: dict[str, str], having: bool = True) -> Any:
+    """Saved Athena query ``name`` run by Spark SQL: parsed as Trino's dialect, its archive
+    tables pointed at ``views`` (table → temporary view), written as Spark's dialect by
+    sqlglot (``having``: False drops the HAVING clause); a pandas frame."""
+    query = next(q for q in QUERIES if q.name == name)
+    tree = sqlglot.parse_one(query.for_database("athena"), read="trino")
+    for table in list(tree.find_all(sqlglot.exp.Table)):
+        if table.db == "athena":
+            table.replace(sqlglot.exp.to_table(views[table.name]))
+    if not having:
+        tree.set("having", None)
+    return spark.sql(tree.sql("spark")).toPandas()
+
+
+def _athena_answers_as_the_report(
+    spark: SparkSession, where: Path, options: report.ReportOptions, out: Path
+) -> None:
+    """The saved Athena queries, run by Spark over the archive's rows of the report's range
+    (each table by its own time, as the report limits them), answer what the report wrote
+    in ``<out>/tables`` for the same questions."""
+    assert options.since is not None and options.until is not None
+    views: dict[str, str] = {}
+    before: dict[str, str] = {}
+    for name, column in _TIMES.items():
+        table = archive.read_table(spark, str(where), name)
+        assert table is not None
+        ended = table.where(F.col(column) < F.lit(options.until))
+        views[name] = before[name] = f"athena_{name}_{unique('v').replace('-', '_')}"
+        ended.where(F.col(column) >= F.lit(options.since)).createOrReplaceTempView(views[name])
+        before[name] += "_all"
+        ended.createOrReplaceTempView(before[name])
+
+    levels = _parquet(out / "tables" / "traffic_by_topic_level")
+    first = levels[levels["level"] == 1]
+    want = {r.topic_prefix: (r.messages, r.bytes) for r in first.itertuples()}
+    got = _athena(spark, "traffic-by-topic-level", views)
+    assert len(got) == min(100, len(want))
+    assert {r.topic_level_1: (r.messages, r.bytes) for r in got.itertuples()}.items() <= (
+        want.items()
+    )
+
+    mix = _athena(spark, "qos-mix", views)
+    qos = _parquet(out / "tables" / "qos_mix")
+    assert mix.groupby("qos")["messages"].sum().to_dict() == dict(
+        zip(qos["qos"], qos["messages"], strict=True)
+    )
+    retained = _parquet(out / "tables" / "retained_share")
+    assert mix.groupby("retain")["messages"].sum().to_dict() == dict(
+        zip(retained["retain"], retained["messages"], strict=True)
+    )
+
+    fleet = _athena(spark, "fleet-activity", views)
+    summary = json.loads((out / "summary.json").read_text())
+    assert fleet["connects"].sum() == summary["connects"]
+    reasons = _parquet(out / "tables" / "disconnect_reasons")
+    assert fleet["disconnects"].sum() == reasons["disconnects"].sum()
+
+    # Reconnects: the report looks back before the range for each connect's previous event.
+    # Compared from the range's first whole minute (the report counts connects from since).
+    start = pd.Timestamp(options.since).floor("min")
+    storms = _parquet(out / "tables" / "reconnects_by_minute")
+    storms = storms[storms["minute"] > start]
+    minutes = _athena(spark, "reconnect-storms", before, having=False)
+    minutes = minutes[minutes["minute"] > start]
+    columns = ["minute", "connects", "reconnects"]
+    assert minutes[columns].values.tolist() == storms[columns].values.tolist()
+    flagged = _athena(spark, "reconnect-storms", before)
+    assert set(flagged[flagged["minute"] > start]["minute"]) == set(
+        storms[storms["storm"]]["minute"]
+    )
+
+    latency = _athena(spark, "delivery-latency", views).set_index("stage")
+    table = _parquet(out / "tables" / "latency").set_index("stage")
+    table = table.drop(index="acknowledged", errors="ignore")
+    assert latency["messages"].to_dict() == table["messages"].to_dict()
+    for column in ("p50_ms", "p90_ms", "p99_ms"):
+        # Athena counts whole milliseconds, the report microseconds.
+        assert ((latency[column] - table[column]).abs() < 1).all(), (latency, table)
+
+    auth = _athena(spark, "auth-failures", views)
+    failures = _parquet(out / "tables" / "auth_failures")
+    assert sorted(map(tuple, auth[["client_host", "failures", "client_ids"]].values)) == sorted(
+        map(tuple, failures[["client_host", "failures", "client_ids"]].values)
+    )
+
+    backlog = _athena(spark, "stored-backlog", views)
+    stored = _parquet(out / "tables" / "stored_backlog")
+    want_backlog = {r.client_id: (r.stored, r.acknowledged, r.backlog) for r in stored.itertuples()}
+    assert len(backlog) == min(100, len(want_backlog))
+    assert {
+        r.client_id: (r.stored, r.acknowledged, r.backlog) for r in backlog.itertuples()
+    }.items() <= want_backlog.items()
 
 
 def test_a_missing_or_empty_topic_and_an_empty_archive_give_clear_results(

@@ -251,6 +251,9 @@ def test_cli_archive_on_emr_submits_and_waits(
     options = json.loads(arguments[arguments.index("--kafka-options") + 1])
     assert options["kafka.bootstrap.servers"] == "b-1.msk:9098"
     assert options["kafka.sasl.mechanism"] == "AWS_MSK_IAM"
+    # A first run over a large backlog commits in bounded micro-batches.
+    batch = arguments[arguments.index("--max-records-per-batch") + 1]
+    assert batch == str(AnalyticsSettings().archive_max_records_per_batch)
     jars = driver["sparkSubmit"]["sparkSubmitParameters"].split(" ")[3].split(",")
     assert any("spark-sql-kafka-0-10_2.12-3.5.7.jar" in j for j in jars)
     assert any("aws-msk-iam-auth" in j for j in jars)
@@ -355,6 +358,7 @@ def test_cli_schedule_starts_the_archive_every_n_minutes_within_the_retention(
     assert submit["EntryPoint"].startswith(f"s3://{BUCKET}/cormorant/emr/")
     assert submit["EntryPoint"].endswith("/archive.py")
     assert submit["EntryPointArguments"][:2] == ["--archive", f"s3://{BUCKET}/archive"]
+    assert submit["EntryPointArguments"][-2] == "--max-records-per-batch"
     assert f"PYSPARK_PYTHON={emr.IMAGE_PYTHON}" in submit["SparkSubmitParameters"]
     # The staged files are there for every scheduled start.
     s3 = boto3.client("s3", region_name=REGION)
