@@ -56,6 +56,13 @@ def make_test_settings(
         "auth_failure_exempt_networks": ["127.0.0.1/32"],
         "auth_failure_max_delay_seconds": 0.5,
         "auth_failure_ban_after": 40,
+        # Admin passwords as argon2id of the least cost: at the production parameters (64 MiB,
+        # 3 passes, 4 lanes) one check took 2.6 s of this loaded 2-core machine, and the admin
+        # tests make and check a few hundred (logins, throttled guesses, fuzzed users).
+        # tests/integration/test_admin_users.py proves the production defaults.
+        "admin_password_time_cost": 1,
+        "admin_password_memory_kib": 8,
+        "admin_password_parallelism": 1,
         # Every node of the cluster shares it (as a deployment's secret would be).
         "scram_unknown_user_key": secrets.token_urlsafe(32),
         "ingest_nodes": slot.ingest_nodes,

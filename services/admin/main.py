@@ -21,7 +21,7 @@ from services.admin.api import AdminContext, create_app
 from services.admin.cluster import StatsSampler
 from services.admin.commands import CommandWriter
 from services.admin.state import ClientState
-from services.admin.users import AdminUsers, UserError
+from services.admin.users import AdminUsers, UserError, password_hasher
 from services.common import metrics
 from services.common.auth.manage import CredentialAdmin
 from services.common.auth.store import CredentialStore
@@ -61,7 +61,7 @@ def users_of(settings: Settings) -> AdminUsers:
     hashing = HashingPool(
         settings.admin_hash_workers, pending, max(1, pending // 4), "admin-password"
     )
-    return AdminUsers(pool, settings.admin_token_ttl_seconds, hashing)
+    return AdminUsers(pool, settings.admin_token_ttl_seconds, hashing, password_hasher(settings))
 
 
 async def bootstrap_user(settings: Settings, users: AdminUsers) -> None:

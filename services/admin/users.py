@@ -1,8 +1,9 @@
 """Admin users, their bearer tokens and the audit trail, in PostgreSQL.
 
-Passwords are kept as argon2id hashes (argon2-cffi's defaults: RFC 9106's second
-recommended parameter set); a login returns a random bearer token (32 bytes, URL-safe
-base64) that is kept only as its SHA-256 and expires after ``admin_token_ttl_seconds``.
+Passwords are kept as argon2id hashes (by default argon2-cffi's parameters, RFC 9106's
+second recommended set; the ``admin_password_*`` settings, :func:`password_hasher`); a login
+returns a random bearer token (32 bytes, URL-safe base64) that is kept only as its SHA-256
+and expires after ``admin_token_ttl_seconds``.
 Every mutating call of the admin API is written to ``admin_audit`` (who, what, on what,
 when, its HTTP status). The tables are migrations of the shared schema
 (``services/common/stores/migrations/0003_admin.sql``), applied by the shared pool
@@ -19,11 +20,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from argon2 import PasswordHasher
+from argon2 import PasswordHasher, Type
 from argon2.exceptions import InvalidHashError, VerificationError
 from psycopg.types.json import Jsonb
 
 from services.common.auth.throttle import HashingPool
+from services.common.settings import Settings
 from services.common.stores.postgres_pool import Connection, MigratedPool
 
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
@@ -32,7 +34,17 @@ USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 MIN_PASSWORD_LENGTH = 12
 """The shortest password an admin user may have (NIST SP 800-63B asks at least 8)."""
 
-_HASHER = PasswordHasher()  # argon2id
+
+def password_hasher(settings: Settings) -> PasswordHasher:
+    """The argon2id hasher of admin passwords: ``settings``' ``admin_password_time_cost``
+    (passes), ``admin_password_memory_kib`` (KiB) and ``admin_password_parallelism``
+    (lanes); argon2-cffi's salt (16 bytes) and hash (32 bytes) lengths."""
+    return PasswordHasher(
+        time_cost=settings.admin_password_time_cost,
+        memory_cost=settings.admin_password_memory_kib,
+        parallelism=settings.admin_password_parallelism,
+        type=Type.ID,
+    )
 
 
 class UserError(ValueError):
@@ -86,21 +98,38 @@ class AdminUsers:
     :class:`~services.common.stores.base.StoreUnavailable` when PostgreSQL cannot answer
     in time.
 
-    Passwords are hashed and verified in ``hashing`` (default: one thread, 64 checks
-    waiting at most), never on the event loop, so a storm of logins leaves every other
-    request of the admin service its share of the loop; a check the pool refuses raises
+    Passwords are hashed by ``hasher`` (default: argon2id with the default settings'
+    parameters, :func:`password_hasher`) and verified in ``hashing`` (default: one thread,
+    64 checks waiting at most), never on the event loop, so a storm of logins leaves every
+    other request of the admin service its share of the loop; a check the pool refuses raises
     :class:`~services.common.auth.throttle.PoolBusy` or
     :class:`~services.common.auth.throttle.SourceBusy`."""
 
     def __init__(
-        self, pool: MigratedPool, token_ttl: float, hashing: HashingPool | None = None
+        self,
+        pool: MigratedPool,
+        token_ttl: float,
+        hashing: HashingPool | None = None,
+        hasher: PasswordHasher | None = None,
     ) -> None:
         self.pool = pool
         self.token_ttl = token_ttl
         self.hashing = hashing or HashingPool(1, 64, 64, "admin-password")
+        self.hasher = hasher or password_hasher(Settings())
+        # Verified when a login names no user, so that it takes as long as one that does.
+        self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
 
     async def _hash(self, password: str) -> str:
-        return await self.hashing.run(None, lambda: _HASHER.hash(password))
+        return await self.hashing.run(None, lambda: self.hasher.hash(password))
+
+    def _verify(self, stored: str | None, password: str) -> bool:
+        """Whether ``password`` matches the hash ``stored``; for no stored hash (an unknown
+        user) a dummy hash of the same parameters is verified, so that such a login takes
+        as long as one that names a user, and False is returned. Runs in ``hashing``."""
+        if stored is None:
+            _check(self.hasher, self._dummy_hash, password)
+            return False
+        return _check(self.hasher, stored, password)
 
     async def add(self, username: str, password: str) -> None:
         """Create user ``username`` with ``password``. Raises :class:`UserError` for a bad
@@ -184,13 +213,12 @@ class AdminUsers:
             return None if row is None else str(row[0])
 
         stored = await self.pool.run("login", stored_hash)
-        if not await self.hashing.run(source, lambda: _verify(stored or _DUMMY_HASH, password)):
+        if not await self.hashing.run(source, lambda: self._verify(stored, password)):
             return None
-        if stored is None:
-            return None
+        assert stored is not None  # _verify is False without a stored hash
         token = secrets.token_urlsafe(32)
         expires_at = datetime.now(UTC) + timedelta(seconds=self.token_ttl)
-        rehashed = await self._hash(password) if _HASHER.check_needs_rehash(stored) else None
+        rehashed = await self._hash(password) if self.hasher.check_needs_rehash(stored) else None
 
         async def issue(conn: Connection) -> None:
             await conn.execute("DELETE FROM admin_tokens WHERE expires_at < now()")
@@ -270,12 +298,8 @@ class AdminUsers:
         await self.pool.run("ping", body)
 
 
-def _verify(encoded: str, password: str) -> bool:
+def _check(hasher: PasswordHasher, encoded: str, password: str) -> bool:
     try:
-        return _HASHER.verify(encoded, password)
+        return hasher.verify(encoded, password)
     except (VerificationError, InvalidHashError):
         return False
-
-
-_DUMMY_HASH = _HASHER.hash(secrets.token_urlsafe(16))
-"""Verified when a login names no user, so that it takes as long as one that does."""

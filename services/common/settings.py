@@ -727,6 +727,30 @@ class Settings(BaseSettings):
         description="Admin password checks that may wait for those threads; past it a login "
         "gets 503 with Retry-After; one address may hold at most a quarter of them (429).",
     )
+    admin_password_time_cost: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="argon2id passes over memory for admin passwords (default: RFC 9106's "
+        "second recommended set, t=3, m=64 MiB, p=4, argon2-cffi's default). New hashes and "
+        "logins use it; a stored hash made with other parameters is rehashed at its user's "
+        "next successful login. Lower only where the hashes protect nothing (the test "
+        "suite's cluster).",
+    )
+    admin_password_memory_kib: int = Field(
+        65_536,
+        ge=8,
+        le=4 * 1024 * 1024,
+        description="argon2id memory for admin passwords, in KiB (default 65536 = 64 MiB; at "
+        "least 8 per lane of admin_password_parallelism). Each check running in the "
+        "admin_hash_workers threads holds this much.",
+    )
+    admin_password_parallelism: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="argon2id lanes of admin passwords (default 4).",
+    )
     admin_bootstrap_user: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9._@-]{1,64}$",
@@ -881,6 +905,16 @@ class Settings(BaseSettings):
         taken = {port for port in ports if port and ports.count(port) > 1}
         if taken:
             raise ValueError(f"two listeners on port {min(taken)}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_admin_password_cost(self) -> Settings:
+        """argon2 needs at least 8 KiB of memory per lane (RFC 9106 3.1)."""
+        if self.admin_password_memory_kib < 8 * self.admin_password_parallelism:
+            raise ValueError(
+                "admin_password_memory_kib must be at least 8 per lane of "
+                f"admin_password_parallelism ({8 * self.admin_password_parallelism})"
+            )
         return self
 
 

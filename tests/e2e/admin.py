@@ -1,9 +1,10 @@
 """The admin API of the test cluster, for the admin, console and fuzzing tests: an admin user
-made with ``cormorant admin-users add``, a logged-in HTTP session, and the web console
-logged in in a real browser."""
+(made with ``cormorant admin-users add``, or straight through what that command calls), a
+logged-in HTTP session, and the web console logged in in a real browser."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from typing import Any
 import requests
 from playwright.sync_api import Browser, Page, expect
 
+from services.admin.main import users_of
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.commands import run_cormorant
@@ -72,11 +74,31 @@ def login(url: str, username: str, password: str = PASSWORD) -> str:
     return token
 
 
-def admin_api(settings: LocalSettings) -> AdminApi:
-    """A new admin user of the running test cluster, logged in."""
+def add_user_directly(settings: LocalSettings, username: str, password: str = PASSWORD) -> None:
+    """Create admin user ``username`` in the test cluster's PostgreSQL as ``cormorant
+    admin-users add`` does (:func:`services.admin.main.users_of` with the settings the
+    command gets), in this process: without the command's own Python start (seconds)."""
+
+    async def add() -> None:
+        users = users_of(local_cluster.runtime_settings(local_cluster.local_settings(settings)))
+        try:
+            await users.add(username, password)
+        finally:
+            await users.pool.close()
+
+    asyncio.run(add())
+
+
+def admin_api(settings: LocalSettings, *, cli: bool = False) -> AdminApi:
+    """A new admin user of the running test cluster, logged in: made with ``cormorant
+    admin-users add`` (:func:`add_user`) when ``cli`` (tests/e2e/test_admin_api.py's user, so
+    the command is proven once a session), else by :func:`add_user_directly`."""
     url = f"http://127.0.0.1:{settings.admin_port}"
     username = f"admin-{uuid.uuid4().hex[:8]}"
-    add_user(settings, username)
+    if cli:
+        add_user(settings, username)
+    else:
+        add_user_directly(settings, username)
     return AdminApi(url, username, login(url, username))
 
 

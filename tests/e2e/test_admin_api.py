@@ -24,8 +24,9 @@ STATE_SECONDS = 30.0
 
 @pytest.fixture(scope="module")
 def api(settings: LocalSettings) -> AdminApi:
-    """A logged-in admin user of the running test cluster."""
-    return admin_api(running(settings))
+    """A logged-in admin user of the running test cluster, made with ``cormorant
+    admin-users add`` (the command's proof)."""
+    return admin_api(running(settings), cli=True)
 
 
 def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:
