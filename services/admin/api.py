@@ -15,8 +15,13 @@ headers, the error answers, the console's and Swagger UI's files.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
@@ -45,13 +50,29 @@ from services.common.versions import cormorant_version
 __all__ = ["AdminContext", "create_app"]
 
 
+class _EscapedJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error can echo the request's text
+    back, and JSON bodies can carry lone surrogates, which UTF-8 cannot encode (Starlette's
+    own rendering then fails, and a refused request would be answered 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def _answer_errors(app: FastAPI) -> None:
-    """Answer errors as ``{"detail": ...}``: an :class:`HTTPException` with its status,
-    Kafka or PostgreSQL not answering with 503."""
+    """Answer errors as ``{"detail": ...}``: a request its schema refuses with 422 and
+    pydantic's errors (as FastAPI does), an :class:`HTTPException` with its status, Kafka
+    or PostgreSQL not answering with 503."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _EscapedJSONResponse({"detail": jsonable_encoder(exc.errors())}, 422)
 
     @app.exception_handler(HTTPException)
     async def problem(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"detail": str(exc.detail)}, exc.status_code, headers=exc.headers)
+        return _EscapedJSONResponse(
+            {"detail": str(exc.detail)}, exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(KafkaError)
     async def kafka_down(request: Request, exc: KafkaError) -> JSONResponse:

@@ -261,13 +261,15 @@ class AdminUsers:
     async def audit(
         self, username: str, action: str, target: str, detail: dict[str, Any], status: int
     ) -> None:
-        """Record one mutating call."""
+        """Record one mutating call, refused ones included: a ``target`` or ``detail`` text
+        PostgreSQL cannot keep (U+0000, a lone surrogate, which JSON bodies can carry) is
+        recorded escaped (``\\x00``, ``\\udc80``) rather than losing the entry."""
 
         async def body(conn: Connection) -> None:
             await conn.execute(
                 "INSERT INTO admin_audit (username, action, target, detail, status) "
                 "VALUES (%s, %s, %s, %s, %s)",
-                (username, action, target, Jsonb(detail), status),
+                (username, action, _storable(target), Jsonb(_storable_json(detail)), status),
             )
 
         await self.pool.run("audit", body)
@@ -296,6 +298,22 @@ class AdminUsers:
             await conn.execute("SELECT 1")
 
         await self.pool.run("ping", body)
+
+
+def _storable(text: str) -> str:
+    """``text`` with what PostgreSQL's ``text`` and ``jsonb`` refuse escaped: U+0000 as
+    ``\\x00``, a lone surrogate as ``\\udXXX`` (backslashreplace); other text unchanged."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _storable_json(value: Any) -> Any:
+    if isinstance(value, str):
+        return _storable(value)
+    if isinstance(value, dict):
+        return {_storable(str(key)): _storable_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable_json(item) for item in value]
+    return value
 
 
 def _check(hasher: PasswordHasher, encoded: str, password: str) -> bool:
