@@ -82,52 +82,58 @@ def status(outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, as_js
         sys.exit(1)
 
 
-@cloud.command("create-topics")
-@_outputs_options
-@click.option(
+def _run_one_off(
+    outputs_file: IO[str] | None,
+    old_outputs_file: IO[str] | None,
+    timeout: float,
+    command: str,
+    done: str,
+) -> None:
+    """Run the stack's one-off task with ``command`` (a service command of the image, on
+    Fargate in the stack's network), wait up to ``timeout`` seconds for it, and print
+    ``done`` with the task and where its log is. Raises :class:`click.ClickException`
+    when the task fails or AWS refuses."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from services.cloud.topics_task import TaskFailed, run_topics_task
+
+    outputs = _read_outputs(outputs_file, old_outputs_file)
+    ecs = boto3.client("ecs", region_name=outputs.region)
+    try:
+        result = run_topics_task(ecs, outputs, timeout, command)
+    except (TaskFailed, ClientError, BotoCoreError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{done} (task {result.task_arn})")
+    click.echo(f"logs: {result.log_group} {result.log_stream}")
+
+
+_TIMEOUT = click.option(
     "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the task."
 )
+
+
+@cloud.command("create-topics")
+@_outputs_options
+@_TIMEOUT
 def create_topics(
     outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, timeout: float
 ) -> None:
     """Run the stack's one-off topics task (`cormorant create-topics` on Fargate, in the
     stack's network) and wait until it has created the Kafka topics."""
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
+    from services.command_names import TOPICS_COMMAND
 
-    from services.cloud.topics_task import TaskFailed, run_topics_task
-
-    outputs = _read_outputs(outputs_file, old_outputs_file)
-    ecs = boto3.client("ecs", region_name=outputs.region)
-    try:
-        result = run_topics_task(ecs, outputs, timeout)
-    except (TaskFailed, ClientError, BotoCoreError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"topics created (task {result.task_arn})")
-    click.echo(f"logs: {result.log_group} {result.log_stream}")
+    _run_one_off(outputs_file, old_outputs_file, timeout, TOPICS_COMMAND, "topics created")
 
 
 @cloud.command("migrate-db")
 @_outputs_options
-@click.option(
-    "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the task."
-)
+@_TIMEOUT
 def migrate_db(
     outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, timeout: float
 ) -> None:
     """Run the stack's one-off migration task (`cormorant migrate-db` on Fargate): the
     PostgreSQL schema, and the services' own role with the password in its secret."""
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from services.cloud.topics_task import TaskFailed, run_topics_task
     from services.command_names import MIGRATE_COMMAND
 
-    outputs = _read_outputs(outputs_file, old_outputs_file)
-    ecs = boto3.client("ecs", region_name=outputs.region)
-    try:
-        result = run_topics_task(ecs, outputs, timeout, MIGRATE_COMMAND)
-    except (TaskFailed, ClientError, BotoCoreError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"database migrated (task {result.task_arn})")
-    click.echo(f"logs: {result.log_group} {result.log_stream}")
+    _run_one_off(outputs_file, old_outputs_file, timeout, MIGRATE_COMMAND, "database migrated")

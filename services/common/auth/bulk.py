@@ -236,16 +236,7 @@ def export_row(credential: Credential, include_secrets: bool = False) -> dict[st
             for s in credential.scram
         ]
     if credential.certificate is not None:
-        match = credential.certificate
-        row["certificate"] = {
-            k: v
-            for k, v in (
-                ("fingerprint", match.fingerprint),
-                ("common_name", match.common_name),
-                ("san", match.san),
-            )
-            if v is not None
-        }
+        row["certificate"] = credential.certificate.as_dict()
     if credential.jwt is not None:
         settings = credential.jwt
         jwt: dict[str, Any] = {"algorithms": list(settings.algorithms)}

@@ -130,6 +130,13 @@ class CertificateMatch:
     common_name: str | None = None
     san: str | None = None
 
+    def as_dict(self) -> dict[str, str]:
+        """The match as the admin API and the credentials export show it: the one field
+        that is set, by name (``{"common_name": "sensor-*"}``)."""
+        fields = (("fingerprint", self.fingerprint), ("common_name", self.common_name),
+                  ("san", self.san))  # fmt: skip
+        return {name: value for name, value in fields if value is not None}
+
     def matched_san(self, identity: CertificateIdentity) -> str | None:
         """The first Subject Alternative Name of ``identity`` that the ``san`` pattern
         matches (None: none, or this match is not by SAN)."""

@@ -238,16 +238,7 @@ def public_view(credential: Credential) -> dict[str, Any]:
             {"mechanism": s.mechanism, "iterations": s.iterations} for s in credential.scram
         ]
     elif credential.type is CredentialType.X509 and credential.certificate is not None:
-        match = credential.certificate
-        view["certificate"] = {
-            k: v
-            for k, v in (
-                ("fingerprint", match.fingerprint),
-                ("common_name", match.common_name),
-                ("san", match.san),
-            )
-            if v is not None
-        }
+        view["certificate"] = credential.certificate.as_dict()
     elif credential.type is CredentialType.JWT and credential.jwt is not None:
         settings = credential.jwt
         view["jwt"] = {
