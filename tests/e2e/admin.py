@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -86,7 +87,10 @@ def add_user_directly(settings: LocalSettings, username: str, password: str = PA
         finally:
             await users.pool.close()
 
-    asyncio.run(add())
+    # In a thread of its own: Playwright's sync API keeps an event loop running in this one
+    # once a browser is open, and asyncio.run refuses to start inside a running loop.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, add()).result()
 
 
 def admin_api(settings: LocalSettings, *, cli: bool = False) -> AdminApi:
