@@ -87,7 +87,12 @@ def _users(request: Request) -> AdminUsers:
     response_model=ImportResponse,
     responses={
         **ERRORS,
-        422: {"model": ImportResponse, "description": "A row is not valid: nothing written."},
+        422: {
+            # Rows refused (each with its error), or the request itself (a row that is not
+            # an object, text PostgreSQL cannot keep): nothing written either way.
+            "model": ImportResponse | models.Problem,
+            "description": "A row or the request is not valid: nothing written.",
+        },
         503: {"model": models.Problem, "description": "PostgreSQL did not answer."},
     },
 )
