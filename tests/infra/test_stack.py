@@ -755,8 +755,8 @@ def test_every_service_registers_its_tasks_in_dns(deployment: Deployment) -> Non
 
 
 def test_the_ecs_scrape_configuration_names_the_stacks_tasks(prod: Deployment) -> None:
-    # monitoring/prometheus/ecs.yml is written for the stack `prod`.
-    config = yaml.safe_load((ROOT / "monitoring/prometheus/ecs.yml").read_text(encoding="utf-8"))
+    # monitoring/prometheus/ecs.yml as the stack exports it, its namespace filled in.
+    config = yaml.safe_load(prod.outputs["prometheusConfig"])
     namespace = prod.outputs["serviceDnsNamespace"]
     for job in config["scrape_configs"]:
         [discovery] = job["dns_sd_configs"]
