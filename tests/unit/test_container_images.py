@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import main
-from services.command_names import SERVICE_COMMANDS, TOPICS_COMMAND
+from services.command_names import MIGRATE_COMMAND, SERVICE_COMMANDS, TOPICS_COMMAND
 from services.common.settings import Settings
 from tests.commands import run_cormorant
 
@@ -110,16 +110,17 @@ def entry_point(stage: Stage, stages: list[Stage]) -> list[str]:
         stage = named[stage.base]
 
 
-def test_one_target_per_service_and_the_topics_task(stages: list[Stage]) -> None:
+def test_one_target_per_service_and_the_one_off_tasks(stages: list[Stage]) -> None:
     targets = {
         stage.name: entry_point(stage, stages) for stage in stages if stage.values("ENTRYPOINT")
     }
     expected = {command: ["cormorant", command] for command in SERVICE_COMMANDS}
     expected["topics"] = ["cormorant", TOPICS_COMMAND]
+    expected["migrate"] = ["cormorant", MIGRATE_COMMAND]
     assert targets == expected
 
 
-@pytest.mark.parametrize("command", [*SERVICE_COMMANDS, TOPICS_COMMAND])
+@pytest.mark.parametrize("command", [*SERVICE_COMMANDS, TOPICS_COMMAND, MIGRATE_COMMAND])
 def test_entry_point_command_exists_and_starts(command: str) -> None:
     assert command in main.commands
     # As the image runs it, minus the installed script: the module behind `cormorant`.
