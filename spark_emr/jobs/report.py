@@ -281,8 +281,12 @@ def fleet_tables(
         .where(F.col("kind") == "CONNECTED")
         .where(_in_range(F.col("at"), options))
     )
-    is_reconnect = (F.col("previous_kind") == "DISCONNECTED") & (
-        _millis(F.col("at"), F.col("previous_at")) <= RECONNECT_WINDOW_SECONDS * 1000
+    # A client's first connect has no previous event: not a reconnect (false, not null, or a
+    # minute of first connects only would count null reconnects, as Athena's count_if does not).
+    is_reconnect = F.coalesce(
+        (F.col("previous_kind") == "DISCONNECTED")
+        & (_millis(F.col("at"), F.col("previous_at")) <= RECONNECT_WINDOW_SECONDS * 1000),
+        F.lit(False),
     )
     reconnects = (
         previous.groupBy(F.date_trunc("minute", "at").alias("minute"))
