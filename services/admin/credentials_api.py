@@ -66,12 +66,14 @@ Ref = Annotated[
 ]
 
 
-def _admin(request: Request) -> CredentialAdmin:
+def credential_admin(request: Request) -> CredentialAdmin:
+    """The app's :class:`CredentialAdmin` (``app.state.context.credentials``)."""
     admin: CredentialAdmin = request.app.state.context.credentials
     return admin
 
 
-def _users(request: Request) -> AdminUsers:
+def admin_users_of(request: Request) -> AdminUsers:
+    """The app's :class:`AdminUsers` (``app.state.context.users``), who audit every change."""
     users: AdminUsers = request.app.state.context.users
     return users
 
@@ -135,7 +137,7 @@ async def _audited(
     404 or 409, and audit it with the status it ends with, ``status`` when it succeeds
     (``detail`` never holds a secret)."""
     return await audited_store_change(
-        _users(request), user, action, target, detail, change, status,
+        admin_users_of(request), user, action, target, detail, change, status,
         (((CredentialError, RuleError), 422), (CredentialNotFound, 404), (CredentialConflict, 409)),
     )  # fmt: skip
 
@@ -147,7 +149,7 @@ async def list_credentials(
     type: Annotated[models.CredentialTypeName | None, Query(description="Only this type.")] = None,
 ) -> models.CredentialList:
     """Every credential (of one type, if given), by name, with its rules."""
-    found = await _admin(request).list(None if type is None else CredentialType(type))
+    found = await credential_admin(request).list(None if type is None else CredentialType(type))
     return models.CredentialList(credentials=[view(c) for c in found])
 
 
@@ -180,7 +182,7 @@ async def add_credential(
     )
     detail = {"type": body.type, "kind": body.kind, "rules": len(body.rules),
               "allow_all": body.allow_all, "generate_secret": body.generate_secret}  # fmt: skip
-    admin = _admin(request)
+    admin = credential_admin(request)
     if body.generate_secret:
         created, secret = await _audited(
             request, user, "add-credential", body.name, detail,
@@ -202,7 +204,7 @@ async def add_credential(
 async def show_credential(request: Request, ref: Ref, user: User) -> models.CredentialView:
     """One credential, with its rules."""
     try:
-        return view(await _admin(request).get(ref))
+        return view(await credential_admin(request).get(ref))
     except CredentialNotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -242,7 +244,7 @@ async def change_credential(
         "change-credential",
         ref,
         detail,
-        lambda: _admin(request).update(ref, changes),
+        lambda: credential_admin(request).update(ref, changes),
     )
     return view(changed)
 
@@ -255,6 +257,12 @@ async def change_credential(
 async def delete_credential(request: Request, ref: Ref, user: User) -> Response:
     """Delete a credential; its connected clients are disconnected (Reason Code 0x98)."""
     await _audited(
-        request, user, "delete-credential", ref, {}, lambda: _admin(request).delete(ref), 204
+        request,
+        user,
+        "delete-credential",
+        ref,
+        {},
+        lambda: credential_admin(request).delete(ref),
+        204,
     )
     return Response(status_code=204)

@@ -25,10 +25,9 @@ from pydantic import BaseModel, Field
 from services.admin import models
 from services.admin.auth import ERRORS, User
 from services.admin.context import audited_store_change
-from services.admin.users import AdminUsers
+from services.admin.credentials_api import admin_users_of, credential_admin
 from services.common.auth.bulk import MAX_ROWS, BulkError, export_row, import_rows
 from services.common.auth.credentials import CredentialType
-from services.common.auth.manage import CredentialAdmin
 
 router = APIRouter(prefix="/api", tags=["credentials"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -72,16 +71,6 @@ class ExportResponse(BaseModel):
     credentials: list[dict[str, Any]]
 
 
-def _admin(request: Request) -> CredentialAdmin:
-    admin: CredentialAdmin = request.app.state.context.credentials
-    return admin
-
-
-def _users(request: Request) -> AdminUsers:
-    users: AdminUsers = request.app.state.context.users
-    return users
-
-
 @router.post(
     "/credentials:import",
     response_model=ImportResponse,
@@ -99,7 +88,7 @@ def _users(request: Request) -> AdminUsers:
 async def import_credentials(request: Request, body: ImportRequest, user: User) -> JSONResponse:
     """Create up to 10,000 credentials in one transaction, all or none, each checked as
     `POST /api/credentials` checks one; the answer lists every row's outcome."""
-    admin = _admin(request)
+    admin = credential_admin(request)
     detail = {"rows": len(body.credentials), "dry_run": body.dry_run}
 
     async def change() -> Any:
@@ -109,7 +98,7 @@ async def import_credentials(request: Request, body: ImportRequest, user: User) 
             return str(exc)
 
     outcome = await audited_store_change(
-        _users(request), user, "import-credentials", f"{len(body.credentials)} credentials",
+        admin_users_of(request), user, "import-credentials", f"{len(body.credentials)} credentials",
         detail, change, 200, (),
     )  # fmt: skip
     if isinstance(outcome, str):
@@ -153,9 +142,9 @@ async def export_credentials(
     type: Annotated[models.CredentialTypeName | None, Query(description="Only this type.")] = None,
 ) -> ExportResponse:
     """Every credential (of one type, if given) as an import row, by name."""
-    found = await _admin(request).list(None if type is None else CredentialType(type))
+    found = await credential_admin(request).list(None if type is None else CredentialType(type))
     if include_secrets:
-        await _users(request).audit(
+        await admin_users_of(request).audit(
             user, "export-credentials", f"{len(found)} credentials", {"secrets": True}, 200
         )
     return ExportResponse(
