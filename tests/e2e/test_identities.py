@@ -171,7 +171,9 @@ async def test_a_connected_owner_is_not_kicked_out_by_another_principal(
 async def test_a_jwt_client_cannot_choose_the_user_name_its_rules_are_built_from(
     cluster: LocalCluster, admin: CredentialAdmin
 ) -> None:
-    issuer, secret = unique("issuer"), "the fleet issuer's HMAC secret (32 bytes or more)"
+    # A secret of its own: a token that verifies under another JWT credential's key (test_auth
+    # uses a fixed one) is that credential's, and is refused for its audience.
+    issuer, secret = unique("issuer"), unique("this issuer's HMAC secret, 32 bytes or more")
     base = unique("secbar")
     await admin.add(
         CredentialSpec(
