@@ -82,8 +82,9 @@ class Observability(pulumi.ComponentResource):
             )
         # No services before the first image (a new stack's first up): nothing to count,
         # and a missing count would be breaching.
-        for command in shared.SERVICE_COMMANDS if compute is not None else ():
-            self._tasks_below_desired(command, compute)
+        if compute is not None:
+            for command in shared.SERVICE_COMMANDS:
+                self._tasks_below_desired(command, compute)
         for member in cache.member_ids:
             for metric, threshold in (
                 ("EngineCPUUtilization", CPU_PERCENT),

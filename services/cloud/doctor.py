@@ -300,7 +300,8 @@ def check_kafka(kafka: Client, cluster_arn: str, topic_prefix: str) -> list[Find
     (ListTopics; not asked while the cluster is not ACTIVE)."""
     name = cluster_arn.split("/")[1] if "/" in cluster_arn else cluster_arn
     try:
-        state = kafka.describe_cluster_v2(ClusterArn=cluster_arn)["ClusterInfo"]["State"]
+        info = kafka.describe_cluster_v2(ClusterArn=cluster_arn)["ClusterInfo"]
+        state, name = info["State"], info.get("ClusterName", name)
     except ClientError as exc:
         cause = _aws_error(exc)
         return [

@@ -5,9 +5,10 @@ moto (5.2) models what the doctor reads of ECS (services, task definitions), ECR
 ElastiCache, RDS, CloudWatch alarms, SNS subscriptions and Secrets Manager. It does not
 model: an MSK cluster leaving CREATING, nor MSK's ListTopics (both answered here by
 botocore's Stubber, as in test_status.py); an unhealthy NLB target (its IP targets are
-always healthy); a deployment FAILED by the circuit breaker. Those verdicts are tested on
-the response shapes the AWS API references document (DescribeTargetHealth, ListTopics,
-DescribeServices' ``deployments``).
+always healthy); a deployment FAILED by the circuit breaker; an e-mail subscription
+pending confirmation (moto confirms every subscription at once). Those verdicts are tested
+on the response shapes the AWS API references document (DescribeTargetHealth, ListTopics,
+DescribeServices' ``deployments``, ListSubscriptionsByTopic's ``PendingConfirmation``).
 """
 
 from __future__ import annotations
@@ -165,18 +166,15 @@ def test_what_breaks_a_deployment_fails_with_a_hint(
     aws: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     outputs = build_deployed_stack(monkeypatch)
-    # The services run an older image than the stack declares (a rollback), the e-mail
-    # subscription is the only one and is not confirmed, an alarm lost its action, a
-    # secret is scheduled for deletion; MSK is still CREATING in moto.
+    # The services run an older image than the stack declares (a rollback), the topic
+    # lost its only subscription, an alarm lost its action, a secret is scheduled for
+    # deletion; MSK is still CREATING in moto.
     outputs["serviceImage"] = outputs["serviceImage"].split("@")[0] + "@sha256:" + "e" * 64
     sns = boto3.client("sns", REGION)
     [confirmed] = sns.list_subscriptions_by_topic(TopicArn=outputs["alarmTopicArn"])[
         "Subscriptions"
     ]
     sns.unsubscribe(SubscriptionArn=confirmed["SubscriptionArn"])
-    sns.subscribe(
-        TopicArn=outputs["alarmTopicArn"], Protocol="email", Endpoint="oncall@example.com"
-    )
     boto3.client("cloudwatch", REGION).put_metric_alarm(
         AlarmName="cormorant-prod-rds-memory-4e5f",
         Namespace="AWS/RDS",
@@ -200,8 +198,8 @@ def test_what_breaks_a_deployment_fails_with_a_hint(
         ecs = failed[("ecs", command)]
         assert "the stack declares" in ecs["detail"] and "rolled the release back" in ecs["hint"]
     [subscription] = [f for (check, _), f in failed.items() if check == "subscription"]
-    assert subscription["detail"].startswith("0 confirmed, 1 pending confirmation")
-    assert "follow the link AWS mailed" in subscription["hint"]
+    assert subscription["detail"] == "0 confirmed, 0 pending confirmation: no alarm reaches anyone"
+    assert "set cormorant:alarmEmail" in subscription["hint"]
     [alarms] = [f for (check, _), f in failed.items() if check == "alarms"]
     assert alarms["detail"] == (
         "1 of 3 alarms do not notify the topic: cormorant-prod-rds-memory-4e5f"
@@ -212,7 +210,7 @@ def test_what_breaks_a_deployment_fails_with_a_hint(
     assert failed[("topics", "cormorant-prod")]["detail"] == "not checked: the cluster is CREATING"
     # The same, for people: one line per check.
     lines = CliRunner().invoke(main, ["cloud", "doctor", "--stack-outputs", str(path)]).output
-    assert "FAIL subscription cormorant-prod-alarms: 0 confirmed, 1 pending" in lines
+    assert "FAIL subscription cormorant-prod-alarms: 0 confirmed, 0 pending" in lines
     assert "OK   rds cormorant-prod-0001: available" in lines
 
 

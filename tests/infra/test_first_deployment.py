@@ -229,6 +229,8 @@ def test_stateful_resources_are_protected_in_production(prod: Deployment, dev: D
         "aws:elasticache/replicationGroup:ReplicationGroup",
         "aws:rds/instance:Instance",
         "aws:s3/bucket:Bucket",
+        # The releases' images: a rollback needs them (issue 24, part 2).
+        "aws:ecr/repository:Repository",
     }
     assert not any(r.protect for r in dev.resources)
 

@@ -413,7 +413,7 @@ def test_every_service_has_its_log_group_and_autoscaling(deployment: Deployment)
         assert container["logConfiguration"]["logDriver"] == "awslogs"
         assert options["awslogs-group"] in log_groups
         assert options["awslogs-group"].endswith(f"/{command}")
-        if command in compute.ONE_OFF_TARGETS:
+        if command in compute.ONE_OFF_COMMANDS:
             continue
         target = targets[f"service/{cluster}/{command}"]
         assert 1 <= target["minCapacity"] <= target["maxCapacity"]
@@ -957,6 +957,7 @@ def test_components_are_component_resources(dev: Deployment) -> None:
                 f"cormorant:{kind}:{kind.capitalize()}"
                 for kind in (
                     "network",
+                    "images",
                     "kafka",
                     "cache",
                     "database",
