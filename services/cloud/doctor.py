@@ -127,7 +127,7 @@ def service_finding(
     name = service["serviceName"]
     running, desired = service["runningCount"], service["desiredCount"]
     deployments = service.get("deployments", [])
-    primary = next((d for d in deployments if d.get("status") == "PRIMARY"), {})
+    primary: dict[str, Any] = next((d for d in deployments if d.get("status") == "PRIMARY"), {})
     rollout = primary.get("rolloutState", "COMPLETED")
     detail = f"{running}/{desired} tasks running, deployment {rollout}"
     failed = [d for d in deployments if d.get("rolloutState") == "FAILED"]
