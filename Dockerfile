@@ -1,13 +1,17 @@
 # syntax=docker/dockerfile:1.7
-# Cormorant's container images: one build, one target per deployable service.
+# Cormorant's container image: one image for every `cormorant` command.
 #
-#   docker build --target router -t cormorant:0.1.0-router .
+#   docker buildx build --platform linux/amd64 --provenance=false -t "$REPO:0.1.0" --push .
+#   docker run --rm "$REPO:0.1.0" router          # any command: ingest, router, ...
 #
-# Targets: ingest, router, device-persist, app-delivery, admin (the services) and topics
-# (the one-off task that creates the Kafka topics). Each target's entry point is its `cormorant`
-# command (services/cli.py); settings come from CORMORANT_* environment variables.
-# Only the builder stage has compilers; the final stages hold the virtualenv and run as an
-# unprivileged user.
+# The entry point is the `cormorant` CLI (services/cli.py); the command picks what runs:
+# the services (ingest, router, device-persist, app-delivery, admin) and the one-off tasks
+# (create-topics, migrate-db). The ECS task definitions (infra/) run this image by digest
+# with their command. One image rather than one per command: the per-command targets this
+# file had added only metadata (entry point, ports, a health check), no file, so their
+# layers were the same bytes; one image is one push, one scan and one digest per release.
+# Settings come from CORMORANT_* environment variables. Only the builder stage has
+# compilers; the final stage holds the virtualenv and runs as an unprivileged user.
 
 ARG PYTHON_VERSION=3.11
 
@@ -38,46 +42,24 @@ ADD --chmod=644 https://truststore.pki.rds.amazonaws.com/global/global-bundle.pe
     /etc/ssl/certs/rds-global-bundle.pem
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/cormorant cormorant
 COPY --from=builder /opt/cormorant /opt/cormorant
+# Every process listens beyond its loopback: the admin service on CORMORANT_ADMIN_PORT.
 ENV PATH=/opt/cormorant/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     CORMORANT_SETTINGS_FILE=/dev/null \
     CORMORANT_READY_FILE=/tmp/cormorant.ready \
-    CORMORANT_HTTP_HOST=0.0.0.0
+    CORMORANT_HTTP_HOST=0.0.0.0 \
+    CORMORANT_ADMIN_HOST=0.0.0.0
 USER 10001:10001
 WORKDIR /home/cormorant
-# Every service serves /health, /ready and /metrics on CORMORANT_HTTP_PORT (9180): the
-# health check GETs its own /health (alive); load balancers use /ready.
-EXPOSE 9180
+# Every data-path service serves /health, /ready and /metrics on CORMORANT_HTTP_PORT (9180);
+# ingest takes MQTT on 1883 and 8883; the admin service serves its REST API (/api, /docs),
+# console (/) and /health on CORMORANT_ADMIN_PORT (9170).
+EXPOSE 9180 1883 8883 9170
+# The data-path services' check: a GET of their own /health (alive); load balancers use
+# /ready. The admin service's is `python -m services.common.probe --admin /health`, and the
+# one-off tasks have none: their ECS task definitions say so (ECS runs only the task
+# definition's health check); with `docker run`, pass --health-cmd or --no-healthcheck.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
     CMD ["sh", "-c", "python -m services.common.probe /health"]
-
-FROM runtime AS ingest
-EXPOSE 1883 8883
-ENTRYPOINT ["cormorant", "ingest"]
-
-FROM runtime AS router
-ENTRYPOINT ["cormorant", "router"]
-
-FROM runtime AS device-persist
-ENTRYPOINT ["cormorant", "device-persist"]
-
-FROM runtime AS app-delivery
-ENTRYPOINT ["cormorant", "app-delivery"]
-
-FROM runtime AS admin
-# The REST API (/api, /docs) and the web console (/) on CORMORANT_ADMIN_PORT (9170).
-ENV CORMORANT_ADMIN_HOST=0.0.0.0
-EXPOSE 9170
-HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
-    CMD ["sh", "-c", "python -m services.common.probe --admin /health"]
-ENTRYPOINT ["cormorant", "admin"]
-
-FROM runtime AS topics
-# Exits when every topic exists: no ready file, no health check.
-HEALTHCHECK NONE
-ENTRYPOINT ["cormorant", "create-topics"]
-
-FROM runtime AS migrate
-# Exits once the schema and the services' role are up to date: no health check.
-HEALTHCHECK NONE
-ENTRYPOINT ["cormorant", "migrate-db"]
+ENTRYPOINT ["cormorant"]
+CMD ["--help"]

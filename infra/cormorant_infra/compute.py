@@ -1,8 +1,10 @@
 """Compute: an ECS cluster on Fargate, one service per Cormorant service, one one-off topics task.
 
-Each service (``services/command_names.py`` ``SERVICE_COMMANDS``) runs its own image target
-(``<image>:<tag>-<command>``, Dockerfile) with its own log group, an execution role that
-may read only that service's secrets (ECS injects them at start), a task role with only
+Each service (``services/command_names.py`` ``SERVICE_COMMANDS``) runs the release's one
+image by digest (:mod:`~cormorant_infra.images`: ``<repository>@sha256:...``, whose entry
+point is ``cormorant``) with its command as the container's command, its own log group, an
+execution role that may pull only that repository and read only that service's secrets (ECS
+injects them at start), a task role with only
 the Kafka permissions it needs (MSK IAM; none with SCRAM), deployment circuit breaker with
 rollback, and target-tracking autoscaling: CPU for all; connections per task for ingest;
 consumer lag per task for the router and device_persist, whose consumer groups hold the
@@ -21,7 +23,6 @@ migrate-db``): the schema, and the services' own PostgreSQL role and its login s
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from cormorant_infra.admin_access import BOOTSTRAP_USER, AdminAccess
 from cormorant_infra.cache import Cache
 from cormorant_infra.config import ServiceSize, StackConfig
 from cormorant_infra.database import Database
+from cormorant_infra.images import Images
 from cormorant_infra.ingress import Ingress
 from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka
 from cormorant_infra.network import Network, ingest_listeners
@@ -58,8 +60,6 @@ their Will Messages and session records before it exits."""
 ECS_TASKS = "ecs-tasks.amazonaws.com"
 """The service principal that assumes ECS task and execution roles."""
 
-ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(.+)$")
-
 LAG_TOPICS = {"router": "msg_all", "device-persist": "msg_persisted"}
 """The services that scale (and alarm) on consumer lag → the topic (a TopicNames
 attribute) they consume in their consumer group."""
@@ -67,8 +67,8 @@ attribute) they consume in their consumer group."""
 TOPICS_TASK_SIZE = ServiceSize(cpu=256, memory=512)
 """The one-off tasks' size: an admin client's (or a migration's) few requests."""
 
-ONE_OFF_TARGETS = {shared.TOPICS_COMMAND: "topics", shared.MIGRATE_COMMAND: "migrate"}
-"""The one-off tasks' commands → their image targets (Dockerfile): they exit when done."""
+ONE_OFF_COMMANDS = frozenset({shared.TOPICS_COMMAND, shared.MIGRATE_COMMAND})
+"""The one-off tasks' commands: they exit when done (no health check)."""
 
 
 @dataclass
@@ -98,6 +98,8 @@ class Compute(pulumi.ComponentResource):
     ``topics_task_definition`` (ARN), ``task_subnet_ids`` and ``task_security_group`` (how
     to run the topics task), ``log_groups`` (command → log group name),
     ``dns_namespace`` (the tasks' private DNS namespace).
+
+    Raises ``ValueError`` when ``images`` has no ``service_image`` (``imageDigest`` unset).
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class Compute(pulumi.ComponentResource):
         name: str,
         config: StackConfig,
         region: str,
+        images: Images,
         network: Network,
         kafka: Kafka,
         cache: Cache,
@@ -113,8 +116,12 @@ class Compute(pulumi.ComponentResource):
         admin_access: AdminAccess,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        if images.service_image is None:
+            raise ValueError("the services need an image: cormorant:imageDigest is unset")
         super().__init__("cormorant:compute:Compute", name, None, opts)
         self._name = name
+        self._images = images
+        self._image = images.service_image
         self._config = config
         self._region = region
         self._network = network
@@ -297,10 +304,6 @@ class Compute(pulumi.ComponentResource):
 
     # --- resources ---------------------------------------------------------------------
 
-    def _image(self, command: str) -> str:
-        target = ONE_OFF_TARGETS.get(command, command)
-        return f"{self._config.image}:{self._config.image_tag}-{target}"
-
     def _execution_role(self, spec: TaskSpec, log_group: aws.cloudwatch.LogGroup) -> aws.iam.Role:
         """The role ECS uses to start the task: pull its image, write its log group, read
         its own secrets. Nothing else."""
@@ -310,21 +313,18 @@ class Compute(pulumi.ComponentResource):
                 [pulumi.Output.concat(log_group.arn, ":log-stream:*")],
             )
         ]
-        ecr = ECR_IMAGE.match(self._config.image)
-        if ecr is not None:
-            account, region, repository = ecr.groups()
-            # GetAuthorizationToken has no resource-level permissions: AWS requires "*".
-            statements.append(iam.allow(["ecr:GetAuthorizationToken"], ["*"]))
-            statements.append(
-                iam.allow(
-                    [
-                        "ecr:BatchCheckLayerAvailability",
-                        "ecr:BatchGetImage",
-                        "ecr:GetDownloadUrlForLayer",
-                    ],
-                    [f"arn:aws:ecr:{region}:{account}:repository/{repository}"],
-                )
+        # GetAuthorizationToken has no resource-level permissions: AWS requires "*".
+        statements.append(iam.allow(["ecr:GetAuthorizationToken"], ["*"]))
+        statements.append(
+            iam.allow(
+                [
+                    "ecr:BatchCheckLayerAvailability",
+                    "ecr:BatchGetImage",
+                    "ecr:GetDownloadUrlForLayer",
+                ],
+                [self._images.repository_arn],
             )
+        )
         if spec.secret_arns:
             statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.secret_arns))
         if spec.kms_key_arns:
@@ -371,6 +371,7 @@ class Compute(pulumi.ComponentResource):
             environment=environment.environment(spec.settings, spec.secrets),
             secrets=environment.secrets(spec.secrets),
             log_group=log_group.name,
+            image=self._image,
         ).apply(lambda parts: [self._container(spec, parts)])
         return aws.ecs.TaskDefinition(
             f"{self._name}-{spec.command}",
@@ -393,7 +394,9 @@ class Compute(pulumi.ComponentResource):
         """The container definition of ``spec`` (ECS RegisterTaskDefinition's shape)."""
         container: dict[str, Any] = {
             "name": spec.command,
-            "image": self._image(spec.command),
+            "image": parts["image"],
+            # The image's entry point is `cormorant`; the command picks the service.
+            "command": [spec.command, *spec.args],
             "essential": True,
             "environment": parts["environment"],
             "secrets": parts["secrets"],
@@ -407,13 +410,11 @@ class Compute(pulumi.ComponentResource):
             },
             "stopTimeout": STOP_TIMEOUT_SECONDS,
         }
-        if spec.args:
-            container["command"] = spec.args
         if spec.ports:
             container["portMappings"] = [
                 {"containerPort": port, "protocol": "tcp"} for port in spec.ports
             ]
-        if spec.command not in ONE_OFF_TARGETS:  # a one-off task exits when done
+        if spec.command not in ONE_OFF_COMMANDS:  # a one-off task exits when done
             check = ADMIN_HEALTH_CHECK if spec.command == shared.ADMIN else HEALTH_CHECK
             container["healthCheck"] = {
                 "command": ["CMD-SHELL", check],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -74,6 +75,16 @@ CONSUMER_GROUP_PARTITIONS = {
 """The services whose tasks share topics' partitions in one consumer group → the setting
 with that partition count (router: msg.all; device_persist and app_delivery: the topics
 keyed by client id)."""
+
+
+IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+"""An OCI content digest as ECR names images by it (``imageDigest``): SHA-256, lowercase hex."""
+
+REMOVED_KEYS = {
+    "image": "the stack makes its own image repository (output imageRepository) and runs "
+    "the image by digest: set cormorant:imageDigest instead (docs/deploy.md)",
+}
+"""Keys of earlier releases → what replaced them (said instead of "extra inputs")."""
 
 
 RFC_1918 = tuple(
@@ -162,7 +173,12 @@ class StackConfig(_Model):
     db_backup_retention_days: int = Field(1, ge=1, le=35)
 
     # --- compute -----------------------------------------------------------------------
-    image: str = Field(min_length=1)
+    image_digest: str | None = None
+    """The digest (``sha256:<64 hex digits>``) of the release's image in the stack's own
+    repository (:mod:`cormorant_infra.images`): every service and one-off task runs
+    ``<repository>@<digest>``. Unset only in a new stack's first ``up`` (with ``bootstrap``),
+    which makes the repositories the image is then pushed to."""
+    images_kept: int = Field(30, ge=2, le=1000)
     image_tag: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
     cpu_architecture: Literal["X86_64", "ARM64"] = "X86_64"
     services: dict[str, ServiceSize] = Field(default_factory=_default_services)
@@ -210,6 +226,22 @@ class StackConfig(_Model):
     autoscaling minimum), so that nothing logs in to PostgreSQL before the migration task
     (``cormorant cloud migrate-db``) made the services' role; the next ``up`` without it
     raises the autoscaling minimums, and the services start."""
+
+    @field_validator("image_digest")
+    @classmethod
+    def _image_digest(cls, value: str | None) -> str | None:
+        if value is None or IMAGE_DIGEST.fullmatch(value):
+            return value
+        if "@" in value:
+            raise ValueError(
+                f"{value!r} is an image reference, not a digest: set only the part after "
+                "'@' (sha256:...); the repository is the stack's own (output imageRepository)"
+            )
+        raise ValueError(
+            f"{value!r} is not an image digest: expected 'sha256:' and 64 lowercase hex "
+            "digits, as `docker buildx build --push --metadata-file` writes it "
+            "(containerimage.digest) or `aws ecr describe-images` lists it (imageDigest)"
+        )
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -273,6 +305,13 @@ class StackConfig(_Model):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
+        if self.image_digest is None and not self.bootstrap:
+            raise ValueError(
+                "imageDigest is required: the digest of the release's image pushed to the "
+                "stack's repository (output imageRepository). Only a new stack's first up "
+                "runs without it, with bootstrap true: it makes the repositories to push to "
+                "(docs/deploy.md, The first deployment)"
+            )
         if self.nat_gateways > self.availability_zones:
             raise ValueError(
                 f"natGateways is {self.nat_gateways} but there are {self.availability_zones} "
@@ -400,6 +439,11 @@ def from_values(values: Mapping[str, str]) -> StackConfig:
     Raises :class:`ConfigError` naming every invalid or unknown key.
     """
     fields = {info.alias or name: info for name, info in StackConfig.model_fields.items()}
+    removed = [f"  {NAMESPACE}:{key}: {why}" for key, why in REMOVED_KEYS.items() if key in values]
+    if removed:
+        raise ConfigError(
+            "invalid stack configuration (Pulumi.<stack>.yaml):\n" + "\n".join(removed)
+        )
     parsed: dict[str, Any] = {}
     for key, raw in values.items():
         info = fields.get(key)

@@ -35,7 +35,8 @@ LAG_RECORDS = 100_000.0
 
 
 class Observability(pulumi.ComponentResource):
-    """The SNS topic (optionally mailed to ``alarmEmail``) and the alarms.
+    """The SNS topic (optionally mailed to ``alarmEmail``) and the alarms (the ECS ones
+    only with ``compute``: a new stack's first ``up`` has no services yet).
 
     Attributes: ``topic_arn``, ``alarm_names`` (every alarm's logical name).
     """
@@ -48,7 +49,7 @@ class Observability(pulumi.ComponentResource):
         cache: Cache,
         database: Database,
         ingress: Ingress,
-        compute: Compute,
+        compute: Compute | None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("cormorant:observability:Observability", name, None, opts)
@@ -79,8 +80,11 @@ class Observability(pulumi.ComponentResource):
                 threshold=0,
                 periods=3,
             )
-        for command in shared.SERVICE_COMMANDS:
-            self._tasks_below_desired(command, compute)
+        # No services before the first image (a new stack's first up): nothing to count,
+        # and a missing count would be breaching.
+        if compute is not None:
+            for command in shared.SERVICE_COMMANDS:
+                self._tasks_below_desired(command, compute)
         for member in cache.member_ids:
             for metric, threshold in (
                 ("EngineCPUUtilization", CPU_PERCENT),

@@ -11,7 +11,8 @@ target groups pass the clients' addresses on (PROXY protocol v2); the admin API'
 balancer is internal; encryption at rest and in transit on MSK, ElastiCache, RDS, S3, SNS
 (never under ``alias/aws/sns``, which alarms cannot use) and the load balancers' listeners
 (HTTPS, TLS 1.3 policies); failover for Redis, Multi-AZ for RDS (advisory: off in dev); no
-public database; IAM policies never allow ``*`` on ``*``; every ECS service logs and
+public database; IAM policies never allow ``*`` on ``*``; ECR tags are immutable and
+scanned on push, and every container runs its image by digest; every ECS service logs and
 autoscales; the EMR release runs the Spark line the jobs pin; the NLB's idle timeouts and
 the broker's largest Keep Alive agree.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -55,6 +57,9 @@ LISTENER = "aws:lb/listener:Listener"
 LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
 ECS_SERVICE = "aws:ecs/service:Service"
 TASK_DEFINITION = "aws:ecs/taskDefinition:TaskDefinition"
+ECR_REPOSITORY = "aws:ecr/repository:Repository"
+DIGEST_REFERENCE = re.compile(r"@sha256:[0-9a-f]{64}$")
+"""An image reference pinned to content: ``<repository>@sha256:<64 hex digits>``."""
 SCALING_TARGET = "aws:appautoscaling/target:Target"
 EMR_APPLICATION = "aws:emrserverless/application:Application"
 POLICY_TYPES = (
@@ -340,6 +345,26 @@ def validate_emr_release(args: ResourceValidationArgs, report: ReportViolation) 
         report(f"EMR: {exc}", None)
 
 
+def validate_images(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """ECR repositories keep tags immutable and scan every push; every container of a task
+    definition runs its image by digest (a re-pushed tag would start no deployment, and a
+    scale-out could run other code than the tasks already running)."""
+    if args.resource_type == ECR_REPOSITORY:
+        if args.props.get("imageTagMutability") != "IMMUTABLE":
+            report("ECR repository: tags are mutable (imageTagMutability IMMUTABLE)", None)
+        if _path(args.props, "imageScanningConfiguration", "scanOnPush") is not True:
+            report("ECR repository: images are not scanned on push", None)
+    if args.resource_type == TASK_DEFINITION:
+        for container in _containers(args.props) or []:
+            image = container.get("image")
+            if isinstance(image, str) and not DIGEST_REFERENCE.search(image):
+                report(
+                    f"container {container.get('name')}: image {image} is not pinned by "
+                    "digest (<repository>@sha256:...)",
+                    None,
+                )
+
+
 def _containers(props: Props) -> list[Mapping[str, Any]] | None:
     text = props.get("containerDefinitions")
     if not isinstance(text, str):
@@ -485,6 +510,11 @@ POLICIES: list[Policy] = [
         name="emr-spark-version",
         description="The EMR release runs the Spark line spark_emr pins.",
         validate=validate_emr_release,
+    ),
+    ResourceValidationPolicy(
+        name="images-by-digest",
+        description="ECR tags are immutable and scanned on push; tasks run images by digest.",
+        validate=validate_images,
     ),
     StackValidationPolicy(
         name="services-log-and-scale",

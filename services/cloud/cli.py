@@ -1,7 +1,8 @@
-"""``cormorant cloud``: the deployed stack from the command line (status, topics task).
+"""``cormorant cloud``: the deployed stack from the command line (status, doctor, the one-off
+tasks).
 
-Both commands read the stack's outputs, ``pulumi stack output --json`` of infra/, from a
-file or standard input, and use the AWS credentials of the environment (profile, variables
+Every command reads the stack's outputs, ``pulumi stack output --json`` of infra/, from a
+file or standard input, and uses the AWS credentials of the environment (profile, variables
 or role), in the stack's region.
 """
 
@@ -79,6 +80,33 @@ def status(outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, as_js
                 "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             )
     if not all(check.ok for check in checks):
+        sys.exit(1)
+
+
+@cloud.command()
+@_outputs_options
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON list.")
+def doctor(outputs_file: IO[str] | None, old_outputs_file: IO[str] | None, as_json: bool) -> None:
+    """Check that the deployed stack is ready for devices, with a hint for each failure:
+    ECS services steady on the stack's image, the image in ECR, NLB targets healthy, MSK
+    ACTIVE with its topics, ElastiCache and RDS available, alarms wired to a confirmed
+    subscription, secrets present (never their values). One line per check; exits with
+    status 1 on any FAIL."""
+    from botocore.exceptions import BotoCoreError
+
+    from services.cloud.doctor import DoctorClients, diagnose
+
+    outputs = _read_outputs(outputs_file, old_outputs_file)
+    try:
+        findings = diagnose(outputs, DoctorClients.for_region(outputs.region))
+    except BotoCoreError as exc:
+        raise click.ClickException(f"cannot ask AWS ({outputs.region}): {exc}") from exc
+    if as_json:
+        click.echo(json.dumps([finding.as_dict() for finding in findings], indent=2))
+    else:
+        for finding in findings:
+            click.echo(finding.line())
+    if not all(finding.ok for finding in findings):
         sys.exit(1)
 
 

@@ -25,7 +25,11 @@ class StackOutputs(BaseModel):
     (``topics_task_definition`` and ``migrate_task_definition`` ARNs, the latter absent
     from stacks of earlier releases; ``task_subnet_ids``, ``task_security_group_id``);
     ``log_groups`` (service command → CloudWatch log group); and what users connect to:
-    ``mqtt_endpoints``, ``kafka_bootstrap``, ``archive_bucket``.
+    ``mqtt_endpoints``, ``kafka_bootstrap``, ``archive_bucket``. What ``cormorant cloud
+    doctor`` also checks, absent from stacks of earlier releases: ``service_image`` (the
+    ``<repository>@sha256:...`` every task runs), ``topic_prefix``, ``alarm_topic_arn`` and
+    ``alarm_name_prefix`` (the stack's alarms' names start with it),
+    ``admin_credentials_secret_arn`` and ``kafka_scram_secret_arn``.
     """
 
     model_config = ConfigDict(
@@ -48,6 +52,12 @@ class StackOutputs(BaseModel):
     mqtt_endpoints: list[str]
     kafka_bootstrap: str
     archive_bucket: str
+    service_image: str | None = None
+    topic_prefix: str = ""
+    alarm_topic_arn: str | None = None
+    alarm_name_prefix: str | None = None
+    admin_credentials_secret_arn: str | None = None
+    kafka_scram_secret_arn: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> StackOutputs:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,14 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-def build_stack(running: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """A Cormorant-shaped stack in moto (what infra/ would have made); its outputs."""
+def build_stack(
+    running: int,
+    monkeypatch: pytest.MonkeyPatch,
+    container: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A Cormorant-shaped stack in moto (what infra/ would have made); its outputs.
+    ``container`` gives each service command's container definition (default: a name and
+    an image tag)."""
     monkeypatch.setenv("MOTO_ECS_SERVICE_RUNNING", str(running))
     ec2 = boto3.client("ec2", REGION)
     vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
@@ -67,7 +73,11 @@ def build_stack(running: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
             requiresCompatibilities=["FARGATE"],
             cpu="512",
             memory="1024",
-            containerDefinitions=[{"name": command, "image": f"cormorant:0.1.0-{command}"}],
+            containerDefinitions=[
+                container(command)
+                if container
+                else {"name": command, "image": f"cormorant:0.1.0-{command}"}
+            ],
         )["taskDefinition"]["taskDefinitionArn"]
         ecs.create_service(
             cluster="cormorant-prod",

@@ -213,6 +213,7 @@ class CloudMocks(pulumi.runtime.Mocks):
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{physical}"
         elif typ == "aws:ecr/repository:Repository":
             outputs["repositoryUrl"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{physical}"
+            outputs["arn"] = self._arn("ecr", f"repository/{physical}")
         elif typ == "aws:emrserverless/application:Application":
             resource_id = f"00f{self._count:013d}"
             outputs["arn"] = self._arn("emr-serverless", f"/applications/{resource_id}")

@@ -14,7 +14,7 @@ from services.common.versions import SPARK_VERSION, release_line
 from tests.infra.mocks import as_pulumi_config, deploy, stack_file_values
 
 REQUIRED = {
-    "image": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/cormorant",
+    "imageDigest": "sha256:" + "ab" * 32,
     "imageTag": "0.1.0",
     "certificateArn": "arn:aws:acm:eu-west-1:123456789012:certificate/abc",
 }

@@ -20,7 +20,9 @@ APPLICATION = "aws:emrserverless/application:Application"
 def test_the_application_runs_the_jobs_image_from_the_stacks_repository(
     deployment: Deployment,
 ) -> None:
-    repository = deployment.one("aws:ecr/repository:Repository")
+    [repository] = [
+        r for r in deployment.of_type("aws:ecr/repository:Repository") if "spark" in r.name
+    ]
     image = deployment.one(APPLICATION).inputs["imageConfiguration"]["imageUri"]
     assert image == f"{repository.outputs['repositoryUrl']}:0.1.0"
     assert deployment.outputs["sparkImage"] == image

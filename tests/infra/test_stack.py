@@ -413,7 +413,7 @@ def test_every_service_has_its_log_group_and_autoscaling(deployment: Deployment)
         assert container["logConfiguration"]["logDriver"] == "awslogs"
         assert options["awslogs-group"] in log_groups
         assert options["awslogs-group"].endswith(f"/{command}")
-        if command in compute.ONE_OFF_TARGETS:
+        if command in compute.ONE_OFF_COMMANDS:
             continue
         target = targets[f"service/{cluster}/{command}"]
         assert 1 <= target["minCapacity"] <= target["maxCapacity"]
@@ -470,9 +470,9 @@ def test_task_environment_is_cormorants_settings(
         read = read_as_the_service({**env, **injected}, monkeypatch)
         assert read.kafka_bootstrap == deployment.outputs["kafkaBootstrap"]
         assert read.application_client_ids == []
-        assert container["image"].endswith(
-            f":0.1.0-{compute.ONE_OFF_TARGETS.get(command, command)}"
-        )
+        # The one image, by digest; the command picks what it runs.
+        assert container["image"] == deployment.outputs["serviceImage"]
+        assert container["command"][0] == command
 
 
 def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
@@ -489,7 +489,7 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
     ]  # fmt: skip
     assert "CORMORANT_MQTT_PORT" not in env  # the direct port stays private (1884)
     assert env["CORMORANT_MAX_KEEP_ALIVE"] == "230"
-    assert ingest["command"] == ["--node-id-from-pool"]
+    assert ingest["command"] == ["ingest", "--node-id-from-pool"]
     assert env["CORMORANT_INGEST_NODE_POOL_SIZE"] == "4"  # twice the ingest maxTasks (2)
     assert ingest["portMappings"] == [
         {"containerPort": 1883, "protocol": "tcp"},
@@ -504,14 +504,13 @@ def test_ingest_task_serves_mqtt_behind_the_nlb(dev: Deployment) -> None:
 def test_health_check_is_the_images(dev: Deployment) -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert compute.HEALTH_CHECK in dockerfile
-    assert compute.ADMIN_HEALTH_CHECK in dockerfile
     for command, container in containers(dev).items():
-        if command in compute.ONE_OFF_TARGETS:
+        if command in compute.ONE_OFF_COMMANDS:
             assert "healthCheck" not in container
         else:
             check = compute.ADMIN_HEALTH_CHECK if command == shared.ADMIN else compute.HEALTH_CHECK
             assert container["healthCheck"]["command"] == ["CMD-SHELL", check]
-        if command not in compute.ONE_OFF_TARGETS:
+        if command not in compute.ONE_OFF_COMMANDS:
             # Every service serves /health, /ready and /metrics beyond its own loopback.
             assert environment(container)["CORMORANT_HTTP_HOST"] == "0.0.0.0"
     assert compute.RDS_CA_BUNDLE in dockerfile
@@ -933,7 +932,7 @@ def test_the_topics_task_creates_the_projects_own_topics(
     serverless: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topics = containers(serverless)[shared.TOPICS_COMMAND]
-    assert topics["image"].endswith(":0.1.0-topics")
+    assert topics["command"] == [shared.TOPICS_COMMAND]
     settings = read_as_the_service(environment(topics), monkeypatch)
     # The task runs `cormorant create-topics`, which creates these, with the stack's prefix.
     assert [s.name for s in core_topic_specs(settings)] == [
@@ -958,6 +957,7 @@ def test_components_are_component_resources(dev: Deployment) -> None:
                 f"cormorant:{kind}:{kind.capitalize()}"
                 for kind in (
                     "network",
+                    "images",
                     "kafka",
                     "cache",
                     "database",
