@@ -637,6 +637,16 @@ class Settings(BaseSettings):
         "v3.1.1 the connection is closed (no negative acknowledgement). v5 clients are "
         "bounded by receive_maximum first.",
     )
+    max_delay_seconds: int = Field(
+        4_294_967,
+        ge=0,
+        le=4_294_967,
+        description="The longest delay of a delayed publication (PUBLISH to "
+        "$delayed/<seconds>/<topic>, seconds; EMQX's maximum, about 49.7 days, by "
+        "default). A longer one is refused: v5 PUBACK/PUBREC 0x90 Topic Name invalid, "
+        "v3.1.1 acknowledged and dropped (logged). 0: only $delayed/0/<topic>, published "
+        "at once.",
+    )
     max_subscriptions: int = Field(
         1000,
         ge=1,
