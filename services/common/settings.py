@@ -205,7 +205,8 @@ class Settings(BaseSettings):
         6.0,
         ge=1,
         description="Consumer group session timeout of the stages (router, device_persist, "
-        "app_delivery, the ingest nodes' Will Message owners): a member silent this long "
+        "app_delivery, the ingest nodes' owners of Will Messages and delayed publications): "
+        "a member silent this long "
         "loses its partitions to the others. At least the brokers' "
         "group.min.session.timeout.ms (6 s by default; the local cluster's is 1 s).",
     )
