@@ -23,7 +23,7 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
 from services.common.records import parse_delayed
 from tests.e2e.clients import aio_client, collect, mosquitto_pub, unique, until_marker
-from tests.e2e.kafka_view import latest_values
+from tests.e2e.kafka_view import waiting_of
 from tests.servers import LocalCluster
 from tests.waiting import wait_for
 
@@ -40,12 +40,7 @@ TAKEOVER = 15.0
 async def _waiting(cluster: LocalCluster, client_id: str) -> int:
     """How many delayed messages of ``client_id`` wait in ``msg.delayed`` now."""
     names = TopicNames.from_settings(cluster.settings)
-    values = await latest_values(cluster, names.msg_delayed)
-    return sum(
-        1
-        for key, value in values.items()
-        if value is not None and parse_delayed(key, value)[0] == client_id
-    )
+    return await waiting_of(cluster, names.msg_delayed, parse_delayed, client_id)
 
 
 async def _waiting_is(cluster: LocalCluster, client_id: str, count: int) -> bool:
@@ -53,10 +48,10 @@ async def _waiting_is(cluster: LocalCluster, client_id: str, count: int) -> bool
 
 
 def _publish(port: int, client_id: str, topic: str, message: str) -> None:
-    """``mosquitto_pub`` a v5 QoS 1 message; returns once it got its PUBACK."""
+    """``mosquitto_pub`` a v5 QoS 1 message; returns once it got its positive PUBACK."""
     done = mosquitto_pub(port, topic, message, qos=1, version=5, client_id=client_id)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Client " + client_id + " received PUBACK" in done.stdout, done.stdout
+    assert "received PUBACK (Mid: 1, RC:0)" in done.stdout, done.stdout
 
 
 async def _delivered_once(
