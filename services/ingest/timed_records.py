@@ -281,6 +281,7 @@ class PartitionOwner(Generic[V]):
         self.stage = stage
         self._ends: dict[TopicPartition, int] = {}
         self._replaying: set[TopicPartition] = set()
+        self._unfenced: set[TopicPartition] = set()
 
     async def run(self) -> None:
         """Read the owned partitions until cancelled."""
@@ -310,22 +311,42 @@ class PartitionOwner(Generic[V]):
         """Stop timing the partitions' records (before another node can start)."""
         self.timers.revoke({tp.partition for tp in revoked})
         self._replaying -= revoked
+        self._unfenced -= revoked
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
-        """Fence the partitions' previous owners (until Kafka lets it happen: reading before
-        would let a fenced owner's last commit go unseen), then replay them from their
-        beginning up to their end (:meth:`check_replays` asks it, and puts them live)."""
+        """Note the partitions the group gave this node, paused until :meth:`check_replays`
+        has fenced their previous owners. Not here: aiokafka 0.14 sends no heartbeat while
+        this rebalance listener runs, and starting a transactional producer per partition
+        took longer than the session timeout on a loaded machine: the coordinator then
+        dropped the member (as the router's loop found, :mod:`services.common.kafka.
+        consumer`)."""
+        self.consumer.pause(*assigned)
+        self._unfenced = set(assigned)
+        self._ends = {}
+        self._replaying = set()
+
+    async def _fence_assigned(self) -> None:
+        """Fence the assigned partitions' previous owners (until Kafka lets it happen:
+        reading before would let a fenced owner's last commit go unseen), then replay them
+        from their beginning up to their end (:meth:`check_replays` puts them live)."""
+        assigned, self._unfenced = self._unfenced, set()
         await fence(self.transactions, assigned)
+        # A rebalance while it fenced may have taken some away (the next one is fenced at
+        # the next fetch).
+        assigned &= self.consumer.assignment()
         if assigned:
             await self.consumer.seek_to_beginning(*assigned)
+            self.consumer.resume(*assigned)
         # Their ends are asked by check_replays: here a failure (Kafka just came back)
-        # would only be logged by aiokafka, and the partitions would never go live.
-        self._ends = {}
+        # would be lost, and the partitions would never go live.
         self._replaying = set(assigned)
 
     async def check_replays(self) -> None:
-        """Put the partitions whose replay is complete live (a failure is logged, and
-        tried again after the next fetch)."""
+        """After each fetch: fence newly assigned partitions (:meth:`_fence_assigned`), and
+        put the partitions whose replay is complete live (a failure is logged, and tried
+        again after the next fetch)."""
+        if self._unfenced:
+            await self._fence_assigned()
         unknown = [tp for tp in self._replaying if tp not in self._ends]
         if unknown:
             try:
