@@ -6,7 +6,9 @@ deployed stack:
 - ``cormorant clients list|show|kick``: connected clients (their sessions' connections);
 - ``cormorant sessions list|show|delete``: sessions, connected or persistent and waiting;
 - ``cormorant subscriptions list``;
-- ``cormorant retained list|show|delete``: retained messages (MQTT 3.3.1.3).
+- ``cormorant retained list|show|delete``: retained messages (MQTT 3.3.1.3);
+- ``cormorant delayed list|cancel``: delayed publications still waiting
+  (``$delayed/<seconds>/<topic>``, docs/concepts/delayed-publish.md).
 
 Lists take filters and pages (``--offset``, ``--limit``, or ``--all`` for every page);
 every list and show takes ``--json`` (the API's own answer). Errors exit with status 1 and
@@ -520,5 +522,47 @@ def retained_delete(topic: str, as_json: bool) -> None:
         click.echo(f"deleting the retained message of {topic}")
 
 
-COMMANDS = (login, logout, clients, sessions, subscriptions, retained)
+# ------------------------------------------------------------------------------------ delayed
+
+
+@click.group()
+def delayed() -> None:
+    """Delayed publications still waiting ($delayed/<seconds>/<topic>; through the admin
+    API: cormorant login)."""
+
+
+@delayed.command("list")
+@click.option("--client-id", help="Only the messages this client published.")
+@_page_options
+def delayed_list(
+    client_id: str | None, offset: int, limit: int, every_page: bool, as_json: bool
+) -> None:
+    """Delayed publications still waiting, the soonest due first: id, publisher, target
+    topic, QoS, RETAIN, size, when due, payload."""
+    with admin_client() as client:
+        page = _pages(client, "/api/delayed", {"client_id": client_id}, offset, limit, every_page)
+    _print_page(
+        page, as_json, "no delayed publications wait",
+        ("ID", "CLIENT ID", "TOPIC", "QOS", "RETAIN", "BYTES", "DUE AT", "PAYLOAD"),
+        lambda m: (m["id"], m["client_id"], m["topic"], str(m["qos"]), _yes(m["retain"]),
+                   str(m["payload_size"]), _when(m["due_at"]), _preview(m)),
+    )  # fmt: skip
+
+
+@delayed.command("cancel")
+@click.argument("delayed_id", metavar="ID")
+@_JSON
+def delayed_cancel(delayed_id: str, as_json: bool) -> None:
+    """Cancel the delayed publication ID (as `delayed list` shows it): it is not published,
+    unless its publication was under way already."""
+    with admin_client() as client:
+        answer = _change(client, "DELETE", f"/api/delayed/{path_part(delayed_id)}")
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    else:
+        detail = answer["detail"]
+        click.echo(f"cancelling {delayed_id} (from {detail['client_id']} to {detail['topic']})")
+
+
+COMMANDS = (login, logout, clients, sessions, subscriptions, retained, delayed)
 """The commands :mod:`services.cli` adds to ``cormorant``."""

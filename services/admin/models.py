@@ -198,6 +198,30 @@ class RetainedPage(BaseModel):
     items: list[RetainedView]
 
 
+class DelayedView(BaseModel):
+    """A delayed publication waiting to be published (``$delayed/<seconds>/<topic>``)."""
+
+    id: str = Field(description="Its id (48 hex digits), for DELETE /api/delayed/{id}.")
+    client_id: str = Field(description="The Client Identifier that published it.")
+    topic: str = Field(description="The Topic Name it will be published to.")
+    qos: int
+    retain: bool = Field(description="Published as the topic's retained message.")
+    payload_size: int = Field(description="Bytes.")
+    payload: str = Field(description="The payload's first 1,024 bytes, as text or base64.")
+    payload_encoding: Literal["utf-8", "base64"]
+    received_at: datetime = Field(description="When the ingest node accepted it.")
+    due_at: datetime = Field(description="When it is to be published.")
+
+
+class DelayedPage(BaseModel):
+    """One page of waiting delayed publications, the soonest due first."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[DelayedView]
+
+
 class Accepted(BaseModel):
     """A change handed to Kafka (stored with acks=all); the cluster carries it out."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
@@ -39,13 +39,19 @@ TOPIC_CHARS = 16383
 fit in MQTT's 65,535 bytes of UTF-8 (MQTT 1.5.4)."""
 
 
-def _retained_view(topic: str, message: Any) -> models.RetainedView:
-    payload: bytes = message.payload
+def payload_preview(payload: bytes) -> tuple[str, Literal["utf-8", "base64"]]:
+    """The first :data:`PAYLOAD_PREVIEW` bytes of a message's payload as the API shows
+    them: as text if they are UTF-8, else in base64; and which of the two."""
     preview = payload[:PAYLOAD_PREVIEW]
     try:
-        text, encoding = preview.decode("utf-8"), "utf-8"
+        return preview.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
-        text, encoding = base64.b64encode(preview).decode("ascii"), "base64"
+        return base64.b64encode(preview).decode("ascii"), "base64"
+
+
+def _retained_view(topic: str, message: Any) -> models.RetainedView:
+    payload: bytes = message.payload
+    text, encoding = payload_preview(payload)
     return models.RetainedView(
         topic=topic,
         qos=message.meta.qos,

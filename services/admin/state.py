@@ -8,6 +8,7 @@ No second copy: the admin service follows the topics every service follows
   connection, protocol version, kind, Session Expiry Interval, connected since;
 - ``client.subscriptions``: each client's subscriptions;
 - ``msg.retained``: the retained messages, by Topic Name (as the router keeps them);
+- ``msg.delayed``: the delayed publications still waiting, by their id;
 - ``client.events``: the last connect of each client, for its address (the network peer
   its ingest node saw) and the connection it belongs to. ``client.events`` keeps
   ``msg_retention_seconds`` of history: a client connected for longer has no address.
@@ -22,6 +23,7 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import (
+    DelayedRecord,
     EventKind,
     EventRecord,
     Headers,
@@ -30,6 +32,7 @@ from services.common.records import (
     parse_client_event,
     parse_client_session,
     parse_client_subscriptions,
+    parse_delayed,
     parse_retained,
     stale_delete,
 )
@@ -49,7 +52,8 @@ class LastConnect:
 
 
 class ClientState:
-    """Sessions, subscriptions, retained messages and last connects, kept up to date.
+    """Sessions, subscriptions, retained messages, waiting delayed publications (by id)
+    and last connects, kept up to date.
 
     Call :meth:`start` (replays the topics; raises what
     :meth:`CompactedTopicReader.start` raises) and :meth:`stop`.
@@ -61,12 +65,14 @@ class ClientState:
         self.subscriptions: dict[str, list[Subscription]] = {}
         self.retained: RetainedStore[Message] = RetainedStore()
         self.last_connect: dict[str, LastConnect] = {}
+        self.delayed: dict[bytes, DelayedRecord] = {}
         self.reader = CompactedTopicReader(
             settings.kafka_bootstrap,
             [
                 self.names.client_sessions,
                 self.names.client_subscriptions,
                 self.names.msg_retained,
+                self.names.msg_delayed,
                 self.names.client_events,
             ],
             self.apply,
@@ -112,6 +118,12 @@ class ClientState:
                 self.retained.delete(name)
             else:
                 self.retained.set(name, message)
+        elif topic == names.msg_delayed:
+            _, delayed_id, delayed = parse_delayed(key, value)
+            if delayed is None:
+                self.delayed.pop(delayed_id, None)
+            else:
+                self.delayed[delayed_id] = delayed
         else:
             client_id, event = parse_client_event(key, value)
             if event.kind is EventKind.CONNECTED:

@@ -43,6 +43,10 @@ Topic → key / value / headers:
 - ``client.events`` (append-only, for the analysts): key = client id; value =
   :class:`EventRecord`: connects, disconnects with their cause, authentication failures,
   subscription changes and session expiries.
+- ``client.wills`` (compacted): key = client id, NUL, connection id; value =
+  :class:`WillRecord` (:func:`will_record`); a tombstone = published or discarded.
+- ``msg.delayed`` (compacted): key = publisher client id, NUL, the message's id; value =
+  :class:`DelayedRecord` (:func:`delayed_record`); a tombstone = published or cancelled.
 
 Each record kind has one builder (``*_record``, returning a :class:`KafkaRecord`) and one
 parser (``parse_*``), and every parser raises only :class:`RecordError`: the one test of
@@ -1260,7 +1264,8 @@ def parse_client_event(key: bytes | None, value: bytes | None) -> tuple[str, Eve
 
 # client.wills ---------------------------------------------------------------------------------
 
-#: Separates the client id from the connection id in a ``client.wills`` key (MQTT forbids
+#: Separates the client id from the connection id in a ``client.wills`` key, and from the
+#: message's id in a ``msg.delayed`` key (MQTT forbids
 #: U+0000 in a Client Identifier, MQTT-1.5.4-2; the partitioner hashes what comes before it).
 WILL_KEY_SEPARATOR = b"\x00"
 
@@ -1312,35 +1317,112 @@ def will_tombstone(names: TopicNames, client_id: str, connection_id: bytes) -> K
     return KafkaRecord(names.client_wills, will_key(client_id, connection_id), None)
 
 
+def _split_key(key: bytes | None, id_size: int, what: str) -> tuple[str, bytes]:
+    """A ``client.wills`` or ``msg.delayed`` key: the client id and the ``id_size``-byte id
+    after :data:`WILL_KEY_SEPARATOR`. Raises :class:`RecordError`."""
+    if key is None:
+        raise RecordError("record without a key")
+    client_part, separator, ident = key.partition(WILL_KEY_SEPARATOR)
+    if not separator or len(ident) != id_size:
+        raise RecordError(f"{what} key is not <client id> NUL <{id_size}-byte id>")
+    return client_id_of(client_part), ident
+
+
+def _meta_and_payload(
+    value: bytes, head_size: int, meta_len: int, what: str
+) -> tuple[bytes, bytes]:
+    """The ``m`` header and the payload that follow a record's fixed head of
+    ``head_size`` bytes; the metadata is decoded once here, so that a parsed record can
+    always be published. Raises :class:`RecordError`."""
+    meta_end = head_size + meta_len
+    if meta_end > len(value):
+        raise RecordError(f"truncated {what} record")
+    meta_raw = value[head_size:meta_end]
+    decode_meta(meta_raw)
+    return meta_raw, value[meta_end:]
+
+
 def parse_will(key: bytes | None, value: bytes | None) -> tuple[str, bytes, WillRecord | None]:
     """Parse a ``client.wills`` record: client id, connection id and the waiting Will
     Message (None: a tombstone). Raises :class:`RecordError`."""
-    if key is None:
-        raise RecordError("record without a key")
-    client_part, separator, connection_id = key.partition(WILL_KEY_SEPARATOR)
-    if not separator or len(connection_id) != 16:
-        raise RecordError("client.wills key is not <client id> NUL <16-byte connection id>")
-    client_id = client_id_of(client_part)
+    client_id, connection_id = _split_key(key, 16, "client.wills")
     if value is None:
         return client_id, connection_id, None
     _check_version(value, "client.wills record")
     if len(value) < _WILL.size:
         raise RecordError("truncated client.wills record")
     _, due_at_ms, offset, meta_len = _WILL.unpack_from(value, 0)
-    meta_end = _WILL.size + meta_len
-    if meta_end > len(value):
-        raise RecordError("truncated client.wills record")
-    meta_raw = value[_WILL.size : meta_end]
-    decode_meta(meta_raw)  # checked here: a parsed will can always be published
+    meta_raw, payload = _meta_and_payload(value, _WILL.size, meta_len, "client.wills")
     will = WillRecord(
-        client_id,
-        connection_id,
-        due_at_ms,
-        None if offset < 0 else offset,
-        meta_raw,
-        value[meta_end:],
+        client_id, connection_id, due_at_ms, None if offset < 0 else offset, meta_raw, payload
     )
     return client_id, connection_id, will
+
+
+# msg.delayed ----------------------------------------------------------------------------------
+
+DELAYED_ID_SIZE = 24
+"""Bytes of a delayed message's id: the 16-byte connection id of the connection that
+published it and that connection's 8-byte sequence number of the PUBLISH."""
+
+_DELAYED = struct.Struct(">BQI")  # version, due_at_ms, meta length
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedRecord:
+    """A message published to ``$delayed/<seconds>/<topic>`` that waits to be published
+    (a ``msg.delayed`` record).
+
+    ``client_id`` is its publisher, ``delayed_id`` (:data:`DELAYED_ID_SIZE` bytes) names it
+    among the publisher's; ``due_at_ms`` is when it is to be published (Unix ms: its
+    arrival plus the delay); ``meta_raw`` (an ``m`` header, its Topic Name the target
+    topic, ``received_at_ms`` its arrival) and ``payload`` are the message as published.
+    """
+
+    client_id: str
+    delayed_id: bytes
+    due_at_ms: int
+    meta_raw: bytes
+    payload: bytes
+
+
+def delayed_key(client_id: str, delayed_id: bytes) -> bytes:
+    """The ``msg.delayed`` key of a delayed message: the publisher's client id (UTF-8),
+    :data:`WILL_KEY_SEPARATOR` and its id, in the client id's partition
+    (:func:`services.common.kafka.partitioner.key_hash`). Raises ``ValueError`` for an id
+    that is not :data:`DELAYED_ID_SIZE` bytes."""
+    if len(delayed_id) != DELAYED_ID_SIZE:
+        raise ValueError(f"a delayed message's id is {DELAYED_ID_SIZE} bytes")
+    return client_id.encode("utf-8") + WILL_KEY_SEPARATOR + delayed_id
+
+
+def delayed_record(names: TopicNames, delayed: DelayedRecord) -> KafkaRecord:
+    """The ``msg.delayed`` record of a message waiting out its delay. Raises ``ValueError``
+    for an id that is not :data:`DELAYED_ID_SIZE` bytes."""
+    head = _DELAYED.pack(_VERSION, delayed.due_at_ms, len(delayed.meta_raw))
+    value = b"".join((head, delayed.meta_raw, delayed.payload))
+    return KafkaRecord(names.msg_delayed, delayed_key(delayed.client_id, delayed.delayed_id), value)
+
+
+def delayed_tombstone(names: TopicNames, client_id: str, delayed_id: bytes) -> KafkaRecord:
+    """The tombstone that deletes a waiting delayed message (published or cancelled)."""
+    return KafkaRecord(names.msg_delayed, delayed_key(client_id, delayed_id), None)
+
+
+def parse_delayed(
+    key: bytes | None, value: bytes | None
+) -> tuple[str, bytes, DelayedRecord | None]:
+    """Parse a ``msg.delayed`` record: client id, the message's id and the waiting message
+    (None: a tombstone). Raises :class:`RecordError`."""
+    client_id, delayed_id = _split_key(key, DELAYED_ID_SIZE, "msg.delayed")
+    if value is None:
+        return client_id, delayed_id, None
+    _check_version(value, "msg.delayed record")
+    if len(value) < _DELAYED.size:
+        raise RecordError("truncated msg.delayed record")
+    _, due_at_ms, meta_len = _DELAYED.unpack_from(value, 0)
+    meta_raw, payload = _meta_and_payload(value, _DELAYED.size, meta_len, "msg.delayed")
+    return client_id, delayed_id, DelayedRecord(client_id, delayed_id, due_at_ms, meta_raw, payload)
 
 
 def session_expired_records(

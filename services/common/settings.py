@@ -205,7 +205,8 @@ class Settings(BaseSettings):
         6.0,
         ge=1,
         description="Consumer group session timeout of the stages (router, device_persist, "
-        "app_delivery, the ingest nodes' Will Message owners): a member silent this long "
+        "app_delivery, the ingest nodes' owners of Will Messages and delayed publications): "
+        "a member silent this long "
         "loses its partitions to the others. At least the brokers' "
         "group.min.session.timeout.ms (6 s by default; the local cluster's is 1 s).",
     )
@@ -636,6 +637,16 @@ class Settings(BaseSettings):
         "included; a QoS 2 PUBLISH beyond it is refused: v5 PUBREC 0x97 Quota exceeded, "
         "v3.1.1 the connection is closed (no negative acknowledgement). v5 clients are "
         "bounded by receive_maximum first.",
+    )
+    max_delay_seconds: int = Field(
+        4_294_967,
+        ge=0,
+        le=4_294_967,
+        description="The longest delay of a delayed publication (PUBLISH to "
+        "$delayed/<seconds>/<topic>, seconds; EMQX's maximum, about 49.7 days, by "
+        "default). A longer one is refused: v5 PUBACK/PUBREC 0x90 Topic Name invalid, "
+        "v3.1.1 acknowledged and dropped (logged). 0: only $delayed/0/<topic>, published "
+        "at once.",
     )
     max_subscriptions: int = Field(
         1000,

@@ -12,10 +12,12 @@ keeps the timers).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.auth.principal import AuthRequest, ScramState
-from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord
+from services.common.records import AckRecord, EventRecord, PublishMeta, SessionRecord, decode_meta
 from services.common.subscription import Subscription
 from services.ingest.limits import Refusal
 
@@ -118,6 +120,23 @@ class StoreWill:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StoreDelayed:
+    """Store a PUBLISH to ``$delayed/<seconds>/<topic>`` in ``msg.delayed``, to be
+    published to its target topic (``meta.topic``) ``delay_seconds`` (> 0) after it arrived
+    (``meta.received_at_ms``) by the ingest node that owns its partition
+    (:mod:`services.ingest.delayed_publish`). Its PUBACK / PUBREC waits for it, as for a
+    :class:`StorePublish`. ``delayed_id`` names it among the client's messages
+    (:data:`~services.common.records.DELAYED_ID_SIZE` bytes: the connection id and the
+    connection's sequence number of the PUBLISH)."""
+
+    token: int
+    delayed_id: bytes
+    delay_seconds: int
+    meta: PublishMeta
+    payload: bytes
+
+
 @dataclass(slots=True)
 class CreateAppTopic:
     """Make sure this persistent APPLICATION client's ``msg.app.<client>`` topic exists
@@ -193,6 +212,7 @@ StoreEffect = (
     | StoreAcks
     | StoreRetainedRequest
     | StoreWill
+    | StoreDelayed
 )
 """The effects that write one Kafka record and report back through their ``token``."""
 
@@ -208,3 +228,29 @@ Effect = (
     | RecordEvent
     | LimitRefused
 )
+
+
+Publication = list[StorePublish | StoreRetained]
+"""The records that publish a message (empty: discard it)."""
+
+
+def publication(
+    meta: PublishMeta, payload: bytes, new_token: Callable[[], int] = lambda: 0
+) -> Publication:
+    """The records that publish a message: its ``msg.all`` record and, with RETAIN, its
+    ``msg.retained`` record (an empty payload then deletes the topic's retained message,
+    MQTT 3.3.1.3). Nothing waits for them: ``new_token`` names them (0 when no connection
+    is left to hear of the outcome)."""
+    effects: Publication = [StorePublish(new_token(), meta, payload)]
+    if meta.retain:
+        effects.append(StoreRetained(new_token(), meta, payload))
+    return effects
+
+
+def published_now(meta_raw: bytes, payload: bytes, now_ms: int) -> Publication:
+    """The records of a message that waited until now, stamped ``now_ms`` (Unix ms): its
+    Message Expiry Interval runs from its publication, as a Will Message's does (MQTT 5.0
+    3.1.3.2.4). Raises :class:`~services.common.records.RecordError` if ``meta_raw`` does
+    not decode (a parsed waiting record's always does)."""
+    meta = dataclasses.replace(decode_meta(meta_raw), received_at_ms=now_ms)
+    return publication(meta, payload)

@@ -14,6 +14,15 @@ acknowledgements; a v3.1.1 client, which has no negative acknowledgement, gets t
 positive one (MQTT-3.3.5-2 allows it or a close; Mosquitto's and EMQX's default); QoS 0 is
 dropped. Either way the refusal is logged.
 
+A PUBLISH to ``$delayed/<seconds>/<topic>`` (:mod:`services.ingest.delayed_rules`) is
+authorized for its target topic and stored in ``msg.delayed`` instead of ``msg.all``; its
+acknowledgement waits for that record like any other's, and the node owning its partition
+publishes it when due (:mod:`services.ingest.delayed_publish`). One whose delay or target
+topic is not valid is refused as an unauthorized one is, with 0x90 Topic Name invalid (MQTT
+5.0 3.4.2.1, 3.5.2.1) for a v5 client: the Topic Name itself is valid MQTT, only the
+extension refuses it, so the connection stays open. ``$delayed/0/<topic>`` is published at
+once.
+
 QoS 2 is exactly once across reconnects (MQTT 4.3.3): the Packet Identifier of a stored
 PUBLISH stays "unreleased" until PUBREL, and a resend of it is acknowledged without being
 published again. For a persistent session the unreleased ids live in the session record, so
@@ -44,11 +53,13 @@ from services.common.mqtt.properties import Properties, encode_properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import PublishMeta
 from services.common.topics.validation import validate_topic_name
+from services.ingest.delayed_rules import DelayedTopic, parse_delayed_topic
 from services.ingest.effects import (
     Close,
     Effect,
     LimitRefused,
     Send,
+    StoreDelayed,
     StorePublish,
     StoreRetained,
     StoreSession,
@@ -83,6 +94,10 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     Receive Maximum exceeded (v5), 0x82 Protocol Error for a Subscription Identifier sent by
     a client (3.3.4-6), 0x97 for a v3.1.1 QoS 2 PUBLISH over ``max_inflight_qos2`` (a v5
     one gets PUBREC 0x97 instead).
+
+    A PUBLISH to ``$delayed/<seconds>/<topic>`` is stored in ``msg.delayed``
+    (:class:`StoreDelayed`: its RETAIN flag applies when it is published), or refused (see
+    the module).
     """
     topic = resolve_inbound(
         state.topic_aliases,
@@ -91,6 +106,12 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         packet.properties.topic_alias,
     )
     validate_topic_name(topic)
+    delayed: DelayedTopic | None = None
+    invalid: str | None = None
+    try:
+        delayed = parse_delayed_topic(topic, state.limits.max_delay_seconds)
+    except MQTTError as exc:
+        invalid = exc.message
     if state.protocol_version == 5 and packet.properties.subscription_identifiers:
         raise ProtocolError("a client must not send a Subscription Identifier")
     if packet.qos:
@@ -109,12 +130,15 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
             len(state.pending_acks) + len(state.unreleased_qos2) >= state.limits.receive_maximum
         ):
             raise MQTTError("Receive Maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-    if not state.authorizer.may_publish(topic):
-        return _refuse(state, packet, topic)
+    if invalid is not None:
+        return _refuse(state, packet, topic, ReasonCode.TOPIC_NAME_INVALID, invalid)
+    target = topic if delayed is None else delayed.topic
+    if not state.authorizer.may_publish(target):
+        return _refuse(state, packet, target, ReasonCode.NOT_AUTHORIZED, "not authorized")
     if packet.qos == 2 and _inflight_qos2(state) >= state.limits.max_inflight_qos2:
         return _refuse_qos2(state, packet)
     meta = PublishMeta(
-        topic=topic,
+        topic=target,
         qos=packet.qos,
         retain=packet.retain,
         received_at_ms=state.now_ms(),
@@ -129,8 +153,15 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         assert packet.packet_id is not None
         pending = PendingAck(packet.packet_id, packet.qos)
     MQTT.publish_received[packet.qos] += 1
-    effects: list[Effect] = [StorePublish(state.new_token(pending), meta, packet.payload)]
-    if packet.retain:
+    effects: list[Effect]
+    if delayed is not None and delayed.delay_seconds:
+        token = state.new_token(pending)
+        # The connection id and a number no other of its effects has: unique for ever.
+        delayed_id = state.connection_id + token.to_bytes(8, "big")
+        effects = [StoreDelayed(token, delayed_id, delayed.delay_seconds, meta, packet.payload)]
+    else:
+        effects = [StorePublish(state.new_token(pending), meta, packet.payload)]
+    if packet.retain and isinstance(effects[0], StorePublish):
         effects.append(StoreRetained(state.new_token(pending), meta, packet.payload))
     if pending is not None:
         pending.outstanding = len(effects)
@@ -141,14 +172,18 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     return effects
 
 
-def _refuse(state: ConnectionState, packet: Publish, topic: str) -> list[Effect]:
-    """A PUBLISH to ``topic`` the client's rules do not allow: answered in order (v5 0x87,
-    v3.1.1 positively), not stored."""
-    log.info("client %r may not publish to %r: refused", state.client_id, topic)
+def _refuse(
+    state: ConnectionState, packet: Publish, topic: str, reason: ReasonCode, why: str
+) -> list[Effect]:
+    """A PUBLISH to ``topic`` refused for ``reason`` (0x87 Not authorized: the client's
+    rules do not allow it; 0x90 Topic Name invalid: a ``$delayed/`` Topic Name whose delay
+    or target topic is not valid; ``why`` says which, for the log): answered in order (v5
+    with ``reason``, v3.1.1 positively, MQTT-3.3.5-2), not stored."""
+    log.info("client %r may not publish to %r (%s): refused", state.client_id, topic, why)
     if not packet.qos:
         return []
     assert packet.packet_id is not None
-    refused = ReasonCode.NOT_AUTHORIZED if state.protocol_version == 5 else 0
+    refused = reason if state.protocol_version == 5 else 0
     state.pending_acks.append(PendingAck(packet.packet_id, packet.qos, 0, refused=refused))
     return _release_acks(state)
 
@@ -192,6 +227,7 @@ def _answered(state: ConnectionState, pending: PendingAck, ok: bool) -> None:
 
 _REASON_STRINGS: dict[int, str] = {
     ReasonCode.NOT_AUTHORIZED: "not authorized to publish to this topic",
+    ReasonCode.TOPIC_NAME_INVALID: "not $delayed/<seconds>/<topic> with a valid delay and topic",
     ReasonCode.QUOTA_EXCEEDED: "too many QoS 2 messages in flight",
 }
 """The Reason String of a refused PUBLISH's acknowledgement, by its Reason Code."""

@@ -50,6 +50,7 @@ class Limits:
     ``session_expiry_max_seconds`` the longest a disconnected session is kept;
     ``application_client_ids`` the client id patterns of APPLICATION clients;
     ``max_inflight_qos2`` inbound QoS 2 messages not yet released per client;
+    ``max_delay_seconds`` the longest delay of a ``$delayed/<seconds>/<topic>`` PUBLISH;
     ``max_subscriptions`` subscriptions per client; ``max_topic_levels`` levels of one
     Topic Filter.
     """
@@ -64,6 +65,7 @@ class Limits:
     session_expiry_max_seconds: int | None
     application_client_ids: tuple[str, ...]
     max_inflight_qos2: int = 65535
+    max_delay_seconds: int = 4_294_967
     max_subscriptions: int = 1_000_000
     max_topic_levels: int = 65535
 
@@ -81,6 +83,7 @@ class Limits:
             session_expiry_max_seconds=settings.session_expiry_max_seconds,
             application_client_ids=tuple(settings.application_client_ids),
             max_inflight_qos2=settings.max_inflight_qos2,
+            max_delay_seconds=settings.max_delay_seconds,
             max_subscriptions=settings.max_subscriptions,
             max_topic_levels=settings.max_topic_levels,
         )

@@ -6,7 +6,8 @@ the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, 
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
 in full for session takeover, session resumption and Will Messages waiting out their delay;
-another task owns this node's share of ``client.wills`` (:mod:`services.ingest.delayed_wills`).
+other tasks own this node's share of ``client.wills`` (:mod:`services.ingest.delayed_wills`)
+and of ``msg.delayed`` (:mod:`services.ingest.delayed_publish`).
 Credentials come from PostgreSQL through a cache that the store's change notifications
 keep right (:mod:`services.common.auth.cache`), as they keep the passwords verified lately
 (:mod:`services.common.auth.verified`) and the blocked clients
@@ -24,6 +25,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable
+from typing import TypeVar
 
 import faust
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -70,17 +72,21 @@ from services.common.records import (
     Downlink,
     KafkaRecord,
     RecordError,
+    parse_delayed,
     parse_downlink,
+    parse_will,
 )
 from services.common.settings import Settings
 from services.common.stores.base import StoreUnavailable
 from services.common.web import serve_http
-from services.ingest.delayed_wills import WillOwnership
 from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
 from services.ingest.node_lease import HeldLease, NodeLeases
+from services.ingest.timed_records import Parse, PartitionOwner, TimedRecords
 
 log = logging.getLogger(__name__)
+
+V = TypeVar("V")
 
 
 def build_app(settings: Settings, lease: HeldLease | None = None) -> faust.App:
@@ -112,11 +118,8 @@ class IngestService:
         self.names = names = TopicNames.from_settings(settings)
         self.readiness = serve_http(app, "ingest", settings.ready_file, settings.node_id)
         self.send = sender(app)
-        self.wills_transactions = PartitionTransactions(
-            lambda transactional_id: transactional_producer(settings, transactional_id),
-            f"{names.wills_group}.",
-            names.wills_group,
-        )
+        self.wills_transactions = self._transactions(names.wills_group)
+        self.delayed_transactions = self._transactions(names.delayed_group)
         self.cache = CredentialCache(CredentialStore.from_settings(settings))
         self.blocked_store = BlockedStore(self.cache.store.pool)
         self.verified = VerifiedPasswords(
@@ -166,6 +169,7 @@ class IngestService:
             authenticator=self.authenticator,
             fetch_credential=self.cache.get,
             commit_will=self.commit_will,
+            commit_delayed=self.commit_delayed,
             store_block=self.blocked_store.extend,
         )
         self.blocked = BlockedFollower(self.blocked_store, node.gate)
@@ -213,17 +217,34 @@ class IngestService:
             security=client_security(settings),
         )
 
+    def _transactions(self, group: str) -> PartitionTransactions:
+        """The partitions' transactional producers of the ingest nodes' ``group``."""
+        settings = self.settings
+        return PartitionTransactions(
+            lambda transactional_id: transactional_producer(settings, transactional_id),
+            f"{group}.",
+            group,
+        )
+
     async def commit_will(self, partition: int, records: list[KafkaRecord]) -> None:
         """Write ``records`` in one transaction of ``client.wills`` partition ``partition``
-        (see :data:`~services.ingest.delayed_wills.Commit`)."""
+        (see :data:`~services.ingest.timed_records.Commit`)."""
+        tp = TopicPartition(self.names.client_wills, partition)
+        await self._commit(self.wills_transactions, tp, records)
 
+    async def commit_delayed(self, partition: int, records: list[KafkaRecord]) -> None:
+        """Write ``records`` in one transaction of ``msg.delayed`` partition ``partition``
+        (see :data:`~services.ingest.timed_records.Commit`)."""
+        tp = TopicPartition(self.names.msg_delayed, partition)
+        await self._commit(self.delayed_transactions, tp, records)
+
+    async def _commit(
+        self, transactions: PartitionTransactions, tp: TopicPartition, records: list[KafkaRecord]
+    ) -> None:
         async def produce(producer: AIOKafkaProducer) -> list[Awaitable[object]]:
             return [await send_in_transaction(producer, *record) for record in records]
 
-        tp = TopicPartition(self.names.client_wills, partition)
-        await self.wills_transactions.run_in(
-            tp, produce, self.settings.kafka_request_timeout_seconds
-        )
+        await transactions.run_in(tp, produce, self.settings.kafka_request_timeout_seconds)
 
     def credential_changed(self, change: Change) -> None:
         """A credential changed in the store: forget what was cached or verified of it."""
@@ -257,23 +278,32 @@ class IngestService:
                 log_undecodable(log, record, exc)
         return []  # delivery is best effort here: QoS 1/2 is tracked per connection
 
-    async def own_wills(self) -> None:
-        """Own this node's share of ``client.wills`` until cancelled."""
-        settings, names, node = self.settings, self.names, self.node
-        # In the ingest nodes' client.wills group, a static member named by the node id: a
-        # restarted node takes its partitions back without a rebalance.
-        consumer = make_consumer(settings, group_id=names.wills_group, instance_id=settings.node_id)
+    async def own(
+        self,
+        group: str,
+        transactions: PartitionTransactions,
+        timers: TimedRecords[V],
+        topic: str,
+        parse: Parse[V],
+    ) -> None:
+        """Own this node's share of ``topic`` (``client.wills`` or ``msg.delayed``) in the
+        ingest nodes' ``group`` until cancelled (:class:`PartitionOwner`)."""
+        # A static member named by the node id: a restarted node takes its partitions back
+        # without a rebalance.
+        settings = self.settings
+        consumer = make_consumer(settings, group_id=group, instance_id=settings.node_id)
         await consumer.start()
+        stage = group.removeprefix(self.names.service_group(""))
         try:
-            await WillOwnership(consumer, self.wills_transactions, node.wills, names).run()
+            await PartitionOwner(consumer, transactions, timers, topic, parse, stage).run()
         finally:
-            await node.wills.stop()
-            await self.wills_transactions.close()
+            await timers.stop()
+            await transactions.close()
             await consumer.stop()
 
     async def start(self) -> None:
-        """Read the state, start the credential and will tasks, end the sessions that died
-        with the previous process."""
+        """Read the state, start the credential, will and delayed publication tasks, end
+        the sessions that died with the previous process."""
         settings, cache = self.settings, self.cache
         await self.reader.start()
         await self.msg_all_ends.start(
@@ -294,7 +324,19 @@ class IngestService:
             log.warning("node %s: anonymous clients may connect", settings.node_id)
         # Sessions the state shows connected here died with the previous process.
         await self.node.reconcile()
-        self.tasks.append(asyncio.create_task(self.own_wills(), name="ingest-wills"))
+        names, node = self.names, self.node
+        wills = self.own(
+            names.wills_group, self.wills_transactions, node.wills, names.client_wills, parse_will
+        )
+        self.tasks.append(asyncio.create_task(wills, name="ingest-wills"))
+        delayed = self.own(
+            names.delayed_group,
+            self.delayed_transactions,
+            node.delayed,
+            names.msg_delayed,
+            parse_delayed,
+        )
+        self.tasks.append(asyncio.create_task(delayed, name="ingest-delayed"))
 
     async def run(self) -> None:
         """:meth:`start`, then open the listeners and deliver the downlink records until

@@ -3,17 +3,20 @@
 :class:`IngestNode` wires the node's parts together and carries out the effects of every
 connection (:meth:`IngestNode.run`): bytes go to the client's socket, store effects to
 Kafka (:mod:`~services.ingest.store_pipeline`; a delayed Will Message among them, to
-``client.wills``), a registration to the client registry (:mod:`~services.ingest.registry`),
-a credential check to the authenticator (:mod:`services.common.auth.authenticate`, off the
-event loop's hot path). It follows ``client.sessions`` and ``client.subscriptions`` (session
-lookup at CONNECT; each record is shown to the client's connection here, which decides on a
-session takeover, and to the waiting Will Messages of the ``client.wills`` partitions this
-node owns, :mod:`~services.ingest.delayed_wills`), hands downlink records to the target connections
-(:meth:`IngestNode.deliver`), and applies credential changes announced by PostgreSQL to the
-connections they concern (:meth:`IngestNode.credential_changed`: a disabled or deleted
-credential disconnects its clients, a changed one gives them its new rules). Every MQTT
-decision is the sans-IO core's (:mod:`~services.ingest.connection` and its modules); start
-and stop are in :mod:`~services.ingest.shutdown`.
+``client.wills``, and delayed publications, to ``msg.delayed``), a registration to the
+client registry (:mod:`~services.ingest.registry`), a credential check to the authenticator
+(:mod:`services.common.auth.authenticate`, off the event loop's hot path). It follows
+``client.sessions`` and ``client.subscriptions`` (session lookup at CONNECT; each record is
+shown to the client's connection here, which decides on a session takeover, and to the
+waiting Will Messages of the ``client.wills`` partitions this node owns,
+:mod:`~services.ingest.delayed_wills`; the delayed publications of the ``msg.delayed``
+partitions it owns are timed in :mod:`~services.ingest.delayed_publish`), hands downlink
+records to the target connections (:meth:`IngestNode.deliver`), and applies credential
+changes announced by PostgreSQL to the connections they concern
+(:meth:`IngestNode.credential_changed`: a disabled or deleted credential disconnects its
+clients, a changed one gives them its new rules). Every MQTT decision is the sans-IO core's
+(:mod:`~services.ingest.connection` and its modules); start and stop are in
+:mod:`~services.ingest.shutdown`.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from services.common.sessions import assigned_client_id
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.ingest import shutdown
-from services.ingest.delayed_wills import Commit, WillTimers
+from services.ingest.delayed_publish import DelayedTimers
+from services.ingest.delayed_wills import WillTimers
 from services.ingest.effects import (
     Authenticate,
     Close,
@@ -78,6 +82,7 @@ from services.ingest.refusals import Refusals
 from services.ingest.registry import Client, ClientRegistry
 from services.ingest.state import ServerContext
 from services.ingest.store_pipeline import ReadLiveFrom, StorePipeline
+from services.ingest.timed_records import Commit
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +114,8 @@ class IngestNode:
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
     ``ensure_app_topic``. ``commit_will`` writes records in one transaction of a
-    ``client.wills`` partition this node owns (:data:`~services.ingest.delayed_wills.Commit`).
+    ``client.wills`` partition this node owns, ``commit_delayed`` in one of a ``msg.delayed``
+    partition (:data:`~services.ingest.timed_records.Commit`).
     ``clock`` (Unix ms) and ``new_client_id`` are the real ones unless a test gives its own.
     """
 
@@ -121,6 +127,7 @@ class IngestNode:
         ensure_app_topic: EnsureAppTopic,
         *,
         commit_will: Commit,
+        commit_delayed: Commit,
         authenticator: Authenticator,
         fetch_credential: FetchCredential,
         store_block: StoreBlock | None = None,
@@ -164,6 +171,7 @@ class IngestNode:
             read_live_from,
         )
         self.wills = WillTimers(self.names, commit_will, sync_state, self.latest_session, clock)
+        self.delayed = DelayedTimers(self.names, commit_delayed, clock)
         self.authenticator = authenticator
         self._fetch_credential = fetch_credential
         # the connections authenticated with each credential (disconnected when it is

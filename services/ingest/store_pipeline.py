@@ -52,13 +52,16 @@ from services.common.records import (
     client_acks_record,
     client_session_record,
     client_subscriptions_record,
+    delayed_record,
     publish_record,
     retained_record,
     retained_request_record,
     will_record,
 )
+from services.ingest import delayed_rules
 from services.ingest.effects import (
     StoreAcks,
+    StoreDelayed,
     StoreEffect,
     StorePublish,
     StoreRetained,
@@ -90,6 +93,8 @@ def record_of(names: TopicNames, client_id: str, effect: StoreEffect) -> KafkaRe
         return client_acks_record(names, client_id, effect.record)
     if isinstance(effect, StoreWill):
         return will_record(names, waiting_record(client_id, effect))
+    if isinstance(effect, StoreDelayed):
+        return delayed_record(names, delayed_rules.waiting_record(client_id, effect))
     return retained_request_record(names, client_id, effect.subscriptions)
 
 
@@ -167,7 +172,7 @@ class StorePipeline:
         if queue.task is None:
             queue.task = asyncio.create_task(self._drain(client, queue))
         if (
-            isinstance(effect, StorePublish)
+            isinstance(effect, StorePublish | StoreDelayed)
             and client not in self._paused
             and self.pending_records >= self.max_pending
         ):

@@ -15,14 +15,14 @@ that waits is stored in Kafka (:class:`~services.ingest.effects.StoreWill`, a
 survives its node; the node that owns its partition waits it out
 (:mod:`services.ingest.delayed_wills`). A new network connection of the client settles a will still
 waiting (:func:`settled_by`, :func:`on_new_connection`), and so does the end of the session
-(:func:`on_session`). With Will Retain it is also the topic's retained message
-(:func:`publication`).
+(:func:`on_session`). With Will Retain it is also the topic's retained message, since a Will
+Message with Will Retain is published as a retained message [MQTT-3.1.2-17]
+(:func:`~services.ingest.effects.publication`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
@@ -33,7 +33,13 @@ from services.common.records import (
     decode_meta,
     encode_meta,
 )
-from services.ingest.effects import Effect, StorePublish, StoreRetained, StoreWill
+from services.ingest.effects import (
+    Effect,
+    Publication,
+    StoreWill,
+    publication,
+    published_now,
+)
 from services.ingest.state import ConnectionState
 
 
@@ -103,27 +109,14 @@ def on_taken_over(state: ConnectionState, new_clean_start: bool) -> list[Effect]
     return []
 
 
-def publication(
-    meta: PublishMeta, payload: bytes, new_token: Callable[[], int] = lambda: 0
-) -> list[StorePublish | StoreRetained]:
-    """The records that publish a Will Message: its ``msg.all`` record and, with Will
-    Retain, its ``msg.retained`` record, since a Will Message with Will Retain is published
-    as a retained message [MQTT-3.1.2-17] (an empty payload then deletes the topic's
-    retained message, as any retained PUBLISH does). Nothing waits for them: ``new_token``
-    names them (0 when no connection is left to hear of the outcome)."""
-    effects: list[StorePublish | StoreRetained] = [StorePublish(new_token(), meta, payload)]
-    if meta.retain:
-        effects.append(StoreRetained(new_token(), meta, payload))
-    return effects
-
-
-def published_after_delay(will: WillRecord, now_ms: int) -> list[StorePublish | StoreRetained]:
+def published_after_delay(will: WillRecord, now_ms: int) -> Publication:
     """The records of a Will Message that waited out its delay, stamped ``now_ms`` (Unix
-    ms): its Message Expiry Interval runs from its publication (MQTT 5.0 3.1.3.2.4).
-    Raises :class:`~services.common.records.RecordError` if its metadata does not decode
-    (a parsed ``client.wills`` record's always does)."""
-    meta = dataclasses.replace(decode_meta(will.meta_raw), received_at_ms=now_ms)
-    return publication(meta, will.payload)
+    ms): its Message Expiry Interval runs from its publication (MQTT 5.0 3.1.3.2.4), and
+    with Will Retain it is published as a retained message [MQTT-3.1.2-17]
+    (:func:`~services.ingest.effects.published_now`). Raises
+    :class:`~services.common.records.RecordError` if its metadata does not decode (a parsed
+    ``client.wills`` record's always does)."""
+    return published_now(will.meta_raw, will.payload, now_ms)
 
 
 def settled_by(will: WillRecord, record: SessionRecord | None, offset: int) -> bool:
@@ -136,9 +129,7 @@ def settled_by(will: WillRecord, record: SessionRecord | None, offset: int) -> b
     return will.session_offset is None or offset > will.session_offset
 
 
-def on_new_connection(
-    will: WillRecord, new_clean_start: bool, now_ms: int
-) -> list[StorePublish | StoreRetained]:
+def on_new_connection(will: WillRecord, new_clean_start: bool, now_ms: int) -> Publication:
     """A new connection with the same Client Identifier was made while ``will`` waits out
     its delay: the records that publish it now, or [] when it is discarded.
 
@@ -151,7 +142,7 @@ def on_new_connection(
 
 def on_session(
     will: WillRecord, record: SessionRecord | None, offset: int, now_ms: int
-) -> list[StorePublish | StoreRetained] | None:
+) -> Publication | None:
     """What a ``client.sessions`` record of the will's client (``record`` at ``offset``;
     None: a tombstone, the session is gone) makes of the waiting ``will``: the records that
     publish it now (the session ended, MQTT-3.1.2-8, or a newer connection with Clean

@@ -3,6 +3,8 @@ rely on (session records, acknowledgements, retained message requests), with dea
 
 - :func:`latest_state`: the state topics as they are now (latest record per client);
 - :func:`latest_values`: any compacted topic as it is now (latest value per key);
+- :func:`waiting_of`: how many records of a client wait in ``client.wills`` or
+  ``msg.delayed`` now;
 - :class:`TopicTail`: the records written to a topic from now on;
 - :func:`downlink_writer`: a producer that plays a message store writing downlink records.
 """
@@ -10,7 +12,7 @@ rely on (session records, acknowledgements, retained message requests), with dea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
@@ -58,6 +60,23 @@ async def latest_values(cluster: LocalCluster, topic: str) -> dict[bytes, bytes 
     await reader.start(timeout=TIMEOUT)
     await reader.stop()
     return values
+
+
+async def waiting_of(
+    cluster: LocalCluster,
+    topic: str,
+    parse: Callable[[bytes, bytes], tuple[str, bytes, object]],
+    client_id: str,
+) -> int:
+    """How many records of ``client_id`` wait in ``topic`` now (``client.wills`` or
+    ``msg.delayed``, whose keys ``parse`` reads: the latest value of each key, not a
+    tombstone)."""
+    values = await latest_values(cluster, topic)
+    return sum(
+        1
+        for key, value in values.items()
+        if value is not None and parse(key, value)[0] == client_id
+    )
 
 
 class TopicTail:

@@ -50,6 +50,8 @@ def session_of(api: AdminApi, client_id: str) -> dict[str, object] | None:
         ("POST", "/api/sessions/someone/disconnect"),
         ("DELETE", "/api/sessions/someone"),
         ("DELETE", "/api/retained?topic=a/b"),
+        ("GET", "/api/delayed"),
+        ("DELETE", "/api/delayed/" + "0" * 48),
         ("GET", "/api/admin-users"),
         ("POST", "/api/admin-users"),
         ("PUT", "/api/admin-users/someone/password"),
@@ -238,6 +240,7 @@ def test_docs_page_loads_its_assets_from_the_admin_service(api: AdminApi) -> Non
         assert requests.get(f"{api.url}/docs/assets/{asset}", timeout=30).status_code == 200
     schema = requests.get(api.url + "/openapi.json", timeout=30).json()
     assert "/api/sessions/{client_id}/disconnect" in schema["paths"]
+    assert "/api/delayed/{delayed_id}" in schema["paths"]
 
 
 def test_admin_users_are_managed_through_the_api(api: AdminApi) -> None:

@@ -25,7 +25,7 @@ from tests.e2e.clients import (
     unique,
     until_marker,
 )
-from tests.e2e.kafka_view import latest_state, latest_values
+from tests.e2e.kafka_view import latest_state, waiting_of
 from tests.servers import LocalCluster
 from tests.waiting import wait_for
 
@@ -47,12 +47,7 @@ async def _disconnected(cluster: LocalCluster, client_id: str) -> bool:
 async def _waiting_wills(cluster: LocalCluster, client_id: str) -> int:
     """How many wills of ``client_id`` wait in ``client.wills`` now."""
     names = TopicNames.from_settings(cluster.settings)
-    values = await latest_values(cluster, names.client_wills)
-    return sum(
-        1
-        for key, value in values.items()
-        if value is not None and parse_will(key, value)[0] == client_id
-    )
+    return await waiting_of(cluster, names.client_wills, parse_will, client_id)
 
 
 async def _waiting_wills_is(cluster: LocalCluster, client_id: str, count: int) -> bool:

@@ -1,6 +1,7 @@
 """The operators' CLI end to end on the test cluster, through the admin API with a stored
 login: ``cormorant login|logout``, ``clients list|show|kick``, ``sessions list|show|delete``,
-``subscriptions list``, ``retained list|show|delete`` and ``credentials import|export``,
+``subscriptions list``, ``retained list|show|delete``, ``delayed list|cancel`` and
+``credentials import|export``,
 driven with click's runner against live paho clients."""
 
 from __future__ import annotations
@@ -177,6 +178,45 @@ def test_retained_messages_are_listed_shown_and_deleted(cluster: LocalCluster, c
         STATE_SECONDS,
     )
     assert "no retained message" in cli("retained", "show", f"{base}/a", code=1).stderr
+
+
+def test_delayed_publications_are_listed_and_cancelled(
+    cluster: LocalCluster, api: AdminApi, cli: Cli
+) -> None:
+    publisher_id, topic = unique("cli-delayer"), unique("cli-delayed")
+    publisher = PahoClient(cluster.mqtt_port, publisher_id)
+    assert publisher.connect() == 0
+    try:
+        mids = [
+            publisher.client.publish(f"$delayed/{delay}/{topic}/{name}", payload, 1).mid
+            for delay, name, payload in ((900, "b", b"\xff"), (600, "a", b"first"))
+        ]
+        wait_until(lambda: set(mids) <= set(publisher.snapshot()[0]), "both PUBACKs")
+        assert [publisher.snapshot()[0][mid] for mid in mids] == [0, 0]
+    finally:
+        publisher.close()
+
+    def listed() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = cli.json("delayed", "list", "--client-id", publisher_id)[
+            "items"
+        ]
+        return items
+
+    wait_until(lambda: len(listed()) == 2, "both delayed messages listed", STATE_SECONDS)
+    first, second = listed()  # the soonest due first
+    assert (first["topic"], first["payload"], first["qos"]) == (f"{topic}/a", "first", 1)
+    assert second["payload_encoding"] == "base64"
+    table = cli("delayed", "list", "--client-id", publisher_id).stdout
+    assert first["id"] in table and "base64:/w==" in table
+    cancelled = cli("delayed", "cancel", first["id"]).stdout
+    assert f"from {publisher_id} to {topic}/a" in cancelled
+    wait_until(lambda: listed() == [second], "a cancelled", STATE_SECONDS)
+    assert "no delayed publication" in cli("delayed", "cancel", first["id"], code=1).stderr
+    assert api.call("DELETE", "/api/delayed/not-an-id").status_code == 422
+    assert api.call("DELETE", f"/api/delayed/{second['id']}").status_code == 202
+    wait_until(lambda: listed() == [], "b cancelled", STATE_SECONDS)
+    trail = [e for e in api.get("/api/audit", limit=50)["items"] if e["action"] == "cancel-delayed"]
+    assert {e["target"] for e in trail} >= {first["id"], second["id"]}
 
 
 def test_a_credentials_import_is_all_or_nothing(

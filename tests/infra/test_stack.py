@@ -944,6 +944,7 @@ def test_the_topics_task_creates_the_projects_own_topics(
         "mqtt.client.subscriptions",
         "mqtt.msg.retained",
         "mqtt.client.wills",
+        "mqtt.msg.delayed",
     ]
     assert settings.replication_factor == kafka.REPLICATION_FACTOR
     assert serverless.outputs["topicsTaskDefinition"].endswith("create-topics:1")

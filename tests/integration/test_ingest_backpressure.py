@@ -94,7 +94,7 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
         raise AssertionError(f"{client_id} is not an APPLICATION client")
 
     async def no_wills(partition: int, records: list[KafkaRecord]) -> None:
-        raise AssertionError("the flooder has no Will Message")
+        raise AssertionError("the flooder has no Will Message nor delayed message")
 
     try:
         node = IngestNode(
@@ -107,6 +107,7 @@ async def test_a_flood_pauses_reading_until_kafka_answers(
             ),
             fetch_credential=NoCredentials().get,
             commit_will=no_wills,
+            commit_delayed=no_wills,
         )
         shell = SocketShell(node)
         node.run(shell, shell.connection.receive_data(encode(Connect(4, "flooder", True, 60), 4)))

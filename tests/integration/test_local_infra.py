@@ -91,6 +91,7 @@ async def test_state_topics_are_compacted_and_message_topics_are_not(
         f"{prefix}client.subscriptions": "compact",
         f"{prefix}msg.retained": "compact",
         f"{prefix}client.wills": "compact",
+        f"{prefix}msg.delayed": "compact",
     }
     week_ms = str(settings.msg_retention_seconds * 1000)
     assert configs[f"{prefix}msg.all"]["retention.ms"] == week_ms

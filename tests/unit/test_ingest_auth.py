@@ -61,6 +61,7 @@ from services.ingest.effects import (
     Authenticate,
     Effect,
     StoreAcks,
+    StoreDelayed,
     StorePublish,
     StoreRetainedRequest,
     StoreSession,
@@ -312,6 +313,22 @@ def test_v311_publishes_the_rules_refuse_are_acknowledged_and_dropped() -> None:
     assert not of_type(effects, StorePublish)
     assert [(type(p), p.packet_id) for p in client.packets(effects)] == [(PubAck, 1), (PubRec, 2)]  # type: ignore[union-attr]
     assert only(client.packets(client.send(PubRel(2))), PubComp).reason_code == 0
+
+
+@pytest.mark.parametrize(("version", "refused"), [(5, ReasonCode.NOT_AUTHORIZED), (4, 0)])
+def test_a_delayed_publish_is_authorized_for_its_target_topic(version: int, refused: int) -> None:
+    """The rules allow ``devices/dev-1/#`` only: ``$delayed/5/devices/dev-1/t`` is taken
+    (no rule names ``$delayed/...``), ``$delayed/5/devices/dev-2/t`` is refused now, at
+    publish time, not when it would be published."""
+    client = connected(version)
+    effects = client.send(
+        Publish("$delayed/5/devices/dev-1/t", b"1", qos=1, packet_id=1),
+        Publish("$delayed/5/devices/dev-2/t", b"2", qos=1, packet_id=2),
+    )
+    [stored] = store_effects(effects)
+    assert isinstance(stored, StoreDelayed) and stored.meta.topic == "devices/dev-1/t"
+    answers = client.packets(client.stored(stored.token))
+    assert [(p.packet_id, p.reason_code) for p in answers] == [(1, 0), (2, refused)]  # type: ignore[attr-defined]
 
 
 def test_a_retained_publish_the_rules_refuse_is_not_kept() -> None:

@@ -111,6 +111,7 @@ async def serving(*listeners: Listener) -> AsyncIterator[tuple[IngestNode, Produ
         synced,
         no_app_topics,
         commit_will=WillCommits(),
+        commit_delayed=WillCommits(),
         authenticator=Authenticator(NoCredentials(), allow_anonymous=True),
         fetch_credential=NoCredentials().get,
     )

@@ -37,6 +37,7 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties
 from services.common.records import (
+    DelayedRecord,
     DisconnectCause,
     Downlink,
     EventKind,
@@ -54,6 +55,7 @@ from services.common.records import (
     encode_session,
     encode_subscriptions,
     parse_client_event,
+    parse_delayed,
     parse_msg_all,
     parse_will,
 )
@@ -116,8 +118,8 @@ class Producer:
 
 
 class WillCommits:
-    """The node's ``commit_will``: the transactions it committed (partition, records); the
-    next ``failures`` commits fail as Kafka would."""
+    """The node's ``commit_will`` (or ``commit_delayed``): the transactions it committed
+    (partition, records); the next ``failures`` commits fail as Kafka would."""
 
     def __init__(self) -> None:
         self.done: list[tuple[int, list[KafkaRecord]]] = []
@@ -179,11 +181,13 @@ def _node(
     producer: Producer,
     synced: asyncio.Event | None = None,
     commits: WillCommits | None = None,
+    delayed_commits: WillCommits | None = None,
     read_live_from: ReadLiveFrom | None = None,
     **settings: Any,
 ) -> IngestNode:
     """A node on ``producer``; its state topics are read up to date at once, or when
-    ``synced`` is set; its will transactions go to ``commits``."""
+    ``synced`` is set; its will transactions go to ``commits``, its delayed publications'
+    to ``delayed_commits``."""
 
     async def sync_state() -> None:
         if synced is not None:
@@ -200,6 +204,7 @@ def _node(
         sync_state,
         no_app_topics,
         commit_will=commits or WillCommits(),
+        commit_delayed=delayed_commits or WillCommits(),
         authenticator=Authenticator(
             NoCredentials(), allow_anonymous=True, anonymous_rules=(ALLOW_ALL_RULE,)
         ),
@@ -558,7 +563,7 @@ def _waiting_will(
     waiting = WillRecord(
         "c1", connection_id, NOW_MS + due_in_ms, session_offset, encode_meta(meta), b"gone"
     )
-    node.wills.apply(3, "c1", connection_id, waiting)
+    node.wills.apply(3, ("c1", connection_id), waiting)
     return waiting
 
 
@@ -644,9 +649,57 @@ async def test_the_wills_of_a_revoked_partition_are_left_to_its_next_owner() -> 
     ended = SessionRecord("n1", other, False, 5, True, True, connected_at_ms=NOW_MS - 9000)
     node.apply_state("t.client.sessions", b"c2", encode_session(ended), 8)
     meta = encode_meta(PublishMeta("status/c2", 0, False, NOW_MS, 5))
-    node.wills.apply(4, "c2", other, WillRecord("c2", other, NOW_MS, 8, meta, b"marker"))
+    node.wills.apply(4, ("c2", other), WillRecord("c2", other, NOW_MS, 8, meta, b"marker"))
     await wait_for(lambda: commits.done, "the other partition's will")
     assert [records[0].key for _, records in commits.done] == [b"c2"]
+
+
+# ---------------------------------------------------------------------- delayed publications
+
+
+def _waiting_delayed(
+    node: IngestNode, delayed_id: bytes, due_in_ms: int, retain: bool = False
+) -> DelayedRecord:
+    """A delayed message of client c1 to ``a/b`` read from partition 2 of msg.delayed."""
+    meta = encode_meta(PublishMeta("a/b", 1, retain, NOW_MS - 5000, 5))
+    waiting = DelayedRecord("c1", delayed_id, NOW_MS + due_in_ms, meta, b"later")
+    node.delayed.apply(2, ("c1", delayed_id), waiting)
+    return waiting
+
+
+async def test_an_owned_delayed_message_is_published_when_due_with_its_tombstone() -> None:
+    commits = WillCommits()
+    node = _node(Producer(), delayed_commits=commits)
+    mine = b"d" * 24
+    _waiting_delayed(node, mine, due_in_ms=0, retain=True)
+    assert commits.done == []  # nothing before the partition's replay is complete
+    await node.delayed.go_live(2)
+    await wait_for(lambda: commits.done, "the delayed message's transaction")
+    [(partition, records)] = commits.done
+    assert partition == 2
+    published, retained, tombstone = records
+    assert (published.topic, published.key, published.value) == ("t.msg.all", b"c1", b"later")
+    meta = decode_meta(dict(published.headers)["m"])
+    assert (meta.topic, meta.received_at_ms) == ("a/b", NOW_MS)  # stamped at publication
+    assert (retained.topic, retained.key) == ("t.msg.retained", b"a/b")
+    assert (tombstone.topic, tombstone.value) == ("t.msg.delayed", None)
+    assert parse_delayed(tombstone.key, None)[:2] == ("c1", mine)
+    assert len(node.delayed) == 0
+
+
+async def test_a_cancelled_delayed_message_is_not_published() -> None:
+    commits = WillCommits()
+    node = _node(Producer(), delayed_commits=commits)
+    await node.delayed.go_live(2)
+    _waiting_delayed(node, b"x" * 24, due_in_ms=60_000)
+    _waiting_delayed(node, b"y" * 24, due_in_ms=1)
+    node.delayed.apply(2, ("c1", b"x" * 24), None)  # an administrator's tombstone
+    node.delayed.apply(2, ("c1", b"y" * 24), None)
+    assert len(node.delayed) == 0
+    # A marker due after the cancelled ones: only it is published.
+    _waiting_delayed(node, b"z" * 24, due_in_ms=2)
+    await wait_for(lambda: commits.done, "the marker's transaction")
+    assert [parse_delayed(r[-1].key, None)[1] for _, r in commits.done] == [b"z" * 24]
 
 
 # ---------------------------------------------------------------------- downlink

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.kafka.names import TopicNames
+from services.common.kafka.partitioner import partition_of
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.records import (
@@ -24,6 +25,7 @@ from services.common.records import (
     AckRecord,
     AppMessage,
     ClientKind,
+    DelayedRecord,
     Downlink,
     EventKind,
     EventRecord,
@@ -52,6 +54,8 @@ from services.common.records import (
     decode_stored,
     decode_subscriptions,
     decode_targets,
+    delayed_record,
+    delayed_tombstone,
     downlink_record,
     encode_ack,
     encode_event,
@@ -68,6 +72,7 @@ from services.common.records import (
     parse_client_event,
     parse_client_session,
     parse_client_subscriptions,
+    parse_delayed,
     parse_downlink,
     parse_msg_all,
     parse_persisted,
@@ -463,6 +468,25 @@ def test_tombstones() -> None:
 
 GOOD_META = [("m", META_RAW)]
 GOOD_TARGET = [("t", encode_targets([Target("c", 1)]))]
+DELAYED_KEY = b"c\x00" + b"d" * 24
+"""A ``msg.delayed`` key: client ``c``, a 24-byte id."""
+
+
+def test_a_delayed_message_round_trips_and_its_tombstone_names_it() -> None:
+    names = TopicNames("t.")
+    meta = encode_meta(PublishMeta("a/b", 1, True, 1_000, 5))
+    waiting = DelayedRecord("c", b"d" * 24, 16_000, meta, b"later")
+    record = delayed_record(names, waiting)
+    assert (record.topic, record.key) == ("t.msg.delayed", DELAYED_KEY)
+    assert parse_delayed(record.key, record.value) == ("c", b"d" * 24, waiting)
+    gone = delayed_tombstone(names, "c", b"d" * 24)
+    assert (gone.key, gone.value) == (DELAYED_KEY, None)
+    assert parse_delayed(gone.key, gone.value) == ("c", b"d" * 24, None)
+    assert partition_of(record.key, 12) == partition_of("c", 12)  # the publisher's partition
+    with pytest.raises(ValueError, match="24 bytes"):
+        delayed_tombstone(names, "c", b"short")
+
+
 PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object], list[Any]]] = {
     "msg.all": (
         parse_msg_all,
@@ -519,6 +543,17 @@ PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object]
     "client.events": (
         lambda key, value, _headers: parse_client_event(key, value),
         [(None, b"", []), (b"c", None, []), (b"c", b"\x01", [])],
+    ),
+    "msg.delayed": (
+        lambda key, value, _headers: parse_delayed(key, value),
+        [
+            (None, None, []),
+            (b"c", None, []),  # no separator and id
+            (b"c\x00" + b"i" * 16, None, []),  # a will's key: the id is too short
+            (DELAYED_KEY, b"\x01", []),
+            (DELAYED_KEY, struct.pack(">BQI", 1, 5, 99) + b"x", []),  # meta beyond the value
+            (DELAYED_KEY, struct.pack(">BQI", 1, 5, 1) + b"\x07", []),  # undecodable meta
+        ],
     ),
 }
 

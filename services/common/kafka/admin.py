@@ -87,6 +87,7 @@ def core_topic_specs(settings: Settings) -> list[TopicSpec]:
         ),
         TopicSpec(names.msg_retained, settings.state_topic_partitions, _compacted(settings)),
         TopicSpec(names.client_wills, settings.state_topic_partitions, _compacted(settings)),
+        TopicSpec(names.msg_delayed, settings.state_topic_partitions, _compacted(settings)),
     ]
 
 

@@ -26,6 +26,7 @@ CLIENT_SUBSCRIPTIONS = "client.subscriptions"
 CLIENT_ACKS = "client.acks"
 CLIENT_EVENTS = "client.events"
 CLIENT_WILLS = "client.wills"
+MSG_DELAYED = "msg.delayed"
 DOWNLINK_PREFIX = "msg.downlink."
 APP_PREFIX = "msg.app."
 APP_SHARED_PREFIX = "msg.app-shared."
@@ -148,6 +149,20 @@ class TopicNames:
         """The consumer group the ingest nodes share ``client.wills`` in: the owner of a
         partition keeps its waiting Will Messages and publishes them."""
         return self.service_group("ingest-wills")
+
+    @property
+    def msg_delayed(self) -> str:
+        """Messages published to ``$delayed/<seconds>/<topic>`` waiting out their delay
+        (compacted), one key per message (:func:`~services.common.records.delayed_key`), in
+        the publisher's partition; read in the ingest nodes' group :meth:`delayed_group`,
+        whose member owning a partition publishes its messages when they are due."""
+        return self.prefix + MSG_DELAYED
+
+    @property
+    def delayed_group(self) -> str:
+        """The consumer group the ingest nodes share ``msg.delayed`` in: the owner of a
+        partition keeps its waiting delayed messages and publishes them."""
+        return self.service_group("ingest-delayed")
 
     def service_group(self, service: str) -> str:
         """The consumer group (and Faust app id) of service ``service`` (``"router"``,
