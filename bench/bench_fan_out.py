@@ -110,6 +110,7 @@ def _node() -> ingest_node.IngestNode:
         _never,
         _never,
         commit_will=_never,
+        commit_delayed=_never,
         authenticator=Authenticator(
             NoCredentials(), allow_anonymous=True, anonymous_rules=(ALLOW_ALL_RULE,)
         ),
