@@ -79,8 +79,12 @@ async def admin(cluster: LocalCluster) -> AsyncIterator[CredentialAdmin]:
     await manager.close()
 
 
-def _connack(port: int, username: str, password: bytes = b"any-password") -> int:
-    client = PahoClient(port, unique("http-auth"), username=username, password=password)
+def _connack(
+    port: int, username: str, password: bytes = b"any-password", client_id: str | None = None
+) -> int:
+    client = PahoClient(
+        port, client_id or unique("http-auth"), username=username, password=password
+    )
     try:
         return client.connect().value
     finally:
@@ -90,8 +94,8 @@ def _connack(port: int, username: str, password: bytes = b"any-password") -> int
 def test_the_endpoint_decides_who_connects_and_with_which_rules(node: ProviderNode) -> None:
     base = unique("e2e/http-auth")
     node.server.rules = [f"allow publish {base}/${{username}}/#"]
-    username = unique("allow")
-    client = PahoClient(node.port, unique("http-auth"), username=username, password=b"pw")
+    username, client_id = unique("allow"), unique("http-auth")
+    client = PahoClient(node.port, client_id, username=username, password=b"pw")
     assert client.connect().value == 0
     try:
         allowed = client.publish(f"{base}/{username}/t", b"x", 1)
@@ -104,7 +108,7 @@ def test_the_endpoint_decides_who_connects_and_with_which_rules(node: ProviderNo
     finally:
         client.close()
     hits = node.metric("cormorant_auth_http_cache_hits_total", result="allow")
-    assert _connack(node.port, username, b"pw") == 0  # from the cache
+    assert _connack(node.port, username, b"pw", client_id) == 0  # from the cache
     assert node.server.count(username) == 1
     assert node.metric("cormorant_auth_http_cache_hits_total", result="allow") == hits + 1
     assert _connack(node.port, unique("deny")) == 0x86  # Bad User Name or Password

@@ -46,15 +46,21 @@ def _post(
     return requests.post(_url(cluster, path), data=data, headers=headers, params=params, timeout=30)
 
 
-def _api_key(cluster: LocalCluster, *rules: str) -> tuple[str, str]:
-    """A new API key made with ``cormorant api-keys add --json``: its client id and key."""
+def _api_keys(cluster: LocalCluster, *args: str) -> str:
+    """``cormorant api-keys <args>`` against the test cluster: its output."""
     env = local_cluster.child_environment(local_cluster.local_settings(cluster.settings))
-    args = [a for rule in rules for a in ("--rule", rule)]
-    result = run_cormorant("api-keys", "add", unique("key"), *args, "--json", env=env)
+    result = run_cormorant("api-keys", *args, env=env)
     assert result.returncode == 0, result.stderr
-    made = json.loads(result.stdout)
+    return result.stdout
+
+
+def _api_key(cluster: LocalCluster, *rules: str) -> tuple[str, str, str]:
+    """A new API key made with ``cormorant api-keys add --json``: its name, client id and
+    key."""
+    args = [a for rule in rules for a in ("--rule", rule)]
+    made = json.loads(_api_keys(cluster, "add", unique("key"), *args, "--json"))
     assert made["key"].startswith("cmk_") and "key_hash" not in made
-    return made["client_id"], made["key"]
+    return made["name"], made["client_id"], made["key"]
 
 
 @pytest.fixture
@@ -85,7 +91,7 @@ def test_http_messages_reach_an_mqtt_subscriber_with_their_properties(
     cluster: LocalCluster, subscriber: PahoClient
 ) -> None:
     base = unique("http")
-    client_id, key = _api_key(cluster, f"allow publish {base}/#")
+    name, client_id, key = _api_key(cluster, f"allow publish {base}/#")
     bearer = f"Bearer {key}"
     assert [c.value for c in subscriber.subscribe(f"{base}/#", 1)] == [1]
     answer = _post(
@@ -147,7 +153,11 @@ def test_http_messages_reach_an_mqtt_subscriber_with_their_properties(
         later.close()
     document = requests.get(_url(cluster, "/openapi.json"), timeout=30).json()
     assert {"/api/v1/publish", "/api/v1/publish:batch"} <= set(document["paths"])
-    assert client_id.startswith("http-key-")
+    assert client_id == f"http-{name}"
+    # Revoked with the CLI: refused at once.
+    _api_keys(cluster, "delete", name)
+    revoked = _post(cluster, "/api/v1/publish", {"topic": f"{base}/one"}, bearer)
+    assert (revoked.status_code, revoked.headers["content-type"]) == (401, PROBLEM)
 
 
 async def test_refusals_are_problems_and_write_nothing(
