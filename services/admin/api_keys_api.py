@@ -27,6 +27,7 @@ from services.common.auth.api_keys import (
     new_api_key,
     public_view,
 )
+from services.common.auth.credentials import NAME_PATTERN
 
 router = APIRouter(prefix="/api/api-keys", tags=["API keys"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -73,7 +74,7 @@ class NewApiKey(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(pattern=NAME_PATTERN.pattern)
     rules: list[str] = Field(default_factory=list, max_length=1000)
     client_id: str | None = Field(None, min_length=1, max_length=1024)
 

@@ -788,10 +788,10 @@ async def publish_batch(
     """Publish messages in order, all or none refused: every message is checked before
     any is written (a refusal names the message's ``index``). 200 once Kafka stored every
     QoS 1 message (202 if some are QoS 0)."""
+    publisher = await _authenticated(request, client_id)
     limit = publisher_of(request).settings.http_publish_max_batch
     if len(body.messages) > limit:
         raise Problem(413, "batch-too-large", f"a batch holds at most {limit} messages")
-    publisher = await _authenticated(request, client_id)
     published = await publisher_of(request).publish(publisher, body.messages)
     _answer(published, response)
     return BatchView(published=published)

@@ -24,6 +24,7 @@ from services.common.metrics import parse_exposition, total
 from services.local import cluster as local_cluster
 from services.local import postgres
 from tests.commands import run_cormorant
+from tests.e2e.admin import admin_api
 from tests.e2e.clients import TIMEOUT, PahoClient, unique
 from tests.servers import LocalCluster
 
@@ -46,19 +47,14 @@ def _post(
     return requests.post(_url(cluster, path), data=data, headers=headers, params=params, timeout=30)
 
 
-def _api_keys(cluster: LocalCluster, *args: str) -> str:
-    """``cormorant api-keys <args>`` against the test cluster: its output."""
-    env = local_cluster.child_environment(local_cluster.local_settings(cluster.settings))
-    result = run_cormorant("api-keys", *args, env=env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 def _api_key(cluster: LocalCluster, *rules: str) -> tuple[str, str, str]:
     """A new API key made with ``cormorant api-keys add --json``: its name, client id and
     key."""
+    env = local_cluster.child_environment(local_cluster.local_settings(cluster.settings))
     args = [a for rule in rules for a in ("--rule", rule)]
-    made = json.loads(_api_keys(cluster, "add", unique("key"), *args, "--json"))
+    result = run_cormorant("api-keys", "add", unique("key"), *args, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    made = json.loads(result.stdout)
     assert made["key"].startswith("cmk_") and "key_hash" not in made
     return made["name"], made["client_id"], made["key"]
 
@@ -154,8 +150,12 @@ def test_http_messages_reach_an_mqtt_subscriber_with_their_properties(
     document = requests.get(_url(cluster, "/openapi.json"), timeout=30).json()
     assert {"/api/v1/publish", "/api/v1/publish:batch"} <= set(document["paths"])
     assert client_id == f"http-{name}"
-    # Revoked with the CLI: refused at once.
-    _api_keys(cluster, "delete", name)
+    # Listed (never with its secret) and revoked through the admin API: refused at once.
+    api = admin_api(cluster.settings)
+    listed = api.get("/api/api-keys")["api_keys"]
+    assert [k["client_id"] for k in listed if k["name"] == name] == [client_id]
+    assert all("key" not in k and "key_hash" not in k for k in listed)
+    assert api.call("DELETE", f"/api/api-keys/{name}").status_code == 204
     revoked = _post(cluster, "/api/v1/publish", {"topic": f"{base}/one"}, bearer)
     assert (revoked.status_code, revoked.headers["content-type"]) == (401, PROBLEM)
 

@@ -264,11 +264,12 @@ class HttpAuthProvider:
         now = self.clock()
         cached = self._cache.get(key)
         if cached is not None:
-            until, outcome = cached
+            until, remembered = cached
             if until > now:
                 self._cache.move_to_end(key)
-                CACHE_HITS[Result.ALLOW if isinstance(outcome, Accepted) else Result.DENY] += 1
-                return outcome
+                hit = Result.ALLOW if isinstance(remembered, Accepted) else Result.DENY
+                CACHE_HITS[hit] += 1
+                return remembered
             del self._cache[key]
         started = time.perf_counter()
         result, outcome = await self._ask(body, request)
