@@ -16,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 HANG_SECONDS = 5.0
@@ -61,9 +63,9 @@ def _answer(server: AuthServer, body: dict[str, Any]) -> tuple[int, bytes]:
 
 
 @contextmanager
-def serve_auth(port: int = 0) -> Iterator[AuthServer]:
-    """Serve the provider at ``http://127.0.0.1:<port>/auth`` (``port`` 0: a free one)
-    until the block ends."""
+def serve_auth(tls: tuple[Path, Path] | None = None) -> Iterator[AuthServer]:
+    """Serve the provider at ``http://127.0.0.1:<free port>/auth`` until the block ends;
+    with ``tls`` (a PEM certificate naming 127.0.0.1 and its key), at ``https://...``."""
     served = AuthServer("")
 
     class Handler(BaseHTTPRequestHandler):
@@ -93,9 +95,15 @@ def serve_auth(port: int = 0) -> Iterator[AuthServer]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: the requests are recorded instead."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    served.url = f"http://127.0.0.1:{server.server_address[1]}/auth"
+    scheme = "http"
+    if tls is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    served.url = f"{scheme}://127.0.0.1:{server.server_address[1]}/auth"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -138,6 +138,11 @@ def test_http_messages_reach_an_mqtt_subscriber_with_their_properties(
         (f"{base}/b", b"\xff\x00"),
         (f"{base}/kept", b"retained"),
     ]
+    # QoS 0: answered once handed to the producer (202), delivered all the same.
+    fire = _post(cluster, "/api/v1/publish", {"topic": f"{base}/q0", "qos": 0}, bearer)
+    assert (fire.status_code, fire.json()["stored"]) == (202, False)
+    q0 = _next(subscriber)
+    assert (q0.topic, q0.payload, q0.qos) == (f"{base}/q0", b"", 0)
     # The retained one went to msg.retained as well: a later subscriber gets it.
     later = PahoClient(cluster.node_ports[1], unique("http-later"))
     assert later.connect().value == 0

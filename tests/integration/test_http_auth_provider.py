@@ -9,6 +9,7 @@ import logging
 import socket
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from services.common.auth.passwords import hash_password
 from services.common.auth.principal import Accepted, AuthRequest, Refused
 from services.common.records import ClientKind
 from tests.auth_server import SECRET, serve_auth
+from tests.pki import make_pki
 
 STORED_PASSWORD = b"a stored password"
 
@@ -56,8 +58,10 @@ class OneStoredCredential:
         return []
 
 
-def _authenticator(url: str, policy: FailurePolicy, timeout: float = 5.0) -> Authenticator:
-    settings = ProviderSettings(url, SECRET.encode(), timeout, policy)
+def _authenticator(
+    url: str, policy: FailurePolicy, timeout: float = 5.0, ca_file: Path | None = None
+) -> Authenticator:
+    settings = ProviderSettings(url, SECRET.encode(), timeout, policy, ca_file=ca_file)
     return Authenticator(
         OneStoredCredential(),
         http_provider=HttpAuthProvider(settings),
@@ -170,3 +174,21 @@ async def test_an_endpoint_that_is_down_is_a_failure(policy: FailurePolicy) -> N
         assert isinstance(outcome, Accepted)
     else:
         assert isinstance(outcome, Refused) and outcome.reason_code == 0x88
+
+
+async def test_an_https_endpoint_is_trusted_only_with_a_certificate_that_verifies(
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path)
+    with serve_auth((pki.cert, pki.key)) as server:
+        untrusted = _authenticator(server.url, FailurePolicy.DENY)  # the system's CAs only
+        trusted = _authenticator(server.url, FailurePolicy.DENY, ca_file=pki.ca)
+        try:
+            refused = await untrusted.authenticate(_request("allow-tls"))
+            admitted = await trusted.authenticate(_request("allow-tls"))
+        finally:
+            await _close(untrusted)
+            await _close(trusted)
+    assert isinstance(refused, Refused) and refused.reason_code == 0x88
+    assert isinstance(admitted, Accepted)
+    assert server.count("allow-tls") == 1  # the untrusted one never sent its request
