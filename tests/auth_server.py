@@ -19,7 +19,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +41,13 @@ class AuthServer:
     received: list[dict[str, Any]] = field(default_factory=list)
     bad_signatures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: Callable[[], None] | None = None
+
+    def stop(self) -> None:
+        """Stop serving now (the endpoint is down: connections to its port are refused)."""
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
 
     def count(self, username: str) -> int:
         """Requests received for ``username``."""
@@ -106,9 +113,14 @@ def serve_auth(tls: tuple[Path, Path] | None = None) -> Iterator[AuthServer]:
     served.url = f"{scheme}://127.0.0.1:{server.server_address[1]}/auth"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    try:
-        yield served
-    finally:
+
+    def stop() -> None:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+    served._stop = stop
+    try:
+        yield served
+    finally:
+        served.stop()

@@ -132,3 +132,11 @@ async def test_when_the_endpoint_hangs_or_is_down_the_stored_credentials_decide(
     assert time.monotonic() - started >= TIMEOUT_SECONDS
     assert _connack(node.port, unique("hang-unknown")) == 0x86
     assert node.metric("cormorant_auth_http_requests_total", outcome="timeout") >= 2
+    # Down (last: the module's endpoint stays down): refused connections, same policy.
+    node.server.stop()
+    errors = node.metric("cormorant_auth_http_requests_total", outcome="error")
+    assert _connack(node.port, name, password.encode(), unique("after-down")) == 0
+    assert _connack(node.port, unique("allow")) == 0x86  # no stored credential of it
+    # At least one request each: a node checks a CONNECT again when the credential that let
+    # it in changed while it was checked (this test made it just now).
+    assert node.metric("cormorant_auth_http_requests_total", outcome="error") >= errors + 2
