@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from services.api_keys_cli import api_keys
 from services.blocked_cli import blocked
 from services.cli_common import PASSWORD_FILE_HELP, alias, deprecated_option, read_secret
 from services.cloud.cli import cloud
@@ -304,6 +305,7 @@ main.add_command(cloud)
 main.add_command(analytics)
 main.add_command(credentials)
 main.add_command(blocked)
+main.add_command(api_keys)
 for _command in OPERATOR_COMMANDS:
     main.add_command(_command)
 

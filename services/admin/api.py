@@ -1,12 +1,14 @@
 """The admin REST API (FastAPI): cluster, stats, clients and sessions, subscriptions,
 retained messages, the audit trail, admin users, MQTT credentials and their rules, blocked
-clients; the console and the API's docs page beside it; the service's own ``/health``,
-``/ready`` and ``/metrics``, as every service's.
+clients, API keys; the HTTP publish API (:mod:`services.admin.publish_api`); the console
+and the API's docs page beside it; the service's own ``/health``, ``/ready`` and
+``/metrics``, as every service's.
 
-Every ``/api`` call but ``POST /api/login`` needs ``Authorization: Bearer <token>`` (401
-without a valid one); every mutating call is audited (:mod:`services.admin.users`). Reads
-come from Cormorant's own state (:mod:`services.admin.state`, :mod:`services.admin.cluster`,
-the DEVICE store); writes go to Kafka (:mod:`services.admin.commands`).
+Every ``/api`` call but ``POST /api/login`` and the publish API (an API key or an MQTT
+credential) needs ``Authorization: Bearer <token>`` (401 without a valid one); every
+mutating call is audited (:mod:`services.admin.users`). Reads come from Cormorant's own
+state (:mod:`services.admin.state`, :mod:`services.admin.cluster`, the DEVICE store);
+writes go to Kafka (:mod:`services.admin.commands`).
 
 :func:`create_app` assembles the application: one :class:`~fastapi.APIRouter` per resource
 (``*_api`` modules beside this one, sharing :mod:`services.admin.context`), the security
@@ -28,6 +30,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from services.admin import (
     admin_users_api,
+    api_keys_api,
     audit_api,
     blocked_api,
     cluster_api,
@@ -38,6 +41,7 @@ from services.admin import (
     health_api,
     infrastructure_api,
     login_api,
+    publish_api,
     retained_api,
     security_headers,
     sessions_api,
@@ -119,6 +123,8 @@ def create_app(context: AdminContext) -> FastAPI:
         credentials_api.router,
         credentials_bulk_api.router,
         blocked_api.router,
+        api_keys_api.router,
+        publish_api.router,
         console_api.settings_router,
         infrastructure_api.router,
     ):

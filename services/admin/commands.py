@@ -14,18 +14,23 @@
 - Delete a retained message: the tombstone an empty retained PUBLISH writes
   (:func:`~services.common.records.retained_record`).
 
+- Publish a message for the HTTP publish API (:mod:`services.admin.publish_api`): the
+  ``msg.all`` record (and ``msg.retained`` one) an ingest node writes for a PUBLISH.
+
 Records go out with ``acks=all`` and Cormorant's partitioner (a client's records share
 its partition in every keyed topic).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
 
 from services.common.clock import now_ms
-from services.common.kafka import partitioner
+from services.common.faust_app import producer_options
 from services.common.kafka.names import TopicNames
-from services.common.kafka.security import client_security
 from services.common.records import (
     AdminDisconnect,
     KafkaRecord,
@@ -72,19 +77,30 @@ class CommandWriter:
     async def start(self) -> None:
         """Connect to Kafka. Raises ``KafkaError``."""
         settings = self.settings
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap,
-            acks="all",
-            partitioner=partitioner.partition,
-            request_timeout_ms=int(settings.kafka_request_timeout_seconds * 1000),
-            **client_security(settings),
-        )
+        # The services' producer options: acks=all, Cormorant's partitioner, and requests
+        # large enough for a message of max_packet_size (the HTTP publish API's).
+        self._producer = AIOKafkaProducer(**producer_options(settings))
         await self._producer.start()
 
     async def stop(self) -> None:
         """Flush and close."""
         if self._producer is not None:
             await self._producer.stop()
+
+    async def enqueue(self, records: list[KafkaRecord]) -> list[asyncio.Future[RecordMetadata]]:
+        """Hand ``records`` to the producer in order (waiting only while its buffer is
+        full); each future completes when Kafka stored its record (acks=all) or fails with
+        ``KafkaError``. Records of one key keep their order: they share a partition, and
+        the producer sends one batch per partition at a time. Raises ``KafkaError``."""
+        assert self._producer is not None, "start() first"
+        sent: list[asyncio.Future[RecordMetadata]] = []
+        for record in records:
+            sent.append(
+                await self._producer.send(
+                    record.topic, record.value, key=record.key, headers=list(record.headers)
+                )
+            )
+        return sent
 
     async def write(self, records: list[KafkaRecord]) -> None:
         """Write ``records`` in order and return once Kafka stored each. Raises

@@ -19,6 +19,7 @@ from fastapi import HTTPException, Query, Request
 from services.admin import models
 from services.admin.cluster import StatsSampler
 from services.admin.commands import CommandWriter
+from services.admin.publish_api import HttpPublisher
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers
 from services.common.auth.manage import CredentialAdmin
@@ -44,6 +45,7 @@ class AdminContext:
     store: MessageStore
     readiness: Readiness
     credentials: CredentialAdmin
+    publisher: HttpPublisher
 
 
 def context_of(request: Request) -> AdminContext:

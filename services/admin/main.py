@@ -17,9 +17,11 @@ from collections.abc import AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
+from services.admin import publish_api
 from services.admin.api import AdminContext, create_app
 from services.admin.cluster import StatsSampler
 from services.admin.commands import CommandWriter
+from services.admin.publish_api import HttpPublisher
 from services.admin.state import ClientState
 from services.admin.users import AdminUsers, UserError, password_hasher
 from services.common import metrics
@@ -101,17 +103,19 @@ def build(settings: Settings) -> FastAPI:
     users = users_of(settings)
     readiness = Readiness(settings.ready_file)
     metrics.info("admin", cormorant_version())
+    publish_api.register_metrics()
+    writer = CommandWriter(settings)
+    credential_store = CredentialStore.from_settings(settings)
     context = AdminContext(
         settings=settings,
         state=ClientState(settings),
         sampler=StatsSampler(settings, SAMPLE_SECONDS),
         users=users,
-        writer=CommandWriter(settings),
+        writer=writer,
         store=open_store(settings),
         readiness=readiness,
-        credentials=CredentialAdmin(
-            CredentialStore.from_settings(settings), settings.credential_password_min_length
-        ),
+        credentials=CredentialAdmin(credential_store, settings.credential_password_min_length),
+        publisher=HttpPublisher(settings, writer, credential_store),
     )
 
     readiness.add("kafka", context.state.reader.end_offsets)
@@ -138,6 +142,7 @@ def build(settings: Settings) -> FastAPI:
                 context.credentials.close(),
                 return_exceptions=True,
             )
+            context.publisher.close()
             await users.pool.close()
 
     app = create_app(context)

@@ -437,6 +437,62 @@ class Settings(BaseSettings):
         "User Names still are): monitoring probes, a test harness. Empty by default.",
     )
 
+    auth_http_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="The HTTP authentication provider: a URL every ingest node POSTs each "
+        "CONNECT's Client Identifier, User Name, Password (or client certificate "
+        "fingerprint) and source address to, as JSON, before the stored credentials; its "
+        "allow or deny answer, with the client's kind and rules, is final "
+        "(docs/security/http-authentication.md). Unset: no provider.",
+    )
+    auth_http_secret: SecretStr | None = Field(
+        None,
+        min_length=32,
+        description="The key the requests to auth_http_url are signed with (HMAC-SHA-256 of "
+        "'<timestamp>.<body>' in X-Cormorant-Signature), so the endpoint can trust they "
+        "come from the broker; 32 characters or more (openssl rand -base64 32). Required "
+        "with auth_http_url.",
+    )
+    auth_http_timeout_seconds: float = Field(
+        2.0, gt=0, description="How long a CONNECT waits for the HTTP provider (seconds)."
+    )
+    auth_http_failure_policy: Literal["deny", "fall_through"] = Field(
+        "deny",
+        description="When the HTTP provider does not answer (timeout, unreachable, a status "
+        "other than 200): deny (CONNACK 0x88 Server unavailable) or fall_through to the "
+        "stored credentials.",
+    )
+    auth_http_allow_cache_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="How long a node reuses the HTTP provider's allow for the same Client "
+        "Identifier, User Name, Password, certificate and address (seconds; 0: ask each "
+        "time). The cache is keyed by a keyed hash, never the password.",
+    )
+    auth_http_deny_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long a node reuses the HTTP provider's deny (seconds; 0: ask each time).",
+    )
+    auth_http_tls_verify: bool = Field(
+        True,
+        description="Verify the HTTP provider's TLS certificate (https URLs). Turning it "
+        "off lets anyone on the path answer allow: for a test bench only.",
+    )
+    auth_http_ca_file: Path | None = Field(
+        None,
+        description="PEM file of CAs the HTTP provider's certificate may chain to, besides "
+        "the system's.",
+    )
+
+    @model_validator(mode="after")
+    def _check_http_provider(self) -> Settings:
+        """An HTTP provider signs its requests: its URL needs a secret."""
+        if self.auth_http_url is not None and self.auth_http_secret is None:
+            raise ValueError("auth_http_url needs auth_http_secret (the requests' HMAC key)")
+        return self
+
     @field_validator("auth_failure_exempt_networks")
     @classmethod
     def _valid_networks(cls, networks: list[str]) -> list[str]:
@@ -801,6 +857,29 @@ class Settings(BaseSettings):
         description="In AWS: the private DNS namespace where each service's tasks are "
         "registered (<service>.<namespace>, A records); the admin service finds them there, "
         "on http_port.",
+    )
+
+    # --- HTTP publish API (served by the admin service: services/admin/publish_api.py) ----
+    http_publish_max_batch: int = Field(
+        100,
+        ge=1,
+        le=10_000,
+        description="Most messages one POST /api/v1/publish:batch may carry (more: 413).",
+    )
+    http_publish_max_body_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body of the HTTP publish API, in bytes (more: 413, "
+        "read no further). Each message is bounded by max_packet_size as an MQTT PUBLISH "
+        "is; this bounds a request's JSON (base64 and escapes make it larger than the "
+        "payloads).",
+    )
+    http_publish_rate_per_key: float = Field(
+        100.0,
+        ge=0,
+        description="Messages per second one API key or credential may publish over HTTP "
+        "(a token bucket holding one second's worth, or a full batch if more); past it the "
+        "request is refused with 429 and Retry-After. 0: no limit.",
     )
 
     # --- device_persist store --------------------------------------------------------------

@@ -83,6 +83,30 @@ def encode_forwarded_properties(props: Properties) -> bytes:
     return encode_properties(kept, PacketType.PUBLISH)
 
 
+def accepted_meta(
+    topic: str,
+    qos: int,
+    retain: bool,
+    properties: Properties,
+    protocol_version: int,
+    received_at_ms: int,
+) -> PublishMeta:
+    """The ``msg.all`` metadata of an accepted PUBLISH to Topic Name ``topic`` (validated and
+    authorized already): QoS 0..2, RETAIN, the publisher's ``protocol_version`` (4 or 5;
+    only a v5 PUBLISH forwards ``properties``, MQTT 5.0 3.3.2.3) and when it was accepted
+    (Unix ms, where its Message Expiry Interval starts). What every publisher of
+    ``msg.all`` stamps: this node's PUBLISHes and the HTTP publish API's
+    (:mod:`services.admin.publish_api`)."""
+    return PublishMeta(
+        topic=topic,
+        qos=qos,
+        retain=retain,
+        received_at_ms=received_at_ms,
+        protocol_version=protocol_version,
+        properties=encode_forwarded_properties(properties) if protocol_version == 5 else b"",
+    )
+
+
 def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     """Validate an inbound PUBLISH and ask the shell to store it in ``msg.all``.
 
@@ -137,15 +161,8 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         return _refuse(state, packet, target, ReasonCode.NOT_AUTHORIZED, "not authorized")
     if packet.qos == 2 and _inflight_qos2(state) >= state.limits.max_inflight_qos2:
         return _refuse_qos2(state, packet)
-    meta = PublishMeta(
-        topic=target,
-        qos=packet.qos,
-        retain=packet.retain,
-        received_at_ms=state.now_ms(),
-        protocol_version=state.protocol_version,
-        properties=encode_forwarded_properties(packet.properties)
-        if state.protocol_version == 5
-        else b"",
+    meta = accepted_meta(
+        target, packet.qos, packet.retain, packet.properties, state.protocol_version, state.now_ms()
     )
     # A QoS 0 PUBLISH is stored all the same, but nothing waits for the outcome.
     pending = None

@@ -31,11 +31,13 @@ import faust
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from services.common import metrics
+from services.common.auth import http_provider
 from services.common.auth.authenticate import Authenticator
 from services.common.auth.authorize import parse_rules
 from services.common.auth.blocked_store import CHANNEL as BLOCKED_CHANNEL
 from services.common.auth.blocked_store import BlockedFollower, BlockedStore
 from services.common.auth.cache import CredentialCache
+from services.common.auth.http_provider import HttpAuthProvider, provider_settings
 from services.common.auth.jwks import JwksKeys
 from services.common.auth.store import Change, CredentialStore
 from services.common.auth.throttle import AuthThrottle
@@ -130,8 +132,14 @@ class IngestService:
                 "anonymous MQTT clients are allowed, with the rules %s",
                 settings.anonymous_rules or "[] (none: they may do nothing)",
             )
+        provider = provider_settings(settings)
+        self.http_provider = None if provider is None else HttpAuthProvider(provider)
+        if self.http_provider is not None:
+            metrics.register(http_provider.collect)
+            log.info("CONNECTs are put to the HTTP authentication provider first")
         self.authenticator = Authenticator(
             self.cache,
+            http_provider=self.http_provider,
             jwks=JwksKeys(settings.jwt_jwks_refresh_seconds, settings.jwt_jwks_ca_file),
             allow_anonymous=settings.allow_anonymous,
             anonymous_rules=parse_rules(settings.anonymous_rules),
@@ -371,6 +379,8 @@ class IngestService:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.authenticator.close()
+        if self.http_provider is not None:
+            await self.http_provider.close()
         await self.cache.store.close()
         await self.reader.stop()
         await self.msg_all_ends.stop()

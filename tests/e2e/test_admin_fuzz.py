@@ -32,7 +32,8 @@ AUTHORIZATION = "Authorization"
 #: fingerprint, CN and SAN, a JWT public key must load for its algorithms, a rule's
 #: placeholders stand for whole levels): a well-formed credential may be refused with 422,
 #: which says why. So may a block (an address that is no address, an expression that does
-#: not compile; 409 when it exists). Every other operation accepts what its schema allows.
+#: not compile; 409 when it exists), and an API key (a rule that does not parse, a client id
+#: holding U+0000). Every other operation accepts what its schema allows.
 CONFIG = SchemathesisConfig.from_dict(
     {
         "operations": [
@@ -44,7 +45,7 @@ CONFIG = SchemathesisConfig.from_dict(
                     }
                 },
             }
-            for path in ("^/api/credentials", "^/api/blocked")
+            for path in ("^/api/credentials", "^/api/blocked", "^/api/api-keys")
         ]
     }
 )
@@ -70,6 +71,7 @@ def test_the_admin_api_keeps_its_openapi_document(
     calls: list[int] = []
     credentials_before = {c["name"] for c in api.get("/api/credentials")["credentials"]}
     blocks_before = {b["id"] for b in api.get("/api/blocked")["blocked"]}
+    keys_before = {k["name"] for k in api.get("/api/api-keys")["api_keys"]}
     operations = [result.ok() for result in admin_schema.get_all_operations()]
     assert len(operations) >= 9
     try:
@@ -85,6 +87,9 @@ def test_the_admin_api_keeps_its_openapi_document(
         for block in api.get("/api/blocked")["blocked"]:
             if block["id"] not in blocks_before:
                 api.call("DELETE", f"/api/blocked/{block['id']}")
+        for key in api.get("/api/api-keys")["api_keys"]:
+            if key["name"] not in keys_before:
+                api.call("DELETE", f"/api/api-keys/{key['name']}")
     assert len(calls) > 5 * EXAMPLES, calls  # the operations were reached
     assert {c["name"] for c in api.get("/api/credentials")["credentials"]} <= credentials_before
     assert {b["id"] for b in api.get("/api/blocked")["blocked"]} <= blocks_before

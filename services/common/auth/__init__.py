@@ -13,5 +13,7 @@ nodes, ``cormorant credentials``, the admin API):
   disable, delete: what the CLI and the admin API call);
 - :mod:`.blocked` (blocked clients and flapping detection, sans-IO: refused before any
   check above), :mod:`.blocked_store` (their table, followed on the store's notification
-  connection: ``cormorant blocked`` and the admin API manage them).
+  connection: ``cormorant blocked`` and the admin API manage them);
+- :mod:`.http_provider` (an operator's HTTP endpoint asked about each CONNECT before the
+  stored credentials), :mod:`.api_keys` (the keys of the HTTP publish API, their table).
 """

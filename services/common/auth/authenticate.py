@@ -7,6 +7,11 @@ Reason Code for CONNACK), or :class:`Challenge` (SCRAM: send AUTH 0x18 and wait)
 
 Which credential (MQTT 5.0 3.1.3.5, 3.1.3.6, 4.12), in this order:
 
+0. when an HTTP authentication provider is set (``auth_http_url``), a CONNECT without an
+   Authentication Method is first put to it (:mod:`.http_provider`): its allow or deny is
+   final; when it cannot answer, its failure policy refuses the CONNECT (0x88 Server
+   unavailable) or lets the steps below decide;
+
 1. an Authentication Method (v5 enhanced authentication): ``SCRAM-SHA-256`` or
    ``SCRAM-SHA-512`` with a SCRAM credential of the user name the client-first-message
    names; any other method is refused with 0x8C Bad authentication method;
@@ -65,6 +70,7 @@ from typing import Protocol
 from services.common.auth.authorize import Rule
 from services.common.auth.certificates import CertificateIdentity, match_certificate
 from services.common.auth.credentials import Credential, CredentialType
+from services.common.auth.http_provider import HttpAuthProvider
 from services.common.auth.jwks import JwksKeys
 from services.common.auth.jwt_auth import (
     DEFAULT_USERNAME_CLAIM,
@@ -137,7 +143,9 @@ class Authenticator:
     ``scram_unknown_user_key``: the key every node shares that an unknown SCRAM user's salt
     is derived from (:func:`~.scram.unknown_user_secret`; None: a random one of this
     process, logged as a warning). ``jwks``: the key sets of JWT credentials that name a
-    JWKS URL (default: fetched with the system's CAs, kept 300 s).
+    JWKS URL (default: fetched with the system's CAs, kept 300 s). ``http_provider``: the
+    operator's HTTP authentication endpoint, asked before the stored credentials (None:
+    none; :mod:`.http_provider`).
     """
 
     def __init__(
@@ -154,6 +162,7 @@ class Authenticator:
         clock: Callable[[], float] = time.monotonic,
         scram_unknown_user_key: bytes | None = None,
         jwks: JwksKeys | None = None,
+        http_provider: HttpAuthProvider | None = None,
     ) -> None:
         self.source = source
         self.allow_anonymous = allow_anonymous
@@ -176,6 +185,7 @@ class Authenticator:
         self._scram_key = scram_unknown_user_key or os.urandom(32)
         self.verified = VerifiedPasswords(0, 0) if verified is None else verified
         self.jwks = JwksKeys() if jwks is None else jwks
+        self.http_provider = http_provider
         # Verifications running, by (credential id, digest of its hash and the password).
         self._verifying: dict[tuple[uuid.UUID, bytes], asyncio.Future[bool]] = {}
 
@@ -216,6 +226,10 @@ class Authenticator:
             )
 
     async def _plain(self, request: AuthRequest) -> Outcome:
+        if self.http_provider is not None:
+            verdict = await self.http_provider.check(request)
+            if verdict is not None:
+                return verdict
         if request.certificate is not None:
             credential = await self._certificate_credential(request.certificate)
             if credential is not None:

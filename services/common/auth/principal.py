@@ -46,8 +46,10 @@ class Principal:
     user name ``${username}`` stands for, whether ``${client_id}`` may stand for the
     connection's Client Identifier (``client_id_bound``: the credential is tied to it,
     :func:`~.credentials.client_id_bound`, or anonymous clients under the operator's own
-    rules; otherwise allow rules naming it match nothing), and whether its SUBSCRIBEs are
-    decided strictly (``strict_subscribe``: :class:`~.credentials.Credential`)."""
+    rules; otherwise allow rules naming it match nothing), whether its SUBSCRIBEs are
+    decided strictly (``strict_subscribe``: :class:`~.credentials.Credential`), and the
+    session owner of a client let in by an external authority without a stored credential
+    (``external_owner``: the HTTP authentication provider's, :mod:`.http_provider`)."""
 
     credential_id: uuid.UUID | None
     credential_name: str | None
@@ -57,10 +59,16 @@ class Principal:
     revision: int = 0
     client_id_bound: bool = False
     strict_subscribe: bool = False
+    external_owner: str | None = None
 
     @property
     def owner(self) -> str:
-        """The owner its sessions record (:func:`~services.common.sessions.owner_of`)."""
+        """The owner its sessions record: ``external_owner`` for a client an external
+        authority let in (the HTTP authentication provider, :mod:`.http_provider`, which
+        has no stored credential to name), else :func:`~services.common.sessions.owner_of`
+        its credential."""
+        if self.external_owner is not None:
+            return self.external_owner
         return owner_of(self.credential_id)
 
 
