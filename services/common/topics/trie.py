@@ -97,7 +97,7 @@ def _collect(
     clients: dict[str, ClientMatch],
     shared: dict[tuple[str, str], list[Subscription]],
     publisher: str | None,
-    position: tuple[int, int] | None,
+    position: tuple[int, int, bool] | None,
 ) -> None:
     """Add the subscriptions ending at ``node`` to a match result being built."""
     subs = node.subs
@@ -140,7 +140,7 @@ def _walk(
     clients: dict[str, ClientMatch],
     shared: dict[tuple[str, str], list[Subscription]],
     publisher: str | None,
-    position: tuple[int, int] | None,
+    position: tuple[int, int, bool] | None,
 ) -> None:
     """Collect matches below ``node`` for ``levels[index:]``.
 
@@ -341,7 +341,7 @@ class SubscriptionTrie:
         self,
         topic_name: str,
         publisher: str | None = None,
-        position: tuple[int, int] | None = None,
+        position: tuple[int, int, bool] | None = None,
     ) -> MatchResult:
         """Find the subscriptions whose filter matches ``topic_name`` (MQTT 4.7).
 
@@ -356,10 +356,11 @@ class SubscriptionTrie:
             topic_name: a valid Topic Name; it is not validated here (the ingest node did).
             publisher: the publishing client's id, or None (e.g. a message not from a
                 client), for No Local.
-            position: for a PUBLISH with RETAIN, its ``msg.all`` (partition, offset): a
+            position: the message's ``msg.all`` (partition, offset, RETAIN): a
                 subscription whose :class:`~services.common.subscription.LiveFrom` cut
-                lies after it is skipped (its SUBSCRIBE got the retained copy instead).
-                None for every other message.
+                lies after it is skipped when the cut covers it (a PUBLISH with RETAIN:
+                its SUBSCRIBE got the retained copy instead; any PUBLISH under a replay's
+                cut: its replay delivers it). None: no cut applies.
 
         Returns:
             A new :class:`MatchResult`; empty dicts when nothing matches.
