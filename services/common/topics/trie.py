@@ -105,10 +105,13 @@ def _collect(
         for client_id, sub in subs.items():
             if sub.no_local and client_id == publisher:
                 continue
+            live_from = sub.live_from
             if (
-                position is not None
-                and sub.live_from is not None
-                and not sub.live_from.includes(*position)
+                live_from is not None
+                and position is not None
+                # most cuts are retained messages' and most messages lack RETAIN: no call
+                and (position[2] or live_from.every_message)
+                and not live_from.includes(*position)
             ):
                 continue
             sid = sub.subscription_identifier
