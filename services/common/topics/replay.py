@@ -8,7 +8,9 @@ gets every message published to matching topics since ``<since>``, read from ``m
 
 ``<since>`` is either a duration back from now, a positive whole number followed by ``s``,
 ``m``, ``h`` or ``d`` (``15m``, ``6h``, ``2d``), or an RFC 3339 date-time with its offset
-(``2026-11-27T05:00:00Z``, ``2026-11-27T06:00:00+01:00``).
+(``2026-11-27T05:00:00Z``, ``2026-11-27T00:00:00-05:00``; a ``+hh:mm`` offset cannot be
+sent: ``+`` is a wildcard in a Topic Filter, MQTT 4.7.1.3, and such a filter is refused as
+invalid before it is parsed here).
 
 This module only parses: who may replay what, and over how long, is decided by the ingest
 node's core (:mod:`services.ingest.handle_subscribe`).
