@@ -1,6 +1,8 @@
 """Replay subscriptions: how fast a replay goes, and what it costs other clients' live p99.
 
-Against the running local cluster (``cormorant up``). Once per run the script writes
+On a cluster of its own (test ports and a temporary state dir, like the test session's:
+:func:`tests.servers.make_test_settings`; brought down at the end), or with ``--running``
+on the running local cluster (``cormorant up``). Once per run the script writes
 ``--history`` PUBLISH records to ``msg.all`` directly (12 made-up publishers, as an ingest
 node writes them, so the history is cheap to make), under ``bench/replay/<run>/``. Then,
 for ``--rounds`` rounds, two phases of ``--duration`` seconds each, A then B:
@@ -28,6 +30,7 @@ import os
 import statistics
 import struct
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,7 +44,9 @@ from aiokafka import AIOKafkaProducer
 from bench import results
 from services.common.kafka.names import TopicNames
 from services.common.records import HEADER_META, PublishMeta, encode_meta
+from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
+from tests.servers import make_test_settings
 
 PUBLISHERS = 12
 PAYLOAD = 64
@@ -157,8 +162,22 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per phase")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=results.RESULTS_DIR / "replay.jsonl")
+    parser.add_argument("--running", action="store_true", help="use the running local cluster")
     args = parser.parse_args()
-    settings = LocalSettings()
+    if args.running:
+        measure(LocalSettings(), args)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-replay-") as temp:
+        settings = make_test_settings(Path(temp) / "state")
+        local_cluster.up(settings)
+        try:
+            measure(settings, args)
+        finally:
+            local_cluster.down(settings)
+
+
+def measure(settings: LocalSettings, args: argparse.Namespace) -> None:
+    """The rounds of phases A and B (see the module) on the cluster of ``settings``."""
     run = uuid.uuid4().hex[:8]
     prefix = f"bench/replay/{run}"
     asyncio.run(write_history(settings, prefix, args.history))
