@@ -668,6 +668,13 @@ class Settings(BaseSettings):
         "its share of the newest records before the switch to live messages, so the replay "
         "still meets the live stream with no gap (docs/concepts/replay.md).",
     )
+    replay_max_messages_per_second: float = Field(
+        2000.0,
+        gt=0,
+        description="Messages one replay hands its client per second at most: what a replay "
+        "may take of its ingest node and Kafka, beside the node's live deliveries "
+        '(bench/NOTES.md, "Replay subscriptions").',
+    )
     max_concurrent_replays: int = Field(
         4,
         ge=1,

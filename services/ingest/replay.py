@@ -10,8 +10,9 @@ own: the flow control a replay must respect (the client's Receive Maximum, its i
 window, its socket's send buffer) lives with the connection, here, so the reader waits on
 it directly instead of through another Kafka topic. The cost stays on the subscriber's own
 node and is bounded: at most ``max_concurrent_replays`` read at once (the others wait their
-turn), each reads at most ``max_replay_messages`` records, and each gives the event loop
-back every :data:`YIELD_EVERY` records, so the node's live deliveries keep their latency
+turn), each reads at most ``max_replay_messages`` records and hands its client at most
+``replay_max_messages_per_second``, and each gives the event loop back every
+:data:`YIELD_EVERY` records, so the node's live deliveries keep their latency
 (bench/NOTES.md, "Replay subscriptions").
 
 What a reader does with what it reads (history, then held live messages, exactly once at
@@ -210,6 +211,9 @@ class Replays:
         )
         handed = 0
         since_yield = 0
+        rate = self._settings.replay_max_messages_per_second
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         while ends:
             batches = await consumer.getmany(*ends, timeout_ms=500, max_records=FETCH_RECORDS)
             for tp, records in batches.items():
@@ -241,7 +245,9 @@ class Replays:
                     since_yield += 1
                     if since_yield >= YIELD_EVERY:
                         since_yield = 0
-                        await asyncio.sleep(0)  # the node's live deliveries go first
+                        # The node's live deliveries go first, and the replay keeps to its
+                        # rate (replay_max_messages_per_second).
+                        await asyncio.sleep(max(0.0, started + handed / rate - loop.time()))
             for tp in list(ends):
                 # Past the cut, or at it with what lies between only transaction markers
                 # or aborted records (read_committed skips them).
