@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import multiprocessing
 import os
 import statistics
 import struct
@@ -93,9 +95,6 @@ async def live_phase(
     given; returns its figures."""
     latencies: list[float] = []
     base = f"bench/live/{run}/{uuid.uuid4().hex[:6]}"
-    replay_count = 0
-    replay_first: float | None = None
-    replay_last: float | None = None
     measuring = True
     seq = 0
 
@@ -109,23 +108,18 @@ async def live_phase(
                 if measuring:
                     latencies.append((time.perf_counter() - sent) * 1000)
 
-    async def replayer(ready: asyncio.Event) -> None:
-        nonlocal replay_count, replay_first, replay_last
-        async with aiomqtt.Client("127.0.0.1", port, identifier=f"replay-{run}-{os.getpid()}",
-                                  protocol=aiomqtt.ProtocolVersion.V5) as client:  # fmt: skip
-            await client.subscribe(f"$replay/1h/{replay_prefix}/#", qos=1)
-            ready.set()
-            async for _message in client.messages:
-                now = time.perf_counter()
-                replay_first = replay_first or now
-                replay_last = now
-                replay_count += 1
-
     readies = [asyncio.Event() for _ in range(pairs)]
     tasks = [asyncio.create_task(subscriber(i, readies[i])) for i in range(pairs)]
-    replay_ready = asyncio.Event()
+    replaying = None
+    results_queue: multiprocessing.Queue[tuple[int, float]] = multiprocessing.Queue()
     if replay_prefix is not None:
-        tasks.append(asyncio.create_task(replayer(replay_ready)))
+        # Its own process: the replayed messages must not take the live clients' CPU here.
+        replaying = multiprocessing.Process(
+            target=_replay_client,
+            args=(port, f"replay-{run}-{uuid.uuid4().hex[:6]}", replay_prefix, duration + 5),
+            kwargs={"out": results_queue},
+        )
+        replaying.start()
     try:
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 30)
         async with aiomqtt.Client("127.0.0.1", port, identifier=f"pub-{run}-{os.getpid()}",
@@ -154,11 +148,39 @@ async def live_phase(
         "live_p50_ms": _pct(latencies, 0.50),
         "live_p99_ms": _pct(latencies, 0.99),
     }
-    if replay_prefix is not None:
-        span = (replay_last or 0.0) - (replay_first or 0.0)
+    if replaying is not None:
+        replay_count, span = results_queue.get(timeout=120)
+        replaying.join(30)
         figures["replayed"] = replay_count
         figures["replay_per_s"] = replay_count / span if span > 0 else None
     return figures
+
+
+def _replay_client(
+    port: int,
+    identifier: str,
+    prefix: str,
+    seconds: float,
+    out: multiprocessing.Queue[tuple[int, float]],
+) -> None:
+    """A MQTT 5 client replaying ``prefix``'s history for ``seconds`` (a process of its
+    own); puts (messages received, seconds from the first to the last) on ``out``."""
+
+    async def replay() -> tuple[int, float]:
+        count = 0
+        first = last = 0.0
+        async with aiomqtt.Client("127.0.0.1", port, identifier=identifier,
+                                  protocol=aiomqtt.ProtocolVersion.V5) as client:  # fmt: skip
+            await client.subscribe(f"$replay/1h/{prefix}/#", qos=1)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    async for _message in client.messages:
+                        last = time.perf_counter()
+                        first = first or last
+                        count += 1
+        return count, last - first
+
+    out.put(asyncio.run(replay()))
 
 
 def main() -> None:
