@@ -11,15 +11,16 @@ for ``--rounds`` rounds, two phases of ``--duration`` seconds each, A then B:
   (paced by the clock, not by acknowledgements; every PUBLISH is stored in Kafka all the
   same), ``--rate`` messages/s in all; the end-to-end latency of every message (a
   timestamp in its payload), p50 / p99 in ms;
-- B, the same live load while a MQTT 5 client (QoS 1, aiomqtt) replays the whole history
-  with ``$replay/1h/bench/replay/<run>/#``: the live latencies measured while the replay
+- B, the same live load while a MQTT 5 client (QoS 1, aiomqtt, in a process of its own, so
+  that it takes no CPU from the live clients' loop) replays the whole history with
+  ``$replay/1h/bench/replay/<run>/#``: the live latencies measured while the replay
   runs, and the replay's rate (history messages received per second until the last one).
 
 Every phase is appended to ``--output`` (JSON lines, with the machine, load average, date
 and command); the medians over the rounds are printed.
 
 ```
-python bench/bench_replay.py --history 200000 --rate 200 --pairs 4 --duration 20 --rounds 3
+python bench/bench_replay.py --history 100000 --rate 200 --pairs 4 --duration 15 --rounds 3
 ```
 """
 
