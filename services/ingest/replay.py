@@ -12,8 +12,9 @@ it directly instead of through another Kafka topic. The cost stays on the subscr
 node and is bounded: at most ``max_concurrent_replays`` read at once (the others wait their
 turn), each reads at most ``max_replay_messages`` records and hands its client at most
 ``replay_max_messages_per_second``, and each gives the event loop back every
-:data:`YIELD_EVERY` records, so the node's live deliveries keep their latency
-(bench/NOTES.md, "Replay subscriptions").
+:data:`YIELD_EVERY` records: the bounds on what a replay takes from the node's live
+deliveries (what one cost them on the shared development machine: bench/NOTES.md, "issue
+28 part 1").
 
 What a reader does with what it reads (history, then held live messages, exactly once at
 the cut) is the connection core's business: :mod:`services.ingest.handle_replay`.
