@@ -91,6 +91,9 @@ class Shell:
     def keep_alive_changed(self) -> None:
         return None
 
+    def write_buffer_size(self) -> int:
+        return 0
+
 
 async def _never(*args: object) -> NoReturn:
     raise AssertionError("no Kafka in this benchmark")

@@ -390,6 +390,10 @@ def decode_ack(data: bytes) -> AckRecord:
 _LIVE_FROM = 0x40
 """Subscription options bit (reserved in MQTT 3.8.3.1) of an entry with a live_from cut."""
 
+_EVERY_MESSAGE = 0x80
+"""Subscription options bit (reserved in MQTT 3.8.3.1), with :data:`_LIVE_FROM`: the cut is
+a replay's (``LiveFrom.every_message``)."""
+
 
 def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     """Encode a client's whole subscription set (the client id is the record key).
@@ -397,18 +401,22 @@ def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     Each entry: Topic Filter, the MQTT 5 subscription options byte (3.8.3.1) and the
     Subscription Identifier (0 = none). Bit 0x40 of the options byte (reserved in MQTT)
     says a :class:`~services.common.subscription.LiveFrom` cut follows: a 16-bit count of
-    ``msg.all`` partitions, then one 64-bit offset each.
+    ``msg.all`` partitions, then one 64-bit offset each; bit 0x80 (reserved too, only with
+    0x40) says the cut is a replay subscription's, which covers every message.
     """
     items = list(subs)
     parts = [struct.pack(">BI", _VERSION, len(items))]
     for s in items:
-        cut = None if s.live_from is None else s.live_from.offsets
+        live_from = s.live_from
+        cut = None if live_from is None else live_from.offsets
+        every_message = cut is not None and live_from is not None and live_from.every_message
         options = (
             s.qos
             | (0x04 if s.no_local else 0)
             | (0x08 if s.retain_as_published else 0)
             | (s.retain_handling << 4)
             | (_LIVE_FROM if cut is not None else 0)
+            | (_EVERY_MESSAGE if every_message else 0)
         )
         parts.append(_str16(s.topic_filter))
         parts.append(struct.pack(">BI", options, s.subscription_identifier or 0))
@@ -428,14 +436,18 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
             topic_filter, offset = _read_str(data, offset, ">H")
             options, ident = struct.unpack_from(">BI", data, offset)
             offset += 5
-            if options & 0x03 == 3 or (options >> 4) & 0x03 == 3 or options & 0x80:
+            if (
+                options & 0x03 == 3
+                or (options >> 4) & 0x03 == 3
+                or options & (_LIVE_FROM | _EVERY_MESSAGE) == _EVERY_MESSAGE
+            ):
                 raise RecordError("invalid subscription options")
             live_from = None
             if options & _LIVE_FROM:
                 (partitions,) = struct.unpack_from(">H", data, offset)
                 cut = struct.unpack_from(f">{partitions}Q", data, offset + 2)
                 offset += 2 + 8 * partitions
-                live_from = LiveFrom(cut)
+                live_from = LiveFrom(cut, every_message=bool(options & _EVERY_MESSAGE))
             subs.append(
                 Subscription(
                     client_id=client_id,

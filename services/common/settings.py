@@ -718,6 +718,36 @@ class Settings(BaseSettings):
         description="Topic levels of a Topic Filter in SUBSCRIBE; a deeper one gets SUBACK "
         "0x97 Quota exceeded (v3.1.1: 0x80 Failure).",
     )
+    max_replay_age_seconds: int = Field(
+        30 * 24 * 3600,
+        ge=1,
+        description="How far back a replay subscription ($replay/<since>/<filter>, "
+        "docs/concepts/replay.md) may start; an older <since> gets SUBACK 0x97 Quota "
+        "exceeded (v3.1.1: 0x80 Failure). A <since> within it but older than "
+        "msg_retention_seconds starts at the oldest message msg.all still keeps (v5: the "
+        "SUBACK's Reason String says so).",
+    )
+    max_replay_messages: int = Field(
+        1_000_000,
+        ge=1,
+        description="msg.all records one replay subscription reads at most (over all "
+        "partitions): a longer history is truncated at its old end, each partition keeping "
+        "its share of the newest records before the switch to live messages, so the replay "
+        "still meets the live stream with no gap (docs/concepts/replay.md).",
+    )
+    replay_max_messages_per_second: float = Field(
+        2000.0,
+        gt=0,
+        description="Messages one replay hands its client per second at most: what a replay "
+        "may take of its ingest node and Kafka, beside the node's live deliveries "
+        '(bench/NOTES.md, "Replay subscriptions").',
+    )
+    max_concurrent_replays: int = Field(
+        4,
+        ge=1,
+        description="Replays an ingest node reads at once; more wait their turn (their live "
+        "messages held meanwhile), so replays cannot crowd out the node's live delivery.",
+    )
     ready_file: Path | None = Field(
         None,
         description="A service writes this file once it serves (Kafka reached, state restored) "

@@ -21,13 +21,22 @@ class LiveFrom:
     the SUBSCRIBE, so it is not sent live too. None while the ingest node has not read
     the offsets yet (they are filled in before the subscription record is written).
     Mutable on purpose: the connection's state and the store effect share one object.
+
+    ``every_message``: the cut of a replay subscription (``$replay/<since>/<filter>``,
+    :mod:`services.common.topics.replay`): every message below it, not only those with
+    RETAIN, reaches the subscription through its replay instead of live, so the replay
+    and the live stream meet with no gap and no duplicate.
     """
 
     offsets: tuple[int, ...] | None = None
+    every_message: bool = False
 
-    def includes(self, partition: int, offset: int) -> bool:
-        """Whether the ``msg.all`` record at ``offset`` of ``partition`` (a PUBLISH with
-        RETAIN) is delivered live: at or after the cut, or not covered by it."""
+    def includes(self, partition: int, offset: int, retain: bool = True) -> bool:
+        """Whether the ``msg.all`` record at ``offset`` of ``partition`` (a PUBLISH, with
+        RETAIN or not) is delivered live: at or after the cut, not covered by it, or
+        without RETAIN under a cut that is not a replay's."""
+        if not retain and not self.every_message:
+            return True
         offsets = self.offsets
         return offsets is None or partition >= len(offsets) or offset >= offsets[partition]
 

@@ -41,6 +41,7 @@ from services.ingest import (
     handle_auth,
     handle_connect,
     handle_publish,
+    handle_replay,
     handle_subscribe,
     will_rules,
 )
@@ -368,7 +369,36 @@ class ServerConnection:
         if self.state.phase is not Phase.CONNECTED:
             self._hold((message, target))
             return []
+        if handle_replay.hold(self.state, message, target):
+            return []  # after the history of the replays running (per-publisher order)
         return self._finish(delivery.deliver_routed(self.state, message, target))
+
+    def replay_room(self) -> bool:
+        """Whether the client can take one more replayed message now (its in-flight
+        window has a free slot): the replay reader waits while it cannot."""
+        return handle_replay.room(self.state)
+
+    def replayed(self, message: FanOut, target: Target) -> list[Effect]:
+        """Send one message of a replay's history (:mod:`services.ingest.handle_replay`)
+        as ``target`` says; v5 clients see the User Property ``replayed=true``."""
+        return self._finish(handle_replay.replayed(self.state, message, target))
+
+    def replay_finished(self, topic_filter: str) -> list[Effect]:
+        """The replay of ``topic_filter`` sent its whole history: once no replay runs, the
+        live messages held meanwhile are sent."""
+        return self._finish(handle_replay.finished(self.state, topic_filter))
+
+    def replay_failed(self, topic_filter: str, reason: str) -> list[Effect]:
+        """The replay of ``topic_filter`` could not read its history (Kafka): the client is
+        disconnected (v5: DISCONNECT 0x80 Unspecified error) rather than left with a gap
+        it cannot see."""
+        if self.closed:
+            return []
+        log.warning("client %r: replay of %r failed: %s", self.state.client_id, topic_filter,
+                    reason)  # fmt: skip
+        return self.protocol_violation(
+            MQTTError(f"replay of {topic_filter} failed", ReasonCode.UNSPECIFIED_ERROR)
+        )
 
     def deliver(self, packet: Publish, expires_at_ms: int | None = None) -> list[Effect]:
         """Send one PUBLISH to this client: ``packet`` already carries the granted QoS,

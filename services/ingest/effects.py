@@ -195,6 +195,26 @@ class RecordEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class StartReplay:
+    """Replay ``msg.all`` to this client for ``subscription`` (a replay subscription,
+    :mod:`services.ingest.handle_replay`): every record from ``since_ms`` (Unix ms, by
+    record timestamp) up to the subscription's ``LiveFrom`` cut whose message it matches,
+    handed to ``ServerConnection.replayed`` while ``ServerConnection.replay_room`` says
+    the client has room; then ``ServerConnection.replay_finished`` (or
+    ``replay_failed``). A running replay of the same Topic Filter is stopped first."""
+
+    subscription: Subscription
+    since_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplay:
+    """Stop this client's replay of ``topic_filter``, if one runs (UNSUBSCRIBE)."""
+
+    topic_filter: str
+
+
+@dataclass(frozen=True, slots=True)
 class LimitRefused:
     """A limit refused this client something (``detail`` says what, for the log): the
     shell counts it and logs it once per client per minute (:mod:`services.ingest.refusals`).
@@ -227,6 +247,8 @@ Effect = (
     | Authenticate
     | RecordEvent
     | LimitRefused
+    | StartReplay
+    | StopReplay
 )
 
 

@@ -31,6 +31,7 @@ class Refusal(enum.StrEnum):
     INFLIGHT_QOS2 = "inflight_qos2"  # max_inflight_qos2: PUBREC 0x97 (v3.1.1: close)
     SUBSCRIPTIONS = "subscriptions"  # max_subscriptions: SUBACK 0x97 (v3.1.1: 0x80)
     TOPIC_LEVELS = "topic_levels"  # max_topic_levels: SUBACK 0x97 (v3.1.1: 0x80)
+    REPLAY_AGE = "replay_age"  # max_replay_age_seconds: SUBACK 0x97 (v3.1.1: 0x80)
     PROXY_HEADER = "proxy_header"  # no valid PROXY header where required: closed
     TLS_HANDSHAKE = "tls_handshake"  # failed TLS handshake (a refused client certificate)
     WEBSOCKET_HANDSHAKE = "websocket_handshake"  # not a WebSocket upgrade on /mqtt
@@ -52,7 +53,8 @@ class Limits:
     ``max_inflight_qos2`` inbound QoS 2 messages not yet released per client;
     ``max_delay_seconds`` the longest delay of a ``$delayed/<seconds>/<topic>`` PUBLISH;
     ``max_subscriptions`` subscriptions per client; ``max_topic_levels`` levels of one
-    Topic Filter.
+    Topic Filter; ``max_replay_age_seconds`` how far back a replay subscription may start,
+    ``msg_retention_seconds`` how far back ``msg.all`` keeps messages.
     """
 
     max_packet_size: int
@@ -68,6 +70,8 @@ class Limits:
     max_delay_seconds: int = 4_294_967
     max_subscriptions: int = 1_000_000
     max_topic_levels: int = 65535
+    max_replay_age_seconds: int = 30 * 24 * 3600
+    msg_retention_seconds: int = 7 * 24 * 3600
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -86,4 +90,6 @@ class Limits:
             max_delay_seconds=settings.max_delay_seconds,
             max_subscriptions=settings.max_subscriptions,
             max_topic_levels=settings.max_topic_levels,
+            max_replay_age_seconds=settings.max_replay_age_seconds,
+            msg_retention_seconds=settings.msg_retention_seconds,
         )

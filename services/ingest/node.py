@@ -69,6 +69,8 @@ from services.ingest.effects import (
     LimitRefused,
     RecordEvent,
     Send,
+    StartReplay,
+    StopReplay,
     StoreEffect,
     StoreSession,
     SyncState,
@@ -80,6 +82,7 @@ from services.ingest.limits import Limits, Refusal
 from services.ingest.rate_limits import Admission
 from services.ingest.refusals import Refusals
 from services.ingest.registry import Client, ClientRegistry
+from services.ingest.replay import Replays
 from services.ingest.state import ServerContext
 from services.ingest.store_pipeline import ReadLiveFrom, StorePipeline
 from services.ingest.timed_records import Commit
@@ -170,6 +173,7 @@ class IngestNode:
             self._store_failed,
             read_live_from,
         )
+        self.replays = Replays(settings, self.run, clock)
         self.wills = WillTimers(self.names, commit_will, sync_state, self.latest_session, clock)
         self.delayed = DelayedTimers(self.names, commit_delayed, clock)
         self.authenticator = authenticator
@@ -276,7 +280,10 @@ class IngestNode:
     # effects
 
     def run(self, client: Client, effects: list[Effect]) -> None:
-        """Carry out ``effects`` of ``client``'s connection, in order."""
+        """Carry out ``effects`` of ``client``'s connection, in order; the client's
+        replays, if any, look at its in-flight window again."""
+        if self.replays:
+            self.replays.wake(client)
         for effect in effects:
             if isinstance(effect, Send):
                 client.write(effect.data)
@@ -302,6 +309,10 @@ class IngestNode:
                 connection = client.connection
                 who = connection.client_id or connection.state.client_address
                 self.refusals.note(effect.refusal, who, effect.detail)
+            elif isinstance(effect, StartReplay):
+                self.replays.start(client, effect)
+            elif isinstance(effect, StopReplay):
+                self.replays.stop(client, effect.topic_filter)
             elif isinstance(effect, RecordEvent):
                 # Nothing waits for it: off the hot path (a failure is only logged).
                 record = client_event_record(self.names, effect.client_id, effect.event)
@@ -440,6 +451,7 @@ class IngestNode:
     def unregister(self, client: Client) -> None:
         """Forget ``client`` (its socket closed) unless a newer connection replaced it."""
         self.pipeline.forget(client)
+        self.replays.stop_all(client)
         self.registry.unregister(client)
         principal = client.connection.state.principal
         if principal is not None and principal.credential_id is not None:

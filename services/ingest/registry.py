@@ -32,6 +32,10 @@ class Client(Protocol):
     def keep_alive_changed(self) -> None:
         """The connection sent its CONNACK: set the keep-alive timer to its deadline."""
 
+    def write_buffer_size(self) -> int:
+        """Bytes written to the socket and not sent yet (a replay waits while there are
+        many)."""
+
 
 class ClientRegistry:
     """The connected clients of this node by client id (after CONNACK, until the socket

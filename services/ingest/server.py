@@ -278,6 +278,13 @@ class MQTTServerProtocol(asyncio.Protocol):
             self._bytes.sent_bytes += sum(map(len, out))
             self.transport.writelines(out)
 
+    def write_buffer_size(self) -> int:
+        """Bytes written and not sent yet: this turn's writes and the transport's buffer."""
+        pending = sum(map(len, self._out)) if self._out else 0
+        if self.transport is None or self.transport.is_closing():
+            return pending
+        return pending + self.transport.get_write_buffer_size()
+
     def close(self) -> None:
         """Close the socket after flushing what was written, lingering first.
 

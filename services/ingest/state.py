@@ -141,10 +141,13 @@ class RecordWaiters:
 
 @dataclass(slots=True)
 class PendingSubAck:
-    """A SUBACK/UNSUBACK waiting for ``outstanding`` stores (subscriptions, retained request)."""
+    """A SUBACK/UNSUBACK waiting for ``outstanding`` stores (subscriptions, retained request);
+    ``replays``: (subscription, since in Unix ms) of the replays that start once it is
+    sent (their cuts are then filled in)."""
 
     packet: Packet
     outstanding: int
+    replays: list[tuple[Subscription, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -295,6 +298,10 @@ class ConnectionState:
     acks_out: list[tuple[AckKind, int]] = field(default_factory=list)
     # server-assigned Topic Aliases; created at the first PUBLISH that may use one
     outbound_aliases: OutboundAliases | None = None
+    # replay subscriptions (services/ingest/handle_replay.py): the Topic Filters whose
+    # history is being replayed, and the live messages held until every replay is done
+    replaying: set[str] | None = None
+    held: deque[tuple[FanOut, Target]] | None = None
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
     # the listener the connection came through (its metrics' label)

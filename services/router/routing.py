@@ -233,7 +233,9 @@ class RoutingTable:
         :class:`~services.common.subscription.LiveFrom` cut lies after it: it was
         acknowledged before that SUBSCRIBE, which gets it as the retained copy
         (:meth:`retained_for`), so each message reaches the subscription once (MQTT
-        3.3.1.3).
+        3.3.1.3). Under a replay subscription's cut (``LiveFrom.every_message``) no
+        PUBLISH is sent live: the subscriber's ingest node replays it
+        (:mod:`services.ingest.replay`).
 
         Granted QoS is min(publish QoS, subscription QoS) (MQTT 3.8.4); overlapping
         subscriptions of one client give one delivery at their highest QoS (MQTT 3.3.4); one
@@ -244,7 +246,8 @@ class RoutingTable:
         of DEVICE and APPLICATION members, a DEVICE member's turn goes to it and an
         APPLICATION member's turn to the group's topic.
         """
-        match = self.trie.match(meta.topic, publisher, position if meta.retain else None)
+        where = None if position is None else (*position, meta.retain)
+        match = self.trie.match(meta.topic, publisher, where)
         routes = Routes()
         sessions = self.sessions
         for client in match.clients.values():

@@ -54,6 +54,9 @@ class SocketShell:
     def keep_alive_changed(self) -> None:
         return None
 
+    def write_buffer_size(self) -> int:
+        return 0
+
 
 async def _count_records(bootstrap: str, topic: str, expected: int) -> int:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")

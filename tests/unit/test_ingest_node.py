@@ -163,6 +163,9 @@ class Shell:
     def keep_alive_changed(self) -> None:
         self.keep_alive_changes += 1
 
+    def write_buffer_size(self) -> int:
+        return 0  # everything written is decoded at once
+
     def send(self, *packets: Packet) -> None:
         """The client sends ``packets`` (one read of the socket)."""
         data = b"".join(encode(p, self.version) for p in packets)

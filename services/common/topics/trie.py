@@ -97,7 +97,7 @@ def _collect(
     clients: dict[str, ClientMatch],
     shared: dict[tuple[str, str], list[Subscription]],
     publisher: str | None,
-    position: tuple[int, int] | None,
+    position: tuple[int, int, bool] | None,
 ) -> None:
     """Add the subscriptions ending at ``node`` to a match result being built."""
     subs = node.subs
@@ -105,10 +105,13 @@ def _collect(
         for client_id, sub in subs.items():
             if sub.no_local and client_id == publisher:
                 continue
+            live_from = sub.live_from
             if (
-                position is not None
-                and sub.live_from is not None
-                and not sub.live_from.includes(*position)
+                live_from is not None
+                and position is not None
+                # most cuts are retained messages' and most messages lack RETAIN: no call
+                and (position[2] or live_from.every_message)
+                and not live_from.includes(*position)
             ):
                 continue
             sid = sub.subscription_identifier
@@ -140,7 +143,7 @@ def _walk(
     clients: dict[str, ClientMatch],
     shared: dict[tuple[str, str], list[Subscription]],
     publisher: str | None,
-    position: tuple[int, int] | None,
+    position: tuple[int, int, bool] | None,
 ) -> None:
     """Collect matches below ``node`` for ``levels[index:]``.
 
@@ -341,7 +344,7 @@ class SubscriptionTrie:
         self,
         topic_name: str,
         publisher: str | None = None,
-        position: tuple[int, int] | None = None,
+        position: tuple[int, int, bool] | None = None,
     ) -> MatchResult:
         """Find the subscriptions whose filter matches ``topic_name`` (MQTT 4.7).
 
@@ -356,10 +359,11 @@ class SubscriptionTrie:
             topic_name: a valid Topic Name; it is not validated here (the ingest node did).
             publisher: the publishing client's id, or None (e.g. a message not from a
                 client), for No Local.
-            position: for a PUBLISH with RETAIN, its ``msg.all`` (partition, offset): a
+            position: the message's ``msg.all`` (partition, offset, RETAIN): a
                 subscription whose :class:`~services.common.subscription.LiveFrom` cut
-                lies after it is skipped (its SUBSCRIBE got the retained copy instead).
-                None for every other message.
+                lies after it is skipped when the cut covers it (a PUBLISH with RETAIN:
+                its SUBSCRIBE got the retained copy instead; any PUBLISH under a replay's
+                cut: its replay delivers it). None: no cut applies.
 
         Returns:
             A new :class:`MatchResult`; empty dicts when nothing matches.

@@ -1,0 +1,283 @@
+"""The replay readers of an ingest node: a replay subscription's history, from ``msg.all``.
+
+Where replays run, and why here: on the ingest node that holds the subscriber's connection,
+each with a Kafka consumer of its own (no consumer group; ``msg.all``'s partitions
+assigned, read from the replay's ``<since>`` up to its cut). Not in the router: the router
+routes every client's live messages in one loop, and a replay of a million messages there
+would either stall that loop or write a million downlink records (and back through Kafka)
+to reach one connection; its crash would also cut replays short. Not in a worker of its
+own: the flow control a replay must respect (the client's Receive Maximum, its in-flight
+window, its socket's send buffer) lives with the connection, here, so the reader waits on
+it directly instead of through another Kafka topic. The cost stays on the subscriber's own
+node and is bounded: at most ``max_concurrent_replays`` read at once (the others wait their
+turn), each reads at most ``max_replay_messages`` records and hands its client at most
+``replay_max_messages_per_second``, and each gives the event loop back every
+:data:`YIELD_EVERY` records: the bounds on what a replay takes from the node's live
+deliveries (what one cost them on the shared development machine: bench/NOTES.md, "issue
+28 part 1").
+
+What a reader does with what it reads (history, then held live messages, exactly once at
+the cut) is the connection core's business: :mod:`services.ingest.handle_replay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from services.common.kafka.consumer import make_consumer
+from services.common.kafka.names import TopicNames
+from services.common.records import Published, RecordError, Target, parse_msg_all
+from services.common.settings import Settings
+from services.common.subscription import Subscription
+from services.common.topics.trie import SubscriptionTrie
+from services.ingest.effects import Effect, StartReplay
+from services.ingest.fan_out import FanOut
+from services.ingest.registry import Client
+
+log = logging.getLogger(__name__)
+
+#: Records handed to the connection before the reader gives the event loop back: live
+#: deliveries of the node's other clients wait at most this long behind a replay.
+YIELD_EVERY = 64
+
+#: Records one fetch returns at most.
+FETCH_RECORDS = 500
+
+#: Bytes the client's socket may hold unsent before the reader waits (QoS 0 messages use no
+#: in-flight slot, so this is what paces them).
+MAX_UNSENT_BYTES = 256 * 1024
+
+#: Seconds the reader waits for the client's window before it looks again (the socket's
+#: send buffer drains without an event the node sees).
+ROOM_WAIT_SECONDS = 0.05
+
+Run = Callable[[Client, list[Effect]], None]
+"""Carries out a connection's effects (:meth:`services.ingest.node.IngestNode.run`)."""
+
+
+def truncated_starts(starts: Sequence[int], cut: Sequence[int], max_records: int) -> list[int]:
+    """Where each ``msg.all`` partition's replay starts so that at most ``max_records``
+    records are read in all (``max_replay_messages``).
+
+    ``starts[p]`` is where ``<since>`` begins in partition ``p``, ``cut[p]`` the replay's
+    cut there. Within the bound the starts stay as they are; beyond it every partition keeps
+    its share (rounded down) of the newest records before its cut: the replay is truncated
+    at its old end and still meets the live messages with no gap.
+    """
+    spans = [max(0, end - start) for start, end in zip(starts, cut, strict=True)]
+    total = sum(spans)
+    if total <= max_records:
+        return list(starts)
+    return [end - span * max_records // total for end, span in zip(cut, spans, strict=True)]
+
+
+@dataclass(eq=False)
+class _Replay:
+    """One running replay: its task, and the event that says its client may have room."""
+
+    subscription: Subscription
+    task: asyncio.Task[None] | None = None
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Replays:
+    """The replays of this node's clients (see the module's docstring).
+
+    ``settings`` give the Kafka connection, ``msg.all``'s name, ``max_replay_messages`` and
+    ``max_concurrent_replays``; ``run`` carries out the connections' effects; ``clock``
+    gives Unix ms (message expiry).
+    """
+
+    def __init__(self, settings: Settings, run: Run, clock: Callable[[], int]) -> None:
+        self._settings = settings
+        self._msg_all = TopicNames.from_settings(settings).msg_all
+        self._run = run
+        self._clock = clock
+        self._slots = asyncio.Semaphore(settings.max_concurrent_replays)
+        self._replays: dict[Client, dict[str, _Replay]] = {}
+
+    def __len__(self) -> int:
+        """Replays running or waiting for their turn."""
+        return sum(len(replays) for replays in self._replays.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._replays)
+
+    def start(self, client: Client, effect: StartReplay) -> None:
+        """Start ``effect``'s replay for ``client``, replacing one of the same filter."""
+        topic_filter = effect.subscription.topic_filter
+        self._cancel(client, topic_filter)
+        replay = _Replay(effect.subscription)
+        self._replays.setdefault(client, {})[topic_filter] = replay
+        replay.task = asyncio.create_task(self._replay(client, replay, effect.since_ms))
+
+    def stop(self, client: Client, topic_filter: str) -> None:
+        """Stop ``client``'s replay of ``topic_filter`` (UNSUBSCRIBE), if one runs."""
+        self._cancel(client, topic_filter)
+
+    def stop_all(self, client: Client) -> None:
+        """Stop every replay of ``client`` (its socket closed)."""
+        for topic_filter in list(self._replays.get(client, ())):
+            self._cancel(client, topic_filter)
+
+    def wake(self, client: Client) -> None:
+        """Something happened on ``client``'s connection (an acknowledgement freed a slot,
+        perhaps): its replays look at its window again."""
+        for replay in self._replays.get(client, {}).values():
+            replay.room.set()
+
+    def _cancel(self, client: Client, topic_filter: str) -> None:
+        replays = self._replays.get(client)
+        replay = None if replays is None else replays.pop(topic_filter, None)
+        if replay is not None and replay.task is not None:
+            replay.task.cancel()
+        if replays is not None and not replays:
+            del self._replays[client]
+
+    def _done(self, client: Client, replay: _Replay) -> None:
+        replays = self._replays.get(client)
+        topic_filter = replay.subscription.topic_filter
+        if replays is not None and replays.get(topic_filter) is replay:
+            del replays[topic_filter]
+            if not replays:
+                del self._replays[client]
+
+    async def _replay(self, client: Client, replay: _Replay, since_ms: int) -> None:
+        """Read the history of ``replay`` in turn with the node's other replays, then tell
+        the connection it is finished (or failed)."""
+        topic_filter = replay.subscription.topic_filter
+        try:
+            async with self._slots:
+                count = await self._read(client, replay, since_ms)
+        except asyncio.CancelledError:
+            self._done(client, replay)
+            raise
+        except Exception as exc:  # Kafka unreachable or gone: the client must not miss it
+            self._done(client, replay)
+            self._run(client, client.connection.replay_failed(topic_filter, repr(exc)))
+            return
+        self._done(client, replay)
+        log.info("client %r: replayed %d messages of %r", client.connection.client_id, count,
+                 topic_filter)  # fmt: skip
+        self._run(client, client.connection.replay_finished(topic_filter))
+
+    async def _read(self, client: Client, replay: _Replay, since_ms: int) -> int:
+        """Hand every ``msg.all`` record from ``since_ms`` up to the cut that the
+        subscription matches to the connection; returns how many were handed over."""
+        subscription = replay.subscription
+        assert subscription.live_from is not None and subscription.live_from.offsets is not None
+        cut = subscription.live_from.offsets
+        settings = self._settings
+        consumer = make_consumer(settings, group_id=None, max_poll_records=FETCH_RECORDS)
+        await consumer.start()
+        try:
+            partitions = [TopicPartition(self._msg_all, p) for p in range(len(cut))]
+            consumer.assign(partitions)
+            found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+            starts = [cut[p] if found[tp] is None else found[tp].offset
+                      for p, tp in enumerate(partitions)]  # fmt: skip
+            starts = truncated_starts(starts, cut, settings.max_replay_messages)
+            ends: dict[TopicPartition, int] = {}
+            for tp, start in zip(partitions, starts, strict=True):
+                if start < cut[tp.partition]:
+                    consumer.seek(tp, start)
+                    ends[tp] = cut[tp.partition]
+            consumer.pause(*(tp for tp in partitions if tp not in ends))
+            return await self._follow(client, replay, consumer, ends)
+        finally:
+            await consumer.stop()
+
+    async def _follow(
+        self,
+        client: Client,
+        replay: _Replay,
+        consumer: AIOKafkaConsumer,
+        ends: dict[TopicPartition, int],
+    ) -> int:
+        """Read the assigned partitions up to their ``ends`` (each in order: one
+        publisher's messages keep their order), handing each matching record over."""
+        subscription = replay.subscription
+        matcher = SubscriptionTrie()
+        matcher.add(subscription)
+        ids = (
+            ()
+            if subscription.subscription_identifier is None
+            else (subscription.subscription_identifier,)
+        )
+        handed = 0
+        since_yield = 0
+        rate = self._settings.replay_max_messages_per_second
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while ends:
+            batches = await consumer.getmany(*ends, timeout_ms=500, max_records=FETCH_RECORDS)
+            for tp, records in batches.items():
+                end = ends.get(tp)
+                for record in records:
+                    if end is None or record.offset >= end:
+                        break
+                    published = _published(record)
+                    if published is None:
+                        continue
+                    meta = published.message.meta
+                    if not matcher.match(meta.topic, published.client_id).clients:
+                        continue
+                    await self._room(client, replay)
+                    try:
+                        message = FanOut(meta, published.message.payload, self._clock())
+                    except RecordError as exc:
+                        log.warning("replay: skipping a message of %r: %r",
+                                    published.client_id, exc)  # fmt: skip
+                        continue
+                    target = Target(
+                        subscription.client_id,
+                        min(meta.qos, subscription.qos),
+                        subscription.retain_as_published,
+                        ids,
+                    )
+                    self._run(client, client.connection.replayed(message, target))
+                    handed += 1
+                    since_yield += 1
+                    if since_yield >= YIELD_EVERY:
+                        since_yield = 0
+                        # The node's live deliveries go first, and the replay keeps to its
+                        # rate (replay_max_messages_per_second).
+                        await asyncio.sleep(max(0.0, started + handed / rate - loop.time()))
+            for tp in list(ends):
+                # Past the cut, or at it with what lies between only transaction markers
+                # or aborted records (read_committed skips them).
+                if await consumer.position(tp) >= ends[tp]:
+                    consumer.pause(tp)
+                    del ends[tp]
+        return handed
+
+    async def _room(self, client: Client, replay: _Replay) -> None:
+        """Return once the client can take a replayed message: a free in-flight slot
+        and at most :data:`MAX_UNSENT_BYTES` unsent on its socket. Raises
+        ``CancelledError`` (through the task's cancellation) when the client goes."""
+        connection = client.connection
+        while not connection.replay_room() or client.write_buffer_size() > MAX_UNSENT_BYTES:
+            if connection.closed:
+                raise asyncio.CancelledError
+            replay.room.clear()
+            try:
+                await asyncio.wait_for(replay.room.wait(), ROOM_WAIT_SECONDS)
+            except TimeoutError:
+                continue
+
+
+def _published(record: ConsumerRecord[bytes, bytes]) -> Published | None:
+    """The PUBLISH a ``msg.all`` record holds; None for a retained message request or an
+    undecodable record (logged)."""
+    try:
+        parsed = parse_msg_all(record.key, record.value, record.headers)
+    except RecordError as exc:
+        log.warning("replay: skipping undecodable msg.all record at %d: %r", record.offset, exc)
+        return None
+    return parsed if isinstance(parsed, Published) else None

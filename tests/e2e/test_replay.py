@@ -1,0 +1,155 @@
+"""Replay subscriptions end to end (``$replay/<since>/<filter>``, docs/concepts/replay.md).
+
+A subscriber joining late with ``$replay/1h/<filter>`` gets the messages published before
+its SUBSCRIBE, then the live ones, each exactly once and in per-publisher order (MQTT 4.6),
+with messages published while it subscribes (the switch) among them; v5 history carries
+``replayed=true``. The history respects the subscriber's Receive Maximum: with manual
+acknowledgements the replay waits for them. A router killed with SIGKILL in the middle of
+a replay loses and repeats nothing. Clients: paho-mqtt (MQTT 5 and 3.1.1) and
+mosquitto_sub.
+"""
+
+from __future__ import annotations
+
+import queue
+
+import paho.mqtt.client as paho
+import pytest
+
+from tests.e2e.clients import TIMEOUT, MosquittoSub, PahoClient, unique
+from tests.servers import LocalCluster
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.cluster
+
+#: Messages of each publisher before the SUBSCRIBE, and while it is made.
+HISTORY = 20
+SWITCH = 10
+
+#: Seconds a router started again may take to route again (it rejoins its group).
+ROUTER_BACK = 60.0
+
+
+def _published(publisher: PahoClient, topic: str, seqs: range) -> None:
+    """Publish ``<seq>`` at QoS 1 for each of ``seqs`` and wait for every PUBACK."""
+    mids = [publisher.publish(topic, str(seq).encode(), 1) for seq in seqs]
+    wait_until(lambda: all(mid in publisher.snapshot()[0] for mid in mids), "PUBACKs")
+
+
+def _until_markers(
+    sub: PahoClient, markers: set[bytes], timeout: float = TIMEOUT, ack: bool = False
+) -> list[paho.MQTTMessage]:
+    """The messages ``sub`` receives until every payload of ``markers`` came (included)."""
+    got: list[paho.MQTTMessage] = []
+    missing = set(markers)
+    while missing:
+        try:
+            message = sub.messages.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"markers {missing} missing after {len(got)} messages") from None
+        if ack:
+            sub.ack(message)
+        got.append(message)
+        missing.discard(message.payload)
+    return got
+
+
+def _until_last(sub: PahoClient, topics: list[str], last: int) -> list[paho.MQTTMessage]:
+    """The messages ``sub`` receives until payload ``last`` came on each of ``topics``."""
+    got: list[paho.MQTTMessage] = []
+    waiting = set(topics)
+    while waiting:
+        try:
+            message = sub.messages.get(timeout=TIMEOUT)
+        except queue.Empty:
+            raise AssertionError(f"{waiting} unfinished after {len(got)} messages") from None
+        got.append(message)
+        if message.payload == str(last).encode():
+            waiting.discard(message.topic)
+    return got
+
+
+def _replayed(message: paho.MQTTMessage) -> bool:
+    props = getattr(message.properties, "UserProperty", None) or []
+    return ("replayed", "true") in props
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+def test_a_late_subscriber_gets_the_history_then_live_messages_once_each(
+    cluster: LocalCluster, version: int
+) -> None:
+    base = unique("e2e/replay")
+    publishers = [PahoClient(cluster.mqtt_port, unique(f"pub{i}")) for i in range(2)]
+    sub = PahoClient(cluster.mqtt_port, unique("sub"), version, receive_maximum=3)
+    try:
+        for pub in publishers:
+            pub.connect()
+            _published(pub, f"{base}/{pub.client_id}", range(HISTORY))
+        assert sub.connect() == 0
+        # The switch: PUBLISHes race the SUBSCRIBE; each lands on one side of its cut.
+        sub.client.subscribe(f"$replay/1h/{base}/#", 1)
+        for pub in publishers:
+            _published(pub, f"{base}/{pub.client_id}", range(HISTORY, HISTORY + SWITCH))
+        assert [code.value for code in sub.subacks.get(timeout=TIMEOUT)] == [1]
+        end = HISTORY + SWITCH + 5
+        for pub in publishers:
+            _published(pub, f"{base}/{pub.client_id}", range(HISTORY + SWITCH, end))
+            _published(pub, f"{base}/{pub.client_id}", range(end, end + 1))
+        got = _until_last(sub, [f"{base}/{pub.client_id}" for pub in publishers], end)
+        by_publisher: dict[str, list[int]] = {}
+        for message in got:
+            by_publisher.setdefault(message.topic, []).append(int(message.payload))
+        assert by_publisher == {
+            f"{base}/{pub.client_id}": list(range(end + 1)) for pub in publishers
+        }
+        if version == 5:
+            history = [m for m in got if int(m.payload) < HISTORY]
+            live = [m for m in got if int(m.payload) >= HISTORY + SWITCH]
+            assert all(_replayed(m) for m in history)
+            assert not any(_replayed(m) for m in live)
+    finally:
+        for client in (*publishers, sub):
+            client.close()
+
+
+def test_mosquitto_sub_replays_with_mqtt_311(cluster: LocalCluster) -> None:
+    base = unique("e2e/replay-mosq")
+    pub = PahoClient(cluster.mqtt_port, unique("pub"))
+    try:
+        pub.connect()
+        _published(pub, f"{base}/t", range(3))
+        sub = MosquittoSub(cluster.mqtt_port, f"$replay/15m/{base}/#", qos=1, count=4)
+        _published(pub, f"{base}/t", range(3, 4))
+        assert sub.messages() == [f"{base}/t {seq}" for seq in range(4)]
+    finally:
+        pub.close()
+
+
+@pytest.mark.disruptive
+def test_exactly_once_across_a_router_killed_mid_replay(cluster: LocalCluster) -> None:
+    base = unique("e2e/replay-kill")
+    pub = PahoClient(cluster.mqtt_port, unique("pub"))
+    sub = PahoClient(cluster.mqtt_port, unique("sub"), receive_maximum=1, manual_ack=True)
+    history = 30
+    try:
+        pub.connect()
+        _published(pub, f"{base}/t", range(history))
+        sub.connect()
+        assert [code.value for code in sub.subscribe(f"$replay/1h/{base}/#", 1)] == [1]
+        first = sub.messages.get(timeout=TIMEOUT)  # the replay waits for its PUBACK
+        assert (first.payload, sub.messages.empty()) == (b"0", True)
+        assert cluster.kill("router")
+        try:
+            _published(pub, f"{base}/t", range(history, history + 10))  # stored, not routed
+        finally:
+            cluster.start("router")
+        sub.ack(first)
+        got = [first, *_until_markers(sub, {str(history + 9).encode()}, ROUTER_BACK, ack=True)]
+        _published(pub, f"{base}/t", range(history + 10, history + 11))
+        got += _until_markers(sub, {str(history + 10).encode()}, ack=True)
+        assert [int(m.payload) for m in got] == list(range(history + 11))
+        assert all(_replayed(m) for m in got[:history])
+        assert not any(_replayed(m) for m in got[history:])
+    finally:
+        pub.close()
+        sub.close()
