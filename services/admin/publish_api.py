@@ -84,11 +84,11 @@ from services.common.records import KafkaRecord
 from services.common.settings import Settings
 from services.common.stores.base import StoreUnavailable
 from services.common.topics.validation import validate_topic_name
+from services.ingest.effects import publication
 from services.ingest.handle_connect import authorizer_of
 from services.ingest.handle_publish import accepted_meta
 from services.ingest.rate_limits import TokenBucket
 from services.ingest.store_pipeline import record_of
-from services.ingest.will_rules import publication
 
 log = logging.getLogger(__name__)
 
