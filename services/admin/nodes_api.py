@@ -29,15 +29,17 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
 
 
 async def _known(context: AdminContext, node_id: str) -> bool:
-    """Whether ``node_id`` is an ingest node: one the cluster's probes found, or one a
-    connected client's session names (a node the admin service does not probe)."""
-    await context.sampler.sample()
-    probed = any(
-        probe.service == "ingest" and probe.node_id == node_id for probe in context.sampler.probes
-    )
-    return probed or any(
+    """Whether ``node_id`` is an ingest node: one a connected client's session names, or
+    one the cluster's probes find (a node without clients). Either way no command goes to
+    a topic no node reads (nor creates one, where Kafka creates topics on first use)."""
+    if any(
         session.connected and session.node_id == node_id
         for session in context.state.sessions.values()
+    ):
+        return True
+    await context.sampler.sample()
+    return any(
+        probe.service == "ingest" and probe.node_id == node_id for probe in context.sampler.probes
     )
 
 

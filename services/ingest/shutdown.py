@@ -128,8 +128,14 @@ async def drain(
                 end_connection(client, run, reason_code)
         done = due
         if done == len(clients):
-            return done
+            break
         await asyncio.sleep(BATCH_INTERVAL_SECONDS)
+    # A CONNECT that was under way when the listeners closed may have been accepted since.
+    drained = set(clients)
+    late = [client for client in registry.clients() if client not in drained]
+    for client in late:
+        end_connection(client, run, reason_code)
+    return done + len(late)
 
 
 async def shut_down(registry: ClientRegistry, run: Run, pipeline: StorePipeline) -> None:
