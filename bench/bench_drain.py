@@ -97,7 +97,7 @@ async def storm(
     settings: LocalSettings, clients: list[Client], concurrency: int, mode: str, rate: float
 ) -> dict[str, Any]:
     """One storm (see the module) with a node drained in ``mode``; its figures."""
-    port = settings.ingest_base_port + 95  # clear of the cluster's nodes (base + 1 .. 80)
+    port = cluster.free_port()  # the kernel's pick: clear of every cluster's ports
     window = "0" if mode == "unpaced" else "60"
     await asyncio.to_thread(
         cluster.start_extra,
