@@ -20,7 +20,8 @@ of its own MQTT_BASIC credential, ``cormorant credentials add --generate-secret`
 Figures per storm: the survivors' peak connect rate (CONNACKs of the reconnects per
 1-second bucket, counted from the SIGTERM, the highest bucket), the spread of the
 disconnects (last - first), the time until every client is back (last CONNACK - SIGTERM),
-CONNACK p50 / p99 of the reconnects, refused or failed reconnects (a refusal fails the run).
+CONNACK p50 / p99 of the reconnects, refused reconnects (by CONNACK return code: a
+refused client would come back later, on its own back-off) and failed ones.
 One JSON line per storm in ``bench/results/drain.jsonl``; medians per scenario and mode
 printed at the end.
 
@@ -138,6 +139,7 @@ async def storm(
         "drain_rate": rate if mode == "paced" else None,
         "back": len(done) - refused,
         "refused": refused,
+        "refused_codes": dict(Counter(code for *_, code in done if code != 0)),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "peak_connects_per_s": max(buckets.values()) if buckets else 0,
@@ -207,15 +209,15 @@ def main() -> None:
                     with RESULTS.open("a") as out:
                         out.write(json.dumps(result) + "\n")
                     figures.setdefault((scenario, mode), []).append(result)
-                    if result["refused"]:
-                        raise SystemExit(f"{scenario} {mode}: refused reconnects")
     for (scenario, mode), runs in sorted(figures.items()):
         peak = statistics.median(r["peak_connects_per_s"] for r in runs)
         back = statistics.median(r["all_back_s"] for r in runs)
         spread = statistics.median(r["disconnect_spread_s"] for r in runs)
+        refused = statistics.median(r["refused"] for r in runs)
         print(
             f"{scenario} {mode}: survivors' peak {peak:,.0f} connects/s, disconnects over "
-            f"{spread:.1f} s, all back {back:.1f} s after SIGTERM (medians of {len(runs)})"
+            f"{spread:.1f} s, last CONNACK {back:.1f} s after SIGTERM, {refused:g} refused "
+            f"(medians of {len(runs)})"
         )
 
 
