@@ -564,5 +564,34 @@ def delayed_cancel(delayed_id: str, as_json: bool) -> None:
         click.echo(f"cancelling {delayed_id} (from {detail['client_id']} to {detail['topic']})")
 
 
-COMMANDS = (login, logout, clients, sessions, subscriptions, retained, delayed)
+# -------------------------------------------------------------------------------------- drain
+
+
+@click.command()
+@click.argument("node")
+@click.option(
+    "--window",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="The longest the node takes to disconnect its clients (seconds); its drain_rate "
+    "paces them, faster if needed to finish within it.",
+)
+@_JSON
+def drain(node: str, window: float, as_json: bool) -> None:
+    """Drain ingest node NODE (its node id) by hand: it leaves the load balancer's rotation
+    (/ready fails), stops accepting, and disconnects its clients in paced batches within
+    --window (DISCONNECT 0x9C Use another server, MQTT 5.0 3.14.2.1; a 3.1.1 client's
+    connection is closed); they reconnect to the other nodes. The node stays up, out of
+    rotation, until it is stopped. `cormorant clients list --node NODE` shows it empty
+    once done."""
+    with admin_client() as client:
+        answer = client.call("POST", f"/api/nodes/{path_part(node)}/drain", {"window": window})
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    else:
+        click.echo(f"draining {node} within {window:g} s")
+
+
+COMMANDS = (login, logout, clients, sessions, subscriptions, retained, delayed, drain)
 """The commands :mod:`services.cli` adds to ``cormorant``."""

@@ -54,8 +54,21 @@ RDS_CA_BUNDLE = "/etc/ssl/certs/rds-global-bundle.pem"
 """Where the images hold the RDS certificate authorities (Dockerfile)."""
 
 STOP_TIMEOUT_SECONDS = 60
-"""How long ECS waits after SIGTERM: an ingest node closes its connections and stores
-their Will Messages and session records before it exits."""
+"""How long ECS waits after SIGTERM before a SIGKILL, for every task but ingest's: the
+services stop their consumers and producers."""
+
+FARGATE_MAX_STOP_TIMEOUT = 120
+"""The longest ``stopTimeout`` Fargate accepts (ECS task definition parameters)."""
+
+INGEST_STOP_TIMEOUT_SECONDS = shared.INGEST_DRAIN.stop_seconds
+"""How long ECS waits after SIGTERM for an ingest task: it drains (its notice, then its
+clients disconnected in paced batches within ``drain_seconds``), stores their Will Messages
+and session records, and exits (:attr:`~services.common.drain.DrainTiming.stop_seconds`)."""
+if INGEST_STOP_TIMEOUT_SECONDS > FARGATE_MAX_STOP_TIMEOUT:
+    raise ValueError(
+        f"an ingest task's drain takes up to {INGEST_STOP_TIMEOUT_SECONDS} s, more than "
+        f"Fargate's stopTimeout allows ({FARGATE_MAX_STOP_TIMEOUT} s): lower drain_seconds"
+    )
 
 ECS_TASKS = "ecs-tasks.amazonaws.com"
 """The service principal that assumes ECS task and execution roles."""
@@ -408,7 +421,11 @@ class Compute(pulumi.ComponentResource):
                     "awslogs-stream-prefix": spec.command,
                 },
             },
-            "stopTimeout": STOP_TIMEOUT_SECONDS,
+            "stopTimeout": (
+                INGEST_STOP_TIMEOUT_SECONDS
+                if spec.command == shared.INGEST
+                else STOP_TIMEOUT_SECONDS
+            ),
         }
         if spec.ports:
             container["portMappings"] = [

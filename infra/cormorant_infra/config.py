@@ -201,7 +201,6 @@ class StackConfig(_Model):
     nlb_idle_timeout_seconds: int = Field(350, ge=60, le=6000)
     max_keep_alive: int = Field(230, ge=1, le=65535)
     proxy_protocol_v2: bool = True
-    deregistration_delay_seconds: int = Field(30, ge=0, le=3600)
     nlb_deletion_protection: bool = False
 
     # --- operations ----------------------------------------------------------------------

@@ -12,8 +12,16 @@ attributes for your Network Load Balancer", Client IP preservation, default sett
 type target groups (TCP, TLS): Disabled"), so without it every client would appear to come
 from the NLB and the per-address limits would apply to the NLB's few addresses.
 Targets are the ingest tasks' IP addresses, in every zone (cross-zone load balancing on),
-checked with TCP connects; a task leaving is drained for ``deregistrationDelaySeconds``
-and its remaining connections are then closed so their clients reconnect to another task.
+checked with a GET of their ``/ready``. A task leaving drains (docs/operations/drain.md):
+ECS deregisters it and waits out the deregistration delay (the drain's notice: the NLB
+sends it no new connection by then) before its SIGTERM; the task then disconnects its
+clients in paced batches within ``drain_seconds``. So the NLB closes no connection
+itself: not at the end of the deregistration delay (``connection_termination`` off: all
+of them at once would be the reconnect storm the drain avoids), and not when the
+draining task's ``/ready`` fails (unhealthy targets' connections are left for the whole
+drain, ``unhealthy_draining_interval``). The health check notices a failed ``/ready``
+within the drain's notice, so a drain by hand (``cormorant drain``) gets no new client
+either.
 
 MQTT connections are long-lived and idle between PINGREQs: the listeners' idle timeout and
 the broker's largest Keep Alive are kept consistent by :mod:`cormorant_infra.config`.
@@ -21,6 +29,7 @@ the broker's largest Keep Alive are kept consistent by :mod:`cormorant_infra.con
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pulumi
@@ -32,6 +41,15 @@ from cormorant_infra.network import Network, ingest_target_ports, nlb_listeners
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 """TLS 1.3 and 1.2 with forward-secret ciphers only."""
+
+HEALTH_CHECK_INTERVAL_SECONDS = 5
+"""Seconds between two health checks of a target (the NLB's least is 5)."""
+
+UNHEALTHY_THRESHOLD = 2
+"""Failed health checks in a row that take a target out of rotation (the NLB's least)."""
+
+if shared.INGEST_DRAIN.notice < HEALTH_CHECK_INTERVAL_SECONDS * UNHEALTHY_THRESHOLD:
+    raise ValueError("the NLB must notice a failed /ready within an ingest drain's notice")
 
 
 class Ingress(pulumi.ComponentResource):
@@ -70,18 +88,26 @@ class Ingress(pulumi.ComponentResource):
                 target_type="ip",
                 vpc_id=network.vpc_id,
                 proxy_protocol_v2=config.proxy_protocol_v2,
-                deregistration_delay=config.deregistration_delay_seconds,
-                connection_termination=True,
+                # ECS sends SIGTERM once the delay is over: the task drains then.
+                deregistration_delay=math.ceil(shared.INGEST_DRAIN.notice),
+                connection_termination=False,
+                target_health_states=[
+                    aws.lb.TargetGroupTargetHealthStateArgs(
+                        enable_unhealthy_connection_termination=False,
+                        unhealthy_draining_interval=shared.INGEST_DRAIN.stop_seconds,
+                    )
+                ],
                 # A task takes new clients while its /ready says so (Kafka answers, state
-                # replayed); when every task fails it, the NLB sends to all (fail open).
+                # replayed, not draining); when every task fails it, the NLB sends to all
+                # (fail open).
                 health_check=aws.lb.TargetGroupHealthCheckArgs(
                     protocol="HTTP",
                     port=str(shared.HTTP_PORT),
                     path="/ready",
                     matcher="200",
-                    interval=10,
+                    interval=HEALTH_CHECK_INTERVAL_SECONDS,
                     healthy_threshold=3,
-                    unhealthy_threshold=3,
+                    unhealthy_threshold=UNHEALTHY_THRESHOLD,
                 ),
                 opts=child,
             )

@@ -4,7 +4,7 @@ Service names and commands (``services/command_names.py``), topic names, partiti
 groups (``services/common/kafka/``), settings and their environment variables
 (``services/common/settings.py``), the MQTT ports and the keep alive rule
 (``services/common/mqtt/``), the Kafka and Spark versions and the EMR release
-(``services/common/versions.py``)
+(``services/common/versions.py``), an ingest node's drain timing (``services/common/drain.py``)
 are imported here, never copied, so a change there changes the deployment.
 """
 
@@ -18,6 +18,7 @@ from services.command_names import (
     SERVICE_COMMANDS,
     TOPICS_COMMAND,
 )
+from services.common.drain import DEFAULT_TIMING, DrainTiming
 from services.common.kafka.admin import (
     TopicSpec,
     app_shared_topic_spec,
@@ -51,6 +52,7 @@ __all__ = [
     "EMR_RELEASE_SPARK",
     "HTTP_PORT",
     "INGEST",
+    "INGEST_DRAIN",
     "KAFKA_VERSION",
     "MIGRATE_COMMAND",
     "MQTT_PORT",
@@ -63,6 +65,7 @@ __all__ = [
     "SERVICE_ROLE",
     "SPARK_VERSION",
     "TOPICS_COMMAND",
+    "DrainTiming",
     "Settings",
     "TopicNames",
     "TopicSpec",
@@ -79,6 +82,11 @@ __all__ = [
 INGEST = "ingest"
 """The one service that holds MQTT sockets: the only target of the load balancer."""
 assert INGEST in SERVICE_COMMANDS
+
+INGEST_DRAIN: DrainTiming = DEFAULT_TIMING
+"""An ingest task's drain (the settings' defaults, which the tasks run with): its notice
+sets the NLB's deregistration delay and health check, its ``stop_seconds`` ECS's
+``stopTimeout`` (docs/operations/drain.md)."""
 
 PRODUCTION_TAG = "cormorant:production"
 """The tag (value ``true``) on the resources of a stack with ``cormorant:production`` that

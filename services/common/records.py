@@ -678,7 +678,7 @@ class DisconnectCause(IntEnum):
     PROTOCOL_ERROR = 5
     """The server closed the connection for a malformed packet or a protocol violation."""
     SERVER_SHUTDOWN = 6
-    """The ingest node stopped (Reason Code 0x8B)."""
+    """The ingest node stopped (Reason Code 0x8B) or was drained by an operator (0x9C)."""
     ADMINISTRATIVE_ACTION = 7
     """An administrator acted on the client: disconnected it through the admin API, or
     disabled or deleted its credential (Reason Code 0x98)."""
@@ -1067,8 +1067,37 @@ def admin_disconnect_record(
     )
 
 
-def _decode_command(data: bytes) -> AdminDisconnect:
+@dataclass(frozen=True, slots=True)
+class AdminDrain:
+    """An administrator's command to an ingest node: drain (leave the load balancer's
+    rotation, stop accepting, disconnect every client with Reason Code 0x9C Use another
+    server, paced over at most ``window_ms`` milliseconds) and stay up, out of rotation,
+    until restarted (docs/operations/drain.md)."""
+
+    window_ms: int
+
+
+_DRAIN = struct.Struct(">BBI")  # version, kind (2: drain), window in ms
+
+
+def admin_drain_record(names: TopicNames, node_id: str, command: AdminDrain) -> KafkaRecord:
+    """The downlink record carrying ``command`` to node ``node_id`` (key: the node id;
+    header ``c``: version u8 · kind u8 (2) · window u32 ms). Raises ``ValueError`` if
+    the window is not a u32."""
+    if not 0 <= command.window_ms < 2**32:
+        raise ValueError("window_ms must fit 32 bits")
+    header = _DRAIN.pack(_VERSION, 2, command.window_ms)
+    return KafkaRecord(
+        names.downlink(node_id), node_id.encode("utf-8"), b"", [(HEADER_COMMAND, header)]
+    )
+
+
+def _decode_command(data: bytes) -> AdminDisconnect | AdminDrain:
     _check_version(data, "command")
+    if len(data) >= 2 and data[1] == 2:
+        if len(data) != _DRAIN.size:
+            raise RecordError("drain command of the wrong size")
+        return AdminDrain(_DRAIN.unpack(data)[2])
     if len(data) < _COMMAND.size:
         raise RecordError("truncated command")
     _, kind, flags, connection_id = _COMMAND.unpack_from(data, 0)
@@ -1082,7 +1111,7 @@ def _decode_command(data: bytes) -> AdminDisconnect:
 
 def parse_downlink(
     value: bytes | None, headers: Headers | None
-) -> Downlink | Releases | AdminDisconnect:
+) -> Downlink | Releases | AdminDisconnect | AdminDrain:
     """Parse a downlink record. Raises :class:`RecordError`."""
     meta_raw = targets = None
     for name, data in headers or ():

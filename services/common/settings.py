@@ -635,6 +635,32 @@ class Settings(BaseSettings):
         "more, reads and discards what the client still sends for at most this long, then "
         "closes: the client reads the Reason Code instead of a connection reset.",
     )
+    drain_notice_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=60,
+        description="When an ingest node drains (SIGTERM, `cormorant drain`), its /ready fails "
+        "and it stops accepting at once, then waits this long before it disconnects its first "
+        "client, so that the load balancer has taken it out of rotation and sends the "
+        "reconnects to the other nodes (docs/operations/drain.md). Skipped when the node has "
+        "no client.",
+    )
+    drain_rate: float = Field(
+        200.0,
+        gt=0,
+        description="Clients per second a draining ingest node disconnects (at least): the "
+        "reconnect rate it adds to the other nodes. Pick what they take (CONNECT verification "
+        "included); a node with more clients than drain_rate x drain_seconds goes faster, so "
+        "that it finishes within drain_seconds.",
+    )
+    drain_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=600,
+        description="The longest a draining ingest node takes to disconnect its clients, after "
+        "drain_notice_seconds (0: all at once). In AWS, ECS's stopTimeout for the ingest task "
+        "is derived from it (infra/), and Fargate allows at most 120 s in all.",
+    )
 
     # --- ingest limits (refusals are counted, and logged once per client per minute) ----------
     max_connections: int = Field(

@@ -484,10 +484,18 @@ class ServerConnection:
             ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator"
         )
 
-    def shutting_down(self) -> list[Effect]:
-        """The node stops: v5 DISCONNECT 0x8B Server shutting down, then close."""
-        events.ending(self.state, DisconnectCause.SERVER_SHUTDOWN, ReasonCode.SERVER_SHUTTING_DOWN)
-        return self.disconnect_and_close(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+    def shutting_down(self, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN) -> list[Effect]:
+        """The node stops or drains: v5 DISCONNECT ``reason_code`` (0x8B Server shutting
+        down; 0x9C Use another server when an operator drains a node that stays up, MQTT
+        5.0 3.14.2.1, without a Server Reference: the client comes back through the load
+        balancer), then close."""
+        events.ending(self.state, DisconnectCause.SERVER_SHUTDOWN, reason_code)
+        reason = (
+            "use another server"
+            if reason_code == ReasonCode.USE_ANOTHER_SERVER
+            else "server shutting down"
+        )
+        return self.disconnect_and_close(reason_code, reason)
 
     def session_record_seen(self, record: SessionRecord | None, offset: int) -> list[Effect]:
         """A ``client.sessions`` record of this client (None: a tombstone) at ``offset``,

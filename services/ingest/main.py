@@ -14,9 +14,12 @@ keep right (:mod:`services.common.auth.cache`), as they keep the passwords verif
 (:mod:`services.common.auth.blocked_store`); a task follows them.
 
 At start, once the state is read and before the listener opens, the sessions still shown
-connected to this node are ended (their connections died with the previous process); at
-shutdown every connection is closed and its Will Message and end records are stored before
-the producer stops.
+connected to this node are ended (their connections died with the previous process). At
+shutdown (SIGTERM) the node drains: its ``/ready`` fails and its listeners close, then its
+clients are disconnected in paced batches (:mod:`services.common.drain`), and their Will
+Messages and end records are stored before the producer stops. An administrator's drain
+command (a downlink record, ``cormorant drain``) does the same and leaves the node up, out
+of rotation (docs/operations/drain.md).
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.reroutes import RerouteFilter
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
+from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     AdminDisconnect,
+    AdminDrain,
     Downlink,
     KafkaRecord,
     RecordError,
@@ -189,6 +194,7 @@ class IngestService:
         )
         self.listeners: list[Listeners] = []
         self.tasks: list[asyncio.Task[None]] = []
+        self.draining: asyncio.Task[int] | None = None
         self.lease: HeldLease | None = None
         self.downlink = names.downlink(settings.node_id)
         # Downlink records a crashed router routed twice (read from the end: a restarted
@@ -279,6 +285,8 @@ class IngestService:
                         node.deliver(parsed)
                 elif isinstance(parsed, AdminDisconnect):
                     node.administer(parsed)
+                elif isinstance(parsed, AdminDrain):
+                    self.drain_by_hand(parsed)
                 else:
                     node.release(parsed.releases)
             except RecordError as exc:
@@ -368,12 +376,41 @@ class IngestService:
         finally:
             await consumer.stop()
 
-    async def stop(self) -> None:
-        """The shutdown hook: close the listeners, end every connection (wills and end
-        records, while the producer still runs), then stop the tasks and readers."""
+    def leave_rotation(self) -> None:
+        """Fail ``/ready`` (the load balancer stops sending clients here) and close the
+        listeners (connections still coming are refused)."""
         self.readiness.stopping()
         for opened in self.listeners:
             opened.close()
+        self.listeners.clear()
+
+    def drain_by_hand(self, command: AdminDrain) -> None:
+        """An administrator's drain command: leave the rotation, then disconnect every
+        client (0x9C Use another server) in paced batches within the command's window. The
+        node stays up, out of rotation, until it is stopped. A second command while one
+        runs is ignored."""
+        if self.draining is not None:
+            log.info("node %s: already drained or draining", self.settings.node_id)
+            return
+        window = command.window_ms / 1000
+        log.info(
+            "node %s: drained by an administrator, within %.1f s", self.settings.node_id, window
+        )
+        self.leave_rotation()
+        self.draining = asyncio.create_task(
+            self.node.drain(window, ReasonCode.USE_ANOTHER_SERVER), name="drain"
+        )
+
+    async def stop(self) -> None:
+        """The shutdown hook: leave the rotation, drain (:meth:`IngestNode.drain`: the
+        downlink, the state reader and the producer still run, so the clients not yet
+        disconnected keep their traffic), end every connection left (wills and end records,
+        while the producer still runs), then stop the tasks and readers."""
+        self.leave_rotation()
+        if self.draining is not None:  # a drain by hand: its window is not ECS's
+            self.draining.cancel()
+            await asyncio.gather(self.draining, return_exceptions=True)
+        await self.node.drain(self.settings.drain_seconds)
         await self.node.shut_down()  # wills and end records, while the producer still runs
         for task in self.tasks:
             task.cancel()

@@ -42,6 +42,7 @@ from services.common.auth.store import Change
 from services.common.clock import now_ms
 from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
+from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     AdminDisconnect,
     Downlink,
@@ -520,6 +521,21 @@ class IngestNode:
         Returns how many."""
         return await shutdown.end_orphaned_sessions(
             self.settings.node_id, self.sessions, self.subscriptions, self.pipeline, self.clock()
+        )
+
+    async def drain(self, window: float, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN) -> int:
+        """Disconnect every client in paced batches, ``drain_notice_seconds`` and
+        ``drain_rate`` of the settings, within ``window`` seconds, with v5 DISCONNECT
+        ``reason_code`` (:func:`~services.ingest.shutdown.drain`); returns how many. The
+        caller has stopped accepting connections first."""
+        settings = self.settings
+        return await shutdown.drain(
+            self.registry,
+            self.run,
+            settings.drain_notice_seconds,
+            settings.drain_rate,
+            window,
+            reason_code,
         )
 
     async def shut_down(self) -> None:

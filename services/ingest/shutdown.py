@@ -1,11 +1,14 @@
-"""How an ingest node's connections end when the node does: a clean shutdown, and at start
-the sessions a crashed predecessor could not end.
+"""How an ingest node's connections end when the node does: a drain, a clean shutdown, and
+at start the sessions a crashed predecessor could not end.
 
-At shutdown (:func:`shut_down`) every connection is closed (v5: DISCONNECT 0x8B Server
-shutting down) as if its socket were lost, so its Will Message (stored to wait out its
-delay, if it has one: another node publishes it then) and end records are written, and the
-node waits (at most :data:`SHUTDOWN_FLUSH_SECONDS`) until Kafka has them, before the
-producer stops.
+Each connection ends the same way (:func:`end_connection`): closed (v5: DISCONNECT 0x8B
+Server shutting down, or 0x9C Use another server for a drain by hand) as if its socket
+were lost, so its Will Message (stored to wait out its delay, if it has one: another node
+publishes it then) and end records are written. A drain (:func:`drain`) ends them in
+paced batches (:class:`~services.common.drain.DrainPace`) after the load balancer's notice;
+at shutdown (:func:`shut_down`) those left are ended together, and the node waits (at most
+:data:`~services.common.drain.SHUTDOWN_FLUSH_SECONDS`) until Kafka has every record, before
+the producer stops.
 
 A process that crashed wrote none of that. At the next start, before the listener opens,
 :func:`end_orphaned_sessions` writes the end records of the sessions the state topics still
@@ -18,7 +21,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from services.common.drain import BATCH_INTERVAL_SECONDS, SHUTDOWN_FLUSH_SECONDS, DrainPace
 from services.common.kafka.names import TopicNames
+from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     KafkaRecord,
     SessionRecord,
@@ -33,8 +38,8 @@ from services.ingest.store_pipeline import StorePipeline
 
 log = logging.getLogger(__name__)
 
-#: Seconds a node's shutdown waits for its last records (end records, wills) to be stored.
-SHUTDOWN_FLUSH_SECONDS = 10.0
+Run = Callable[[Client, list[Effect]], None]
+"""Carries out the effects of a client's connection (:meth:`IngestNode.run`)."""
 
 
 def orphaned_records(
@@ -81,17 +86,63 @@ async def end_orphaned_sessions(
     return orphans
 
 
-async def shut_down(
-    registry: ClientRegistry,
-    run: Callable[[Client, list[Effect]], None],
-    pipeline: StorePipeline,
+def end_connection(
+    client: Client, run: Run, reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN
 ) -> None:
-    """Close every connection (``run`` carries out their effects) and wait until Kafka
-    has every record or the flush time is up."""
+    """End ``client``'s connection because the node leaves: v5 DISCONNECT ``reason_code``
+    (MQTT 5.0 3.14.2.1: 0x8B Server shutting down, or 0x9C Use another server; a 3.1.1
+    client's socket is closed), then what a lost socket leaves behind (the Will Message,
+    the session's end records), each at most once (the socket's own close later adds
+    nothing)."""
+    connection = client.connection
+    run(client, connection.shutting_down(reason_code))
+    run(client, connection.connection_lost())
+
+
+async def drain(
+    registry: ClientRegistry,
+    run: Run,
+    notice: float,
+    rate: float,
+    window: float,
+    reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
+) -> int:
+    """End the connections of ``registry`` (:func:`end_connection`) in paced batches and
+    return how many were ended: none before ``notice`` seconds (the load balancer takes the
+    node out of rotation meanwhile; no wait without a client), then ``rate`` per second at
+    least, all within ``window`` seconds (:class:`~services.common.drain.DrainPace`). The
+    caller has stopped accepting connections first."""
+    if not len(registry):
+        return 0
+    await asyncio.sleep(notice)
+    clients = registry.clients()  # those that left during the notice are gone
+    pace = DrainPace(len(clients), rate, window)
+    log.info("draining %d clients in %.1f s", len(clients), pace.seconds)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    done = 0
+    while True:
+        due = pace.due(loop.time() - started)
+        for client in clients[done:due]:
+            if not client.connection.closed:
+                end_connection(client, run, reason_code)
+        done = due
+        if done == len(clients):
+            break
+        await asyncio.sleep(BATCH_INTERVAL_SECONDS)
+    # A CONNECT that was under way when the listeners closed may have been accepted since.
+    drained = set(clients)
+    late = [client for client in registry.clients() if client not in drained]
+    for client in late:
+        end_connection(client, run, reason_code)
+    return done + len(late)
+
+
+async def shut_down(registry: ClientRegistry, run: Run, pipeline: StorePipeline) -> None:
+    """End every connection left (:func:`end_connection`) and wait until Kafka has every
+    record or the flush time is up."""
     for client in registry.clients():
-        connection = client.connection
-        run(client, connection.shutting_down())
-        run(client, connection.connection_lost())
+        end_connection(client, run)
     try:
         async with asyncio.timeout(SHUTDOWN_FLUSH_SECONDS):
             while pending := pipeline.in_flight():

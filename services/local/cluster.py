@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 import services
 from services.common.auth.authorize import ALLOW_ALL_RULE
+from services.common.drain import DrainTiming
 from services.common.readiness import clear_ready
 from services.common.settings import Settings
 from services.local import (
@@ -120,8 +121,22 @@ def local_settings(settings: LocalSettings) -> LocalSettings:
             "postgres_dsn": postgres.dsn(settings),
             "state_dir": settings.state_dir.resolve(),
             "cache_dir": settings.cache_dir.resolve(),
+            # HAProxy must have taken a draining node out before its clients come back.
+            "drain_notice_seconds": (
+                settings.drain_notice_seconds
+                if "drain_notice_seconds" in settings.model_fields_set
+                else haproxy.OUT_OF_ROTATION_SECONDS
+            ),
         }
     )
+
+
+def ingest_stop_timeout(settings: LocalSettings) -> float:
+    """Seconds an ingest node of the cluster may take to drain and exit after SIGTERM
+    (:attr:`~services.common.drain.DrainTiming.stop_seconds` of its settings), and no
+    less than any other service's :data:`SERVICE_STOP_TIMEOUT`."""
+    timing = DrainTiming.of(local_settings(settings))
+    return max(SERVICE_STOP_TIMEOUT, float(timing.stop_seconds))
 
 
 def runtime_settings(settings: LocalSettings) -> Settings:
@@ -363,7 +378,7 @@ def services_of(settings: LocalSettings) -> list[Component]:
             port,
             partial(_start_ingest, settings, i),
             ready_file=ready_file(settings, haproxy.node_name(i)),
-            stop_timeout=SERVICE_STOP_TIMEOUT,
+            stop_timeout=ingest_stop_timeout(settings),
             http_port=http,
         )
         for i, (port, http) in enumerate(
@@ -512,7 +527,8 @@ def stop_extra(settings: LocalSettings, name: str) -> bool:
     """Stop the process ``name`` that :func:`start_extra` or :func:`start_instance` started;
     True if it was running."""
     settings = local_settings(settings)
-    stopped = processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT)
+    # It may be an ingest node (with settings of its own): it may take its drain's time.
+    stopped = processes.stop(settings.state_dir, name, timeout=ingest_stop_timeout(settings))
     clear_ready(ready_file(settings, name))
     return stopped
 
@@ -577,7 +593,7 @@ def down(settings: LocalSettings) -> list[str]:
     stopped = [part.name for part in services_order if _stop(settings, part)]
     strays = [n for n in processes.recorded_names(settings.state_dir) if n not in known]
     for name in strays:
-        if processes.stop(settings.state_dir, name, timeout=SERVICE_STOP_TIMEOUT):
+        if processes.stop(settings.state_dir, name, timeout=ingest_stop_timeout(settings)):
             stopped.append(name)
         clear_ready(ready_file(settings, name))
     brokers = {kafka.broker_name(settings, node) for node in kafka.broker_ids(settings)}

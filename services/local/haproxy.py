@@ -36,8 +36,27 @@ from services.local.settings import LocalSettings
 NAME = "haproxy"
 
 #: Seconds HAProxy may take to bind its port and put every ready node in rotation (it
-#: checks each node every 2 s and needs one passed check).
+#: checks each node every :data:`CHECK_INTERVAL_SECONDS` and needs one passed check).
 START_TIMEOUT = 30.0
+
+#: Seconds between two health checks (``GET /ready``) of a node (HAProxy's ``inter``).
+CHECK_INTERVAL_SECONDS = 2.0
+
+#: Seconds between the checks of a node whose check just failed (``fastinter``): a
+#: draining node is out of rotation soon after its ``/ready`` fails.
+FAST_CHECK_INTERVAL_SECONDS = 0.5
+
+#: Failed checks in a row that take a node out of rotation (``fall``): one slow answer of a
+#: loaded node does not.
+CHECK_FALL = 2
+
+OUT_OF_ROTATION_SECONDS = math.ceil(
+    CHECK_INTERVAL_SECONDS + (CHECK_FALL - 1) * FAST_CHECK_INTERVAL_SECONDS + 0.5
+)
+"""The longest HAProxy takes to stop sending new connections to a node whose ``/ready``
+fails (the next check, then ``fall - 1`` fast ones, each answered at once by a stopping
+node), rounded up with half a second to spare: the local ingest nodes'
+``drain_notice_seconds``."""
 
 #: Seconds a question to HAProxy's stats socket may take.
 STATS_TIMEOUT = 5.0
@@ -142,7 +161,8 @@ def render_config(settings: LocalSettings, index: int = 1) -> str:
     for kind, port in frontend_ports(settings).items():
         servers = "\n".join(
             f"    server {_server(node)} 127.0.0.1:{listener.port} send-proxy-v2 "
-            f"check port {http} inter 2s fall 2 rise 1"
+            f"check port {http} inter {CHECK_INTERVAL_SECONDS * 1000:.0f}ms "
+            f"fastinter {FAST_CHECK_INTERVAL_SECONDS * 1000:.0f}ms fall {CHECK_FALL} rise 1"
             for node, http in enumerate(node_http_ports(settings), start=1)
             for listener in node_listeners(settings, node)
             if listener.kind == kind

@@ -117,7 +117,8 @@ class PahoClient:
 
     ``pubacks`` maps message ids to the PUBACK reason code; ``disconnects`` lists the reason
     codes of the connection's ends (a v5 DISCONNECT's, or "Unspecified error" for a lost
-    socket); ``messages`` queues received messages. It never reconnects by itself.
+    socket), ``disconnected_at`` when each was seen (``time.monotonic``); ``messages``
+    queues received messages. It never reconnects by itself.
     ``clean_start`` and ``session_expiry`` (seconds, v5) go into CONNECT, as do
     ``receive_maximum`` and ``topic_alias_maximum`` (v5), and ``username`` / ``password``
     (bytes: any) when set; with ``manual_ack`` received QoS
@@ -148,6 +149,7 @@ class PahoClient:
     connack: queue.Queue[ReasonCode] = field(default_factory=queue.Queue)
     pubacks: dict[int, ReasonCode] = field(default_factory=dict)
     disconnects: list[ReasonCode] = field(default_factory=list)
+    disconnected_at: list[float] = field(default_factory=list)
     messages: queue.Queue[paho.MQTTMessage] = field(default_factory=queue.Queue)
     subacks: queue.Queue[list[ReasonCode]] = field(default_factory=queue.Queue)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -197,6 +199,7 @@ class PahoClient:
     ) -> None:
         with self._lock:
             self.disconnects.append(rc)
+            self.disconnected_at.append(time.monotonic())
 
     def connect(self) -> ReasonCode:
         """Connect, start the network thread, and return CONNACK's reason code."""

@@ -16,6 +16,7 @@ from cormorant_infra.config import NLB_TLS_IDLE_TIMEOUT_SECONDS
 from cormorant_infra.network import TIERS
 from services.cloud.outputs import StackOutputs
 from services.command_names import SERVICE_COMMANDS
+from services.common.drain import SHUTDOWN_FLUSH_SECONDS, DrainTiming
 from services.common.kafka.admin import core_topic_specs
 from services.common.mqtt.keep_alive import GRACE_FACTOR, IDLE_MARGIN_SECONDS
 from services.common.settings import Settings
@@ -595,7 +596,6 @@ def test_nlb_listeners_and_target_groups(dev: Deployment) -> None:
         str(shared.HTTP_PORT),
         "/ready",
     )
-    assert group.inputs["deregistrationDelay"] == 30
     assert group.inputs["proxyProtocolV2"] is True
     assert listeners[8883]["defaultActions"][0]["targetGroupArn"] == group.outputs["arn"]
     dns = dev.outputs["nlbDnsName"]
@@ -604,6 +604,28 @@ def test_nlb_listeners_and_target_groups(dev: Deployment) -> None:
         f"mqtts://{dns}:8883",
         f"wss://{dns}:443/mqtt",
     ]
+
+
+def test_a_leaving_ingest_task_drains_within_what_ecs_and_the_nlb_allow(
+    dev: Deployment,
+) -> None:
+    """ECS deregisters a leaving task, waits out the deregistration delay, sends SIGTERM
+    and waits stopTimeout before a SIGKILL: the drain (its notice, then its paced
+    disconnects within drain_seconds, then the last records) must fit after the SIGTERM,
+    and the NLB must close no connection itself meanwhile."""
+    timing = DrainTiming.of(shared.settings_for())  # the settings the tasks run with
+    budget = timing.notice + timing.window + SHUTDOWN_FLUSH_SECONDS
+    stop_timeouts = {name: c["stopTimeout"] for name, c in containers(dev).items()}
+    assert budget < stop_timeouts[shared.INGEST] <= 120  # Fargate allows no more
+    group = mqtt_target_group(dev).inputs
+    assert group["connectionTermination"] is False  # not all at once after the delay
+    assert group["deregistrationDelay"] >= timing.notice  # no new client by the SIGTERM
+    [unhealthy] = group["targetHealthStates"]
+    assert unhealthy["enableUnhealthyConnectionTermination"] is False
+    assert unhealthy["unhealthyDrainingInterval"] >= stop_timeouts[shared.INGEST]
+    # A drain by hand: the failed /ready is noticed within the notice.
+    health = group["healthCheck"]
+    assert health["interval"] * health["unhealthyThreshold"] <= timing.notice
 
 
 def test_tls_passthrough_with_proxy_protocol(serverless: Deployment) -> None:

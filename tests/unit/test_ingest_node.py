@@ -36,6 +36,7 @@ from services.common.mqtt.packets import (
     Will,
 )
 from services.common.mqtt.properties import Properties
+from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     DelayedRecord,
     DisconnectCause,
@@ -146,12 +147,14 @@ class Shell:
         self.pending_at_resume: list[int] = []
         self.keep_alive_changes = 0
         self.closed = False
+        self.closed_at: float | None = None  # the event loop's clock
 
     def write(self, data: bytes) -> None:
         self.received += self.decoder.feed(data)
 
     def close(self) -> None:
         self.closed = True
+        self.closed_at = asyncio.get_running_loop().time()
 
     def pause_reading(self) -> None:
         self.reading.append(False)
@@ -764,6 +767,36 @@ async def test_shutdown_disconnects_everyone_and_waits_for_their_records() -> No
     assert ended is not None and not decode_session(ended).connected
     _, event = parse_client_event(b"c1", producer.on("t.client.events")[-1].value)
     assert (event.kind, event.cause) == (EventKind.DISCONNECTED, DisconnectCause.SERVER_SHUTDOWN)
+
+
+async def test_a_drain_waits_its_notice_then_disconnects_in_paced_batches() -> None:
+    producer = Producer()
+    node = _node(producer, drain_notice_seconds=0.3, drain_rate=20.0)
+    shells = [
+        await _connected(node, producer, f"c{i}", version=5 if i % 2 else 4) for i in range(6)
+    ]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    drained = await asyncio.wait_for(node.drain(60.0, ReasonCode.USE_ANOTHER_SERVER), 10)
+    assert drained == 6
+    closed_at = sorted(shell.closed_at or 0.0 for shell in shells)
+    assert closed_at[0] - started >= 0.3  # the load balancer's notice came first
+    # One at once, then 20 a second: the sixth a quarter of a second after the first.
+    assert closed_at[-1] - closed_at[0] >= 0.25
+    for shell in shells:
+        codes = [d.reason_code for d in shell.of(Disconnect)]
+        assert codes == ([0x9C] if shell.version == 5 else []), codes  # 3.1.1: closed only
+    # Each session's end record, as a lost socket's (persistent or not, as it decides).
+    await wait_for(lambda: len(producer.on("t.client.sessions")) == 12, "the end records")
+    events = [parse_client_event(b"c1", r.value)[1] for r in producer.on("t.client.events")]
+    assert {e.cause for e in events if e.kind is EventKind.DISCONNECTED} == {
+        DisconnectCause.SERVER_SHUTDOWN
+    }
+
+
+async def test_a_drain_without_clients_does_not_wait_for_the_load_balancer() -> None:
+    node = _node(Producer(), drain_notice_seconds=60.0)
+    assert await asyncio.wait_for(node.drain(60.0), 10) == 0
 
 
 # ---------------------------------------------------------------------- retained cut

@@ -23,6 +23,7 @@ from services.common.records import (
     HEADER_DELETES,
     AckKind,
     AckRecord,
+    AdminDrain,
     AppMessage,
     ClientKind,
     DelayedRecord,
@@ -40,6 +41,7 @@ from services.common.records import (
     SessionRecord,
     StoredRecord,
     Target,
+    admin_drain_record,
     app_record,
     app_shared_record,
     client_acks_record,
@@ -413,6 +415,9 @@ def test_each_record_kind_builds_and_parses_back() -> None:
     )
     release = release_record(NAMES, "n1", "c", [("c", 7)])
     assert parse_downlink(release.value, release.headers) == Releases([("c", 7)])
+    drain = admin_drain_record(NAMES, "n1", AdminDrain(90_000))
+    assert (drain.topic, drain.key) == (NAMES.downlink("n1"), b"n1")
+    assert parse_downlink(drain.value, drain.headers) == AdminDrain(90_000)
     persisted = persisted_record(NAMES, MESSAGE, Target("c", 2))
     assert (persisted.topic, persisted.key) == (NAMES.msg_persisted, b"c")
     assert parse_persisted(persisted.key, persisted.value, persisted.headers) == Persisted(
@@ -509,6 +514,7 @@ PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object]
             (b"k", b"x", GOOD_TARGET),
             (b"k", b"", [("r", b"\x01")]),
             (b"k", b"x", [*GOOD_META, ("t", b"\x01\x00")]),
+            (b"n", b"", [("c", b"\x01\x02\x00\x00")]),  # a truncated drain command
         ],
     ),
     "msg.persisted": (
