@@ -46,6 +46,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -84,7 +86,6 @@ def produce(spark: Any, bootstrap: str, topic: str, count: int, hours: int) -> f
     linger; no compression, as the services' producers): a Python producer sending record by
     record took 12 minutes for 2,000,000 records on this loaded machine.
     """
-    import pandas as pd
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.functions import pandas_udf
 
