@@ -1,17 +1,19 @@
 """Scale figures of the analytics jobs (spark_emr/): archive throughput and report time.
 
-- **archive**: ``--records`` PUBLISH records (64-byte payloads, 1,000 publishers, the real
-  ``m`` header) are written to ``msg.all`` of a private Kafka broker (the local cluster
-  launcher, temporary directory, free ports); then the archive job
-  (:func:`spark_emr.jobs.archive.run`, ``messages`` table) reads all of them into a fresh
-  archive on ``local[2]``, ``--runs`` rounds; each round runs every configuration once
-  (the rounds interleave them, so the machine's load falls on all alike): each
-  ``--formats`` (``parquet``, the file sink; ``iceberg``, a local Hadoop catalog) with each
-  ``--batch-sizes`` (``maxOffsetsPerTrigger``; 0: one micro-batch) and each
-  ``--min-partitions`` (the Kafka source's ``minPartitions``; 0: one Spark task per Kafka
-  partition). Reported per configuration: records/s over the run's wall time (query start,
-  Kafka reads, pandas-UDF decoding, the writes and the commit included), median, min and
-  max, and the load average around the runs.
+- **archive**: a backlog of ``--records`` PUBLISH records (64-byte payloads, 1,000
+  publishers, the real ``m`` header, received over the last ``--hours`` hours) is written
+  to ``msg.all`` of a private Kafka broker (the local cluster launcher, temporary
+  directory, free ports) through Spark's Kafka sink (:func:`produce`; its time is reported
+  apart); then the archive job (:func:`spark_emr.jobs.archive.run`, ``messages`` table)
+  reads all of them into a fresh archive on ``local[2]``, ``--runs`` rounds; each round
+  runs every configuration once (the rounds interleave them, so the machine's load falls
+  on all alike): each ``--formats`` (``parquet``, the file sink; ``iceberg``, a local
+  Hadoop catalog) with each ``--batch-sizes`` (``maxOffsetsPerTrigger``; 0: one
+  micro-batch) and each ``--min-partitions`` (the Kafka source's ``minPartitions``; 0: one
+  Spark task per Kafka partition). Reported per configuration: records/s over the run's
+  wall time (query start, Kafka reads, pandas-UDF decoding, the writes and the commits
+  included), each round's, median, min and max, and each round's load average (1 min,
+  lowest and highest seen around its runs).
 - **report**: an archive of ``--report-messages`` messages (10 million by default; 100,000
   publishers, 300,000 topics, spread over one day) and ``--report-events`` connection events
   is synthesized with Spark and committed through the file sink (so it reads as the
@@ -20,7 +22,9 @@
 - **pruning**: the same synthesized archive spread over ``--days`` days (10 by default:
   10 million messages, a million a day); then ``--runs`` rounds of the report over one day
   (the middle one) and over the whole archive. Reported: each one's median wall time (the
-  pruned report lists and opens one day's ``date``/``hour`` directories).
+  pruned report lists and opens one day's ``date``/``hour`` directories). With
+  ``--pruning-archive DIR`` the synthesized archive stays in ``DIR`` and a later run of the
+  same size reuses it instead of synthesizing it again.
 
 Results are printed and appended as JSON lines to ``bench/results/analytics.jsonl``.
 Run from the repository root: ``python bench/bench_analytics.py`` (``--skip`` any of
@@ -30,7 +34,6 @@ Run from the repository root: ``python bench/bench_analytics.py`` (``--skip`` an
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -42,6 +45,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -68,37 +73,64 @@ def _machine() -> dict[str, Any]:
     }
 
 
-async def produce(bootstrap: str, topic: str, count: int) -> float:
-    """Write ``count`` PUBLISH records to ``topic``; return records/s of the writing."""
-    from aiokafka import AIOKafkaProducer
+def produce(spark: Any, bootstrap: str, topic: str, count: int, hours: int) -> float:
+    """Write ``count`` PUBLISH records to ``topic`` through Spark's Kafka sink; return the
+    seconds the writing took.
 
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks=1, linger_ms=20, max_batch_size=512 * 1024
+    Each record is as the ingest nodes write it: key the publisher's Client Identifier
+    (1,000 publishers), a 64-byte payload, the ``m`` header made by the shared encoder
+    (:func:`services.common.records.encode_meta`, in a pandas UDF) with QoS ``i % 3`` and
+    ``received_at`` spread over the last ``hours`` hours, so the backlog spans that many
+    ``date``/``hour`` partitions. Two Spark tasks each write half of the records, both in
+    time order, through the JVM's idempotent producer with large batches (1 MiB, 20 ms
+    linger; no compression, as the services' producers): a Python producer sending record by
+    record took 12 minutes for 2,000,000 records on this loaded machine.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.functions import pandas_udf
+
+    def encode(topic: pd.Series, qos: pd.Series, at: pd.Series) -> pd.Series:
+        return pd.Series(
+            [
+                records.encode_meta(records.PublishMeta(t, int(q), False, int(a)))
+                for t, q, a in zip(topic, qos, at, strict=True)
+            ]
+        )
+
+    meta = pandas_udf(encode, "binary")  # type: ignore[call-overload]
+    half = (count + 1) // 2
+    span_ms = hours * 3_600_000
+    start_ms = int(time.time() * 1000) - span_ms
+    # Task k writes ids [k * half, (k + 1) * half): both walk through the same times at once.
+    at = (F.lit(start_ms) + (F.col("id") % half) * span_ms / half).cast("long")
+    device = F.concat(F.lit("d"), (F.col("id") % 1000).cast("string"))
+    frame = spark.range(0, count, 1, 2).select(
+        device.cast("binary").alias("key"),
+        F.lit(bytes(64)).alias("value"),
+        F.array(
+            F.struct(
+                F.lit(records.HEADER_META).alias("key"),
+                meta(
+                    F.concat(F.lit("devices/"), device, F.lit("/telemetry")),
+                    F.col("id") % 3,
+                    at,
+                ).alias("value"),
+            )
+        ).alias("headers"),
     )
-    await producer.start()
-    payload = bytes(64)
     started = time.perf_counter()
-    try:
-        pending = []
-        for i in range(count):
-            meta = records.PublishMeta(
-                f"devices/d{i % 1000}/telemetry", i % 3, False, int(time.time() * 1000)
-            )
-            pending.append(
-                await producer.send(
-                    topic,
-                    payload,
-                    key=f"d{i % 1000}".encode(),
-                    headers=[(records.HEADER_META, records.encode_meta(meta))],
-                )
-            )
-            if len(pending) >= 20_000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-    return count / (time.perf_counter() - started)
+    (
+        frame.write.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.acks", "all")
+        .option("kafka.batch.size", str(1 << 20))
+        .option("kafka.linger.ms", "20")
+        .option("kafka.buffer.memory", str(64 << 20))
+        .save()
+    )
+    return time.perf_counter() - started
 
 
 @dataclass(frozen=True)
@@ -150,17 +182,28 @@ def _archive_once(
 
 
 def bench_archive(
-    spark: Any, settings: LocalSettings, count: int, runs: int, configs: list[ArchiveConfig]
+    spark: Any,
+    settings: LocalSettings,
+    count: int,
+    hours: int,
+    runs: int,
+    configs: list[ArchiveConfig],
 ) -> list[dict[str, Any]]:
-    """Archive ``count`` records ``runs`` rounds of every one of ``configs``; one record per
-    configuration."""
+    """Produce a backlog of ``count`` records over ``hours`` hours, then archive it ``runs``
+    rounds of every one of ``configs`` (each round runs each configuration once, in order);
+    one record per configuration."""
     names = TopicNames.from_settings(settings)
-    produced = asyncio.run(produce(settings.kafka_bootstrap, names.msg_all, count))
-    print(f"produced {count:,} records at {produced:,.0f} records/s")
+    load_before = os.getloadavg()[0]
+    produce_seconds = produce(spark, settings.kafka_bootstrap, names.msg_all, count, hours)
+    print(
+        f"produced {count:,} records in {produce_seconds:.1f} s "
+        f"({count / produce_seconds:,.0f} records/s, load average {load_before:.0f} before)"
+    )
     rates: dict[ArchiveConfig, list[float]] = {c: [] for c in configs}
     batches: dict[ArchiveConfig, int] = {}
-    loads = [os.getloadavg()[0]]
+    round_loads: list[list[float]] = []
     for run in range(runs):
+        loads = [os.getloadavg()[0]]
         for config in configs:
             elapsed, batches[config] = _archive_once(spark, settings, config, count)
             rates[config].append(count / elapsed)
@@ -168,8 +211,10 @@ def bench_archive(
             print(
                 f"round {run + 1}, {config.label()}: {count:,} records in {elapsed:.1f} s "
                 f"({batches[config]} batches): {rates[config][-1]:,.0f} records/s "
-                f"(load average {loads[-1]:.0f})"
+                f"(load average {loads[-1]:.0f})",
+                flush=True,
             )
+        round_loads.append(loads)
     return [
         _machine()
         | {
@@ -181,13 +226,17 @@ def bench_archive(
             "micro_batches": batches[config],
             "records": count,
             "payload_bytes": 64,
+            "hours": hours,
             "msg_all_partitions": settings.msg_all_partitions,
+            "produce_seconds": round(produce_seconds, 1),
             "records_per_second_median": round(statistics.median(rates[config])),
             "records_per_second_min": round(min(rates[config])),
             "records_per_second_max": round(max(rates[config])),
+            "records_per_second": [round(r) for r in rates[config]],
             "runs": len(rates[config]),
-            "load_average_min": round(min(loads), 1),
-            "load_average_max": round(max(loads), 1),
+            "load_average_by_round": [
+                [round(min(loads), 1), round(max(loads), 1)] for loads in round_loads
+            ],
         }
         for config in configs
     ]
@@ -333,9 +382,33 @@ def bench_report(spark: Any, messages: int, events: int) -> dict[str, Any]:
     }
 
 
-def bench_pruning(spark: Any, messages: int, events: int, days: int, runs: int) -> dict[str, Any]:
-    """Time the report over one day of a ``days``-day synthesized archive against the report
-    over all of it, ``runs`` rounds; return the record."""
+def _synthesized(spark: Any, where: str, messages: int, events: int, days: int) -> None:
+    """Synthesize the pruning archive in ``where`` unless an earlier run left one of the same
+    size there (its ``_synthesized.json`` says so): a 10-million-row archive took 43 minutes
+    to synthesize on this loaded machine, more than all the report rounds over it."""
+    marker = Path(where) / "_synthesized.json"
+    wanted = {"messages": messages, "events": events, "days": days}
+    if marker.exists() and json.loads(marker.read_text(encoding="utf-8")) == wanted:
+        print(f"reusing the archive synthesized in {where}: {wanted}")
+        return
+    if Path(where).exists() and any(Path(where).iterdir()):
+        raise SystemExit(f"{where} holds something other than a synthesized archive of {wanted}")
+    started = time.perf_counter()
+    synthesize(spark, where, messages, events, days)
+    marker.write_text(json.dumps(wanted), encoding="utf-8")
+    print(
+        f"synthesized {messages:,} messages and {events:,} events over {days} days "
+        f"in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
+
+
+def bench_pruning(
+    spark: Any, messages: int, events: int, days: int, runs: int, where: str
+) -> dict[str, Any]:
+    """Time the report over one day of a ``days``-day synthesized archive in ``where`` (made
+    there unless an earlier run left it) against the report over all of it, ``runs``
+    rounds; return the record."""
     from spark_emr.jobs import report
 
     first = datetime(2026, 11, 1)
@@ -347,25 +420,21 @@ def bench_pruning(spark: Any, messages: int, events: int, days: int, runs: int) 
     seconds: dict[str, list[float]] = {name: [] for name in ranges}
     counted: dict[str, int] = {}
     loads = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory(prefix="bench-pruning-") as where:
-        started = time.perf_counter()
-        synthesize(spark, where, messages, events, days)
-        print(
-            f"synthesized {messages:,} messages and {events:,} events over {days} days "
-            f"in {time.perf_counter() - started:.0f} s"
-        )
+    _synthesized(spark, where, messages, events, days)
+    with tempfile.TemporaryDirectory(prefix="bench-pruning-") as reports:
         for run in range(runs):
             for name, options in ranges.items():
                 started = time.perf_counter()
                 summary = report.run(
-                    spark, where, f"{where}/report-{name}", options, lambda _: None
+                    spark, where, f"{reports}/report-{name}", options, lambda _: None
                 )
                 seconds[name].append(time.perf_counter() - started)
                 counted[name] = summary.messages
                 loads.append(os.getloadavg()[0])
                 print(
                     f"round {run + 1}, {name}: {summary.messages:,} messages reported in "
-                    f"{seconds[name][-1]:.1f} s (load average {loads[-1]:.0f})"
+                    f"{seconds[name][-1]:.1f} s (load average {loads[-1]:.0f})",
+                    flush=True,
                 )
     assert counted["whole_archive"] == messages, counted
     assert counted["one_day"] == messages // days, counted
@@ -391,13 +460,22 @@ def main() -> None:
     """Parse the options, run the benchmarks, print and record their results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--hours", type=int, default=6, help="hours the backlog spans")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--formats", default="parquet,iceberg")
-    parser.add_argument("--batch-sizes", default="0", help="maxOffsetsPerTrigger values (0: none)")
+    parser.add_argument(
+        "--batch-sizes",
+        default="100000,1000000,0",
+        help="maxOffsetsPerTrigger values (0: none)",
+    )
     parser.add_argument("--min-partitions", default="0", help="minPartitions values (0: none)")
     parser.add_argument("--report-messages", type=int, default=10_000_000)
     parser.add_argument("--report-events", type=int, default=1_000_000)
     parser.add_argument("--days", type=int, default=10, help="days of the pruning archive")
+    parser.add_argument(
+        "--pruning-archive",
+        help="directory of the pruning archive, kept for the next run (default: a temporary one)",
+    )
     parser.add_argument(
         "--skip", choices=["archive", "report", "pruning"], action="append", default=[]
     )
@@ -431,15 +509,25 @@ def main() -> None:
         try:
             if "archive" not in args.skip:
                 cluster.start_component(settings, "kafka")
-                results += bench_archive(spark, settings, args.records, args.runs, configs)
+                results += bench_archive(
+                    spark, settings, args.records, args.hours, args.runs, configs
+                )
         finally:
             cluster.stop_component(settings, "kafka")
     if "report" not in args.skip:
         results.append(bench_report(spark, args.report_messages, args.report_events))
     if "pruning" not in args.skip:
-        results.append(
-            bench_pruning(spark, args.report_messages, args.report_events, args.days, args.runs)
-        )
+        with tempfile.TemporaryDirectory(prefix="bench-pruning-archive-") as temporary:
+            results.append(
+                bench_pruning(
+                    spark,
+                    args.report_messages,
+                    args.report_events,
+                    args.days,
+                    args.runs,
+                    args.pruning_archive or temporary,
+                )
+            )
     spark.stop()
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("a", encoding="utf-8") as out:

@@ -248,7 +248,9 @@ def archive(
     elapsed = time.monotonic() - started
     total = sum(r.rows for r in results.values())
     click.echo("")
-    click.echo(f"{'TABLE':<12}{'NEW ROWS':>12}  NOTE")
+    # Kafka records read, not rows: retained message and PUBREL requests are left out, and an
+    # acknowledgement record holds many acknowledgements, each an ``acks`` row.
+    click.echo(f"{'TABLE':<12}{'RECORDS':>12}  NOTE")
     for result in results.values():
         click.echo(f"{result.table:<12}{result.rows:>12,}  {result.note}")
     click.echo(f"\n{total:,} records archived in {elapsed:.1f} s: {uri}")

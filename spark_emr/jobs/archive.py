@@ -83,7 +83,9 @@ class ArchiveTopics:
 
 @dataclass
 class TableResult:
-    """What one run added to one table: ``rows`` written, ``batches`` run, ``lost`` (Kafka
+    """What one run added to one table: ``rows``, the Kafka records it read (the table's
+    rows but for the records a table leaves out, retained message and PUBREL requests, and
+    ``acks``, one row per acknowledgement of a record), ``batches`` run, ``lost`` (Kafka
     records that retention removed before any run read them: see :class:`Gap`) and
     ``note`` (``"topic … does not exist"`` when there was nothing to read)."""
 
