@@ -3,7 +3,8 @@
 #
 #   docker build --target router -t cormorant:0.1.0-router .
 #
-# Targets: ingest, router, device-persist, app-delivery, admin (the services) and topics
+# Targets: ingest, router, device-persist, app-delivery, integrations-stage, admin (the
+# services) and topics
 # (the one-off task that creates the Kafka topics). Each target's entry point is its `cormorant`
 # command (services/cli.py); settings come from CORMORANT_* environment variables.
 # Only the builder stage has compilers; the final stages hold the virtualenv and run as an
@@ -63,6 +64,9 @@ ENTRYPOINT ["cormorant", "device-persist"]
 
 FROM runtime AS app-delivery
 ENTRYPOINT ["cormorant", "app-delivery"]
+
+FROM runtime AS integrations-stage
+ENTRYPOINT ["cormorant", "integrations-stage"]
 
 FROM runtime AS admin
 # The REST API (/api, /docs) and the web console (/) on CORMORANT_ADMIN_PORT (9170).

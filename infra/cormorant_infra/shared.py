@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.command_names import (
     ADMIN_COMMAND,
+    INTEGRATIONS_COMMAND,
     MIGRATE_COMMAND,
     SERVICE_COMMANDS,
     TOPICS_COMMAND,
@@ -52,6 +53,7 @@ __all__ = [
     "HTTP_PORT",
     "INGEST",
     "KAFKA_VERSION",
+    "INTEGRATIONS_COMMAND",
     "MIGRATE_COMMAND",
     "MQTT_PORT",
     "MQTT_TLS_PORT",
