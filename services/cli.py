@@ -24,6 +24,7 @@ from services.command_names import (
 )
 from services.common.versions import cormorant_version
 from services.credentials_cli import credentials
+from services.integrations_cli import integrations
 from services.local.cli import down, fetch_kafka, status, up
 from services.ops_cli import COMMANDS as OPERATOR_COMMANDS
 from spark_emr.cli import analytics
@@ -318,6 +319,7 @@ main.add_command(cloud)
 main.add_command(analytics)
 main.add_command(credentials)
 main.add_command(blocked)
+main.add_command(integrations)
 for _command in OPERATOR_COMMANDS:
     main.add_command(_command)
 

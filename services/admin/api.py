@@ -1,7 +1,7 @@
 """The admin REST API (FastAPI): cluster, stats, clients and sessions, subscriptions,
 retained messages, the audit trail, admin users, MQTT credentials and their rules, blocked
-clients; the console and the API's docs page beside it; the service's own ``/health``,
-``/ready`` and ``/metrics``, as every service's.
+clients, integrations; the console and the API's docs page beside it; the service's own
+``/health``, ``/ready`` and ``/metrics``, as every service's.
 
 Every ``/api`` call but ``POST /api/login`` needs ``Authorization: Bearer <token>`` (401
 without a valid one); every mutating call is audited (:mod:`services.admin.users`). Reads
@@ -36,6 +36,7 @@ from services.admin import (
     credentials_bulk_api,
     health_api,
     infrastructure_api,
+    integrations_api,
     login_api,
     retained_api,
     security_headers,
@@ -117,6 +118,7 @@ def create_app(context: AdminContext) -> FastAPI:
         credentials_api.router,
         credentials_bulk_api.router,
         blocked_api.router,
+        integrations_api.router,
         console_api.settings_router,
         infrastructure_api.router,
     ):
