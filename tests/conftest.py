@@ -13,7 +13,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from services.local import cluster as local_cluster
-from services.local import haproxy, kafka, postgres, redis
+from services.local import haproxy, kafka, postgres, processes, redis
 from services.local.settings import LocalSettings
 from tests.servers import LocalCluster, make_test_settings
 
@@ -83,3 +83,23 @@ def cluster(settings: LocalSettings) -> LocalCluster:
         for name in haproxy.process_names(settings):
             local_cluster.start_component(settings, name)
     return LocalCluster(settings)
+
+
+@pytest.fixture(scope="session")
+def sink_kafka(
+    settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A SECOND Kafka cluster (one broker, started like the first by
+    :func:`services.local.kafka.start`, in a state dir of its own on free ports): where the
+    integrations' Kafka sink writes. Its bootstrap address ``host:port``."""
+    sink = settings.model_copy(
+        update={
+            "state_dir": tmp_path_factory.mktemp("sink-kafka"),
+            "kafka_port": local_cluster.free_port(),
+            "kafka_controller_port": local_cluster.free_port(),
+            "kafka_brokers": 1,
+        }
+    )
+    kafka.start(sink)
+    yield kafka.bootstrap(sink)
+    processes.stop(sink.state_dir, kafka.NAME, timeout=kafka.STOP_TIMEOUT)
