@@ -16,20 +16,22 @@ from __future__ import annotations
 
 import faust
 
+from services.command_names import INTEGRATIONS_COMMAND
 from services.common.faust_app import make_app, on_shutdown, run_service, run_task
 from services.common.settings import Settings
 from services.common.web import serve_http
 from services.integrations.stage import IntegrationsStage
 
 SERVICE = "integrations"
-"""The service's name: its consumer groups' prefix and its metrics' ``service`` label."""
+"""The service's name in its consumer groups (``<prefix>cormorant-integrations.<id>``);
+its metrics' ``service`` label is its command, :data:`INTEGRATIONS_COMMAND`."""
 
 
 def build_app(settings: Settings) -> faust.App:
     """Build the integrations' Faust app: an :class:`IntegrationsStage` run by the app's
     worker, not ready once it stops."""
     app = make_app(settings, SERVICE)
-    readiness = serve_http(app, SERVICE, settings.ready_file)
+    readiness = serve_http(app, INTEGRATIONS_COMMAND, settings.ready_file)
     stage = IntegrationsStage(settings, readiness, app.conf.id)
     run_task(app, stage.run)
 

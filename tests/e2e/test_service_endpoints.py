@@ -25,6 +25,7 @@ SERVICES = {
     "router": "router",
     "device-persist": "device-persist",
     "app-delivery": "app-delivery",
+    "integrations-stage": "integrations-stage",
 }
 
 
