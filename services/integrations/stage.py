@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from services.common import metrics
 from services.common.integrations.model import Integration
@@ -56,6 +57,10 @@ TRANSACTION_SECONDS = 0.2
 
 #: Seconds before loading the integrations again after PostgreSQL failed to answer.
 RELOAD_BACKOFF_SECONDS = 1.0
+
+#: Seconds before a failed runner starts again, the first time and at most.
+RESTART_MIN_SECONDS = 1.0
+RESTART_MAX_SECONDS = 30.0
 
 #: Seconds a runner may take to stop (its open transactions are then left to the fence).
 STOP_SECONDS = 10.0
@@ -117,22 +122,27 @@ class IntegrationRunner:
         self.done: dict[TopicPartition, int] = {}
 
     async def run(self) -> None:
-        """Export until cancelled; Kafka failures are logged and retried (the sink
-        cluster's included): only cancellation ends it."""
-        while True:
-            try:
+        """Export until cancelled. When the runner fails (its sink cluster or Kafka
+        unreachable, a login refused), it is logged and started again after a backoff that
+        doubles from :data:`RESTART_MIN_SECONDS` to :data:`RESTART_MAX_SECONDS` (an
+        integration pointing nowhere costs little): only cancellation ends it."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(min=RESTART_MIN_SECONDS, max=RESTART_MAX_SECONDS),
+            before_sleep=self._failed,
+        )
+        async for attempt in retrying:
+            with attempt:
                 await self._run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.counters.last_error_at = time.time()
-                log.warning(
-                    "integration %s stopped: %r; again in %s s",
-                    self.integration.name,
-                    exc,
-                    RELOAD_BACKOFF_SECONDS,
-                )
-            await asyncio.sleep(RELOAD_BACKOFF_SECONDS)
+
+    def _failed(self, state: RetryCallState) -> None:
+        """Log why the runner stopped, and when it starts again."""
+        self.counters.last_error_at = time.time()
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "integration %s stopped: %r; again in %.0f s", self.integration.name, error, wait
+        )
 
     async def _run_once(self) -> None:
         settings = self.settings
