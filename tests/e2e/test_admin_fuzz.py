@@ -32,7 +32,9 @@ AUTHORIZATION = "Authorization"
 #: fingerprint, CN and SAN, a JWT public key must load for its algorithms, a rule's
 #: placeholders stand for whole levels): a well-formed credential may be refused with 422,
 #: which says why. So may a block (an address that is no address, an expression that does
-#: not compile; 409 when it exists). Every other operation accepts what its schema allows.
+#: not compile; 409 when it exists), and so may an integration (a Topic Filter MQTT
+#: refuses, SASL without its password; 409 when its name is taken). Every other operation
+#: accepts what its schema allows.
 CONFIG = SchemathesisConfig.from_dict(
     {
         "operations": [
@@ -44,7 +46,7 @@ CONFIG = SchemathesisConfig.from_dict(
                     }
                 },
             }
-            for path in ("^/api/credentials", "^/api/blocked")
+            for path in ("^/api/credentials", "^/api/blocked", "^/api/integrations")
         ]
     }
 )
