@@ -73,7 +73,9 @@ async def fill(settings: Settings, count: int) -> datetime:
     return started
 
 
-async def one_round(settings: Settings, payload_format: PayloadFormat, count: int) -> tuple[float, float]:
+async def one_round(
+    settings: Settings, payload_format: PayloadFormat, count: int
+) -> tuple[float, float]:
     """(messages/s, CPU µs per message) of one runner draining ``count`` messages."""
     sink_topic = f"bench.sink.{uuid.uuid4().hex[:8]}"
     await ensure_topics(
@@ -130,7 +132,8 @@ def main() -> None:
             for payload_format in (PayloadFormat.JSON, PayloadFormat.RAW):
                 rate, cpu = asyncio.run(one_round(settings, payload_format, args.messages))
                 results[payload_format].append((rate, cpu))
-                print(f"round {round_} {payload_format.value}: {rate:,.0f} msg/s, {cpu:.0f} µs CPU/msg")
+                figures = f"{rate:,.0f} msg/s, {cpu:.0f} µs CPU/msg"
+                print(f"round {round_} {payload_format.value}: {figures}")
     finally:
         processes.stop(state, kafka.NAME, timeout=kafka.STOP_TIMEOUT)
     for payload_format, runs in results.items():

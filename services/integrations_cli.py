@@ -12,14 +12,17 @@ saying what is wrong.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from services.admin_client import path_part
 from services.cli_common import print_table, read_secret
 from services.ops_cli import admin_client
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")
 
@@ -72,7 +75,7 @@ def _password(path: Path | None) -> str | None:
         raise click.UsageError("the SASL password is not UTF-8 text") from None
 
 
-def _sink_options(required: bool) -> list[Any]:
+def _sink_options(required: bool) -> list[Callable[[Any], Any]]:
     return [
         click.option("--bootstrap", required=required,
                      help="The other Kafka cluster's bootstrap servers: host:port[,host:port]."),
@@ -92,8 +95,10 @@ def _sink_options(required: bool) -> list[Any]:
     ]  # fmt: skip
 
 
-def _with(options: list[Any]) -> Any:
-    def decorate(command: Any) -> Any:
+def _with(options: list[Callable[[Any], Any]]) -> Callable[[F], F]:
+    """A decorator applying ``options`` (click options) in order."""
+
+    def decorate(command: F) -> F:
         for option in reversed(options):
             command = option(command)
         return command
@@ -124,15 +129,33 @@ def integrations() -> None:
 
 @integrations.command("add")
 @click.argument("name")
-@click.option("--kind", type=click.Choice(["kafka"]), default="kafka", show_default=True,
-              help="Where the messages go.")
-@click.option("--topic-filter", "topic_filters", multiple=True, required=True,
-              help="An MQTT Topic Filter (+ and # wildcards); repeat for more.")
-@click.option("--client-id", "client_id_filter",
-              help="Only messages of Client Identifiers matching this pattern (sensor-*).")
-@click.option("--format", "payload_format", type=click.Choice(["json", "raw"]),
-              default="json", show_default=True,
-              help="json: the cormorant.message/1 document; raw: the payload's bytes.")
+@click.option(
+    "--kind",
+    type=click.Choice(["kafka"]),
+    default="kafka",
+    show_default=True,
+    help="Where the messages go.",
+)
+@click.option(
+    "--topic-filter",
+    "topic_filters",
+    multiple=True,
+    required=True,
+    help="An MQTT Topic Filter (+ and # wildcards); repeat for more.",
+)
+@click.option(
+    "--client-id",
+    "client_id_filter",
+    help="Only messages of Client Identifiers matching this pattern (sensor-*).",
+)
+@click.option(
+    "--format",
+    "payload_format",
+    type=click.Choice(["json", "raw"]),
+    default="json",
+    show_default=True,
+    help="json: the cormorant.message/1 document; raw: the payload's bytes.",
+)
 @click.option("--disabled", is_flag=True, help="Store it disabled.")
 @_with(_sink_options(required=True))
 @_JSON
@@ -201,14 +224,21 @@ def show(name: str, as_json: bool) -> None:
 
 @integrations.command("update")
 @click.argument("name")
-@click.option("--topic-filter", "topic_filters", multiple=True,
-              help="Replace the Topic Filters (repeat for more).")
+@click.option(
+    "--topic-filter",
+    "topic_filters",
+    multiple=True,
+    help="Replace the Topic Filters (repeat for more).",
+)
 @click.option("--client-id", "client_id_filter", help="Replace the Client Identifier pattern.")
 @click.option("--every-client", is_flag=True, help="Drop the Client Identifier pattern.")
-@click.option("--format", "payload_format", type=click.Choice(["json", "raw"]),
-              help="Replace the payload format.")
-@click.option("--no-sasl", is_flag=True,
-              help="Drop the SASL mechanism, user name and password.")
+@click.option(
+    "--format",
+    "payload_format",
+    type=click.Choice(["json", "raw"]),
+    help="Replace the payload format.",
+)
+@click.option("--no-sasl", is_flag=True, help="Drop the SASL mechanism, user name and password.")
 @_with(_sink_options(required=False))
 @_JSON
 def update(

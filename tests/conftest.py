@@ -86,9 +86,7 @@ def cluster(settings: LocalSettings) -> LocalCluster:
 
 
 @pytest.fixture(scope="session")
-def sink_kafka(
-    settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def sink_kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A SECOND Kafka cluster (one broker, started like the first by
     :func:`services.local.kafka.start`, in a state dir of its own on free ports): where the
     integrations' Kafka sink writes. Its bootstrap address ``host:port``."""

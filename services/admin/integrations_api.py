@@ -175,8 +175,8 @@ def view(integration: Integration) -> IntegrationView:
             bootstrap=sink.bootstrap,
             topic=sink.topic,
             key=sink.key,
-            security_protocol=sink.security_protocol,  # type: ignore[arg-type]
-            sasl_mechanism=sink.sasl_mechanism,  # type: ignore[arg-type]
+            security_protocol=sink.security_protocol,
+            sasl_mechanism=sink.sasl_mechanism,
             sasl_username=sink.sasl_username,
             sasl_password_set=integration.secrets.sasl_password is not None,
             ssl_cafile=sink.ssl_cafile,
@@ -257,7 +257,7 @@ async def _audited(
 @router.get("", response_model=IntegrationList, responses={**ERRORS, **_UNAVAILABLE})
 async def list_integrations(request: Request, user: User) -> IntegrationList:
     """Every integration, by name."""
-    return IntegrationList(integrations=[view(i) for i in await _store(request).list()])
+    return IntegrationList(integrations=[view(i) for i in await _store(request).all()])
 
 
 @router.post(
@@ -292,9 +292,7 @@ async def add_integration(request: Request, body: NewIntegration, user: User) ->
         )
         return await _store(request).insert(integration)
 
-    added = await _audited(
-        request, user, "add integration", body.name, _detail(body), change, 201
-    )
+    added = await _audited(request, user, "add integration", body.name, _detail(body), change, 201)
     return view(added)
 
 

@@ -62,9 +62,7 @@ class Matcher:
 
     def matches(self, client_id: str, topic: str) -> bool:
         """Whether a message of ``client_id`` on Topic Name ``topic`` is the integration's."""
-        return self.integration.matches_client(client_id) and bool(
-            self.trie.match(topic).clients
-        )
+        return self.integration.matches_client(client_id) and bool(self.trie.match(topic).clients)
 
     def outgoing(self, record: Record) -> Outgoing | None:
         """What the sink writes for ``record`` (a ``msg.all`` record), or None when it is

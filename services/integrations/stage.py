@@ -95,7 +95,9 @@ class IntegrationCounters:
             self.failed += messages
             self.last_error_at = time.time()
 
-    def ended(self, committed: Mapping[TopicPartition, int], aborted: Collection[TopicPartition]) -> None:
+    def ended(
+        self, committed: Mapping[TopicPartition, int], aborted: Collection[TopicPartition]
+    ) -> None:
         """Transactions committed (``committed``) or aborted (``aborted``): the consume
         loop's :data:`~services.common.kafka.consumer.CommitHook`."""
         for tp in committed:
@@ -280,7 +282,8 @@ class IntegrationsStage:
         stop = [
             name
             for name, (runner, _) in self.runners.items()
-            if name not in wanted or wanted[name].revision != runner.integration.revision
+            if name not in wanted
+            or wanted[name].revision != runner.integration.revision
             or wanted[name].id != runner.integration.id
         ]
         for name in stop:

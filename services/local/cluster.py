@@ -2,9 +2,9 @@
 
 Infrastructure (Kafka, Redis, PostgreSQL) comes first, then the services: the ingest nodes,
 the router, device_persist, app_delivery, the integrations stage, and HAProxy last so that
-clients only reach nodes that are ready. ``down`` stops in the opposite order. Every start waits for real readiness
-(port accepts, Kafka answers metadata, the service's ready file exists) and is a no-op for a
-running process.
+clients only reach nodes that are ready. ``down`` stops in the opposite order. Every start
+waits for real readiness (port accepts, Kafka answers metadata, the service's ready file
+exists) and is a no-op for a running process.
 """
 
 from __future__ import annotations

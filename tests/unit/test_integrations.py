@@ -124,7 +124,9 @@ def test_json_document_declared_text_as_utf8_else_base64() -> None:
     assert undeclared["payload_encoding"] == "base64"
     assert base64.b64decode(undeclared["payload"]) == b"\xff\x00"
     assert undeclared["properties"] == {}
-    declared_but_binary = message_json("c", meta, Properties(content_type="application/json"), b"\xff")
+    declared_but_binary = message_json(
+        "c", meta, Properties(content_type="application/json"), b"\xff"
+    )
     assert declared_but_binary["payload_encoding"] == "base64"
 
 

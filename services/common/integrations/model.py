@@ -268,9 +268,7 @@ def check_integration(integration: Integration) -> Integration:
         if not sink.sasl_username or not integration.secrets.sasl_password:
             raise IntegrationError("SASL needs a user name and a password")
     elif sink.sasl_mechanism or sink.sasl_username or integration.secrets.sasl_password:
-        raise IntegrationError(
-            "SASL settings need security protocol SASL_PLAINTEXT or SASL_SSL"
-        )
+        raise IntegrationError("SASL settings need security protocol SASL_PLAINTEXT or SASL_SSL")
     if sink.ssl_cafile and not sink.security_protocol.endswith("SSL"):
         raise IntegrationError("a CA file needs security protocol SSL or SASL_SSL")
     return integration
@@ -296,6 +294,10 @@ def public_view(integration: Integration) -> dict[str, Any]:
         "sink": integration.sink.to_json(),
         "sasl_password_set": integration.secrets.sasl_password is not None,
         "revision": integration.revision,
-        "created_at": None if integration.created_at is None else integration.created_at.isoformat(),
-        "updated_at": None if integration.updated_at is None else integration.updated_at.isoformat(),
+        "created_at": None
+        if integration.created_at is None
+        else integration.created_at.isoformat(),
+        "updated_at": None
+        if integration.updated_at is None
+        else integration.updated_at.isoformat(),
     }

@@ -135,7 +135,7 @@ class IntegrationStore:
 
         return await self._run(what, body)
 
-    async def list(self) -> list[Integration]:
+    async def all(self) -> list[Integration]:
         """Every integration, by name."""
         return await self._select("list integrations", "true", ())
 
@@ -170,9 +170,7 @@ class IntegrationStore:
 
         return await self._run("add integration", body)
 
-    async def update(
-        self, ref: str, change: Callable[[Integration], Integration]
-    ) -> Integration:
+    async def update(self, ref: str, change: Callable[[Integration], Integration]) -> Integration:
         """Apply ``change`` (the stored integration → the new one, checked; it may raise
         :class:`~.model.IntegrationError`) to the integration ``ref`` in one transaction
         (the row locked meanwhile); returns it as stored. Raises
@@ -207,7 +205,9 @@ class IntegrationStore:
 
         async def body(conn: Connection) -> Integration:
             cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(f"DELETE FROM integrations WHERE {where} RETURNING {_COLUMNS}", params)
+            await cursor.execute(
+                f"DELETE FROM integrations WHERE {where} RETURNING {_COLUMNS}", params
+            )
             row = await cursor.fetchone()
             if row is None:
                 raise IntegrationNotFound(f"no integration {ref!r}")
