@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from click.testing import CliRunner, Result
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from services.cli import main
 from services.common.kafka.admin import TopicSpec, ensure_topics
-from services.common.kafka.consumer import Record, assign_whole_topics
+from services.common.kafka.consumer import Record
 from services.local.settings import LocalSettings
 from tests.e2e.admin import PASSWORD, AdminApi, admin_api, running
 from tests.e2e.clients import PahoClient, mosquitto_pub, unique
@@ -90,7 +90,9 @@ def read_sink(bootstrap: str, topic: str, *, committed: bool = True) -> list[Rec
         )
         await consumer.start()
         try:
-            partitions = await assign_whole_topics(consumer, [topic], from_end=False)
+            partitions = [TopicPartition(topic, 0)]  # sink_topic's one partition
+            consumer.assign(partitions)
+            await consumer.seek_to_beginning(*partitions)
             # ListOffsets in the consumer's isolation level: the last stable offset when
             # reading committed records.
             ends = await consumer.end_offsets(partitions)
