@@ -7,11 +7,14 @@ A test that stops a process (``cluster.stop("kafka")``) starts it again before i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.errors import KafkaError
 from hypothesis import settings as hypothesis_settings
 
+from services.common.kafka.admin import wait_for_kafka
 from services.local import cluster as local_cluster
 from services.local import haproxy, kafka, postgres, processes, redis
 from services.local.settings import LocalSettings
@@ -87,9 +90,10 @@ def cluster(settings: LocalSettings) -> LocalCluster:
 
 @pytest.fixture(scope="session")
 def sink_kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A SECOND Kafka cluster (one broker, started like the first by
-    :func:`services.local.kafka.start`, in a state dir of its own on free ports): where the
-    integrations' Kafka sink writes. Its bootstrap address ``host:port``."""
+    """A SECOND Kafka cluster (one broker, launched like the first by
+    :func:`services.local.kafka.launch`, in a state dir of its own on free ports, without
+    Cormorant's topics): where the integrations' Kafka sink writes. Its bootstrap address
+    ``host:port``."""
     sink = settings.model_copy(
         update={
             "state_dir": tmp_path_factory.mktemp("sink-kafka"),
@@ -98,6 +102,18 @@ def sink_kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory
             "kafka_brokers": 1,
         }
     )
-    kafka.start(sink)
-    yield kafka.bootstrap(sink)
-    processes.stop(sink.state_dir, kafka.NAME, timeout=kafka.STOP_TIMEOUT)
+    address = kafka.bootstrap(sink)
+
+    def serves() -> bool:
+        try:
+            asyncio.run(wait_for_kafka(address, timeout=10.0))
+        except (TimeoutError, KafkaError, OSError):
+            return False
+        return True
+
+    kafka.launch(sink)
+    try:
+        processes.wait_until(serves, kafka.START_TIMEOUT, "the sink Kafka")
+        yield address
+    finally:
+        processes.stop(sink.state_dir, kafka.NAME, timeout=kafka.STOP_TIMEOUT)
