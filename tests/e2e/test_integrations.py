@@ -35,7 +35,7 @@ STAGE = "integrations-stage"
 
 #: Seconds for a message to cross the broker and the stage into the sink cluster (a new
 #: integration's runner joins its consumer group first).
-SINK_SECONDS = 60.0
+SINK_SECONDS = 90.0
 
 
 class Cli:
