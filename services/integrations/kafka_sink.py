@@ -25,7 +25,9 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from services.common.integrations.model import Integration
+from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import PartitionTransactions
+from services.common.kafka.names import TopicNames
 from services.common.kafka.security import tls_context
 from services.common.settings import Settings
 from services.integrations.matching import Outgoing
@@ -83,8 +85,26 @@ class KafkaSinkWriter:
         )
 
     async def start(self) -> None:
-        """Connect the admin client (offsets are read with it). Raises ``KafkaError``."""
+        """Connect the admin client (offsets are read with it), and make sure the sink
+        cluster knows a topic named like ``msg.all`` (:meth:`ensure_offsets_topic`).
+        Raises ``KafkaError``."""
         await self._admin.start()
+        await self.ensure_offsets_topic()
+
+    async def ensure_offsets_topic(self) -> None:
+        """Create, in the sink cluster, an empty topic named like the broker's ``msg.all``
+        with its partitions, if it is missing: Kafka takes the offsets of a transaction
+        (``TxnOffsetCommit``) only for partitions of topics it has, and answers
+        UNKNOWN_TOPIC_OR_PARTITION otherwise, which aiokafka retries until the transaction
+        times out. Nothing is ever written to it (replication 1, one hour's retention).
+        Raises ``KafkaError``."""
+        settings = self.settings
+        spec = TopicSpec(
+            TopicNames.from_settings(settings).msg_all,
+            settings.msg_all_partitions,
+            {"retention.ms": str(3600 * 1000)},
+        )
+        await ensure_topics(self.integration.sink.bootstrap, [spec], 1, security=self.security)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         """The next offset of source partition ``tp`` committed with the sink's
