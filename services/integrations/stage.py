@@ -251,7 +251,11 @@ class IntegrationsStage:
         metrics.on_scrape(self.refresh_lag)
 
     async def run(self) -> None:
-        """Follow the integrations until cancelled."""
+        """Follow the integrations until cancelled; ready (beside the first load) while
+        the broker's Kafka answers metadata requests."""
+        probe = make_consumer(self.settings, group_id=None)
+        await probe.start()
+        self.readiness.add("kafka", probe.topics)
         listening = asyncio.create_task(self.store.listen(self.changed.set))
         first = True
         try:
@@ -274,6 +278,7 @@ class IntegrationsStage:
             await asyncio.gather(listening, return_exceptions=True)
             await self.apply([])
             await self.store.close()
+            await probe.stop()
 
     async def apply(self, integrations: Iterable[Integration]) -> None:
         """Run exactly ``integrations``: start the new ones, restart the changed ones,
