@@ -5,7 +5,7 @@
 #   docker run --rm "$REPO:0.1.0" router          # any command: ingest, router, ...
 #
 # The entry point is the `cormorant` CLI (services/cli.py); the command picks what runs:
-# the services (ingest, router, device-persist, app-delivery, admin) and the one-off tasks
+# the services (ingest, router, device-persist, app-delivery, integrations-stage, admin) and the one-off tasks
 # (create-topics, migrate-db). The ECS task definitions (infra/) run this image by digest
 # with their command. One image rather than one per command: the per-command targets this
 # file had added only metadata (entry point, ports, a health check), no file, so their

@@ -17,9 +17,15 @@ from services.api_keys_cli import api_keys
 from services.blocked_cli import blocked
 from services.cli_common import PASSWORD_FILE_HELP, alias, deprecated_option, read_secret
 from services.cloud.cli import cloud
-from services.command_names import ADMIN_COMMAND, MIGRATE_COMMAND, TOPICS_COMMAND
+from services.command_names import (
+    ADMIN_COMMAND,
+    INTEGRATIONS_COMMAND,
+    MIGRATE_COMMAND,
+    TOPICS_COMMAND,
+)
 from services.common.versions import cormorant_version
 from services.credentials_cli import credentials
+from services.integrations_cli import integrations
 from services.local.cli import down, fetch_kafka, status, up
 from services.ops_cli import COMMANDS as OPERATOR_COMMANDS
 from spark_emr.cli import analytics
@@ -92,6 +98,15 @@ def device_persist() -> None:
 def app_delivery() -> None:
     """Run app_delivery: APPLICATION clients' messages from their Kafka topics."""
     from services.app_delivery.main import run
+
+    run()
+
+
+@main.command(INTEGRATIONS_COMMAND)
+def integrations_stage() -> None:
+    """Run the integrations stage: matching messages into other systems (a Kafka topic of
+    another cluster), as `cormorant integrations` defines them."""
+    from services.integrations.main import run
 
     run()
 
@@ -306,6 +321,7 @@ main.add_command(analytics)
 main.add_command(credentials)
 main.add_command(blocked)
 main.add_command(api_keys)
+main.add_command(integrations)
 for _command in OPERATOR_COMMANDS:
     main.add_command(_command)
 

@@ -4,7 +4,18 @@ CLI (:mod:`services.cli`) so that the CLI, ``cormorant cloud`` and the Pulumi pr
 
 from __future__ import annotations
 
-SERVICE_COMMANDS = ("ingest", "router", "device-persist", "app-delivery", "admin")
+INTEGRATIONS_COMMAND = "integrations-stage"
+"""The integrations stage (services/integrations/); ``cormorant integrations`` manages what
+it runs."""
+
+SERVICE_COMMANDS = (
+    "ingest",
+    "router",
+    "device-persist",
+    "app-delivery",
+    INTEGRATIONS_COMMAND,
+    "admin",
+)
 """The commands that each run one deployable service: one container image target
 (Dockerfile) and one ECS service (infra/) each."""
 

@@ -7,13 +7,18 @@ A test that stops a process (``cluster.stop("kafka")``) starts it again before i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
 from hypothesis import settings as hypothesis_settings
 
+from services.common.kafka.admin import TopicSpec, ensure_topics, wait_for_kafka
 from services.local import cluster as local_cluster
-from services.local import haproxy, kafka, postgres, redis
+from services.local import haproxy, kafka, postgres, processes, redis
 from services.local.settings import LocalSettings
 from tests.servers import LocalCluster, make_test_settings
 
@@ -83,3 +88,53 @@ def cluster(settings: LocalSettings) -> LocalCluster:
         for name in haproxy.process_names(settings):
             local_cluster.start_component(settings, name)
     return LocalCluster(settings)
+
+
+@pytest.fixture(scope="session")
+def sink_kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A SECOND Kafka cluster (one broker, launched like the first by
+    :func:`services.local.kafka.launch`, in a state dir of its own on free ports, without
+    Cormorant's topics): where the integrations' Kafka sink writes. Its bootstrap address
+    ``host:port``."""
+    sink = settings.model_copy(
+        update={
+            "state_dir": tmp_path_factory.mktemp("sink-kafka"),
+            "kafka_port": local_cluster.free_port(),
+            "kafka_controller_port": local_cluster.free_port(),
+            "kafka_brokers": 1,
+        }
+    )
+    address = kafka.bootstrap(sink)
+
+    def serves() -> bool:
+        try:
+            asyncio.run(wait_for_kafka(address, timeout=10.0))
+        except (TimeoutError, KafkaError, OSError):
+            return False
+        return True
+
+    kafka.launch(sink)
+    try:
+        processes.wait_until(serves, kafka.START_TIMEOUT, "the sink Kafka")
+        asyncio.run(_first_transaction(address))
+        yield address
+    finally:
+        processes.stop(sink.state_dir, kafka.NAME, timeout=kafka.STOP_TIMEOUT)
+
+
+async def _first_transaction(address: str) -> None:
+    """One transaction with a consumer group's offset on the fresh cluster at ``address``:
+    Kafka creates its transaction state and offsets topics on first use, which took the
+    first transactions of a test more than their 30 s timeout on the loaded machine."""
+    await ensure_topics(address, [TopicSpec("warm-up", 1)])
+    producer = AIOKafkaProducer(bootstrap_servers=address, transactional_id="warm-up")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait("warm-up", b"")
+        await producer.send_offsets_to_transaction(
+            {TopicPartition("warm-up", 0): OffsetAndMetadata(1, "")}, "warm-up"
+        )
+        await producer.commit_transaction()
+    finally:
+        await producer.stop()

@@ -208,6 +208,9 @@ class Compute(pulumi.ComponentResource):
                 self._ingest(spec)
                 # The MQTT credentials, and the node id leases (finding 5 of issue 24).
                 self._postgres(spec, database)
+            if command == shared.INTEGRATIONS_COMMAND:
+                # The integrations are defined in PostgreSQL (services/integrations/).
+                self._postgres(spec, database)
             if command in ("device-persist", shared.ADMIN):
                 # The admin service reads the DEVICE store (stored messages of a session)
                 # and keeps its users and audit trail in PostgreSQL.

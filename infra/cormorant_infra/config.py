@@ -71,10 +71,11 @@ CONSUMER_GROUP_PARTITIONS = {
     "router": "msg_all_partitions",
     "device-persist": "state_topic_partitions",
     "app-delivery": "state_topic_partitions",
+    "integrations-stage": "msg_all_partitions",
 }
 """The services whose tasks share topics' partitions in one consumer group → the setting
-with that partition count (router: msg.all; device_persist and app_delivery: the topics
-keyed by client id)."""
+with that partition count (router and the integrations stage: msg.all; device_persist and
+app_delivery: the topics keyed by client id)."""
 
 
 IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")

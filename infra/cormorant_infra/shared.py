@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.command_names import (
     ADMIN_COMMAND,
+    INTEGRATIONS_COMMAND,
     MIGRATE_COMMAND,
     SERVICE_COMMANDS,
     TOPICS_COMMAND,
@@ -53,6 +54,7 @@ __all__ = [
     "HTTP_PORT",
     "INGEST",
     "INGEST_DRAIN",
+    "INTEGRATIONS_COMMAND",
     "KAFKA_VERSION",
     "MIGRATE_COMMAND",
     "MQTT_PORT",

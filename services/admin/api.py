@@ -1,8 +1,8 @@
 """The admin REST API (FastAPI): cluster, stats, clients and sessions, subscriptions,
 retained messages, the audit trail, admin users, MQTT credentials and their rules, blocked
-clients, API keys; the HTTP publish API (:mod:`services.admin.publish_api`); the console
-and the API's docs page beside it; the service's own ``/health``, ``/ready`` and
-``/metrics``, as every service's.
+clients, API keys, integrations; the HTTP publish API (:mod:`services.admin.publish_api`);
+the console and the API's docs page beside it; the service's own ``/health``, ``/ready``
+and ``/metrics``, as every service's.
 
 Every ``/api`` call but ``POST /api/login`` and the publish API (an API key or an MQTT
 credential) needs ``Authorization: Bearer <token>`` (401 without a valid one); every
@@ -40,6 +40,7 @@ from services.admin import (
     delayed_api,
     health_api,
     infrastructure_api,
+    integrations_api,
     login_api,
     nodes_api,
     publish_api,
@@ -127,6 +128,7 @@ def create_app(context: AdminContext) -> FastAPI:
         blocked_api.router,
         api_keys_api.router,
         publish_api.router,
+        integrations_api.router,
         console_api.settings_router,
         infrastructure_api.router,
     ):

@@ -23,12 +23,13 @@ from typing import Any
 
 import aiohttp
 
+from services.command_names import ADMIN_COMMAND, SERVICE_COMMANDS
 from services.common.metrics import Samples, parse_exposition
 from services.common.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("ingest", "router", "device-persist", "app-delivery")
+SERVICES = tuple(command for command in SERVICE_COMMANDS if command != ADMIN_COMMAND)
 """The services whose tasks the DNS namespace names (``services/cli.py`` commands)."""
 
 #: Seconds one probe of a process (health, readiness, metrics together) may take.

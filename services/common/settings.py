@@ -780,6 +780,17 @@ class Settings(BaseSettings):
         "and removes it on shutdown; the local cluster launcher waits on it.",
     )
 
+    # --- integrations stage ----------------------------------------------------------------
+    integrations_commit_delay_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="For tests only: the integrations stage holds each sink transaction "
+        "open this long after its records were acknowledged, before committing it, so that "
+        "a test can kill the stage between produce and commit (0: no delay; "
+        "docs/integrations/kafka.md).",
+    )
+
     # --- every service ---------------------------------------------------------------------
     http_host: str = Field(
         "127.0.0.1",

@@ -1,10 +1,10 @@
 """The whole local cluster: which processes it has, in which order they start and stop.
 
 Infrastructure (Kafka, Redis, PostgreSQL) comes first, then the services: the ingest nodes,
-the router, device_persist, app_delivery, and HAProxy last so that clients only reach nodes
-that are ready. ``down`` stops in the opposite order. Every start waits for real readiness
-(port accepts, Kafka answers metadata, the service's ready file exists) and is a no-op for a
-running process.
+the router, device_persist, app_delivery, the integrations stage, and HAProxy last so that
+clients only reach nodes that are ready. ``down`` stops in the opposite order. Every start
+waits for real readiness (port accepts, Kafka answers metadata, the service's ready file
+exists) and is a no-op for a running process.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 import services
+from services.command_names import INTEGRATIONS_COMMAND
 from services.common.auth.authorize import ALLOW_ALL_RULE
 from services.common.drain import DrainTiming
 from services.common.readiness import clear_ready
@@ -55,11 +56,12 @@ INFRA_STOP_TIMEOUT = 30.0
 ROUTER = "router"
 DEVICE_PERSIST = "device-persist"
 APP_DELIVERY = "app-delivery"
+INTEGRATIONS = INTEGRATIONS_COMMAND
 ADMIN = "admin"
 
 #: The stages' blocks of HTTP ports after ``http_base_port``: instance j (from 1) of a stage
 #: on ``http_base_port + haproxy.PORT_BLOCK * block + j`` (ingest node i: base + i).
-STAGE_HTTP_BLOCKS = {ROUTER: 1, DEVICE_PERSIST: 2, APP_DELIVERY: 3}
+STAGE_HTTP_BLOCKS = {ROUTER: 1, DEVICE_PERSIST: 2, APP_DELIVERY: 3, INTEGRATIONS: 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +187,7 @@ def instance_counts(settings: LocalSettings) -> dict[str, int]:
         ROUTER: settings.router_instances,
         DEVICE_PERSIST: settings.device_persist_instances,
         APP_DELIVERY: settings.app_delivery_instances,
+        INTEGRATIONS: settings.integrations_instances,
     }
 
 
@@ -518,7 +521,7 @@ def start_instance(settings: LocalSettings, stage: str, name: str) -> int:
     beside those the settings ask for (they share the stage's partitions), with
     :func:`start_extra`; return its pid. Stop it with :func:`stop_extra`. Raises
     ``ValueError`` for another stage and :class:`~services.local.processes.StartError`."""
-    if stage not in (ROUTER, DEVICE_PERSIST, APP_DELIVERY):
+    if stage not in STAGE_HTTP_BLOCKS:
         raise ValueError(f"{stage!r} is not a stage with instances")
     return start_extra(settings, name, stage, group_instance_id=name)
 

@@ -102,6 +102,12 @@ class LocalSettings(Settings):
     app_delivery_instances: int = Field(
         1, ge=1, le=12, description="app_delivery instances (app-delivery, app-delivery-2...)."
     )
+    integrations_instances: int = Field(
+        1,
+        ge=1,
+        le=12,
+        description="Integrations stage instances (integrations-stage, integrations-stage-2...).",
+    )
     consumer_session_timeout_seconds: float = Field(
         3.0,
         ge=1,
@@ -132,7 +138,8 @@ class LocalSettings(Settings):
         le=65500,
         description="The services' HTTP ports (/health, /ready, /metrics): ingest node i on "
         "base + i, router instance j on base + 16 + j, device_persist instance j on "
-        "base + 32 + j, app_delivery instance j on base + 48 + j.",
+        "base + 32 + j, app_delivery instance j on base + 48 + j, integrations stage instance "
+        "j on base + 64 + j.",
     )
     local_tls_cert_file: Path | None = Field(
         None,

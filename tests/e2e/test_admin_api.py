@@ -208,6 +208,7 @@ def test_cluster_lists_every_service_ready(cluster: LocalCluster, api: AdminApi)
         "router",
         "device-persist",
         "app-delivery",
+        "integrations-stage",
     }
     for name, service in services.items():
         assert service["alive"] and service["ready"], (name, service)

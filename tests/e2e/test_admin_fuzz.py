@@ -32,8 +32,10 @@ AUTHORIZATION = "Authorization"
 #: fingerprint, CN and SAN, a JWT public key must load for its algorithms, a rule's
 #: placeholders stand for whole levels): a well-formed credential may be refused with 422,
 #: which says why. So may a block (an address that is no address, an expression that does
-#: not compile; 409 when it exists), and an API key (a rule that does not parse, a client id
-#: holding U+0000). Every other operation accepts what its schema allows.
+#: not compile; 409 when it exists), an API key (a rule that does not parse, a client id
+#: holding U+0000), and an integration (a Topic Filter MQTT refuses, SASL without its
+#: password; 409 when its name is taken). Every other operation accepts what its schema
+#: allows.
 CONFIG = SchemathesisConfig.from_dict(
     {
         "operations": [
@@ -45,7 +47,12 @@ CONFIG = SchemathesisConfig.from_dict(
                     }
                 },
             }
-            for path in ("^/api/credentials", "^/api/blocked", "^/api/api-keys")
+            for path in (
+                "^/api/credentials",
+                "^/api/blocked",
+                "^/api/api-keys",
+                "^/api/integrations",
+            )
         ]
     }
 )

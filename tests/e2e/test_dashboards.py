@@ -55,6 +55,7 @@ def test_every_process_is_scraped(prometheus: str, settings: LocalSettings) -> N
         "router": 1,
         "device-persist": 1,
         "app-delivery": 1,
+        "integrations-stage": 1,
         "admin": 1,
     }
 

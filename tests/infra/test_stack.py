@@ -538,12 +538,18 @@ def test_store_secrets_only_where_the_store_is_read(
     for command, names in redis.items():
         assert ("CORMORANT_REDIS_PASSWORD" in names) == (command in readers), command
         # PostgreSQL: the admin service's users and audit trail (and the postgres store),
-        # the ingest nodes' credentials and node id leases, the migration task; whose
-        # password the task reads itself (it may rotate).
+        # the ingest nodes' credentials and node id leases, the integrations, the migration
+        # task; whose password the task reads itself (it may rotate).
         assert "CORMORANT_POSTGRES_PASSWORD" not in names
         env = environment(containers(dev)[command])
         has_postgres = "CORMORANT_POSTGRES_PASSWORD_SECRET_ARN" in env
-        assert has_postgres == (command in (shared.ADMIN, shared.INGEST, shared.MIGRATE_COMMAND))
+        database_users = (
+            shared.ADMIN,
+            shared.INGEST,
+            shared.INTEGRATIONS_COMMAND,
+            shared.MIGRATE_COMMAND,
+        )
+        assert has_postgres == (command in database_users)
     env = environment(containers(dev)["device-persist"])
     assert env["CORMORANT_REDIS_URL"].startswith("rediss://master.")
     for command in readers:

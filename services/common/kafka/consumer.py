@@ -68,6 +68,14 @@ is done already). Raising fails the batch like a failed acknowledgement."""
 PartitionsHook = Callable[[set[TopicPartition]], Awaitable[None]]
 """Told the partitions a rebalance gave (all of them) or takes away from this consumer."""
 
+CommittedOffset = Callable[[TopicPartition], Awaitable[int | None]]
+"""The committed offset of a partition (None: none yet). Raises ``KafkaError`` when Kafka
+cannot say."""
+
+CommitHook = Callable[[Mapping[TopicPartition, int], Collection[TopicPartition]], None]
+"""Told, after transactions were committed or given up, the partitions whose transactions
+committed (with the next offset committed) and those whose transactions were aborted."""
+
 #: Seconds to wait before re-reading a failed batch (Kafka or a store is down).
 RETRY_BACKOFF_SECONDS = 1.0
 
@@ -537,6 +545,8 @@ async def consume_in_transactions(
     first: Sequence[str] = (),
     stage: str,
     prepare: Callable[[], Awaitable[None]] | None = None,
+    committed_offset: CommittedOffset | None = None,
+    on_commit: CommitHook | None = None,
 ) -> None:
     """:func:`consume_batches` in Kafka transactions: read ``topics`` in ``consumer``'s
     group forever, each partition's records handled inside that partition's transaction
@@ -549,11 +559,23 @@ async def consume_in_transactions(
     :data:`RETRY_BACKOFF_SECONDS` (at once when it failed with :class:`StaleOutputs`). The
     acknowledgements ``handle`` returns are awaited just before the commit, those of all
     partitions at once, beside the checks registered with :meth:`Transaction.before_commit`
-    (started only then). The other arguments are :func:`consume_batches`'s.
+    (started only then). ``committed_offset`` says where a partition is read again from
+    (default: its offset committed in ``consumer``'s group; a stage whose transactions
+    commit the offsets in another Kafka cluster, the integrations' Kafka sink, reads them
+    there); ``on_commit`` hears which partitions' transactions committed and which were
+    aborted (the integrations' metrics). The other arguments are :func:`consume_batches`'s.
     """
     _check_stage(stage)
     loop = _TransactionalLoop(
-        consumer, handle, transactions, on_assigned, on_revoked, after_fetch, prepare
+        consumer,
+        handle,
+        transactions,
+        on_assigned,
+        on_revoked,
+        after_fetch,
+        prepare,
+        committed_offset,
+        on_commit,
     )
     with _watching(_Watched(stage, consumer, loop.committed)):
         await loop.run(topics, first, max_records, commit_interval)
@@ -740,10 +762,14 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         on_revoked: PartitionsHook | None,
         after_fetch: Callable[[], Awaitable[None]] | None,
         prepare: Callable[[], Awaitable[None]] | None,
+        committed_offset: CommittedOffset | None = None,
+        on_commit: CommitHook | None = None,
     ) -> None:
         self.consumer = consumer
         self.handle = handle
         self.transactions = transactions
+        self.committed_offset: CommittedOffset = committed_offset or consumer.committed
+        self.on_commit = on_commit
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
         self.after_fetch = after_fetch
@@ -860,14 +886,20 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 failed.add(tp)
         await self._abort(failed)
         offsets = {tp: p.offset for tp, p in todo.items() if tp not in failed}
-        failed |= set(await self.transactions.commit(offsets))
-        self.committed.update({tp: o for tp, o in offsets.items() if tp not in failed})
+        refused = set(await self.transactions.commit(offsets))
+        failed |= refused
+        done = {tp: o for tp, o in offsets.items() if tp not in failed}
+        self.committed.update(done)
+        if self.on_commit is not None:
+            self.on_commit(done, refused)
         return failed
 
     async def _abort(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self.pending.pop(tp, None)
         await self.transactions.abort([tp for tp in partitions if self.transactions.is_open(tp)])
+        if self.on_commit is not None and partitions:
+            self.on_commit({}, partitions)
 
     async def _rewind(self, partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
         """Read ``partitions`` again from their committed offsets, asked of Kafka (a failed
@@ -880,7 +912,7 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 continue
             while True:
                 try:
-                    start = await self.consumer.committed(tp)
+                    start = await self.committed_offset(tp)
                     break
                 except KafkaError as exc:
                     log.warning("committed offset of %s unknown, asking again: %r", tp, exc)

@@ -1,0 +1,113 @@
+"""Which ``msg.all`` records an integration takes, and what its sink receives of each:
+what every sink shares (the Kafka sink today; an HTTP webhook or an MQTT bridge take the
+same :class:`Outgoing` messages).
+
+An integration's Topic Filters go into a :class:`~services.common.topics.trie.
+SubscriptionTrie` (the router's), so a Topic Name matches exactly as a subscription's
+would (MQTT 5.0 4.7: ``+``, ``#``, no wildcard match of a ``$`` topic's first level).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.integrations.message_format import formatted, user_property_headers
+from services.common.integrations.model import Integration, kafka_topic_name, render
+from services.common.kafka.consumer import Record, log_undecodable
+from services.common.records import (
+    Headers,
+    Published,
+    RecordError,
+    decode_forwarded_properties,
+    parse_msg_all,
+)
+from services.common.subscription import Subscription
+from services.common.topics.trie import SubscriptionTrie
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One matched message as a sink writes it: the publisher's ``client_id``, the MQTT
+    ``topic``; ``kafka_topic`` and ``key`` (UTF-8) rendered from the sink's templates;
+    ``value``: the payload in the integration's format; ``headers``: the MQTT 5 User
+    Properties."""
+
+    client_id: str
+    topic: str
+    kafka_topic: str
+    key: bytes
+    value: bytes
+    headers: Headers
+
+
+class Matcher:
+    """Matches records against one ``integration`` and formats those it takes."""
+
+    def __init__(self, integration: Integration) -> None:
+        self.integration = integration
+        self.trie = SubscriptionTrie()
+        for topic_filter in integration.topic_filters:
+            self.trie.add(Subscription(integration.name, topic_filter, 2))
+        self.unwritable = 0
+
+    def take_unwritable(self) -> int:
+        """The matched messages skipped since the last call because they cannot be
+        written (their topic template renders no Kafka topic name)."""
+        count, self.unwritable = self.unwritable, 0
+        return count
+
+    def matches(self, client_id: str, topic: str) -> bool:
+        """Whether a message of ``client_id`` on Topic Name ``topic`` is the integration's."""
+        return self.integration.matches_client(client_id) and bool(self.trie.match(topic).clients)
+
+    def outgoing(self, record: Record) -> Outgoing | None:
+        """What the sink writes for ``record`` (a ``msg.all`` record), or None when it is
+        not a message the integration takes (a retained message request, another topic or
+        client). A record that does not decode is logged and skipped (it must not stop the
+        partition); so is one whose topic template renders no Kafka topic name."""
+        try:
+            parsed = parse_msg_all(record.key, record.value, record.headers)
+            if not isinstance(parsed, Published):
+                return None
+            meta = parsed.message.meta
+            if not self.matches(parsed.client_id, meta.topic):
+                return None
+            properties = decode_forwarded_properties(meta)
+        except RecordError as exc:
+            log_undecodable(log, record, exc)
+            return None
+        sink = self.integration.sink
+        client_id = parsed.client_id
+        rendered = render(sink.topic, client_id, meta.topic)
+        try:
+            kafka_topic = kafka_topic_name(rendered)
+        except ValueError as exc:
+            self.unwritable += 1
+            log.warning(
+                "integration %s skips %s[%d]@%d: %s",
+                self.integration.name,
+                record.topic,
+                record.partition,
+                record.offset,
+                exc,
+            )
+            return None
+        value = formatted(
+            self.integration.payload_format, client_id, meta, properties, parsed.message.payload
+        )
+        return Outgoing(
+            client_id,
+            meta.topic,
+            kafka_topic,
+            render(sink.key, client_id, meta.topic).encode("utf-8"),
+            value,
+            user_property_headers(properties),
+        )
+
+    def outgoing_of(self, records: Sequence[Record]) -> list[Outgoing]:
+        """:meth:`outgoing` of each of ``records``, those the integration takes."""
+        return [out for record in records if (out := self.outgoing(record)) is not None]

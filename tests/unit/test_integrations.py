@@ -1,0 +1,179 @@
+"""Integrations without I/O: the one check of a definition, the templates, the
+``cormorant.message/1`` JSON document, matching ``msg.all`` records (bytes alone), and the
+per-integration counters."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import pytest
+from aiokafka import ConsumerRecord, TopicPartition
+
+from services.common.integrations.message_format import SCHEMA, message_json
+from services.common.integrations.model import (
+    Integration,
+    IntegrationError,
+    IntegrationKind,
+    KafkaSink,
+    PayloadFormat,
+    SinkSecrets,
+    check_integration,
+    kafka_topic_name,
+    public_view,
+    render,
+)
+from services.common.kafka.consumer import Record
+from services.common.kafka.names import TopicNames
+from services.common.mqtt.packets import PacketType
+from services.common.mqtt.properties import Properties, encode_properties
+from services.common.records import PublishMeta, publish_record, retained_request_record
+from services.common.subscription import Subscription
+from services.integrations.matching import Matcher
+from services.integrations.stage import IntegrationCounters
+
+NAMES = TopicNames()
+
+
+def integration(**changes: object) -> Integration:
+    values: dict[str, object] = {
+        "id": uuid.uuid4(),
+        "name": "plant-export",
+        "kind": IntegrationKind.KAFKA,
+        "topic_filters": ("plant/+/temp", "alerts/#"),
+        "sink": KafkaSink("k:9092", "mqtt.${topic_level[0]}", "${client_id}"),
+        "payload_format": PayloadFormat.JSON,
+    }
+    values.update(changes)
+    return Integration(**values)  # type: ignore[arg-type]
+
+
+def record(client_id: str, meta: PublishMeta, payload: bytes, offset: int = 7) -> Record:
+    topic, key, value, headers = publish_record(NAMES, client_id, meta, payload)
+    return ConsumerRecord(topic, 3, offset, 0, 0, key, value, None, 0, 0, list(headers))
+
+
+def test_templates_render_client_id_topic_and_levels_into_kafka_topic_names() -> None:
+    assert render("${client_id}|${topic}", "c-1", "a/b") == "c-1|a/b"
+    assert render("m.${topic_level[1]}.${topic_level[5]}", "c", "a/b/c") == "m.b."
+    assert kafka_topic_name("mqtt/plant 1/$SYS") == "mqtt_plant_1__SYS"
+    with pytest.raises(IntegrationError):
+        kafka_topic_name("")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": "-x"}, "not a name"),
+        ({"topic_filters": ("a/#/b",)}, "not a valid topic filter"),
+        ({"topic_filters": ("$share/g/a",)}, "shared subscriptions"),
+        ({"topic_filters": ()}, "at least one topic filter"),
+        ({"sink": KafkaSink("k:9092", "t.${qos}")}, "${qos}"),
+        ({"sink": KafkaSink("k:9092", "t", security_protocol="SASL_SSL")}, "SASL mechanism"),
+        (
+            {"sink": KafkaSink("k:9092", "t", "k", "SASL_SSL", "SCRAM-SHA-512", "u")},
+            "user name and a password",
+        ),
+        ({"secrets": SinkSecrets("pw")}, "SASL settings need"),
+        ({"sink": KafkaSink("k:9092", "t", ssl_cafile="/ca.pem")}, "CA file"),
+    ],
+)
+def test_check_refuses_what_cannot_run(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(IntegrationError, match=message.replace("$", r"\$").replace("{", r"\{")):
+        check_integration(integration(**changes))
+
+
+def test_the_sasl_password_is_never_shown() -> None:
+    sink = KafkaSink("k:9096", "t", "k", "SASL_SSL", "SCRAM-SHA-512", "exporter")
+    secret = integration(sink=sink, secrets=SinkSecrets("hunter2-secret"))
+    check_integration(secret)
+    assert "hunter2-secret" not in json.dumps(public_view(secret))
+    assert "hunter2-secret" not in repr(secret)
+    assert public_view(secret)["sasl_password_set"] is True
+
+
+def test_json_document_declared_text_as_utf8_else_base64() -> None:
+    props = Properties(
+        payload_format_indicator=1,
+        content_type="text/plain",
+        correlation_data=b"\x00\x01",
+        user_properties=[("site", "north"), ("site", "south")],
+    )
+    meta = PublishMeta("plant/1/temp", 1, True, 1_795_845_600_123, 5)
+    document = message_json("sensor-7", meta, props, "21,5 °C".encode())
+    assert document == {
+        "schema": SCHEMA,
+        "topic": "plant/1/temp",
+        "client_id": "sensor-7",
+        "qos": 1,
+        "retain": True,
+        "protocol_version": 5,
+        "received_at": "2026-11-28T06:00:00.123Z",
+        "received_at_ms": 1_795_845_600_123,
+        "payload": "21,5 °C",
+        "payload_encoding": "utf-8",
+        "properties": {
+            "payload_format_indicator": 1,
+            "content_type": "text/plain",
+            "correlation_data": "AAE=",
+            "user_properties": [["site", "north"], ["site", "south"]],
+        },
+    }
+    undeclared = message_json("c", meta, Properties(), b"\xff\x00")
+    assert undeclared["payload_encoding"] == "base64"
+    assert base64.b64decode(undeclared["payload"]) == b"\xff\x00"
+    assert undeclared["properties"] == {}
+    declared_but_binary = message_json(
+        "c", meta, Properties(content_type="application/json"), b"\xff"
+    )
+    assert declared_but_binary["payload_encoding"] == "base64"
+
+
+def test_matcher_takes_matching_topics_and_clients_and_formats_them() -> None:
+    props = Properties(user_properties=[("k", "v")])
+    encoded = encode_properties(props, PacketType.PUBLISH)
+    meta = PublishMeta("plant/line-1/temp", 2, False, 1000, 5, encoded)
+    matcher = Matcher(integration(client_id_filter="sensor-*"))
+    out = matcher.outgoing(record("sensor-7", meta, b"21.5"))
+    assert out is not None
+    assert (out.kafka_topic, out.key, out.headers) == ("mqtt.plant", b"sensor-7", [("k", b"v")])
+    assert json.loads(out.value)["payload"] == "MjEuNQ=="  # nothing declared it text
+    raw = Matcher(integration(payload_format=PayloadFormat.RAW)).outgoing(
+        record("x", meta, b"\x00raw")
+    )
+    assert raw is not None and raw.value == b"\x00raw"
+    # Another client, another topic, a $ topic under a leading wildcard (MQTT 5.0 4.7.2),
+    # a retained message request: none taken.
+    assert matcher.outgoing(record("other", meta, b"")) is None
+    deep = PublishMeta("plant/line-1/temp/x", 0, False, 1000)
+    assert matcher.outgoing(record("sensor-1", deep, b"")) is None
+    everything = Matcher(integration(topic_filters=("#",)))
+    assert everything.outgoing(record("c", PublishMeta("$SYS/x", 0, False, 1), b"")) is None
+    topic, key, value, headers = retained_request_record(
+        NAMES, "c", [Subscription("c", "plant/#", 1)]
+    )
+    request = ConsumerRecord(topic, 0, 1, 0, 0, key, value, None, 0, 0, list(headers))
+    assert everything.outgoing(request) is None
+
+
+def test_garbage_and_unwritable_records_are_skipped_and_counted() -> None:
+    matcher = Matcher(integration(sink=KafkaSink("k:9092", "${topic_level[3]}")))
+    garbage = ConsumerRecord("msg.all", 0, 1, 0, 0, b"c", b"v", None, 0, 0, [("m", b"\x09")])
+    meta = PublishMeta("plant/1/temp", 0, False, 1)
+    assert matcher.outgoing_of([garbage, record("c", meta, b"p")]) == []
+    assert matcher.take_unwritable() == 1  # the level renders "": no Kafka topic name
+    assert matcher.take_unwritable() == 0
+
+
+def test_counters_count_committed_aborted_and_written_again() -> None:
+    counters = IntegrationCounters()
+    tp = TopicPartition("msg.all", 0)
+    counters.handled(tp, 3)
+    counters.ended({}, [tp])
+    assert (counters.sent, counters.failed, counters.retried) == (0, 3, 0)
+    assert counters.last_error_at is not None
+    counters.handled(tp, 3)
+    counters.handled(tp, 2)
+    counters.ended({tp: 9}, [])
+    assert (counters.sent, counters.failed, counters.retried) == (5, 3, 3)
