@@ -5,8 +5,9 @@ msg/s in all and a persistent subscriber, through HAProxy). After a warm-up, eac
 process is killed with SIGKILL, left down for a moment, brought back by the launcher (what
 ``cormorant up`` does: it starts what is not running and waits until it serves), and the
 load runs on until end-to-end delivery has resumed and a while longer; then the next one.
-At the end publishing stops, every PUBACK and every acknowledged message is awaited, and
-the run reports acknowledged-and-lost, duplicates and reordering (MQTT 4.6, per publisher)
+At the end publishing stops, every PUBACK is awaited, then each publisher's ordering marker
+(its newest acknowledged message: :meth:`bench.durability.Ledger.drain`), and the run
+reports acknowledged-and-lost, duplicates and reordering (MQTT 4.6, per publisher)
 over the whole run, and per process:
 
 - ``restart_s``: from the kill until the launcher has it serving again ("back");
@@ -107,8 +108,9 @@ Log = Callable[[str], None]
 class Timing:
     """Seconds of each phase: ``warmup`` before the first kill; ``down`` between a kill and
     the restart; ``settle`` of load after recovery before the next kill; at most
-    ``recovery_timeout`` waiting for delivery to resume; at most ``drain`` for the last
-    PUBACKs and deliveries at the end."""
+    ``recovery_timeout`` waiting for delivery to resume; at the end, at most ``drain`` for
+    the last PUBACKs, then the ordering markers are awaited until nothing has been
+    delivered for ``drain`` seconds (a backlog that still flows is waited for)."""
 
     warmup: float = 10.0
     down: float = 1.0
@@ -163,6 +165,7 @@ class ChaosResult:
     report: Report | None = None
     unacknowledged_at_end: int = 0
     undelivered_at_end: int = 0
+    markers_not_delivered: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the monotonic instants are left out)."""
@@ -184,6 +187,7 @@ class ChaosResult:
             "report": None if self.report is None else asdict(self.report),
             "unacknowledged_at_end": self.unacknowledged_at_end,
             "undelivered_at_end": self.undelivered_at_end,
+            "markers_not_delivered": self.markers_not_delivered,
         }
 
 
@@ -304,9 +308,10 @@ def run(
                 # brokers down: nothing meets min.insync.replicas), not what a round tests.
                 log(f"stopping: {disruption.process} was not brought back")
                 break
-        log("publishing stops; waiting for the last PUBACKs and deliveries")
+        log("publishing stops; waiting for the last PUBACKs and each publisher's last message")
         result.unacknowledged_at_end = load.stop_publishing(timing.drain)
         result.undelivered_at_end = load.drain(timing.drain)
+        result.markers_not_delivered = len(load.ledger.awaited_markers())
         result.report = load.report()
         _measure(result, load, processes.log_dir(settings.state_dir))
     return result
@@ -379,7 +384,9 @@ def table(result: ChaosResult) -> str:
             f"{r.refused:,}, delivered {r.delivered:,}; **acknowledged and lost {r.lost:,}**, "
             f"duplicates {r.duplicates:,}, reordered {r.reordered:,}; unacknowledged at the "
             f"end {result.unacknowledged_at_end:,}; not delivered when the drain ended "
-            f"{result.undelivered_at_end:,} (counted as lost: still queued, or gone)",
+            f"{result.undelivered_at_end:,} (lost: a later message of the same publisher "
+            f"came without it, or nothing more came); publishers whose last acknowledged "
+            f"message never came {result.markers_not_delivered:,}",
         ]
         if r.lost_examples:
             lines.append(f"lost (publisher, seq): {r.lost_examples}")

@@ -334,7 +334,13 @@ def chaos_parser(parser: argparse.ArgumentParser) -> None:
         help="max seconds after a process is back to wait for new traffic to flow "
         f"(default {chaos.RESUME_BOUND:g})",
     )
-    parser.add_argument("--drain", type=float, default=120.0, help="max seconds to drain")
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=120.0,
+        help="at the end: max seconds for the last PUBACKs, then seconds without any delivery "
+        "before the wait for each publisher's last message gives up",
+    )
     _cluster_options(parser)
     parser.add_argument(
         "--keep-logs",

@@ -107,6 +107,50 @@ class Ledger:
             got = {(p, s) for p, s, _ in self.deliveries}
             return sum(1 for key in self.acked_at if key not in got)
 
+    def awaited_markers(self) -> dict[int, int]:
+        """The ordering markers not delivered yet: publisher → sequence number of its newest
+        acknowledged message, for each publisher whose newest acknowledged message the
+        subscriber has not got.
+
+        Once a publisher's marker has come, each of its acknowledged messages that has not
+        is lost for good: a later message of the same publisher arrived without it, and
+        MQTT 4.6 (ordered topics) lets none come after a newer one. Until it has come, a
+        missing message may be late, not lost.
+        """
+        with self._lock:
+            newest: dict[int, int] = {}
+            for p, s in self.acked_at:
+                newest[p] = max(newest.get(p, 0), s)
+            got = {(p, s) for p, s, _ in self.deliveries}
+            return {p: s for p, s in newest.items() if (p, s) not in got}
+
+    def delivery_count(self) -> int:
+        """Deliveries so far, duplicates included: grows while anything still arrives."""
+        with self._lock:
+            return len(self.deliveries)
+
+    def drain(self, quiet: float, poll: float = 0.1) -> int:
+        """Wait until every publisher's ordering marker (:meth:`awaited_markers`) has been
+        delivered, or until nothing at all has been delivered for ``quiet`` seconds; return
+        the acknowledged messages not delivered then (:meth:`missing`): lost.
+
+        A message is decided lost by order, not by a fixed deadline: either a later one of
+        its publisher arrived without it, or the subscriber got nothing more for ``quiet``
+        seconds while that publisher's marker was still due. A slow machine whose backlog
+        still flows makes a slow drain, not a false loss; a real loss ends the wait as soon
+        as the markers are in, not at a deadline.
+        """
+        count = self.delivery_count()
+        progress = time.monotonic()
+        while self.awaited_markers():
+            now = time.monotonic()
+            if (latest := self.delivery_count()) != count:
+                count, progress = latest, now
+            elif now - progress > quiet:
+                break
+            time.sleep(poll)
+        return self.missing()
+
     def resumed_at(self, since: float) -> float | None:
         """When the first message published at or after ``since`` was delivered (None: none
         yet). Looks only at the deliveries since ``since``: cheap to poll."""
@@ -384,13 +428,12 @@ class DurabilityLoad:
             time.sleep(0.05)
         return left
 
-    def drain(self, timeout: float = 60.0) -> int:
-        """Wait up to ``timeout`` seconds for every acknowledged message to be delivered;
-        returns how many are still missing."""
-        deadline = time.monotonic() + timeout
-        while (left := self.ledger.missing()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return left
+    def drain(self, quiet: float = 60.0) -> int:
+        """Wait for each publisher's ordering marker, its newest acknowledged message, to be
+        delivered (giving up once nothing has been delivered for ``quiet`` seconds); returns
+        how many acknowledged messages were not delivered: lost (:meth:`Ledger.drain`)."""
+        self.report()  # matches the PUBACKs that came: the markers are the newest of them
+        return self.ledger.drain(quiet)
 
     def report(self) -> Report:
         """The ledger's counts (resolving the PUBACKs that came)."""

@@ -24,6 +24,9 @@ from tests.servers import LocalCluster, make_test_settings
 
 DISRUPTIVE = "disruptive"
 
+#: The fixture of the production-layout test cluster (tests/topology/conftest.py).
+PRODUCTION = "production"
+
 # Property tests check behaviour, never speed (bench/ measures that): no per-example
 # deadline, which a shared, loaded machine exceeds now and then (an example at 280 ms).
 hypothesis_settings.register_profile("cormorant", deadline=None)
@@ -39,8 +42,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run ``disruptive`` tests after all others: a failed restore then spoils nothing else."""
-    items.sort(key=lambda item: item.get_closest_marker(DISRUPTIVE) is not None)
+    """Run ``disruptive`` tests after all others: a failed restore then spoils nothing else.
+
+    The production-layout cluster's tests (those using the ``production`` fixture,
+    tests/topology/conftest.py) run last of all: that cluster starts on their first test
+    and, started earlier, would run beside every test after it on the shared machine.
+    """
+    items.sort(
+        key=lambda item: (
+            PRODUCTION in getattr(item, "fixturenames", ()),
+            item.get_closest_marker(DISRUPTIVE) is not None,
+        )
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,11 @@
 """The whole local cluster: which processes it has, in which order they start and stop.
 
-Infrastructure (Kafka, Redis, PostgreSQL) comes first, then the services: the ingest nodes,
-the router, device_persist, app_delivery, the integrations stage, and HAProxy last so that
-clients only reach nodes that are ready. ``down`` stops in the opposite order. Every start
-waits for real readiness (port accepts, Kafka answers metadata, the service's ready file
-exists) and is a no-op for a running process.
+Infrastructure (Kafka, Redis, PostgreSQL, side by side) comes first, then the services, all
+at once: the ingest nodes, the router, device_persist, app_delivery, the integrations stage,
+the admin service; and HAProxy last so that clients only reach nodes that are ready.
+``down`` stops in the opposite order (HAProxy first, then the services at once, then the
+infrastructure). Every start waits for real readiness (port accepts, Kafka answers metadata,
+the service's ready file exists) and is a no-op for a running process.
 """
 
 from __future__ import annotations
@@ -452,6 +453,20 @@ def _start_all(settings: LocalSettings, parts: list[Component]) -> dict[str, int
     return pids
 
 
+def _start_side_by_side(settings: LocalSettings, chains: list[list[Component]]) -> dict[str, int]:
+    """Start the chains of components side by side, each chain in its order
+    (:func:`_start_all`): most of a start is waiting (a JVM, imports, a consumer group
+    forming), and chains that need nothing of each other need not wait in turn. Returns name
+    → pid; raises the first chain's error, once every chain has ended."""
+    chains = [chain for chain in chains if chain]
+    with ThreadPoolExecutor(max_workers=max(1, len(chains))) as pool:
+        started = [pool.submit(_start_all, settings, chain) for chain in chains]
+    pids: dict[str, int] = {}
+    for chain in started:
+        pids |= chain.result()
+    return pids
+
+
 def raise_open_files(settings: LocalSettings) -> int:
     """Raise this process's open-file limit, which the processes it starts inherit, towards
     what ``settings``' connections need (:func:`~services.local.open_files.target_open_files`
@@ -472,7 +487,18 @@ def up_infrastructure(settings: LocalSettings) -> dict[str, int]:
     raise_open_files(settings)  # inherited by every process started from here
     if settings.kafka_brokers > 1:
         kafka.launch(local_settings(settings))  # a quorum forms only once they all run
-    return _start_all(settings, infrastructure(settings))
+    parts = infrastructure(settings)
+    brokers = {kafka.broker_name(settings, node) for node in kafka.broker_ids(settings)}
+    # Kafka, Redis (the Sentinels after the nodes: they are told the primary) and
+    # PostgreSQL need nothing of each other.
+    return _start_side_by_side(
+        settings,
+        [
+            [part for part in parts if part.name in brokers],
+            [part for part in parts if part.name not in brokers and part.name != postgres.NAME],
+            [part for part in parts if part.name == postgres.NAME],
+        ],
+    )
 
 
 def up_services(settings: LocalSettings) -> dict[str, int]:
@@ -482,7 +508,12 @@ def up_services(settings: LocalSettings) -> dict[str, int]:
     naming the failing part's log file.
     """
     raise_open_files(settings)  # inherited; HAProxy's maxconn follows it
-    return _start_all(settings, services_of(settings))
+    parts = services_of(settings)
+    proxies = {haproxy.process_name(i) for i in range(1, haproxy.process_count(settings) + 1)}
+    # The services need only the infrastructure, not each other: all at once. HAProxy last,
+    # once every ingest node is ready.
+    pids = _start_side_by_side(settings, [[part] for part in parts if part.name not in proxies])
+    return pids | _start_all(settings, [part for part in parts if part.name in proxies])
 
 
 def up(settings: LocalSettings) -> dict[str, int]:
@@ -593,27 +624,49 @@ def down(settings: LocalSettings) -> list[str]:
     services_order = list(reversed(services_of(settings)))
     infra_order = list(reversed(infrastructure(settings)))
     known = {part.name for part in services_order + infra_order}
-    stopped = [part.name for part in services_order if _stop(settings, part)]
-    strays = [n for n in processes.recorded_names(settings.state_dir) if n not in known]
-    for name in strays:
-        if processes.stop(settings.state_dir, name, timeout=ingest_stop_timeout(settings)):
-            stopped.append(name)
-        clear_ready(ready_file(settings, name))
-    brokers = {kafka.broker_name(settings, node) for node in kafka.broker_ids(settings)}
-    stopped += [
-        part.name for part in infra_order if part.name not in brokers and _stop(settings, part)
+    proxies = {haproxy.process_name(i) for i in range(1, haproxy.process_count(settings) + 1)}
+    # HAProxy first (no client reaches a stopping node), then every other service at once:
+    # each shutdown is mostly waiting (closing connections, leaving consumer groups).
+    stopped = [
+        part.name for part in services_order if part.name in proxies and _stop(settings, part)
     ]
-    # The brokers together: stopped one by one, the last would wait out its whole stop
-    # timeout for a controller quorum that left with the others.
-    with ThreadPoolExecutor(max_workers=len(brokers)) as pool:
-        stopping = [
-            (part.name, pool.submit(_stop, settings, part))
-            for part in infra_order
-            if part.name in brokers
+    stopped += _stop_side_by_side(
+        settings, [[part] for part in services_order if part.name not in proxies]
+    )
+
+    def stop_stray(name: str) -> bool:
+        done = processes.stop(settings.state_dir, name, timeout=ingest_stop_timeout(settings))
+        clear_ready(ready_file(settings, name))
+        return done
+
+    strays = [n for n in processes.recorded_names(settings.state_dir) if n not in known]
+    with ThreadPoolExecutor(max_workers=max(1, len(strays))) as pool:
+        stopped += [
+            name for name, done in zip(strays, pool.map(stop_stray, strays), strict=True) if done
         ]
-        stopped += [name for name, done in stopping if done.result()]
+    brokers = {kafka.broker_name(settings, node) for node in kafka.broker_ids(settings)}
+    # The brokers together: stopped one by one, the last would wait out its whole stop
+    # timeout for a controller quorum that left with the others. Beside them the rest in
+    # order (the Sentinels before the Redis nodes: no failover starts).
+    stopped += _stop_side_by_side(
+        settings,
+        [[part for part in infra_order if part.name not in brokers]]
+        + [[part] for part in infra_order if part.name in brokers],
+    )
     layout.forget(settings)
     return stopped
+
+
+def _stop_side_by_side(settings: LocalSettings, chains: list[list[Component]]) -> list[str]:
+    """Stop the chains of components side by side, each chain in its order; return the
+    names of those that were running."""
+
+    def stop_chain(chain: list[Component]) -> list[str]:
+        return [part.name for part in chain if _stop(settings, part)]
+
+    chains = [chain for chain in chains if chain]
+    with ThreadPoolExecutor(max_workers=max(1, len(chains))) as pool:
+        return [name for names in pool.map(stop_chain, chains) for name in names]
 
 
 def _probe(settings: LocalSettings, part: Component) -> ComponentStatus:

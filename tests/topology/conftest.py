@@ -34,12 +34,17 @@ def _settings(state_dir: Path, block: dict[str, int] | None) -> LocalSettings:
 def production(settings: LocalSettings) -> Iterator[LocalCluster]:
     """The production-layout cluster, whole (a test that stopped part of it restores it).
 
+    Its tests run after every other (tests/conftest.py), so the session's ordinary cluster
+    is stopped first: it would only load the machine beside this one (a test that needs it
+    later starts it again, as the ``cluster`` fixture does after ``cormorant down``).
+
     Its state dir is a directory of its own, not under pytest's base temporary directory:
     pytest deletes old base directories when other sessions start, and a cluster whose pid
     files are gone could not be stopped. Its ports were free when the session chose its
     block, but a port another program takes meanwhile makes the start fail: then the
     production slot of a new free block is taken, once.
     """
+    local_cluster.down(settings)
     with tempfile.TemporaryDirectory(prefix="cormorant-production-") as state_dir:
         value = _settings(Path(state_dir), ports.SESSION.block(settings))
         try:

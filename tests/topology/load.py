@@ -24,7 +24,9 @@ RATE = 200.0
 #: are what the chaos report holds each round to, docs/guarantees/production-failover.md).
 RESUME_BOUND = chaos.RESUME_BOUND
 
-#: Seconds the last PUBACKs and deliveries may take at the end of a test.
+#: At the end of a test: seconds the last PUBACKs may take, then seconds without any
+#: delivery before the wait for each publisher's last acknowledged message (its ordering
+#: marker, :meth:`bench.durability.Ledger.drain`) gives up.
 DRAIN = 120.0
 
 
@@ -67,7 +69,9 @@ def wait_for_publishing_since(running: DurabilityLoad, since: float) -> float:
 
 
 def finish(running: DurabilityLoad) -> Report:
-    """Stop publishing, wait for every PUBACK and every acknowledged message; the report."""
+    """Stop publishing, wait for every PUBACK, then for each publisher's ordering marker
+    (lost: what a later message of its publisher overtook, or what never came while
+    deliveries had stopped); the report."""
     assert running.stop_publishing(DRAIN) == 0, "PUBLISHes never acknowledged"
     running.drain(DRAIN)
     return running.report()
