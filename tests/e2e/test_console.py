@@ -94,8 +94,9 @@ def test_overview_shows_the_connection_count(cluster: LocalCluster, page: Page) 
             assert client.connect() == 0
         wait_until(lambda: cluster.connections() == before + 3, "three more connections")
         expect(page.locator("#connections")).to_have_text(str(before + 3), timeout=SHOW_MS)
-        expect(page.locator("#tile-ready")).to_have_text("5 / 5")
-        expect(page.locator("#services tbody tr")).to_have_count(5)
+        # Two ingest nodes, the router, device_persist, app_delivery, the integrations stage.
+        expect(page.locator("#tile-ready")).to_have_text("6 / 6")
+        expect(page.locator("#services tbody tr")).to_have_count(6)
         expect(page.locator("#chart-connections .u-legend .u-label").nth(1)).to_have_text(
             "connections"
         )

@@ -2,11 +2,11 @@
 
 A subscriber joining late with ``$replay/1h/<filter>`` gets the messages published before
 its SUBSCRIBE, then the live ones, each exactly once and in per-publisher order (MQTT 4.6),
-with messages published while it subscribes (the switch) among them; v5 history carries
-``replayed=true``. The history respects the subscriber's Receive Maximum: with manual
-acknowledgements the replay waits for them. A router killed with SIGKILL in the middle of
-a replay loses and repeats nothing. Clients: paho-mqtt (MQTT 5 and 3.1.1) and
-mosquitto_sub.
+with messages published right after the SUBACK, while the history is still being replayed,
+among them; v5 history carries ``replayed=true``. The history respects the subscriber's
+Receive Maximum: with manual acknowledgements the replay waits for them. A router killed
+with SIGKILL in the middle of a replay loses and repeats nothing. Clients: paho-mqtt
+(MQTT 5 and 3.1.1) and mosquitto_sub.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
-#: Messages of each publisher before the SUBSCRIBE, and while it is made.
+#: Messages of each publisher before the SUBSCRIBE, and right after its SUBACK.
 HISTORY = 20
 SWITCH = 10
 
@@ -86,11 +86,13 @@ def test_a_late_subscriber_gets_the_history_then_live_messages_once_each(
             pub.connect()
             _published(pub, f"{base}/{pub.client_id}", range(HISTORY))
         assert sub.connect() == 0
-        # The switch: PUBLISHes race the SUBSCRIBE; each lands on one side of its cut.
         sub.client.subscribe(f"$replay/1h/{base}/#", 1)
+        assert [code.value for code in sub.subacks.get(timeout=TIMEOUT)] == [1]
+        # Right after the SUBACK, while the history is still being replayed: these go live
+        # and are held behind it. (PUBLISHes racing the SUBSCRIBE itself can still be missed:
+        # docs/concepts/replay.md, "What is guaranteed".)
         for pub in publishers:
             _published(pub, f"{base}/{pub.client_id}", range(HISTORY, HISTORY + SWITCH))
-        assert [code.value for code in sub.subacks.get(timeout=TIMEOUT)] == [1]
         end = HISTORY + SWITCH + 5
         for pub in publishers:
             _published(pub, f"{base}/{pub.client_id}", range(HISTORY + SWITCH, end))
@@ -101,7 +103,7 @@ def test_a_late_subscriber_gets_the_history_then_live_messages_once_each(
             by_publisher.setdefault(message.topic, []).append(int(message.payload))
         assert by_publisher == {
             f"{base}/{pub.client_id}": list(range(end + 1)) for pub in publishers
-        }
+        }, str(by_publisher)
         if version == 5:
             history = [m for m in got if int(m.payload) < HISTORY]
             live = [m for m in got if int(m.payload) >= HISTORY + SWITCH]
