@@ -417,16 +417,7 @@ class HttpPublisher:
             verified=VerifiedPasswords(
                 settings.auth_verified_cache_entries, settings.auth_verified_cache_seconds
             ),
-            throttle=AuthThrottle(
-                window=settings.auth_failure_window_seconds,
-                delay_after=settings.auth_failure_delay_after,
-                delay=settings.auth_failure_delay_seconds,
-                max_delay=settings.auth_failure_max_delay_seconds,
-                limit=settings.auth_failure_limit,
-                ban_after=settings.auth_failure_ban_after,
-                ban_seconds=settings.auth_failure_ban_seconds,
-                exempt=settings.auth_failure_exempt_networks,
-            ),
+            throttle=AuthThrottle.from_settings(settings),
             # No SCRAM over HTTP: the key would only salt unknown SCRAM users' answers.
             scram_unknown_user_key=secrets.token_bytes(32),
         )

@@ -152,16 +152,7 @@ class IngestService:
             max_pending_hashes=settings.auth_max_pending,
             max_pending_per_address=settings.auth_max_pending_per_address,
             verified=self.verified,
-            throttle=AuthThrottle(
-                window=settings.auth_failure_window_seconds,
-                delay_after=settings.auth_failure_delay_after,
-                delay=settings.auth_failure_delay_seconds,
-                max_delay=settings.auth_failure_max_delay_seconds,
-                limit=settings.auth_failure_limit,
-                ban_after=settings.auth_failure_ban_after,
-                ban_seconds=settings.auth_failure_ban_seconds,
-                exempt=settings.auth_failure_exempt_networks,
-            ),
+            throttle=AuthThrottle.from_settings(settings),
             scram_unknown_user_key=(
                 None
                 if settings.scram_unknown_user_key is None

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from services.common.settings import Settings
+
 T = TypeVar("T")
 
 
@@ -200,6 +202,21 @@ class AuthThrottle:
         self.ban_seconds = ban_seconds
         self.max_keys = max_keys
         self._banned: OrderedDict[str, float] = OrderedDict()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AuthThrottle:
+        """The throttle the ``auth_failure_*`` settings describe: the one every place that
+        checks MQTT credentials uses (ingest nodes, the HTTP publish API)."""
+        return cls(
+            window=settings.auth_failure_window_seconds,
+            delay_after=settings.auth_failure_delay_after,
+            delay=settings.auth_failure_delay_seconds,
+            max_delay=settings.auth_failure_max_delay_seconds,
+            limit=settings.auth_failure_limit,
+            ban_after=settings.auth_failure_ban_after,
+            ban_seconds=settings.auth_failure_ban_seconds,
+            exempt=settings.auth_failure_exempt_networks,
+        )
 
     def verdict(self, address: str | None, username: str | None, now: float) -> Verdict:
         """What to do with a CONNECT from ``address`` presenting ``username`` (either may
