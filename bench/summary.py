@@ -41,9 +41,10 @@ def latest_comparison(path: Path) -> list[dict[str, Any]]:
     """The records of the latest comparison in the JSON lines file ``path``: the trailing
     records written by the same command ([] for an empty file, one without both brokers,
     such as single runs, or a comparison over other transports than plain TCP, which has
-    its own table: ``results.transports_markdown``)."""
+    its own table: ``results.transports_markdown``; [] too for the JSON lines of the other
+    benchmarks, whose records have no ``report``, such as ``reconnect_storm.jsonl``)."""
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    if not records:
+    if not records or any("report" not in rec for rec in records[-1:]):
         return []
     command = records[-1].get("command")
     latest: list[dict[str, Any]] = []

@@ -164,6 +164,17 @@ def test_summary_keeps_the_latest_comparison_of_each_file(tmp_path: Path) -> Non
     assert "- `new`" in text
 
 
+def test_summary_leaves_out_the_records_of_other_benchmarks(tmp_path: Path) -> None:
+    # bench_reconnect_storm.py's records name both brokers and rounds but have no report.
+    storm = [
+        {"broker": broker, "scenario": "anonymous", "round": 0, "command": "storm"}
+        for broker in ("cormorant", "mosquitto")
+    ]
+    path = tmp_path / "reconnect_storm.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in storm) + "\n")
+    assert summary.latest_comparison(path) == []
+
+
 def test_summary_shows_the_largest_memory_growth_of_the_connection_rounds() -> None:
     def conn(broker: str, kib: float) -> dict[str, object]:
         report = {"connects_per_s": 1000.0, "memory_per_connection_kib": kib}
