@@ -999,11 +999,14 @@ def parse_retained(
 
 @dataclass(slots=True)
 class Downlink:
-    """A downlink record of a message: the message and this node's targets for it."""
+    """A downlink record of a message: the message, this node's targets for it, and the
+    record's :class:`Origin` (None only in a record of an older router or of a message
+    store, which route no ``msg.all`` record to a replay subscription's window)."""
 
     meta: PublishMeta
     payload: bytes
     targets: list[Target]
+    origin: Origin | None = None
 
 
 @dataclass(slots=True)
@@ -1114,6 +1117,7 @@ def parse_downlink(
 ) -> Downlink | Releases | AdminDisconnect | AdminDrain:
     """Parse a downlink record. Raises :class:`RecordError`."""
     meta_raw = targets = None
+    origin: Headers = ()
     for name, data in headers or ():
         if name == HEADER_RELEASES:
             return Releases(decode_releases(data))
@@ -1123,9 +1127,11 @@ def parse_downlink(
             meta_raw = data
         elif name == HEADER_TARGETS:
             targets = data
+        elif name == HEADER_ORIGIN:
+            origin = ((name, data),)
     if meta_raw is None or targets is None:
         raise RecordError("downlink record without its m and t headers")
-    return Downlink(decode_meta(meta_raw), value or b"", decode_targets(targets))
+    return Downlink(decode_meta(meta_raw), value or b"", decode_targets(targets), origin_of(origin))
 
 
 # msg.persisted ----------------------------------------------------------------------------

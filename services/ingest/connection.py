@@ -11,6 +11,7 @@ in its own module (``handle_connect``, ``handle_publish``, ``handle_subscribe``,
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from services.common.auth.certificates import CertificateIdentity
 from services.common.auth.principal import Outcome, Principal
@@ -35,6 +36,7 @@ from services.common.mqtt.packets import (
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import DisconnectCause, SessionRecord, Target
+from services.common.subscription import Subscription
 from services.ingest import (
     delivery,
     events,
@@ -371,12 +373,20 @@ class ServerConnection:
             return []
         if handle_replay.hold(self.state, message, target):
             return []  # after the history of the replays running (per-publisher order)
+        if handle_replay.replayed_already(self.state, message):
+            return []  # its replay delivered it (the switch's window)
         return self._finish(delivery.deliver_routed(self.state, message, target))
 
     def replay_room(self) -> bool:
         """Whether the client can take one more replayed message now (its in-flight
         window has a free slot): the replay reader waits while it cannot."""
         return handle_replay.room(self.state)
+
+    def replay_switch(self, subscription: Subscription, ends: Sequence[int]) -> tuple[int, ...]:
+        """The replay of ``subscription`` read ``msg.all``'s end offsets ``ends`` after its
+        subscription was stored: returns the second cut it reads up to
+        (:func:`services.ingest.handle_replay.switch`)."""
+        return handle_replay.switch(self.state, subscription, ends)
 
     def replayed(self, message: FanOut, target: Target) -> list[Effect]:
         """Send one message of a replay's history (:mod:`services.ingest.handle_replay`)

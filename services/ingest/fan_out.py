@@ -20,6 +20,7 @@ from services.common.mqtt.codec import encode
 from services.common.mqtt.packets import Publish
 from services.common.mqtt.properties import Properties
 from services.common.records import (
+    Origin,
     PublishMeta,
     Target,
     decode_forwarded_properties,
@@ -41,15 +42,22 @@ def remaining_interval(expires_at_ms: int, now_ms: int) -> int | None:
 class FanOut:
     """A message (``meta``, ``payload``) being sent to this node's targets at ``now_ms``.
 
-    ``expires_at_ms`` is when it expires (Unix ms; None: never). Raises
+    ``expires_at_ms`` is when it expires (Unix ms; None: never). ``origin`` is where the
+    message lies in ``msg.all``: the router's :class:`~services.common.records.Origin` of
+    its downlink record, or the record a replay read (index 0); a replay's switch drops the
+    live copies of what it replayed by it (:mod:`services.ingest.handle_replay`). None
+    only for a message store's delivery, which a replay never meets. Raises
     :class:`~services.common.records.RecordError` if the forwarded properties do not decode.
     """
 
-    __slots__ = ("_encoded", "expires_at_ms", "meta", "payload", "properties")
+    __slots__ = ("_encoded", "expires_at_ms", "meta", "origin", "payload", "properties")
 
-    def __init__(self, meta: PublishMeta, payload: bytes, now_ms: int) -> None:
+    def __init__(
+        self, meta: PublishMeta, payload: bytes, now_ms: int, origin: Origin | None = None
+    ) -> None:
         self.meta = meta
         self.payload = payload
+        self.origin = origin
         self.properties: Properties = decode_forwarded_properties(meta)
         self.expires_at_ms = expiry_deadline(self.properties, meta.received_at_ms)
         if self.expires_at_ms is not None:

@@ -113,7 +113,7 @@ class IngestNode:
     ``authenticator`` checks credentials and ``fetch_credential`` reads one that changed
     (:data:`FetchCredential`); ``store_block`` stores the blocks flapping detection makes
     (:data:`StoreBlock`; None: they hold on this node only); ``read_live_from`` reads
-    ``msg.all``'s end offsets for new subscriptions' cuts
+    ``msg.all``'s end offsets for new subscriptions' cuts and replays' second cuts
     (:data:`~services.ingest.store_pipeline.ReadLiveFrom`; None: no cut); ``settings``
     gives the node id, topic names, the limits of its connections, the backpressure
     threshold and the Kafka request timeout (seconds), which also bounds
@@ -174,7 +174,7 @@ class IngestNode:
             self._store_failed,
             read_live_from,
         )
-        self.replays = Replays(settings, self.run, clock)
+        self.replays = Replays(settings, self.run, clock, read_live_from)
         self.wills = WillTimers(self.names, commit_will, sync_state, self.latest_session, clock)
         self.delayed = DelayedTimers(self.names, commit_delayed, clock)
         self.authenticator = authenticator
@@ -470,7 +470,8 @@ class IngestNode:
 
         Raises ``RecordError`` if the message's properties do not decode.
         """
-        message = FanOut(downlink.meta, downlink.payload, self.clock())
+        # Its origin goes with every copy: a replay's switch drops what it replayed by it.
+        message = FanOut(downlink.meta, downlink.payload, self.clock(), downlink.origin)
         delivered = 0
         for target in downlink.targets:
             client = self._recipient(target.client_id)

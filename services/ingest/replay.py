@@ -16,8 +16,12 @@ turn), each reads at most ``max_replay_messages`` records and hands its client a
 deliveries (what one cost them on the shared development machine: bench/NOTES.md, "issue
 28 part 1").
 
+Each reader first reads ``msg.all``'s end offsets again, now that the subscription is
+stored, and reads the history up to that second cut, not only up to the first one stored
+with the subscription: why that closes the gap at the switch, and how the live copies of
+what lies between the two cuts are dropped, is in :mod:`services.ingest.handle_replay`.
 What a reader does with what it reads (history, then held live messages, exactly once at
-the cut) is the connection core's business: :mod:`services.ingest.handle_replay`.
+the switch) is the connection core's business there too.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ from aiokafka.structs import ConsumerRecord
 
 from services.common.kafka.consumer import make_consumer
 from services.common.kafka.names import TopicNames
-from services.common.records import Published, RecordError, Target, parse_msg_all
+from services.common.records import Origin, Published, RecordError, Target, parse_msg_all
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.common.topics.trie import SubscriptionTrie
 from services.ingest.effects import Effect, StartReplay
 from services.ingest.fan_out import FanOut
 from services.ingest.registry import Client
+from services.ingest.store_pipeline import ReadLiveFrom
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +66,31 @@ Run = Callable[[Client, list[Effect]], None]
 """Carries out a connection's effects (:meth:`services.ingest.node.IngestNode.run`)."""
 
 
-def truncated_starts(starts: Sequence[int], cut: Sequence[int], max_records: int) -> list[int]:
+def truncated_starts(
+    starts: Sequence[int], cut: Sequence[int], max_records: int, first: Sequence[int] | None = None
+) -> list[int]:
     """Where each ``msg.all`` partition's replay starts so that at most ``max_records``
-    records are read in all (``max_replay_messages``).
+    records are read in all (``max_replay_messages``), besides the switch's window.
 
     ``starts[p]`` is where ``<since>`` begins in partition ``p``, ``cut[p]`` the replay's
-    cut there. Within the bound the starts stay as they are; beyond it every partition keeps
-    its share (rounded down) of the newest records before its cut: the replay is truncated
-    at its old end and still meets the live messages with no gap.
+    (second) cut there, ``first[p]`` its first cut (None: the same). Within the bound the
+    starts stay as they are; beyond it every partition keeps its share (rounded down) of the
+    newest records before its cut: the replay is truncated at its old end and still meets
+    the live messages with no gap. A start never lies after the first cut: the window
+    between the cuts may have been routed to nobody, so it is always read, even past the
+    bound.
     """
     spans = [max(0, end - start) for start, end in zip(starts, cut, strict=True)]
     total = sum(spans)
     if total <= max_records:
-        return list(starts)
-    return [end - span * max_records // total for end, span in zip(cut, spans, strict=True)]
+        truncated = list(starts)
+    else:
+        truncated = [
+            end - span * max_records // total for end, span in zip(cut, spans, strict=True)
+        ]
+    if first is None:
+        return truncated
+    return [min(start, low) for start, low in zip(truncated, first, strict=True)]
 
 
 @dataclass(eq=False)
@@ -89,13 +105,22 @@ class _Replay:
 class Replays:
     """The replays of this node's clients (see the module's docstring).
 
-    ``settings`` give the Kafka connection, ``msg.all``'s name, ``max_replay_messages`` and
-    ``max_concurrent_replays``; ``run`` carries out the connections' effects; ``clock``
-    gives Unix ms (message expiry).
+    ``settings`` give the Kafka connection, ``msg.all``'s name, ``max_replay_messages``,
+    ``max_concurrent_replays`` and the Kafka request timeout; ``run`` carries out the
+    connections' effects; ``clock`` gives Unix ms (message expiry); ``read_ends`` reads
+    ``msg.all``'s end offsets for each replay's second cut (None: the first cut is used,
+    with the gap it leaves at the switch; for tests without Kafka).
     """
 
-    def __init__(self, settings: Settings, run: Run, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        run: Run,
+        clock: Callable[[], int],
+        read_ends: ReadLiveFrom | None = None,
+    ) -> None:
         self._settings = settings
+        self._read_ends = read_ends
         self._msg_all = TopicNames.from_settings(settings).msg_all
         self._run = run
         self._clock = clock
@@ -153,8 +178,11 @@ class Replays:
         the connection it is finished (or failed)."""
         topic_filter = replay.subscription.topic_filter
         try:
+            # The second cut is read at once, not after waiting for a turn: the window
+            # between the cuts, whose live copies are remembered, stays a round trip long.
+            cut = await self._switch(client, replay)
             async with self._slots:
-                count = await self._read(client, replay, since_ms)
+                count = await self._read(client, replay, since_ms, cut)
         except asyncio.CancelledError:
             self._done(client, replay)
             raise
@@ -167,12 +195,27 @@ class Replays:
                  topic_filter)  # fmt: skip
         self._run(client, client.connection.replay_finished(topic_filter))
 
-    async def _read(self, client: Client, replay: _Replay, since_ms: int) -> int:
-        """Hand every ``msg.all`` record from ``since_ms`` up to the cut that the
-        subscription matches to the connection; returns how many were handed over."""
+    async def _switch(self, client: Client, replay: _Replay) -> tuple[int, ...]:
+        """Read ``msg.all``'s end offsets now (the subscription is stored: its SUBACK was
+        sent) and tell the connection: returns the second cut the replay reads up to.
+        Raises ``TimeoutError`` after the Kafka request timeout, or what Kafka raised."""
         subscription = replay.subscription
         assert subscription.live_from is not None and subscription.live_from.offsets is not None
-        cut = subscription.live_from.offsets
+        ends = subscription.live_from.offsets
+        if self._read_ends is not None:
+            timeout = self._settings.kafka_request_timeout_seconds
+            ends = await asyncio.wait_for(self._read_ends(), timeout)
+        return client.connection.replay_switch(subscription, ends)
+
+    async def _read(
+        self, client: Client, replay: _Replay, since_ms: int, cut: tuple[int, ...]
+    ) -> int:
+        """Hand every ``msg.all`` record from ``since_ms`` up to ``cut`` (the second cut)
+        that the subscription matches to the connection; returns how many were handed
+        over."""
+        subscription = replay.subscription
+        assert subscription.live_from is not None and subscription.live_from.offsets is not None
+        first = subscription.live_from.offsets
         settings = self._settings
         consumer = make_consumer(settings, group_id=None, max_poll_records=FETCH_RECORDS)
         await consumer.start()
@@ -182,7 +225,7 @@ class Replays:
             found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
             starts = [cut[p] if found[tp] is None else found[tp].offset
                       for p, tp in enumerate(partitions)]  # fmt: skip
-            starts = truncated_starts(starts, cut, settings.max_replay_messages)
+            starts = truncated_starts(starts, cut, settings.max_replay_messages, first)
             ends: dict[TopicPartition, int] = {}
             for tp, start in zip(partitions, starts, strict=True):
                 if start < cut[tp.partition]:
@@ -230,7 +273,12 @@ class Replays:
                         continue
                     await self._room(client, replay)
                     try:
-                        message = FanOut(meta, published.message.payload, self._clock())
+                        message = FanOut(
+                            meta,
+                            published.message.payload,
+                            self._clock(),
+                            Origin(record.partition, record.offset, 0),
+                        )
                     except RecordError as exc:
                         log.warning("replay: skipping a message of %r: %r",
                                     published.client_id, exc)  # fmt: skip

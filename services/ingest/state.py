@@ -302,6 +302,11 @@ class ConnectionState:
     # history is being replayed, and the live messages held until every replay is done
     replaying: set[str] | None = None
     held: deque[tuple[FanOut, Target]] | None = None
+    # each replay's switch window, its two msg.all cuts (first, second) by Topic Filter,
+    # and the msg.all (partition, offset) of the messages replayed from inside a window:
+    # their live copies are dropped
+    replay_windows: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
+    replayed_origins: set[tuple[int, int]] | None = None
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
     # the listener the connection came through (its metrics' label)

@@ -44,6 +44,7 @@ from services.common.records import (
     EventKind,
     Headers,
     KafkaRecord,
+    Origin,
     PublishMeta,
     RetainedRequest,
     SessionRecord,
@@ -61,8 +62,9 @@ from services.common.records import (
     parse_will,
 )
 from services.common.sessions import new_connection_id
-from services.common.subscription import Subscription
+from services.common.subscription import LiveFrom, Subscription
 from services.ingest.connection import ServerConnection
+from services.ingest.fan_out import FanOut
 from services.ingest.node import IngestNode
 from services.ingest.registry import ClientRegistry
 from services.ingest.store_pipeline import ReadLiveFrom
@@ -721,6 +723,20 @@ async def test_a_downlink_record_reaches_the_targets_connected_here() -> None:
     assert node.deliver(Downlink(meta, b"hello", targets)) == 2
     assert [(p.topic, p.payload) for p in a.of(Publish)] == [("news", b"hello")]
     assert [(p.topic, p.payload) for p in b.of(Publish)] == [("news", b"hello")]
+
+
+async def test_a_downlink_record_brings_its_origin_to_the_connection() -> None:
+    # What a replay's switch drops a live copy by (services/ingest/handle_replay.py).
+    producer = Producer()
+    node = _node(producer)
+    a = await _connected(node, producer, "a")
+    meta = PublishMeta("news", 0, False, NOW_MS, 5)
+    replay = Subscription("a", "news", 0, live_from=LiveFrom((5,), every_message=True))
+    assert a.connection.replay_switch(replay, (9,)) == (9,)
+    a.connection.replayed(FanOut(meta, b"replayed", NOW_MS, Origin(0, 7, 0)), Target("a", 0))
+    node.deliver(Downlink(meta, b"replayed", [Target("a", 0)], Origin(0, 7, 0)))
+    node.deliver(Downlink(meta, b"live", [Target("a", 0)], Origin(0, 9, 0)))
+    assert [p.payload for p in a.of(Publish)] == [b"live"]
 
 
 # ---------------------------------------------------------------------- start and stop

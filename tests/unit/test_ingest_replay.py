@@ -1,7 +1,8 @@
 """Replay subscriptions (``$replay/<since>/<filter>``) in the sans-IO ingest core, with bytes
 alone: SUBSCRIBE checks and SUBACK Reason Codes (MQTT 5.0 3.9.3; 3.1.1 3.9.3), the replay
 cut in the subscription record and the router's trie, the history's delivery (flow
-control, ``replayed=true``), live messages held until the history is sent, and the bound on
+control, ``replayed=true``), live messages held until the history is sent, the switch's
+second cut and the live copies it drops (their ``msg.all`` origins), and the bound on
 records read (docs/concepts/replay.md)."""
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from services.common.mqtt.packets import (
     Unsubscribe,
 )
 from services.common.mqtt.properties import Properties
-from services.common.records import ClientKind, Target, decode_subscriptions, encode_subscriptions
+from services.common.records import (
+    ClientKind,
+    Origin,
+    Target,
+    decode_subscriptions,
+    encode_subscriptions,
+)
 from services.common.subscription import LiveFrom, Subscription
 from services.common.topics.trie import SubscriptionTrie
 from services.ingest.effects import (
@@ -33,11 +40,20 @@ from services.ingest.effects import (
     StoreRetainedRequest,
     StoreSubscriptions,
 )
+from services.ingest.fan_out import FanOut
 from services.ingest.limits import Refusal
 from services.ingest.replay import truncated_starts
 
 VERSIONS = [4, 5]
 HOUR_MS = 3_600_000
+
+
+def _at(partition: int, offset: int, payload: bytes, topic: str = "t/a") -> FanOut:
+    """A QoS 0 message on ``topic`` stored at ``offset`` of ``msg.all`` partition
+    ``partition`` (its origin, as a routed downlink record or a replay's read carries it)."""
+    message = fan_out(topic, payload, qos=0)
+    message.origin = Origin(partition, offset, 0)
+    return message
 
 
 def _connected(version: int, properties: Properties | None = None, **settings: int) -> Client:
@@ -251,6 +267,32 @@ def test_the_router_sends_live_only_what_lies_at_or_after_a_replay_cut() -> None
     assert set(trie.match("t", None, (1, 5, False)).clients) == {"replay", "retain"}
 
 
+def test_the_switch_drops_the_live_copies_of_what_was_replayed_between_the_cuts() -> None:
+    client = _connected(5)
+    _, start = _replay(client, "$replay/1h/t/#")
+    assert start.subscription.live_from is not None
+    start.subscription.live_from.offsets = (10, 20)  # the first cut, as the shell fills it
+    live = Target("c1", 0)
+    # Routed while the subscription was being stored: held.
+    for message in (
+        _at(0, 12, b"switch-a"),  # between the cuts: replayed too
+        _at(0, 13, b"retained", "t/r"),  # a retained copy answering a SUBSCRIBE: never replayed
+        _at(1, 22, b"after"),  # at or after the second cut: live only
+    ):
+        assert client.conn.deliver_routed(message, live) == []
+    # The replay reads the end offsets again: never below the first cut.
+    assert client.conn.replay_switch(start.subscription, (15, 18)) == (15, 20)
+    history = [_at(0, 5, b"old"), _at(0, 12, b"switch-a"), _at(0, 14, b"switch-b")]
+    for message in history:
+        client.conn.replayed(message, live)
+    released = of_type(client.packets(client.conn.replay_finished("t/#")), Publish)
+    assert [p.payload for p in released] == [b"retained", b"after"]
+    # A live copy between the cuts may come after the history: dropped, once replayed.
+    assert client.conn.deliver_routed(_at(0, 14, b"switch-b"), live) == []
+    assert client.conn.deliver_routed(_at(0, 15, b"next"), live) != []
+    assert client.conn.deliver_routed(_at(1, 19, b"other sub"), live) != []  # below the cut
+
+
 @pytest.mark.parametrize(
     ("starts", "cut", "bound", "expected"),
     [
@@ -265,3 +307,9 @@ def test_a_long_history_is_truncated_at_its_old_end(
     truncated = truncated_starts(starts, cut, bound)
     assert truncated == expected
     assert sum(end - start for start, end in zip(truncated, cut, strict=True)) <= bound
+
+
+def test_the_window_between_the_cuts_is_read_past_the_bound() -> None:
+    # 40 records between the cuts of partition 0, the bound 10: all 40 are read.
+    assert truncated_starts([0, 5], [100, 5], 10, first=[60, 5]) == [60, 5]
+    assert truncated_starts([0, 5], [100, 5], 10, first=[95, 5]) == [90, 5]

@@ -32,6 +32,7 @@ from services.common.records import (
     EventRecord,
     Headers,
     Message,
+    Origin,
     Persisted,
     Published,
     PublishMeta,
@@ -87,6 +88,7 @@ from services.common.records import (
     session_expired_event,
     session_expired_records,
     stale_delete,
+    with_origins,
 )
 from services.common.subscription import Subscription
 
@@ -412,6 +414,10 @@ def test_each_record_kind_builds_and_parses_back() -> None:
     assert (downlink.topic, downlink.key) == (NAMES.downlink("n1"), b"pub")
     assert parse_downlink(downlink.value, downlink.headers) == Downlink(
         META, b"payload", [Target("c", 1)]
+    )
+    [routed] = with_origins([downlink], 3, 41)  # as the router writes it: with its origin
+    assert parse_downlink(routed.value, routed.headers) == Downlink(
+        META, b"payload", [Target("c", 1)], Origin(3, 41, 0)
     )
     release = release_record(NAMES, "n1", "c", [("c", 7)])
     assert parse_downlink(release.value, release.headers) == Releases([("c", 7)])
