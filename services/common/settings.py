@@ -762,11 +762,12 @@ class Settings(BaseSettings):
         "still meets the live stream with no gap (docs/concepts/replay.md).",
     )
     replay_max_messages_per_second: float = Field(
-        2000.0,
+        500.0,
         gt=0,
         description="Messages one replay hands its client per second at most: what a replay "
-        "may take of its ingest node and Kafka, beside the node's live deliveries "
-        '(bench/NOTES.md, "Replay subscriptions").',
+        "may take of its ingest node and Kafka, beside the node's live deliveries. 500 keeps "
+        "other clients' live p99 within 10 % on a 2-core node (1,000 raised it 30 %, 2,000 "
+        '49 %: docs/performance.md, "Replay subscriptions"); raise it with the cores.',
     )
     max_concurrent_replays: int = Field(
         4,
