@@ -553,15 +553,16 @@ def delayed_list(
 @click.argument("delayed_id", metavar="ID")
 @_JSON
 def delayed_cancel(delayed_id: str, as_json: bool) -> None:
-    """Cancel the delayed publication ID (as `delayed list` shows it): it is not published,
-    unless its publication was under way already."""
+    """Cancel the delayed publication ID (as `delayed list` shows it): once the ingest node
+    holding it decided, says "cancelled" (it is never published), or fails saying it was
+    published already (its due time came first)."""
     with admin_client() as client:
         answer = _change(client, "DELETE", f"/api/delayed/{path_part(delayed_id)}")
     if as_json:
         click.echo(json.dumps(answer, indent=2))
     else:
         detail = answer["detail"]
-        click.echo(f"cancelling {delayed_id} (from {detail['client_id']} to {detail['topic']})")
+        click.echo(f"cancelled {delayed_id} (from {detail['client_id']} to {detail['topic']})")
 
 
 # -------------------------------------------------------------------------------------- drain

@@ -24,6 +24,14 @@ from services.common.metrics import parse_exposition
 from services.local import cluster, haproxy, kafka, ports, processes
 from services.local.settings import LocalSettings
 
+#: Delayed messages one client may have waiting in the test cluster.
+DELAYED_PER_CLIENT = 5
+
+#: Delayed messages to topics under this prefix have their publication held open
+#: :data:`DELAYED_HOLD_SECONDS` before it commits (``delayed_hold_*``, for tests only).
+DELAYED_HELD_PREFIX = "e2e/delayed-held/"
+DELAYED_HOLD_SECONDS = 5.0
+
 #: Seconds the test cluster lets a produce take before an MQTT PUBLISH is refused.
 KAFKA_REQUEST_TIMEOUT = 5.0
 
@@ -56,6 +64,11 @@ def make_test_settings(
         "auth_failure_exempt_networks": ["127.0.0.1/32"],
         "auth_failure_max_delay_seconds": 0.5,
         "auth_failure_ban_after": 40,
+        # A bound a test reaches with a few PUBLISHes (tests/e2e/test_delayed_publish.py).
+        "max_delayed_messages_per_client": DELAYED_PER_CLIENT,
+        # A test cancels a delayed message while its publication is under way.
+        "delayed_hold_topic_prefix": DELAYED_HELD_PREFIX,
+        "delayed_hold_seconds": DELAYED_HOLD_SECONDS,
         # Admin passwords as argon2id of the least cost: at the production parameters (64 MiB,
         # 3 passes, 4 lanes) one check took 2.6 s of this loaded 2-core machine, and the admin
         # tests make and check a few hundred (logins, throttled guesses, fuzzed users).

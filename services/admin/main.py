@@ -106,16 +106,17 @@ def build(settings: Settings) -> FastAPI:
     publish_api.register_metrics()
     writer = CommandWriter(settings)
     credential_store = CredentialStore.from_settings(settings)
+    state = ClientState(settings)
     context = AdminContext(
         settings=settings,
-        state=ClientState(settings),
+        state=state,
         sampler=StatsSampler(settings, SAMPLE_SECONDS),
         users=users,
         writer=writer,
         store=open_store(settings),
         readiness=readiness,
         credentials=CredentialAdmin(credential_store, settings.credential_password_min_length),
-        publisher=HttpPublisher(settings, writer, credential_store),
+        publisher=HttpPublisher(settings, writer, credential_store, state.delayed_counts),
     )
 
     readiness.add("kafka", context.state.reader.end_offsets)

@@ -16,7 +16,13 @@ client (:func:`~services.ingest.handle_publish.accepted_meta`,
 :func:`~services.ingest.store_pipeline.record_of`): ``msg.all`` keyed by the publisher's
 Client Identifier and, with ``retain``, ``msg.retained`` keyed by the Topic Name (an empty
 retained payload deletes the topic's retained message, MQTT 3.3.1.3). Routing, retained
-messages, persistence and the analytics see no difference.
+messages, persistence and the analytics see no difference. A message to
+``$delayed/<seconds>/<topic>`` is a delayed publication as over MQTT
+(:mod:`services.ingest.delayed_rules`; docs/concepts/delayed-publish.md): authorized for
+its target topic, bounded by ``max_delay_seconds`` and the waiting messages' bounds
+(``max_delayed_messages``, ``max_delayed_messages_per_client``, counted as this process
+follows ``msg.delayed``), stored in ``msg.delayed``; its answer gives its id, which
+``DELETE /api/delayed/{id}`` cancels.
 
 Who may publish (checked before anything is written, all messages of a batch first):
 
@@ -35,7 +41,9 @@ Every refusal is an RFC 9457 problem (``application/problem+json``: ``type``, ``
 base64); 401 no or a wrong key or password; 403 a topic the rules deny (MQTT's 0x87 Not
 authorized); 413 a message whose PUBLISH would exceed ``max_packet_size``, or a batch or
 body over its bound; 422 a body that is not the schema; 429 over
-``http_publish_rate_per_key`` (``Retry-After``); 503 Kafka or PostgreSQL did not answer (a
+``http_publish_rate_per_key`` (``Retry-After``), or delayed messages over their bounds
+(``quota-exceeded``, MQTT's 0x97 Quota exceeded: no ``Retry-After``, the bound frees as
+waiting messages are published or cancelled); 503 Kafka or PostgreSQL did not answer (a
 message may then have been stored: publish it again, at least once as with QoS 1).
 """
 
@@ -80,11 +88,12 @@ from services.common.mqtt.errors import MQTTError
 from services.common.mqtt.packets import Publish
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import KafkaRecord
+from services.common.records import DELAYED_ID_SIZE, KafkaRecord, parse_delayed
 from services.common.settings import Settings
 from services.common.stores.base import StoreUnavailable
 from services.common.topics.validation import validate_topic_name
-from services.ingest.effects import publication
+from services.ingest.delayed_rules import DelayedCounts, parse_delayed_topic
+from services.ingest.effects import StoreDelayed, StoreEffect, publication
 from services.ingest.handle_connect import authorizer_of
 from services.ingest.handle_publish import accepted_meta
 from services.ingest.rate_limits import TokenBucket
@@ -104,6 +113,9 @@ MAX_STRING_BYTES = 65_535
 PRUNE_AT = 10_000
 """Rate buckets kept before the full (idle) ones are dropped."""
 
+QUOTA_EXCEEDED = "quota-exceeded"
+"""The problem kind of delayed messages over their bounds (429, MQTT's 0x97)."""
+
 
 class Outcome(StrEnum):
     """What became of one request: the ``outcome`` label of
@@ -115,6 +127,7 @@ class Outcome(StrEnum):
     FORBIDDEN = "forbidden"
     TOO_LARGE = "too_large"
     RATE_LIMITED = "rate_limited"
+    QUOTA_EXCEEDED = "quota_exceeded"
     UNAVAILABLE = "unavailable"
 
 
@@ -142,7 +155,7 @@ def collect() -> Iterable[Metric]:
         "cormorant_http_publish_requests",
         "HTTP publish API requests (one message or a batch), by outcome: accepted, or the "
         "refusal's reason (invalid, unauthenticated, forbidden, too_large, rate_limited, "
-        "unavailable).",
+        "quota_exceeded: delayed messages over their bounds, unavailable).",
         labels=["outcome"],
     )
     for outcome, count in REQUESTS.items():
@@ -241,11 +254,13 @@ class ProblemRoute(APIRoute):
         handle = super().get_route_handler()
 
         async def handler(request: Request) -> Response:
+            kind = None
             try:
                 await _read_body(request)
                 response = await handle(request)
             except Problem as problem:
                 response = problem.response()
+                kind = problem.kind
             except RequestValidationError as exc:
                 where = "; ".join(
                     f"{'.'.join(str(p) for p in error.get('loc', ()))}: {error.get('msg')}"
@@ -257,6 +272,8 @@ class ProblemRoute(APIRoute):
                     exc.status_code, "refused", str(exc.detail), headers=dict(exc.headers or {})
                 ).response()
             outcome = _OUTCOMES.get(response.status_code)
+            if kind == QUOTA_EXCEEDED:
+                outcome = Outcome.QUOTA_EXCEEDED
             REQUESTS[outcome or Outcome.ACCEPTED] += 1
             return response
 
@@ -335,13 +352,19 @@ class PublishBatch(BaseModel):
 
 
 class PublishedView(BaseModel):
-    """A message written to ``msg.all``: ``stored`` when Kafka acknowledged it (QoS 1),
-    false when it was only handed to the producer (QoS 0)."""
+    """A message written to ``msg.all`` (``msg.delayed`` for a delayed one): ``stored``
+    when Kafka acknowledged it (QoS 1), false when it was only handed to the producer
+    (QoS 0)."""
 
     topic: str
     qos: int
     retain: bool
     stored: bool
+    delayed_id: str | None = Field(
+        None,
+        description="A delayed publication's id ($delayed/<seconds>/<topic>): "
+        "DELETE /api/delayed/{id} cancels it; null: published now.",
+    )
 
 
 class BatchView(BaseModel):
@@ -402,10 +425,19 @@ _REFUSED_STATUS = {
 class HttpPublisher:
     """What the publish API's handlers use: ``writer`` (the admin service's producer),
     the API keys and MQTT credentials in ``credentials``' PostgreSQL, the authenticator
-    of HTTP Basic, and one token bucket per key or credential. :meth:`close` at shutdown."""
+    of HTTP Basic, one token bucket per key or credential, and ``delayed``, the waiting
+    delayed messages as the admin service counts them (:class:`~services.admin.state.
+    ClientState`; none given: only this publisher's). :meth:`close` at shutdown."""
 
-    def __init__(self, settings: Settings, writer: CommandWriter, credentials: CredentialStore):
+    def __init__(
+        self,
+        settings: Settings,
+        writer: CommandWriter,
+        credentials: CredentialStore,
+        delayed: DelayedCounts | None = None,
+    ):
         self.settings = settings
+        self.delayed = DelayedCounts() if delayed is None else delayed
         self.names = TopicNames.from_settings(settings)
         self.writer = writer
         self.keys = ApiKeyStore(credentials.pool)
@@ -506,19 +538,24 @@ class HttpPublisher:
     # ---------------------------------------------------------------------- messages
 
     def records(self, publisher: Publisher, message: PublishMessage) -> list[KafkaRecord]:
-        """The records of one message, checked. Raises :class:`Problem` 400 (Topic Name,
-        payload, properties), 403 (denied topic), 413 (over ``max_packet_size``)."""
+        """The records of one message, checked: its publication's, or for
+        ``$delayed/<seconds>/<topic>`` its ``msg.delayed`` record (a fresh random id).
+        Raises :class:`Problem` 400 (Topic Name, a delay or target topic MQTT's 0x90
+        would refuse, payload, properties), 403 (denied topic: the target's for a delayed
+        one), 413 (over ``max_packet_size``)."""
         topic = message.topic
         try:
             validate_topic_name(topic)
+            delayed = parse_delayed_topic(topic, self.settings.max_delay_seconds)
         except MQTTError as exc:
             raise Problem(400, "topic-invalid", str(exc)) from None
+        target = topic if delayed is None else delayed.topic
         payload = _payload(message)
         properties = _properties(message, payload)
-        if not publisher.authorizer.may_publish(topic):
-            log.info("%s may not publish to %r over HTTP: refused", publisher.name, topic)
+        if not publisher.authorizer.may_publish(target):
+            log.info("%s may not publish to %r over HTTP: refused", publisher.name, target)
             raise Problem(
-                403, "not-authorized", f"not authorized to publish to {topic!r} (MQTT 0x87)"
+                403, "not-authorized", f"not authorized to publish to {target!r} (MQTT 0x87)"
             )
         packet = Publish(
             topic, payload, message.qos, message.retain, False, 1 if message.qos else None,
@@ -532,8 +569,38 @@ class HttpPublisher:
                 "message-too-large",
                 f"as an MQTT PUBLISH the message is {size} bytes, over max_packet_size {limit}",
             )
-        meta = accepted_meta(topic, message.qos, message.retain, properties, 5, now_ms())
-        return [record_of(self.names, publisher.client_id, e) for e in publication(meta, payload)]
+        meta = accepted_meta(target, message.qos, message.retain, properties, 5, now_ms())
+        effects: Sequence[StoreEffect] = publication(meta, payload)
+        if delayed is not None and delayed.delay_seconds:
+            ident = secrets.token_bytes(DELAYED_ID_SIZE)
+            effects = [StoreDelayed(0, ident, delayed.delay_seconds, meta, payload)]
+        return [record_of(self.names, publisher.client_id, e) for e in effects]
+
+    def _delayed_ids(self, batch: list[list[KafkaRecord]]) -> list[bytes | None]:
+        """Each message's delayed publication id (None: published now)."""
+        topic = self.names.msg_delayed
+        return [
+            next((parse_delayed(r.key, None)[1] for r in records if r.topic == topic), None)
+            for records in batch
+        ]
+
+    def _within_delayed_bounds(self, publisher: Publisher, count: int) -> None:
+        """Raise :class:`Problem` 429 ``quota-exceeded`` unless ``count`` more delayed
+        messages of the publisher stay within ``max_delayed_messages`` and
+        ``max_delayed_messages_per_client``."""
+        settings = self.settings
+        why = self.delayed.refusal(
+            publisher.client_id,
+            settings.max_delayed_messages,
+            settings.max_delayed_messages_per_client,
+            count,
+        )
+        if why is None:
+            return
+        log.info("%s: %d delayed messages refused: %s", publisher.name, count, why)
+        raise Problem(
+            429, QUOTA_EXCEEDED, f"too many delayed messages: {why} (MQTT 0x97 Quota exceeded)"
+        )
 
     def take(self, publisher: Publisher, count: int) -> None:
         """Count ``count`` messages against the publisher's rate. Raises :class:`Problem`
@@ -569,10 +636,18 @@ class HttpPublisher:
                 batch.append(self.records(publisher, message))
             except Problem as problem:
                 raise problem if len(messages) == 1 else problem.at(index) from None
+        ids = self._delayed_ids(batch)
+        waiting = [i for i in ids if i is not None]
+        if waiting:
+            self._within_delayed_bounds(publisher, len(waiting))
         self.take(publisher, len(messages))
+        for ident in waiting:  # counted from now, as an ingest node does
+            self.delayed.add(publisher.client_id, ident)
         try:
             sent = await self.writer.enqueue([r for records in batch for r in records])
         except KafkaError as exc:
+            for ident in waiting:  # read and counted again if Kafka wrote it after all
+                self.delayed.remove(publisher.client_id, ident)
             raise _kafka_down(exc) from None
         waits: list[Awaitable[RecordMetadata]] = []
         position = 0
@@ -590,8 +665,14 @@ class HttpPublisher:
         except KafkaError as exc:
             raise _kafka_down(exc) from None
         return [
-            PublishedView(topic=m.topic, qos=m.qos, retain=m.retain, stored=bool(m.qos))
-            for m in messages
+            PublishedView(
+                topic=m.topic,
+                qos=m.qos,
+                retain=m.retain,
+                stored=bool(m.qos),
+                delayed_id=None if i is None else i.hex(),
+            )
+            for m, i in zip(messages, ids, strict=True)
         ]
 
 

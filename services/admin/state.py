@@ -8,7 +8,9 @@ No second copy: the admin service follows the topics every service follows
   connection, protocol version, kind, Session Expiry Interval, connected since;
 - ``client.subscriptions``: each client's subscriptions;
 - ``msg.retained``: the retained messages, by Topic Name (as the router keeps them);
-- ``msg.delayed``: the delayed publications still waiting, by their id;
+- ``msg.delayed``: the delayed publications still waiting, by their id, their count per
+  publisher (for the HTTP publish API's bounds), and how the latest ones ended (their
+  tombstones' outcome: what a cancel waits for);
 - ``client.events``: the last connect of each client, for its address (the network peer
   its ingest node saw) and the connection it belongs to. ``client.events`` keeps
   ``msg_retention_seconds`` of history: a client connected for longer has no address.
@@ -16,6 +18,8 @@ No second copy: the admin service follows the topics every service follows
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,12 +27,14 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.security import client_security
 from services.common.kafka.state_reader import CompactedTopicReader
 from services.common.records import (
+    DelayedOutcome,
     DelayedRecord,
     EventKind,
     EventRecord,
     Headers,
     Message,
     SessionRecord,
+    delayed_outcome,
     parse_client_event,
     parse_client_session,
     parse_client_subscriptions,
@@ -39,6 +45,10 @@ from services.common.records import (
 from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.common.topics.retained import RetainedStore
+from services.ingest.delayed_rules import DelayedCounts
+
+ENDED_KEPT = 10_000
+"""How many ended delayed publications :attr:`ClientState.delayed_ended` remembers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +76,11 @@ class ClientState:
         self.retained: RetainedStore[Message] = RetainedStore()
         self.last_connect: dict[str, LastConnect] = {}
         self.delayed: dict[bytes, DelayedRecord] = {}
+        self.delayed_counts = DelayedCounts()
+        # how the latest delayed publications ended (None: their tombstone did not say),
+        # and the cancels waiting to hear it
+        self.delayed_ended: OrderedDict[bytes, DelayedOutcome | None] = OrderedDict()
+        self._awaiting_end: dict[bytes, list[asyncio.Future[DelayedOutcome | None]]] = {}
         self.reader = CompactedTopicReader(
             settings.kafka_bootstrap,
             [
@@ -119,15 +134,36 @@ class ClientState:
             else:
                 self.retained.set(name, message)
         elif topic == names.msg_delayed:
-            _, delayed_id, delayed = parse_delayed(key, value)
-            if delayed is None:
-                self.delayed.pop(delayed_id, None)
-            else:
+            client_id, delayed_id, delayed = parse_delayed(key, value)
+            if isinstance(delayed, DelayedRecord):
                 self.delayed[delayed_id] = delayed
+                self.delayed_counts.add(client_id, delayed_id)
+            elif delayed is None and self.delayed.pop(delayed_id, None) is not None:
+                # Its first tombstone: how it ended (later ones answer late cancels).
+                self.delayed_counts.remove(client_id, delayed_id)
+                self._ended(delayed_id, delayed_outcome(headers))
         else:
             client_id, event = parse_client_event(key, value)
             if event.kind is EventKind.CONNECTED:
                 self.last_connect[client_id] = _last_connect(event)
+
+    def _ended(self, delayed_id: bytes, outcome: DelayedOutcome | None) -> None:
+        self.delayed_ended[delayed_id] = outcome
+        if len(self.delayed_ended) > ENDED_KEPT:
+            self.delayed_ended.popitem(last=False)
+        for future in self._awaiting_end.pop(delayed_id, []):
+            if not future.done():
+                future.set_result(outcome)
+
+    def delayed_end(self, delayed_id: bytes) -> asyncio.Future[DelayedOutcome | None]:
+        """A future of how the waiting delayed publication ``delayed_id`` ends (its
+        tombstone's :class:`~services.common.records.DelayedOutcome`; None: not said), set
+        when this state reads it; cancel it to stop waiting."""
+        future: asyncio.Future[DelayedOutcome | None] = asyncio.get_running_loop().create_future()
+        waiters = self._awaiting_end.setdefault(delayed_id, [])
+        waiters.append(future)
+        future.add_done_callback(lambda done: _discard(self._awaiting_end, delayed_id, done))
+        return future
 
     def address_of(self, client_id: str, session: SessionRecord) -> str | None:
         """The network peer of ``session``'s connection, if its connect event is known."""
@@ -144,3 +180,16 @@ class ClientState:
 
 def _last_connect(event: EventRecord) -> LastConnect:
     return LastConnect(event.at_ms, event.client_address, event.connection_id, event.node_id)
+
+
+def _discard(
+    awaiting: dict[bytes, list[asyncio.Future[DelayedOutcome | None]]],
+    delayed_id: bytes,
+    future: asyncio.Future[DelayedOutcome | None],
+) -> None:
+    """Forget a future of :meth:`ClientState.delayed_end` once done (set or cancelled)."""
+    waiters = awaiting.get(delayed_id)
+    if waiters is not None and future in waiters:
+        waiters.remove(future)
+        if not waiters:
+            del awaiting[delayed_id]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -356,6 +356,34 @@ def dropped_family(counts: dict[Drop, int]) -> Metric:
     for reason, count in counts.items():
         family.add_metric([reason.value], count)
     return family
+
+
+def delayed_families(held: int, waiting: int, ended: Mapping[str, int]) -> Iterable[Metric]:
+    """An ingest node's delayed publications (``$delayed/<seconds>/<topic>``): ``held``
+    waiting in the ``msg.delayed`` partitions it owns, ``waiting`` in the whole cluster as
+    it counts them for ``max_delayed_messages``, ``ended`` those it ended, by outcome
+    (``published``, ``cancelled``; both always served, 0 included)."""
+    yield GaugeMetricFamily(
+        "cormorant_delayed_messages_held",
+        "Delayed publications waiting in the msg.delayed partitions this ingest node owns "
+        "(kept in its memory, payloads included, until due).",
+        value=held,
+    )
+    yield GaugeMetricFamily(
+        "cormorant_delayed_messages_waiting",
+        "Delayed publications waiting in the whole cluster, as this node counts them for "
+        "max_delayed_messages (every node serves the cluster's count: take the max).",
+        value=waiting,
+    )
+    family = CounterMetricFamily(
+        "cormorant_delayed_messages_ended",
+        "Delayed publications this ingest node ended, by outcome: published (at their due "
+        "time) or cancelled (DELETE /api/delayed/{id}).",
+        labels=["outcome"],
+    )
+    for outcome in ("published", "cancelled"):
+        family.add_metric([outcome], ended.get(outcome, 0))
+    yield family
 
 
 def mqtt_families(

@@ -46,7 +46,10 @@ Topic → key / value / headers:
 - ``client.wills`` (compacted): key = client id, NUL, connection id; value =
   :class:`WillRecord` (:func:`will_record`); a tombstone = published or discarded.
 - ``msg.delayed`` (compacted): key = publisher client id, NUL, the message's id; value =
-  :class:`DelayedRecord` (:func:`delayed_record`); a tombstone = published or cancelled.
+  :class:`DelayedRecord` (:func:`delayed_record`), or :class:`DelayedCancel`, an
+  administrator's request to cancel it (:func:`delayed_cancel_record`); a tombstone, only
+  ever written by the ingest node owning the partition, = published or cancelled, which its
+  ``o`` header says (:class:`DelayedOutcome`).
 
 Each record kind has one builder (``*_record``, returning a :class:`KafkaRecord`) and one
 parser (``parse_*``), and every parser raises only :class:`RecordError`: the one test of
@@ -62,7 +65,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
 from services.common.kafka.names import TopicNames
@@ -1451,19 +1454,75 @@ def delayed_record(names: TopicNames, delayed: DelayedRecord) -> KafkaRecord:
     return KafkaRecord(names.msg_delayed, delayed_key(delayed.client_id, delayed.delayed_id), value)
 
 
-def delayed_tombstone(names: TopicNames, client_id: str, delayed_id: bytes) -> KafkaRecord:
-    """The tombstone that deletes a waiting delayed message (published or cancelled)."""
-    return KafkaRecord(names.msg_delayed, delayed_key(client_id, delayed_id), None)
+@dataclass(frozen=True, slots=True)
+class DelayedCancel:
+    """An administrator's request to cancel a waiting delayed message (a ``msg.delayed``
+    record under the message's own key). Only the ingest node owning the partition
+    decides: it cancels the message if its publication is not under way, and either way
+    writes the tombstone that says what happened (:class:`DelayedOutcome`)."""
+
+    client_id: str
+    delayed_id: bytes
+
+
+class DelayedOutcome(StrEnum):
+    """How a delayed message ended, as its ``msg.delayed`` tombstone's ``o`` header says:
+    ``published`` (with its ``msg.all`` record, in one transaction), ``cancelled`` (never
+    published), or ``gone``: the answer to a cancel request for a message that did not
+    wait any more (its earlier tombstone said how it ended)."""
+
+    PUBLISHED = "published"
+    CANCELLED = "cancelled"
+    GONE = "gone"
+
+
+DELAYED_OUTCOME_HEADER = "o"
+"""The header of a ``msg.delayed`` tombstone that holds its :class:`DelayedOutcome`."""
+
+_DELAYED_CANCEL = bytes((_VERSION,)) + b"C"
+"""The value of a cancel request: shorter than any waiting message's (13 bytes at least)."""
+
+
+def delayed_cancel_record(names: TopicNames, client_id: str, delayed_id: bytes) -> KafkaRecord:
+    """The ``msg.delayed`` record asking the owner of the partition to cancel
+    ``client_id``'s delayed message ``delayed_id`` (:class:`DelayedCancel`). Raises
+    ``ValueError`` for an id that is not :data:`DELAYED_ID_SIZE` bytes."""
+    return KafkaRecord(names.msg_delayed, delayed_key(client_id, delayed_id), _DELAYED_CANCEL)
+
+
+def delayed_tombstone(
+    names: TopicNames, client_id: str, delayed_id: bytes, outcome: DelayedOutcome
+) -> KafkaRecord:
+    """The tombstone that deletes a delayed message, saying how it ended (``outcome``, in
+    its ``o`` header)."""
+    key = delayed_key(client_id, delayed_id)
+    return KafkaRecord(
+        names.msg_delayed, key, None, ((DELAYED_OUTCOME_HEADER, outcome.value.encode()),)
+    )
+
+
+def delayed_outcome(headers: Headers) -> DelayedOutcome | None:
+    """The :class:`DelayedOutcome` a ``msg.delayed`` tombstone's headers say (None: none
+    said, or one this version does not know)."""
+    for name, value in headers:
+        if name == DELAYED_OUTCOME_HEADER:
+            try:
+                return DelayedOutcome(value.decode("ascii", "replace"))
+            except ValueError:
+                return None
+    return None
 
 
 def parse_delayed(
     key: bytes | None, value: bytes | None
-) -> tuple[str, bytes, DelayedRecord | None]:
-    """Parse a ``msg.delayed`` record: client id, the message's id and the waiting message
-    (None: a tombstone). Raises :class:`RecordError`."""
+) -> tuple[str, bytes, DelayedRecord | DelayedCancel | None]:
+    """Parse a ``msg.delayed`` record: client id, the message's id and the waiting message,
+    a request to cancel it, or None (a tombstone). Raises :class:`RecordError`."""
     client_id, delayed_id = _split_key(key, DELAYED_ID_SIZE, "msg.delayed")
     if value is None:
         return client_id, delayed_id, None
+    if value == _DELAYED_CANCEL:
+        return client_id, delayed_id, DelayedCancel(client_id, delayed_id)
     _check_version(value, "msg.delayed record")
     if len(value) < _DELAYED.size:
         raise RecordError("truncated msg.delayed record")

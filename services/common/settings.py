@@ -730,6 +730,34 @@ class Settings(BaseSettings):
         "v3.1.1 acknowledged and dropped (logged). 0: only $delayed/0/<topic>, published "
         "at once.",
     )
+    max_delayed_messages: int = Field(
+        100_000,
+        ge=0,
+        description="Delayed publications ($delayed/<seconds>/<topic>) waiting in the whole "
+        "cluster. Whole-cluster rather than per node: the msg.delayed partitions, and the "
+        "messages waiting in them (payloads included, in memory), move between the ingest "
+        "nodes, and a single surviving node holds them all: size it for one node's memory "
+        "(docs/concepts/delayed-publish.md). A delayed PUBLISH beyond it is refused: v5 PUBACK / "
+        "PUBREC 0x97 Quota exceeded; v3.1.1 QoS 1/2 the connection is closed, unacknowledged "
+        "(the client publishes it again later); QoS 0 dropped; each counted in "
+        'cormorant_mqtt_refusals_total{limit="delayed_messages"} and logged. 0: only '
+        "$delayed/0/<topic>, published at once.",
+    )
+    max_delayed_messages_per_client: int = Field(
+        1000,
+        ge=0,
+        description="Delayed publications one publisher (Client Identifier) may have waiting; "
+        "beyond it a delayed PUBLISH is refused as over max_delayed_messages, so that one "
+        "client cannot take the whole cluster's quota.",
+    )
+    delayed_cancel_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="How long DELETE /api/delayed/{id} (cormorant delayed cancel) waits for the "
+        "ingest node holding the message to decide between its cancel and its publication; "
+        "past it the answer is 504 and the cancel request stays queued for that node.",
+    )
     max_subscriptions: int = Field(
         1000,
         ge=1,
@@ -790,6 +818,21 @@ class Settings(BaseSettings):
         "open this long after its records were acknowledged, before committing it, so that "
         "a test can kill the stage between produce and commit (0: no delay; "
         "docs/integrations/kafka.md).",
+    )
+
+    # --- delayed publish, for tests --------------------------------------------------------
+    delayed_hold_topic_prefix: str = Field(
+        "",
+        description="For tests only: the ingest node publishing a due delayed message whose "
+        "target topic starts with this prefix holds its transaction open "
+        "delayed_hold_seconds before committing it, so that a test can cancel it while its "
+        'publication is under way ("": none is held; docs/concepts/delayed-publish.md).',
+    )
+    delayed_hold_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=20,
+        description="For tests only: how long such a publication is held (seconds).",
     )
 
     # --- every service ---------------------------------------------------------------------

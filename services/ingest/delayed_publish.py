@@ -13,13 +13,15 @@ partition times its messages (:class:`DelayedTimers`) and, when one is due, comm
 transaction of the partition: exactly once through any single crash, by the machinery Will
 Messages with a Will Delay Interval use (:mod:`services.ingest.timed_records`).
 
-A tombstone written by an administrator (``DELETE /api/delayed/{id}``) cancels a message
-still waiting: its owner reads it and forgets the message.
+An administrator's cancel (``DELETE /api/delayed/{id}``) is a request in the partition
+(:class:`~services.common.records.DelayedCancel`): the owner that reads it cancels the
+message unless its publication is under way, and its tombstone says which happened
+(:class:`~services.common.records.DelayedOutcome`; :mod:`services.ingest.timed_records`).
 """
 
 from __future__ import annotations
 
-from services.common.records import DelayedRecord, KafkaRecord, delayed_tombstone
+from services.common.records import DelayedOutcome, DelayedRecord, KafkaRecord, delayed_tombstone
 from services.ingest.effects import Publication, published_now
 from services.ingest.timed_records import Key, TimedRecords
 
@@ -36,9 +38,9 @@ class DelayedTimers(TimedRecords[DelayedRecord]):
         """Its arrival plus its delay."""
         return value.due_at_ms
 
-    def tombstone(self, key: Key) -> KafkaRecord:
-        """Its ``msg.delayed`` tombstone."""
-        return delayed_tombstone(self.names, *key)
+    def tombstone(self, key: Key, outcome: DelayedOutcome) -> KafkaRecord:
+        """Its ``msg.delayed`` tombstone, saying how it ended."""
+        return delayed_tombstone(self.names, *key, outcome)
 
     async def at_due(self, key: Key, value: DelayedRecord) -> Publication:
         """Its publication, stamped now."""

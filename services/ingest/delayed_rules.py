@@ -6,6 +6,12 @@ handle_publish` refuses what it rejects, authorizes the target topic, and asks f
 message to be stored in ``msg.delayed`` (:class:`~services.ingest.effects.StoreDelayed`,
 whose record :func:`waiting_record` makes). :mod:`services.ingest.delayed_publish` publishes
 it when it is due.
+
+How many may wait is bounded (``max_delayed_messages`` in the cluster,
+``max_delayed_messages_per_client`` per publisher): :class:`DelayedCounts` counts them as a
+process follows ``msg.delayed``, and :meth:`DelayedCounts.refusal` says when one more is
+over a bound (the PUBLISH is then refused with 0x97 Quota exceeded, see
+:mod:`services.ingest.handle_publish`).
 """
 
 from __future__ import annotations
@@ -70,3 +76,54 @@ def waiting_record(client_id: str, delayed: StoreDelayed) -> DelayedRecord:
         encode_meta(delayed.meta),
         delayed.payload,
     )
+
+
+class DelayedCounts:
+    """The delayed messages waiting in the cluster, as one process knows them: the keys
+    (publisher client id, message id) of ``msg.delayed`` whose latest record it read is a
+    waiting message, plus those it is storing itself (:meth:`add` at acceptance, so that a
+    burst of PUBLISHes in one read is counted before Kafka answers).
+
+    Another node's acceptances count once this process has read them (the ingest nodes and
+    the admin service follow ``msg.delayed`` in full): PUBLISHes racing through two nodes
+    at once may pass a bound by the few that node has not read yet.
+    """
+
+    def __init__(self) -> None:
+        self._by_client: dict[str, set[bytes]] = {}
+        self.total = 0
+
+    def of(self, client_id: str) -> int:
+        """How many delayed messages of ``client_id`` wait."""
+        return len(self._by_client.get(client_id, ()))
+
+    def add(self, client_id: str, delayed_id: bytes) -> None:
+        """``client_id``'s message ``delayed_id`` waits (idempotent)."""
+        ids = self._by_client.setdefault(client_id, set())
+        if delayed_id not in ids:
+            ids.add(delayed_id)
+            self.total += 1
+
+    def remove(self, client_id: str, delayed_id: bytes) -> None:
+        """``client_id``'s message ``delayed_id`` waits no more: published, cancelled, or
+        its store failed (idempotent)."""
+        ids = self._by_client.get(client_id)
+        if ids is None or delayed_id not in ids:
+            return
+        ids.discard(delayed_id)
+        self.total -= 1
+        if not ids:
+            del self._by_client[client_id]
+
+    def refusal(
+        self, client_id: str, max_total: int, max_per_client: int, more: int = 1
+    ) -> str | None:
+        """Why ``more`` delayed messages of ``client_id`` are over the bounds (the settings
+        ``max_delayed_messages`` and ``max_delayed_messages_per_client``), for the log and
+        the HTTP answer; None: they may wait."""
+        if self.total + more > max_total:
+            return f"{self.total} delayed messages wait in the cluster (max {max_total})"
+        mine = self.of(client_id)
+        if mine + more > max_per_client:
+            return f"{mine} delayed messages of this client wait (max {max_per_client})"
+        return None

@@ -27,7 +27,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from services.common.kafka.names import TopicNames
-from services.common.records import KafkaRecord, SessionRecord, WillRecord, will_tombstone
+from services.common.records import (
+    DelayedOutcome,
+    KafkaRecord,
+    SessionRecord,
+    WillRecord,
+    will_tombstone,
+)
 from services.ingest import will_rules
 from services.ingest.effects import Publication
 from services.ingest.timed_records import Commit, Key, TimedRecords
@@ -70,8 +76,9 @@ class WillTimers(TimedRecords[WillRecord]):
         """The will's due time (its close plus its delay)."""
         return value.due_at_ms
 
-    def tombstone(self, key: Key) -> KafkaRecord:
-        """The will's ``client.wills`` tombstone."""
+    def tombstone(self, key: Key, outcome: DelayedOutcome) -> KafkaRecord:
+        """The will's ``client.wills`` tombstone (``outcome`` is not recorded: nothing
+        cancels a Will Message but its session's records)."""
         return will_tombstone(self.names, *key)
 
     def settled(self, key: Key, value: WillRecord) -> Publication | None:

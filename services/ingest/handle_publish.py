@@ -21,7 +21,9 @@ publishes it when due (:mod:`services.ingest.delayed_publish`). One whose delay 
 topic is not valid is refused as an unauthorized one is, with 0x90 Topic Name invalid (MQTT
 5.0 3.4.2.1, 3.5.2.1) for a v5 client: the Topic Name itself is valid MQTT, only the
 extension refuses it, so the connection stays open. ``$delayed/0/<topic>`` is published at
-once.
+once. One over the delayed messages' bounds (``max_delayed_messages`` in the cluster,
+``max_delayed_messages_per_client``) gets 0x97 Quota exceeded (v5), closes a v3.1.1
+connection unacknowledged, and is dropped at QoS 0 (:func:`_refuse_delayed` says why).
 
 QoS 2 is exactly once across reconnects (MQTT 4.3.3): the Packet Identifier of a stored
 PUBLISH stays "unreleased" until PUBREL, and a resend of it is acknowledged without being
@@ -51,8 +53,9 @@ from services.common.mqtt.packets import (
 )
 from services.common.mqtt.properties import Properties, encode_properties
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import PublishMeta
+from services.common.records import DisconnectCause, PublishMeta
 from services.common.topics.validation import validate_topic_name
+from services.ingest import events
 from services.ingest.delayed_rules import DelayedTopic, parse_delayed_topic
 from services.ingest.effects import (
     Close,
@@ -120,8 +123,9 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
     one gets PUBREC 0x97 instead).
 
     A PUBLISH to ``$delayed/<seconds>/<topic>`` is stored in ``msg.delayed``
-    (:class:`StoreDelayed`: its RETAIN flag applies when it is published), or refused (see
-    the module).
+    (:class:`StoreDelayed`: its RETAIN flag applies when it is published, and it counts in
+    the node's :class:`~services.ingest.delayed_rules.DelayedCounts` from now), or refused
+    (see the module).
     """
     topic = resolve_inbound(
         state.topic_aliases,
@@ -161,6 +165,14 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         return _refuse(state, packet, target, ReasonCode.NOT_AUTHORIZED, "not authorized")
     if packet.qos == 2 and _inflight_qos2(state) >= state.limits.max_inflight_qos2:
         return _refuse_qos2(state, packet)
+    waits = delayed is not None and delayed.delay_seconds > 0
+    if waits:
+        limits = state.limits
+        over = state.server.delayed.refusal(
+            state.client_id, limits.max_delayed_messages, limits.max_delayed_messages_per_client
+        )
+        if over is not None:
+            return _refuse_delayed(state, packet, over)
     meta = accepted_meta(
         target, packet.qos, packet.retain, packet.properties, state.protocol_version, state.now_ms()
     )
@@ -171,10 +183,13 @@ def handle_publish(state: ConnectionState, packet: Publish) -> list[Effect]:
         pending = PendingAck(packet.packet_id, packet.qos)
     MQTT.publish_received[packet.qos] += 1
     effects: list[Effect]
-    if delayed is not None and delayed.delay_seconds:
+    if waits:
+        assert delayed is not None
         token = state.new_token(pending)
         # The connection id and a number no other of its effects has: unique for ever.
         delayed_id = state.connection_id + token.to_bytes(8, "big")
+        # Counted from now: the next PUBLISH of this read must see it.
+        state.server.delayed.add(state.client_id, delayed_id)
         effects = [StoreDelayed(token, delayed_id, delayed.delay_seconds, meta, packet.payload)]
     else:
         effects = [StorePublish(state.new_token(pending), meta, packet.payload)]
@@ -222,6 +237,35 @@ def _refuse_qos2(state: ConnectionState, packet: Publish) -> list[Effect]:
         raise MQTTError(refused.detail, ReasonCode.QUOTA_EXCEEDED)
     state.pending_acks.append(
         PendingAck(packet.packet_id, 2, outstanding=0, refused=ReasonCode.QUOTA_EXCEEDED)
+    )
+    return [refused, *_release_acks(state)]
+
+
+def _refuse_delayed(state: ConnectionState, packet: Publish, why: str) -> list[Effect]:
+    """A delayed PUBLISH over ``max_delayed_messages`` or ``max_delayed_messages_per_client``
+    (``why`` says which, for the log), nothing stored: v5 PUBACK / PUBREC 0x97 Quota
+    exceeded in its turn (MQTT 5.0 3.4.2.1, 3.5.2.1); QoS 0 dropped. v3.1.1 has no negative
+    acknowledgement and MQTT-3.3.5-2 leaves a positive one or closing the Network Connection:
+    the connection is closed, the PUBLISH unacknowledged, so the client still holds it and
+    publishes it again after reconnecting, rather than losing it to an acknowledgement that
+    lies (the choice made for ``max_inflight_qos2``)."""
+    refused = LimitRefused(Refusal.DELAYED_MESSAGES, why)
+    if not packet.qos:
+        return [refused]
+    assert packet.packet_id is not None
+    if state.protocol_version < 5:
+        # As for any refusal that closes the connection (the analysts' DISCONNECTED event).
+        events.ending(state, DisconnectCause.PROTOCOL_ERROR, ReasonCode.QUOTA_EXCEEDED)
+        state.phase = Phase.CLOSED
+        return [refused, Close(f"a delayed PUBLISH over the quota: {why}")]
+    state.pending_acks.append(
+        PendingAck(
+            packet.packet_id,
+            packet.qos,
+            outstanding=0,
+            refused=ReasonCode.QUOTA_EXCEEDED,
+            reason_string="too many delayed messages wait",
+        )
     )
     return [refused, *_release_acks(state)]
 
@@ -281,7 +325,9 @@ def _release_acks(state: ConnectionState) -> list[Effect]:
         )
         props = Properties()
         if reason != ReasonCode.SUCCESS and state.request_problem_information:
-            props.reason_string = _REASON_STRINGS.get(reason, "the message could not be stored")
+            props.reason_string = pending.reason_string or _REASON_STRINGS.get(
+                reason, "the message could not be stored"
+            )
         if pending.qos == 1:
             out.append(state.encode(PubAck(pending.packet_id, reason, props)))
         else:

@@ -29,6 +29,8 @@ class Refusal(enum.StrEnum):
     MESSAGE_RATE = "message_rate"  # client_max_messages_per_second: reading paused
     BYTE_RATE = "byte_rate"  # client_max_bytes_per_second: reading paused
     INFLIGHT_QOS2 = "inflight_qos2"  # max_inflight_qos2: PUBREC 0x97 (v3.1.1: close)
+    # max_delayed_messages(_per_client): PUBACK/PUBREC 0x97 (v3.1.1: close; QoS 0: dropped)
+    DELAYED_MESSAGES = "delayed_messages"
     SUBSCRIPTIONS = "subscriptions"  # max_subscriptions: SUBACK 0x97 (v3.1.1: 0x80)
     TOPIC_LEVELS = "topic_levels"  # max_topic_levels: SUBACK 0x97 (v3.1.1: 0x80)
     REPLAY_AGE = "replay_age"  # max_replay_age_seconds: SUBACK 0x97 (v3.1.1: 0x80)
@@ -52,6 +54,8 @@ class Limits:
     ``application_client_ids`` the client id patterns of APPLICATION clients;
     ``max_inflight_qos2`` inbound QoS 2 messages not yet released per client;
     ``max_delay_seconds`` the longest delay of a ``$delayed/<seconds>/<topic>`` PUBLISH;
+    ``max_delayed_messages`` delayed messages waiting in the cluster,
+    ``max_delayed_messages_per_client`` those of one publisher;
     ``max_subscriptions`` subscriptions per client; ``max_topic_levels`` levels of one
     Topic Filter; ``max_replay_age_seconds`` how far back a replay subscription may start,
     ``msg_retention_seconds`` how far back ``msg.all`` keeps messages.
@@ -68,6 +72,8 @@ class Limits:
     application_client_ids: tuple[str, ...]
     max_inflight_qos2: int = 65535
     max_delay_seconds: int = 4_294_967
+    max_delayed_messages: int = 100_000
+    max_delayed_messages_per_client: int = 1000
     max_subscriptions: int = 1_000_000
     max_topic_levels: int = 65535
     max_replay_age_seconds: int = 30 * 24 * 3600
@@ -88,6 +94,8 @@ class Limits:
             application_client_ids=tuple(settings.application_client_ids),
             max_inflight_qos2=settings.max_inflight_qos2,
             max_delay_seconds=settings.max_delay_seconds,
+            max_delayed_messages=settings.max_delayed_messages,
+            max_delayed_messages_per_client=settings.max_delayed_messages_per_client,
             max_subscriptions=settings.max_subscriptions,
             max_topic_levels=settings.max_topic_levels,
             max_replay_age_seconds=settings.max_replay_age_seconds,

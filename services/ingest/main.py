@@ -5,7 +5,8 @@ client creates a persistent APPLICATION client's ``msg.app`` topic at CONNECT); 
 the node's own ``msg.downlink.<node_id>`` topic (every partition, from its end, no consumer
 group) and writes each message to the target sockets, or sends the PUBRELs a record with
 header ``r`` asks for. A state reader follows ``client.sessions`` and ``client.subscriptions``
-in full for session takeover, session resumption and Will Messages waiting out their delay;
+in full for session takeover, session resumption and Will Messages waiting out their delay
+(and ``msg.delayed``, to count the waiting delayed messages for their bounds);
 other tasks own this node's share of ``client.wills`` (:mod:`services.ingest.delayed_wills`)
 and of ``msg.delayed`` (:mod:`services.ingest.delayed_publish`).
 Credentials come from PostgreSQL through a cache that the store's change notifications
@@ -79,6 +80,7 @@ from services.common.records import (
     Downlink,
     KafkaRecord,
     RecordError,
+    decode_meta,
     parse_delayed,
     parse_downlink,
     parse_will,
@@ -179,7 +181,8 @@ class IngestService:
         self.blocked = BlockedFollower(self.blocked_store, node.gate)
         self.reader = CompactedTopicReader(
             settings.kafka_bootstrap,
-            [names.client_sessions, names.client_subscriptions],
+            # msg.delayed: the count of waiting delayed messages, for their bounds.
+            [names.client_sessions, names.client_subscriptions, names.msg_delayed],
             node.apply_state,
             security=client_security(settings),
         )
@@ -195,6 +198,11 @@ class IngestService:
         metrics.register(
             lambda: metrics.mqtt_families(
                 metrics.MQTT, node.connections, node.pending_records, node.refusals.counts.items()
+            )
+        )
+        metrics.register(
+            lambda: metrics.delayed_families(
+                len(node.delayed), node.context.delayed.total, node.delayed.ended
             )
         )
 
@@ -241,15 +249,39 @@ class IngestService:
         """Write ``records`` in one transaction of ``msg.delayed`` partition ``partition``
         (see :data:`~services.ingest.timed_records.Commit`)."""
         tp = TopicPartition(self.names.msg_delayed, partition)
-        await self._commit(self.delayed_transactions, tp, records)
+        await self._commit(self.delayed_transactions, tp, records, self._held(records))
+
+    def _held(self, records: list[KafkaRecord]) -> float:
+        """For tests only: seconds to hold a delayed publication's transaction open before
+        committing it (``delayed_hold_seconds`` when it publishes to a topic under
+        ``delayed_hold_topic_prefix``; else 0)."""
+        prefix = self.settings.delayed_hold_topic_prefix
+        if not prefix:
+            return 0.0
+        for record in records:
+            if record.topic == self.names.msg_all:
+                meta = decode_meta(dict(record.headers)["m"])
+                if meta.topic.startswith(prefix):
+                    return self.settings.delayed_hold_seconds
+        return 0.0
 
     async def _commit(
-        self, transactions: PartitionTransactions, tp: TopicPartition, records: list[KafkaRecord]
+        self,
+        transactions: PartitionTransactions,
+        tp: TopicPartition,
+        records: list[KafkaRecord],
+        hold: float = 0.0,
     ) -> None:
         async def produce(producer: AIOKafkaProducer) -> list[Awaitable[object]]:
-            return [await send_in_transaction(producer, *record) for record in records]
+            sent = [await send_in_transaction(producer, *record) for record in records]
+            if hold:
+                await asyncio.gather(*sent)  # written, uncommitted: a test can see them
+                log.warning("delayed_hold_seconds (tests only): committing in %.1f s", hold)
+                await asyncio.sleep(hold)
+            return sent
 
-        await transactions.run_in(tp, produce, self.settings.kafka_request_timeout_seconds)
+        timeout = self.settings.kafka_request_timeout_seconds + hold
+        await transactions.run_in(tp, produce, timeout)
 
     def credential_changed(self, change: Change) -> None:
         """A credential changed in the store: forget what was cached or verified of it."""

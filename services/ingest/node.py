@@ -45,6 +45,7 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     AdminDisconnect,
+    DelayedRecord,
     Downlink,
     Headers,
     SessionRecord,
@@ -53,6 +54,7 @@ from services.common.records import (
     client_subscriptions_record,
     parse_client_session,
     parse_client_subscriptions,
+    parse_delayed,
     stale_delete,
 )
 from services.common.sessions import assigned_client_id
@@ -72,6 +74,7 @@ from services.ingest.effects import (
     Send,
     StartReplay,
     StopReplay,
+    StoreDelayed,
     StoreEffect,
     StoreSession,
     SyncState,
@@ -237,7 +240,8 @@ class IngestNode:
     def apply_state(
         self, topic: str, key: bytes, value: bytes | None, offset: int, headers: Headers = ()
     ) -> None:
-        """Apply one ``client.sessions`` / ``client.subscriptions`` record (the state reader).
+        """Apply one ``client.sessions`` / ``client.subscriptions`` / ``msg.delayed`` record
+        (the state reader; ``msg.delayed`` only counts the waiting delayed messages).
 
         A late delete of an older session (:func:`~services.common.records.stale_delete`) is
         not applied; when the newer session is this node's and no connection holds it, its
@@ -247,6 +251,9 @@ class IngestNode:
 
         Raises ``RecordError`` on garbage (the reader skips it).
         """
+        if topic == self.names.msg_delayed:
+            self._delayed_record(key, value)
+            return
         if topic == self.names.client_subscriptions:
             client_id, subscriptions = parse_client_subscriptions(key, value)
             if stale_delete(self.sessions.get(client_id), value, headers):
@@ -276,6 +283,14 @@ class IngestNode:
                 self.run(client, client.connection.session_record_seen(record, offset))
                 if client.connection.closed:
                     self.registry.unregister(client)  # taken over: the session is elsewhere
+
+    def _delayed_record(self, key: bytes, value: bytes | None) -> None:
+        """A ``msg.delayed`` record: the count of waiting delayed messages follows it."""
+        client_id, delayed_id, waiting = parse_delayed(key, value)
+        if waiting is None:
+            self.context.delayed.remove(client_id, delayed_id)
+        elif isinstance(waiting, DelayedRecord):
+            self.context.delayed.add(client_id, delayed_id)
 
     # ----------------------------------------------------------------------------------------
     # effects
@@ -429,6 +444,9 @@ class IngestNode:
         self.run(client, connection.stored(effect.token))
 
     def _store_failed(self, client: Client, effect: StoreEffect) -> None:
+        if isinstance(effect, StoreDelayed):
+            # Counted at acceptance; if Kafka writes it after all, it is read and counted.
+            self.context.delayed.remove(client.connection.client_id, effect.delayed_id)
         self.run(client, client.connection.store_failed(effect.token))
 
     async def _report(self, client: Client, token: int, done: Awaitable[None], what: str) -> None:

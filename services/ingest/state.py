@@ -20,6 +20,7 @@ from services.common.mqtt.packets import ConnAck, Packet, Publish, Will
 from services.common.mqtt.properties import Properties
 from services.common.records import AckKind, ClientKind, DisconnectCause, SessionRecord, Target
 from services.common.subscription import Subscription
+from services.ingest.delayed_rules import DelayedCounts
 from services.ingest.fan_out import FanOut
 from services.ingest.limits import Limits
 from services.ingest.topic_alias import OutboundAliases
@@ -73,7 +74,8 @@ class ServerContext:
     default). The shell passes the real clocks and generator, tests their own.
     ``owner_refusals_logged`` says which refused session takeovers (another principal's
     CONNECT for a Client Identifier whose session is not its own) are logged: once per
-    client id and minute.
+    client id and minute. ``delayed`` counts the delayed messages waiting in the cluster,
+    as the node follows ``msg.delayed``, for their bounds.
     """
 
     limits: Limits
@@ -84,6 +86,7 @@ class ServerContext:
     monotonic: Callable[[], float] = time.monotonic
     owner_refusals_logged: OncePerInterval = field(default_factory=lambda: OncePerInterval(60_000))
     blocked: CheckBlocked = _nothing_blocked
+    delayed: DelayedCounts = field(default_factory=DelayedCounts)
 
 
 class Phase(enum.Enum):
@@ -103,7 +106,9 @@ class PendingAck:
     ``outstanding`` counts the stores it still waits for: its ``msg.all`` record and, for a
     QoS 2 PUBLISH of a persistent session, a session record listing its Packet Identifier.
     ``refused``: the Reason Code of a refused PUBLISH (nothing stored; 0: none): 0x87 Not
-    authorized by the client's rules, 0x97 Quota exceeded by ``max_inflight_qos2`` (v5).
+    authorized by the client's rules, 0x97 Quota exceeded by ``max_inflight_qos2`` or the
+    delayed messages' bounds (v5); ``reason_string`` says why to a v5 client that asked for
+    them (None: the Reason Code's usual one).
     """
 
     packet_id: int
@@ -111,6 +116,7 @@ class PendingAck:
     outstanding: int = 1
     failed: bool = False
     refused: int = 0
+    reason_string: str | None = None
 
     @property
     def done(self) -> bool:

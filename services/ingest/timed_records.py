@@ -25,6 +25,16 @@ Exactly one publication, through any single crash:
 A node that dies has its partitions moved to the others within the consumer session
 timeout; with a single node, its records wait until it is back, then the overdue ones are
 published at once.
+
+Cancelling (delayed messages: :class:`~services.common.records.DelayedCancel`) is decided
+by the owner too, never by the canceller: a cancel request is a record of the partition,
+and the owner that reads it discards the record (a transaction with its tombstone, outcome
+``cancelled``) unless its publication is under way; then the publication's commit decides
+(``published``; after a failed one the record is cancelled). Every tombstone
+says which (:class:`~services.common.records.DelayedOutcome`), so the first tombstone
+of a key is the truth whoever reads it, and a canceller waits for it. A request for a
+record that waits no more is answered with a ``gone`` tombstone, so that no request is left
+in the compacted topic.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ from services.common.kafka.consumer import (
     log_undecodable,
 )
 from services.common.kafka.names import TopicNames
-from services.common.records import KafkaRecord, RecordError
+from services.common.records import DelayedCancel, DelayedOutcome, KafkaRecord, RecordError
 from services.ingest.effects import Publication, StorePublish, StoreRetained
 from services.ingest.store_pipeline import record_of
 
@@ -65,9 +75,10 @@ for a Will Message, a delayed message's id)."""
 
 V = TypeVar("V")
 
-Parse = Callable[[bytes | None, bytes | None], tuple[str, bytes, V | None]]
+Parse = Callable[[bytes | None, bytes | None], tuple[str, bytes, V | DelayedCancel | None]]
 """Parses a record of the topic into its :data:`Key` parts and the waiting value (None: a
-tombstone); raises :class:`~services.common.records.RecordError` on garbage."""
+tombstone; a :class:`~services.common.records.DelayedCancel`: a request to cancel it);
+raises :class:`~services.common.records.RecordError` on garbage."""
 
 
 @dataclass(slots=True)
@@ -76,6 +87,8 @@ class _Waiting(Generic[V]):
     value: V
     timer: asyncio.TimerHandle | None = None
     settling: bool = False
+    # a cancel request was read: it is discarded unless its publication is under way
+    cancelled: bool = False
 
 
 class TimedRecords(Generic[V]):
@@ -98,6 +111,12 @@ class TimedRecords(Generic[V]):
         self._waiting: dict[Key, _Waiting[V]] = {}
         self._live: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # cancel requests of records that wait no more, by key: their partition, until
+        # a tombstone answers them
+        self._unanswered: dict[Key, int] = {}
+        #: Records this node ended, by outcome (``published``, ``cancelled``: a delayed
+        #: message cancelled, a Will Message discarded), for the metrics.
+        self.ended: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -108,8 +127,9 @@ class TimedRecords(Generic[V]):
         """When ``value`` is to be published (Unix ms)."""
         raise NotImplementedError
 
-    def tombstone(self, key: Key) -> KafkaRecord:
-        """The tombstone that deletes the waiting record ``key``."""
+    def tombstone(self, key: Key, outcome: DelayedOutcome) -> KafkaRecord:
+        """The tombstone that deletes the waiting record ``key``, ended with ``outcome``
+        (``cancelled`` also for a record settled without publication)."""
         raise NotImplementedError
 
     def settled(self, key: Key, value: V) -> Publication | None:
@@ -139,6 +159,9 @@ class TimedRecords(Generic[V]):
         for key, waiting in list(self._waiting.items()):
             if waiting.partition in partitions:
                 self._forget(key)
+        for key, partition in list(self._unanswered.items()):
+            if partition in partitions:
+                del self._unanswered[key]
 
     async def go_live(self, partition: int) -> None:
         """``partition`` has been replayed: settle, publish or time each of its records
@@ -149,14 +172,21 @@ class TimedRecords(Generic[V]):
         for key, waiting in list(self._waiting.items()):
             if waiting.partition == partition and key in self._waiting:
                 self._evaluate(key)
+        for key, unanswered in list(self._unanswered.items()):
+            if unanswered == partition:
+                self._spawn(self._answer_gone(key))
 
     # ------------------------------------------------------------------ records
 
-    def apply(self, partition: int, key: Key, value: V | None) -> None:
-        """A record of an owned partition: a waiting one, or the tombstone of one that was
-        published, discarded or cancelled."""
+    def apply(self, partition: int, key: Key, value: V | DelayedCancel | None) -> None:
+        """A record of an owned partition: a waiting one, a request to cancel one, or the
+        tombstone of one that was published, discarded or cancelled."""
         if value is None:
             self._forget(key)
+            self._unanswered.pop(key, None)  # a later tombstone answered the request
+            return
+        if isinstance(value, DelayedCancel):
+            self._cancel(partition, key)
             return
         if key in self._waiting:
             return  # already waiting (a record read again)
@@ -165,11 +195,42 @@ class TimedRecords(Generic[V]):
         if partition in self._live:
             self._evaluate(key)
 
+    def _cancel(self, partition: int, key: Key) -> None:
+        """A request to cancel ``key``: discarded now if it waits and is live; decided by
+        the publication under way if there is one; at :meth:`go_live` if the partition is
+        being replayed. A request for a record that does not wait is answered ``gone``."""
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            self._unanswered[key] = partition
+            if partition in self._live:
+                self._spawn(self._answer_gone(key))
+            return
+        waiting.cancelled = True
+        if partition in self._live and not waiting.settling:
+            self._settle(key, [])
+
+    async def _answer_gone(self, key: Key) -> None:
+        """Answer the cancel request of a record that waits no more with a ``gone``
+        tombstone (tried again while Kafka refuses and the partition is still owned)."""
+        while (partition := self._unanswered.get(key)) is not None and partition in self._live:
+            try:
+                await self._commit(partition, [self.tombstone(key, DelayedOutcome.GONE)])
+            except Exception as exc:
+                log.warning("a cancel of %r not answered, tried again: %r", key[0], exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            if self._unanswered.get(key) == partition:
+                del self._unanswered[key]
+            return
+
     # ------------------------------------------------------------------ decisions
 
     def _evaluate(self, key: Key) -> None:
-        """Settle the record now (:meth:`settled`), or time it."""
+        """Settle the record now (a cancel, :meth:`settled`), or time it."""
         waiting = self._waiting[key]
+        if waiting.cancelled:
+            self._settle(key, [])
+            return
         records = self.settled(key, waiting.value)
         if records is not None:
             self._settle(key, records)
@@ -211,16 +272,22 @@ class TimedRecords(Generic[V]):
         waiting = self._waiting.get(key)
         if waiting is None:
             return
+        if waiting.cancelled:
+            effects = []  # cancelled before its publication was under way
         client_id = key[0]
         records = [record_of(self.names, client_id, effect) for effect in effects]
-        records.append(self.tombstone(key))
+        outcome = DelayedOutcome.PUBLISHED if effects else DelayedOutcome.CANCELLED
+        records.append(self.tombstone(key, outcome))
         try:
             await self._commit(waiting.partition, records)
         except Exception as exc:
             log.warning("%s of %r not settled, tried again: %r", self.what, client_id, exc)
             self._retry(key)
             return
-        log.info("client %r: %s %s", client_id, self.what, "published" if effects else "discarded")
+        log.info("client %r: %s %s", client_id, self.what, outcome.value)
+        self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
+        # Cancelled while its publication was under way, the publication won: a request
+        # that lies after this tombstone is read and answered like any other (_cancel).
         self._forget(key)
 
     def _retry(self, key: Key) -> None:
@@ -228,6 +295,7 @@ class TimedRecords(Generic[V]):
         if waiting is None or waiting.partition not in self._live:
             return
         waiting.settling = False
+        # (a cancel read meanwhile wins then: _evaluate)
         waiting.timer = asyncio.get_running_loop().call_later(
             RETRY_SECONDS, lambda: self._evaluate(key) if key in self._waiting else None
         )

@@ -80,19 +80,22 @@ async def waiting_of(
 
 
 class TopicTail:
-    """Committed records written to one topic after :meth:`open` (every partition, no
-    group)."""
+    """Records written to one topic after :meth:`open` (every partition, no group)."""
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self._consumer = consumer
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, bootstrap: str, topic: str) -> AsyncIterator[TopicTail]:
-        """Follow ``topic`` from its current end for the block."""
-        # Committed records only, as the services read (wills are written in transactions).
+    async def open(
+        cls, bootstrap: str, topic: str, committed: bool = True
+    ) -> AsyncIterator[TopicTail]:
+        """Follow ``topic`` from its current end for the block: committed records only, as
+        the services read (wills are written in transactions), unless ``committed`` is
+        False (records of transactions still open too: a publication under way)."""
+        isolation = "read_committed" if committed else "read_uncommitted"
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed"
+            bootstrap_servers=bootstrap, group_id=None, isolation_level=isolation
         )
         await consumer.start()
         try:

@@ -8,6 +8,14 @@ the delayed message's PUBACK arrives first (had the delayed message been publish
 its ``msg.all`` record would precede the marker's, MQTT 4.6). "Once" likewise: once
 ``msg.delayed`` holds no waiting message of the client, a second marker arrives with
 nothing before it.
+
+Bounded: the test cluster lets a client have :data:`~tests.servers.DELAYED_PER_CLIENT`
+delayed messages waiting; paho's next one gets PUBACK 0x97 Quota exceeded.
+
+A cancel racing the due time gets the one true answer: the test cluster holds publications
+to :data:`~tests.servers.DELAYED_HELD_PREFIX` topics open before committing them; a DELETE
+made once the held publication's ``msg.all`` record is written (read uncommitted: the order
+is Kafka's, no clock) is answered 409 published, and the message arrives once.
 """
 
 from __future__ import annotations
@@ -22,10 +30,19 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
 from services.common.records import parse_delayed
-from tests.e2e.clients import aio_client, collect, mosquitto_pub, unique, until_marker
-from tests.e2e.kafka_view import waiting_of
-from tests.servers import LocalCluster
-from tests.waiting import wait_for
+from services.local.settings import LocalSettings
+from tests.e2e.admin import AdminApi, admin_api, running
+from tests.e2e.clients import (
+    PahoClient,
+    aio_client,
+    collect,
+    mosquitto_pub,
+    unique,
+    until_marker,
+)
+from tests.e2e.kafka_view import TopicTail, waiting_of
+from tests.servers import DELAYED_HELD_PREFIX, DELAYED_PER_CLIENT, LocalCluster
+from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -79,6 +96,50 @@ async def test_a_delayed_message_arrives_once_after_its_delay(cluster: LocalClus
         assert time.monotonic() - acked_at >= delay
         assert (str(delayed.topic), delayed.payload, delayed.qos) == (topic, b"later", 1)
         await _delivered_once(cluster, watcher, node1, publisher, topic)
+
+
+def test_a_delayed_publish_over_the_clients_bound_gets_0x97(cluster: LocalCluster) -> None:
+    publisher = PahoClient(cluster.mqtt_port, unique("bounded"))
+    assert publisher.connect() == 0
+    try:
+        # Due in an hour: they wait for the rest of the suite, to a topic nobody reads.
+        topic = f"$delayed/3600/{unique('e2e/bounded')}"
+        mids = [publisher.client.publish(topic, b"x", 1).mid for _ in range(DELAYED_PER_CLIENT + 1)]
+        wait_until(lambda: set(mids) <= set(publisher.snapshot()[0]), "every PUBACK")
+        pubacks, disconnects = publisher.snapshot()
+        assert [pubacks[mid].value for mid in mids] == [0] * DELAYED_PER_CLIENT + [0x97]
+        assert disconnects == []  # a v5 client is refused the one message, not disconnected
+    finally:
+        publisher.close()
+
+
+@pytest.fixture(scope="module")
+def api(settings: LocalSettings) -> AdminApi:
+    """A logged-in admin user of the running test cluster."""
+    return admin_api(running(settings))
+
+
+async def test_a_cancel_racing_the_publication_is_answered_published_and_it_arrives_once(
+    cluster: LocalCluster, api: AdminApi
+) -> None:
+    node1, node2 = cluster.node_ports
+    names = TopicNames.from_settings(cluster.settings)
+    publisher = unique("racer")
+    topic = DELAYED_HELD_PREFIX + unique("race")
+    async with aio_client(node2, unique("watcher")) as watcher:
+        await watcher.subscribe(topic, qos=1)
+        async with TopicTail.open(cluster.kafka_bootstrap, names.msg_all, False) as tail:
+            _publish(node1, publisher, f"$delayed/1/{topic}", "raced")
+            [waiting] = api.get("/api/delayed", client_id=publisher)["items"]
+            # Its holder's publication is under way: written to msg.all, not committed.
+            await tail.next_with_key(publisher.encode())
+            answer = api.call("DELETE", f"/api/delayed/{waiting['id']}")
+        assert answer.status_code == 409, answer.text
+        assert "was published already" in answer.json()["detail"]
+        [message] = await collect(watcher, 1)
+        assert message.payload == b"raced"
+        await _delivered_once(cluster, watcher, node1, publisher, topic)
+    assert api.call("DELETE", f"/api/delayed/{waiting['id']}").status_code == 409
 
 
 async def _partitions_of(cluster: LocalCluster, group: str, node_id: str) -> set[int]:

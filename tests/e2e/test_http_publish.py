@@ -26,11 +26,12 @@ from services.local import postgres
 from tests.commands import run_cormorant
 from tests.e2e.admin import admin_api
 from tests.e2e.clients import TIMEOUT, PahoClient, unique
-from tests.servers import LocalCluster
+from tests.servers import DELAYED_PER_CLIENT, LocalCluster
 
 pytestmark = pytest.mark.cluster
 
 PROBLEM = "application/problem+json"
+URN = "urn:cormorant:problem:"
 
 
 def _url(cluster: LocalCluster, path: str) -> str:
@@ -107,7 +108,13 @@ def test_http_messages_reach_an_mqtt_subscriber_with_their_properties(
         bearer,
     )
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"topic": f"{base}/one", "qos": 1, "retain": False, "stored": True}
+    assert answer.json() == {
+        "topic": f"{base}/one",
+        "qos": 1,
+        "retain": False,
+        "stored": True,
+        "delayed_id": None,
+    }
     got = _next(subscriber)
     assert (got.topic, got.payload, got.qos) == (f"{base}/one", "21.5 °C".encode(), 1)
     props = got.properties
@@ -163,6 +170,33 @@ def test_http_messages_reach_an_mqtt_subscriber_with_their_properties(
     assert api.call("DELETE", f"/api/api-keys/{name}").status_code == 204
     revoked = _post(cluster, "/api/v1/publish", {"topic": f"{base}/one"}, bearer)
     assert (revoked.status_code, revoked.headers["content-type"]) == (401, PROBLEM)
+
+
+def test_a_delayed_http_message_is_authorized_for_its_target_bounded_and_published_later(
+    cluster: LocalCluster, subscriber: PahoClient
+) -> None:
+    base = unique("http-delayed")
+    _, _, key = _api_key(cluster, f"allow publish {base}/#")
+    bearer = f"Bearer {key}"
+    subscriber.subscribe(f"{base}/#", 1)
+    # Authorized for its target topic, as over MQTT: no rule names $delayed/.
+    denied = _post(cluster, "/api/v1/publish", {"topic": "$delayed/3/elsewhere/x"}, bearer)
+    assert (denied.status_code, denied.json()["type"]) == (403, f"{URN}not-authorized")
+    delayed = f"$delayed/3/{base}/later"
+    later = _post(cluster, "/api/v1/publish", {"topic": delayed, "payload": "later"}, bearer)
+    assert later.status_code == 200, later.text
+    assert (later.json()["topic"], len(later.json()["delayed_id"])) == (delayed, 48)
+    now = _post(cluster, "/api/v1/publish", {"topic": f"{base}/now", "payload": "now"}, bearer)
+    assert now.status_code == 200, now.text
+    # Not published at once: the message published after it arrives first.
+    assert [(m.topic, m.payload) for m in (_next(subscriber), _next(subscriber))] == [
+        (f"{base}/now", b"now"),
+        (f"{base}/later", b"later"),
+    ]
+    # Bounded as over MQTT (DELAYED_PER_CLIENT may wait): a batch over it is refused whole.
+    too_many = [{"topic": f"$delayed/3600/{base}/x"}] * (DELAYED_PER_CLIENT + 1)
+    over = _post(cluster, "/api/v1/publish:batch", {"messages": too_many}, bearer)
+    assert (over.status_code, over.json()["type"]) == (429, f"{URN}quota-exceeded")
 
 
 async def test_refusals_are_problems_and_write_nothing(

@@ -16,6 +16,7 @@ from services.common.auth.store import CredentialStore
 from services.common.kafka.names import TopicNames
 from services.common.mqtt.packets import Publish
 from services.common.mqtt.properties import Properties
+from services.common.records import DELAYED_ID_SIZE, DelayedRecord, parse_delayed
 from services.common.settings import Settings
 from services.ingest.store_pipeline import record_of
 
@@ -115,6 +116,39 @@ async def test_the_rate_per_key_refuses_with_retry_after_and_refills() -> None:
         publisher.take(other, 10)  # each key has its own bucket
         clock[0] += 0.5
         publisher.take(ANYONE, 5)
+    finally:
+        publisher.close()
+
+
+async def test_a_delayed_message_is_the_record_an_ingest_node_writes_and_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = make_settings(max_delayed_messages_per_client=2)
+    mqtt = Client(5, settings)
+    mqtt.connect(client_id="http-test")
+    [stored] = store_effects(mqtt.send(Publish("$delayed/5/t/x", b"later", 1, packet_id=1)))
+    names = TopicNames.from_settings(settings)
+    ingested = record_of(names, "http-test", stored)
+    monkeypatch.setattr(publish_api, "now_ms", lambda: NOW_MS)
+    message = PublishMessage.model_validate({"topic": "$delayed/5/t/x", "payload": "later"})
+    publisher = _publisher(settings)
+    try:
+        [record] = publisher.records(ANYONE, message)
+        assert record.topic == names.msg_delayed
+        client_id, ident, waiting = parse_delayed(record.key, record.value)
+        _, _, expected = parse_delayed(ingested.key, ingested.value)
+        assert isinstance(waiting, DelayedRecord) and isinstance(expected, DelayedRecord)
+        assert client_id == "http-test" and len(ident) == DELAYED_ID_SIZE
+        assert (waiting.due_at_ms, waiting.meta_raw, waiting.payload) == (
+            expected.due_at_ms,
+            expected.meta_raw,
+            expected.payload,
+        )
+        assert publisher.records(ANYONE, message)[0].key != record.key  # a fresh id each
+        publisher.delayed.add("http-test", b"w" * DELAYED_ID_SIZE)  # one waits already
+        with pytest.raises(Problem) as refused:  # before anything reaches Kafka
+            await publisher.publish(ANYONE, [message, message])
+        assert (refused.value.status, refused.value.kind) == (429, "quota-exceeded")
     finally:
         publisher.close()
 

@@ -38,6 +38,8 @@ from services.common.mqtt.packets import (
 from services.common.mqtt.properties import Properties
 from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
+    DelayedCancel,
+    DelayedOutcome,
     DelayedRecord,
     DisconnectCause,
     Downlink,
@@ -53,6 +55,9 @@ from services.common.records import (
     decode_meta,
     decode_session,
     decode_subscriptions,
+    delayed_outcome,
+    delayed_record,
+    delayed_tombstone,
     encode_meta,
     encode_session,
     encode_subscriptions,
@@ -695,19 +700,90 @@ async def test_an_owned_delayed_message_is_published_when_due_with_its_tombstone
     assert len(node.delayed) == 0
 
 
-async def test_a_cancelled_delayed_message_is_not_published() -> None:
+class HeldCommits(WillCommits):
+    """``commit_delayed`` whose first transaction stays open until the test releases it:
+    a publication under way, as Kafka holds it between produce and commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, partition: int, records: list[KafkaRecord]) -> None:
+        self.entered.set()
+        await self.release.wait()
+        await super().__call__(partition, records)
+
+
+def _outcomes(commits: WillCommits) -> list[tuple[list[str], DelayedOutcome | None]]:
+    """Each transaction's topics (without the prefix) and its tombstone's outcome."""
+    return [
+        ([r.topic.removeprefix("t.") for r in records], delayed_outcome(records[-1].headers))
+        for _, records in commits.done
+    ]
+
+
+def _cancel(node: IngestNode, delayed_id: bytes) -> None:
+    """An administrator's cancel request, as the owner reads it from partition 2."""
+    node.delayed.apply(2, ("c1", delayed_id), DelayedCancel("c1", delayed_id))
+
+
+async def test_a_cancelled_delayed_message_is_never_published_and_its_tombstone_says_so() -> None:
+    commits = WillCommits()
+    node = _node(Producer(), delayed_commits=commits)
+    _waiting_delayed(node, b"r" * 24, due_in_ms=0)
+    _cancel(node, b"r" * 24)  # read while the partition is replayed: decided once live
+    await node.delayed.go_live(2)
+    _waiting_delayed(node, b"x" * 24, due_in_ms=60_000)
+    _cancel(node, b"x" * 24)
+    await wait_for(lambda: len(commits.done) == 2, "both cancels' transactions")
+    assert _outcomes(commits) == [(["msg.delayed"], DelayedOutcome.CANCELLED)] * 2
+    assert len(node.delayed) == 0
+    assert node.delayed.ended == {"cancelled": 2}
+
+
+async def test_a_cancel_read_while_the_publication_is_under_way_leaves_it_published() -> None:
+    commits = HeldCommits()
+    node = _node(Producer(), delayed_commits=commits)
+    await node.delayed.go_live(2)
+    _waiting_delayed(node, b"r" * 24, due_in_ms=0)
+    await asyncio.wait_for(commits.entered.wait(), 5)  # its transaction is open
+    _cancel(node, b"r" * 24)
+    commits.release.set()
+    await wait_for(lambda: commits.done, "the publication's commit")
+    # Published once, and said so: no discard follows (the cancel came too late).
+    assert _outcomes(commits) == [(["msg.all", "msg.delayed"], DelayedOutcome.PUBLISHED)]
+    assert node.delayed.ended == {"published": 1}
+    assert len(node.delayed) == 0
+
+
+async def test_a_cancel_of_a_message_that_waits_no_more_is_answered_gone() -> None:
     commits = WillCommits()
     node = _node(Producer(), delayed_commits=commits)
     await node.delayed.go_live(2)
-    _waiting_delayed(node, b"x" * 24, due_in_ms=60_000)
-    _waiting_delayed(node, b"y" * 24, due_in_ms=1)
-    node.delayed.apply(2, ("c1", b"x" * 24), None)  # an administrator's tombstone
-    node.delayed.apply(2, ("c1", b"y" * 24), None)
-    assert len(node.delayed) == 0
-    # A marker due after the cancelled ones: only it is published.
-    _waiting_delayed(node, b"z" * 24, due_in_ms=2)
-    await wait_for(lambda: commits.done, "the marker's transaction")
-    assert [parse_delayed(r[-1].key, None)[1] for _, r in commits.done] == [b"z" * 24]
+    _cancel(node, b"p" * 24)  # published (its tombstone read) before the request
+    await wait_for(lambda: commits.done, "the answer")
+    assert _outcomes(commits) == [(["msg.delayed"], DelayedOutcome.GONE)]
+    assert node.delayed.ended == {}
+
+
+async def test_the_node_counts_the_delayed_messages_msg_delayed_holds_and_its_own() -> None:
+    producer = Producer()
+    node = _node(producer)
+    shell = await _connected(node, producer)
+    names, counts = node.names, node.context.delayed
+    meta = encode_meta(PublishMeta("a", 1, False, NOW_MS, 5))
+    other = delayed_record(names, DelayedRecord("c1", b"o" * 24, NOW_MS + 9000, meta, b"x"))
+    node.apply_state(names.msg_delayed, other.key, other.value, 7)  # the state reader's
+    shell.send(Publish("$delayed/60/a", b"mine", qos=1, packet_id=1))
+    await wait_for(lambda: producer.on(names.msg_delayed), "the delayed record")
+    assert counts.of("c1") == 2  # counted before Kafka answered
+    [sent] = producer.on(names.msg_delayed)
+    sent.ack.set_exception(KafkaConnectionError("Kafka is down"))
+    await wait_for(lambda: counts.of("c1") == 1, "the failed store no longer counted")
+    gone = delayed_tombstone(names, "c1", b"o" * 24, DelayedOutcome.PUBLISHED)
+    node.apply_state(names.msg_delayed, gone.key, gone.value, 8)
+    assert counts.total == 0
 
 
 # ---------------------------------------------------------------------- downlink

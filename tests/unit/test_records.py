@@ -26,6 +26,8 @@ from services.common.records import (
     AdminDrain,
     AppMessage,
     ClientKind,
+    DelayedCancel,
+    DelayedOutcome,
     DelayedRecord,
     Downlink,
     EventKind,
@@ -57,6 +59,8 @@ from services.common.records import (
     decode_stored,
     decode_subscriptions,
     decode_targets,
+    delayed_cancel_record,
+    delayed_outcome,
     delayed_record,
     delayed_tombstone,
     downlink_record,
@@ -490,12 +494,23 @@ def test_a_delayed_message_round_trips_and_its_tombstone_names_it() -> None:
     record = delayed_record(names, waiting)
     assert (record.topic, record.key) == ("t.msg.delayed", DELAYED_KEY)
     assert parse_delayed(record.key, record.value) == ("c", b"d" * 24, waiting)
-    gone = delayed_tombstone(names, "c", b"d" * 24)
+    gone = delayed_tombstone(names, "c", b"d" * 24, DelayedOutcome.CANCELLED)
     assert (gone.key, gone.value) == (DELAYED_KEY, None)
     assert parse_delayed(gone.key, gone.value) == ("c", b"d" * 24, None)
+    assert delayed_outcome(gone.headers) is DelayedOutcome.CANCELLED
+    assert delayed_outcome([("o", b"later")]) is None  # an outcome this version does not know
+    assert delayed_outcome([]) is None
     assert partition_of(record.key, 12) == partition_of("c", 12)  # the publisher's partition
     with pytest.raises(ValueError, match="24 bytes"):
-        delayed_tombstone(names, "c", b"short")
+        delayed_tombstone(names, "c", b"short", DelayedOutcome.GONE)
+    # A cancel request: under the message's own key (its partition), told from a message.
+    cancel = delayed_cancel_record(names, "c", b"d" * 24)
+    assert (cancel.topic, cancel.key) == ("t.msg.delayed", DELAYED_KEY)
+    assert parse_delayed(cancel.key, cancel.value) == (
+        "c",
+        b"d" * 24,
+        DelayedCancel("c", b"d" * 24),
+    )
 
 
 PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object], list[Any]]] = {
