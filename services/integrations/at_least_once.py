@@ -87,9 +87,10 @@ date (sent, failed, retried, dead-lettered, the last error)."""
 
 
 class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
-    """The rebalance listener: a revoked partition is let go only once the round in flight
-    is delivered and committed (the next owner starts after it: no gap, no overlap beyond
-    a failed round); an assigned partition without a committed offset starts at
+    """The rebalance listener: a revoked partition is let go only once the round being
+    delivered is committed (the next owner starts after it); records of it gathered but
+    not delivered yet are delivered and not committed (the next owner sends them again: at
+    least once); an assigned partition without a committed offset starts at
     ``start_offset``'s."""
 
     def __init__(
@@ -104,7 +105,7 @@ class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
         self.lock = asyncio.Lock()
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        """Wait for the round in flight (it commits what it delivered)."""
+        """Wait for the round being delivered (it commits what it delivered)."""
         async with self.lock:
             for tp in revoked:
                 self.done.pop(tp, None)
@@ -168,9 +169,11 @@ async def consume_at_least_once(
     rounds = _Rounds(consumer, start_offset, done)
     consumer.subscribe([topic], listener=rounds)
     while True:
+        # Not under the lock: a fetch waits while the group rebalances, and the rebalance
+        # waits for the revocation callback, which takes the lock.
+        batches, messages = await _gather(consumer, matcher, deliverer.gathering)
+        counters.unwritable(matcher.take_unwritable())
         async with rounds.lock:
-            batches, messages = await _gather(consumer, matcher, deliverer.gathering)
-            counters.unwritable(matcher.take_unwritable())
             if messages:
                 await deliverer.deliver(messages)
             if not batches:
