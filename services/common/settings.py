@@ -819,6 +819,13 @@ class Settings(BaseSettings):
         "a test can kill the stage between produce and commit (0: no delay; "
         "docs/integrations/kafka.md).",
     )
+    integrations_dead_letter_retention_seconds: int = Field(
+        14 * 24 * 3600,
+        ge=3600,
+        description="retention.ms (as seconds) of integrations.dead-letter: the messages a "
+        "webhook gave up on after its attempts, kept to be looked at and sent again "
+        "(docs/integrations/webhook.md).",
+    )
 
     # --- delayed publish, for tests --------------------------------------------------------
     delayed_hold_topic_prefix: str = Field(

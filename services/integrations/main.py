@@ -18,6 +18,7 @@ import faust
 
 from services.command_names import INTEGRATIONS_COMMAND
 from services.common.faust_app import make_app, on_shutdown, run_service, run_task
+from services.common.kafka.admin import dead_letter_topic_spec
 from services.common.settings import Settings
 from services.common.web import serve_http
 from services.integrations.stage import IntegrationsStage
@@ -43,5 +44,6 @@ def build_app(settings: Settings) -> faust.App:
 
 
 def run() -> None:
-    """Entry point of ``cormorant integrations-stage``."""
-    run_service(build_app)
+    """Entry point of ``cormorant integrations-stage``: the core topics and
+    ``integrations.dead-letter`` are created first if missing."""
+    run_service(build_app, lambda settings: [dead_letter_topic_spec(settings)])

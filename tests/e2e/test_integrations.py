@@ -3,11 +3,15 @@ through the admin API, run by the ``integrations-stage`` of the test cluster, wr
 a SECOND Kafka cluster (:func:`tests.conftest.sink_kafka`) what third-party MQTT clients
 (paho, mosquitto_pub) publish, read back there by a plain ``read_committed`` consumer; and
 the exactly-once proof: the stage killed with -9 between produce and commit, restarted,
-and every message in the sink topic once, none missing."""
+and every message in the sink topic once, none missing. The webhook POSTs to an HTTP
+endpoint the test serves (:mod:`tests.webhook_server`) that fails, hangs and recovers:
+every message arrives, in order per Client Identifier, signed; one it keeps refusing goes
+to the dead-letter topic."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -21,13 +25,16 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from services.cli import main
+from services.common.integrations.dead_letter import parse_dead_letter
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import Record
+from services.common.kafka.names import TopicNames
 from services.local.settings import LocalSettings
 from tests.e2e.admin import PASSWORD, AdminApi, admin_api, running
 from tests.e2e.clients import PahoClient, mosquitto_pub, unique
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
+from tests.webhook_server import SECRET, serve_webhook
 
 pytestmark = pytest.mark.cluster
 
@@ -77,8 +84,11 @@ def sink_topic(bootstrap: str) -> str:
     return name
 
 
-def read_sink(bootstrap: str, topic: str, *, committed: bool = True) -> list[Record]:
-    """Every record of ``topic`` in the sink cluster now: a plain consumer without a group,
+def read_sink(
+    bootstrap: str, topic: str, *, committed: bool = True, partitions: int = 1
+) -> list[Record]:
+    """Every record of ``topic`` (of its first ``partitions`` partitions, each one's in
+    order) in the cluster at ``bootstrap`` now: a plain consumer without a group,
     ``read_committed`` (what the sink's readers see: up to the last stable offset) or,
     with ``committed`` False, ``read_uncommitted`` (aborted transactions' records too)."""
 
@@ -90,15 +100,15 @@ def read_sink(bootstrap: str, topic: str, *, committed: bool = True) -> list[Rec
         )
         await consumer.start()
         try:
-            partitions = [TopicPartition(topic, 0)]  # sink_topic's one partition
-            consumer.assign(partitions)
-            await consumer.seek_to_beginning(*partitions)
+            assigned = [TopicPartition(topic, n) for n in range(partitions)]
+            consumer.assign(assigned)
+            await consumer.seek_to_beginning(*assigned)
             # ListOffsets in the consumer's isolation level: the last stable offset when
             # reading committed records.
-            ends = await consumer.end_offsets(partitions)
+            ends = await consumer.end_offsets(assigned)
             found: list[Record] = []
             async with asyncio.timeout(30):
-                while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+                while [tp for tp in assigned if await consumer.position(tp) < ends[tp]]:
                     batches = await consumer.getmany(timeout_ms=500)
                     for records in batches.values():
                         found.extend(records)
@@ -250,3 +260,100 @@ def test_kafka_sink_writes_each_message_once_through_a_kill_between_produce_and_
     assert values == list(range(1, 31))  # no duplicate, no gap, in order
     # The aborted transaction's records are in the log (read_uncommitted sees them).
     assert len(read_sink(sink_kafka, topic, committed=False)) > 30
+
+
+def test_webhook_delivers_each_client_in_order_through_failures_and_a_hang(
+    cluster: LocalCluster, cli: Cli, api: AdminApi
+) -> None:
+    name = unique("hook")
+    prefix = unique("plant")
+    with serve_webhook() as server:
+        # The first three requests fail (500), the fourth hangs past the timeout, then the
+        # endpoint has recovered.
+        server.answer = lambda n, body: "fail" if n <= 3 else "hang" if n == 4 else "ok"
+        refused = cli(
+            "integrations", "add", name, "--kind", "webhook", "--topic-filter", "a",
+            "--url", server.url, "--bootstrap", "k:9092", code=2,
+        )  # fmt: skip
+        assert "--bootstrap is not an option of a webhook integration" in refused.output
+        added = cli.json(
+            "integrations", "add", name, "--kind", "webhook", "--topic-filter", f"{prefix}/#",
+            "--url", server.url, "--signing-secret-file", "-", "--header", "X-Team: plant",
+            "--batch-size", "5", "--linger", "0.2", "--max-in-flight", "2", "--timeout", "1",
+            "--max-attempts", "10", "--backoff", "0.05", "--backoff-max", "0.2",
+            input=SECRET,
+        )  # fmt: skip
+        assert added["sink"]["signing_secret_set"] is True
+        assert added["sink"]["headers"] == [["X-Team", "plant"]]
+        publishers = [PahoClient(cluster.mqtt_port, unique(f"sensor{n}")) for n in range(2)]
+        try:
+            for publisher in publishers:
+                assert publisher.connect() == 0
+            for seq in range(1, 21):
+                for publisher in publishers:
+                    publisher.publish(f"{prefix}/{publisher.client_id}", str(seq).encode(), 1)
+
+            def documents() -> list[dict[str, Any]]:
+                return [doc for r in server.accepted() for doc in json.loads(r.body)]
+
+            wait_until(lambda: len(documents()) >= 40, "40 messages accepted", SINK_SECONDS)
+        finally:
+            for publisher in publishers:
+                publisher.close()
+            cli("integrations", "delete", name)
+
+    for publisher in publishers:
+        sent = [
+            int(base64.b64decode(doc["payload"]))  # MQTT 5 without a content type: base64
+            for doc in documents()
+            if doc["client_id"] == publisher.client_id
+        ]
+        assert sent == list(range(1, 21))  # in order, none lost, none twice
+    assert (server.answered("fail"), server.answered("hang")) == (3, 1)
+    assert server.bad_signatures == 0
+    request = server.accepted()[0]
+    assert request.headers["x-team"] == "plant"
+    assert request.headers["x-cormorant-integration"] == name
+    assert request.headers["content-type"] == "application/json"
+    audit = api.get("/api/audit", limit=50)
+    assert SECRET not in json.dumps([added, audit])
+
+
+def test_webhook_dead_letters_what_keeps_failing_and_goes_on(
+    cluster: LocalCluster, cli: Cli, settings: LocalSettings
+) -> None:
+    name = unique("dead")
+    topic = f"{unique('line')}/x"
+    client = unique("pub")
+    with serve_webhook() as server:
+        server.answer = lambda n, body: "fail" if body == b"poison" else "ok"
+        cli.json(
+            "integrations", "add", name, "--kind", "webhook", "--topic-filter", topic,
+            "--format", "raw", "--url", server.url, "--signing-secret-file", "-",
+            "--max-attempts", "3", "--backoff", "0.05", "--backoff-max", "0.1",
+            input=SECRET,
+        )  # fmt: skip
+        try:
+            for text in ("one", "poison", "three"):
+                sent = mosquitto_pub(cluster.mqtt_port, topic, text, qos=1, client_id=client)
+                assert sent.returncode == 0, sent.stderr
+            wait_until(lambda: len(server.accepted()) >= 2, "two accepted", SINK_SECONDS)
+        finally:
+            cli("integrations", "delete", name)
+
+    accepted = server.accepted()
+    assert [r.body for r in accepted] == [b"one", b"three"]
+    assert accepted[0].headers["x-cormorant-client-id"] == client
+    assert accepted[0].headers["x-cormorant-topic"] == topic
+    assert accepted[0].headers["content-type"] == "application/octet-stream"
+    assert server.answered("fail") == 3
+    dead_letter_topic = TopicNames.from_settings(settings).integrations_dead_letter
+    letters = [
+        parse_dead_letter(r.key, r.value, r.headers)
+        for r in read_sink(
+            cluster.kafka_bootstrap, dead_letter_topic, partitions=settings.msg_all_partitions
+        )
+    ]
+    (letter,) = [letter for letter in letters if letter.integration == name]
+    assert (letter.client_id, letter.mqtt_topic, letter.value) == (client, topic, b"poison")
+    assert (letter.attempts, letter.error) == (3, "answered HTTP 500")

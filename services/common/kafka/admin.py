@@ -91,6 +91,17 @@ def core_topic_specs(settings: Settings) -> list[TopicSpec]:
     ]
 
 
+def dead_letter_topic_spec(settings: Settings) -> TopicSpec:
+    """``integrations.dead-letter``, what integrations gave up on: partitioned like
+    ``msg.all`` (keyed by the publisher's Client Identifier), retention
+    ``integrations_dead_letter_retention_seconds``."""
+    return TopicSpec(
+        TopicNames.from_settings(settings).integrations_dead_letter,
+        settings.msg_all_partitions,
+        {"retention.ms": str(settings.integrations_dead_letter_retention_seconds * 1000)},
+    )
+
+
 def downlink_topic_spec(settings: Settings, node_id: str) -> TopicSpec:
     """The downlink topic of ingest node ``node_id`` (short retention: live traffic only)."""
     return TopicSpec(

@@ -27,6 +27,7 @@ CLIENT_ACKS = "client.acks"
 CLIENT_EVENTS = "client.events"
 CLIENT_WILLS = "client.wills"
 MSG_DELAYED = "msg.delayed"
+INTEGRATIONS_DEAD_LETTER = "integrations.dead-letter"
 DOWNLINK_PREFIX = "msg.downlink."
 APP_PREFIX = "msg.app."
 APP_SHARED_PREFIX = "msg.app-shared."
@@ -157,6 +158,13 @@ class TopicNames:
         the publisher's partition; read in the ingest nodes' group :meth:`delayed_group`,
         whose member owning a partition publishes its messages when they are due."""
         return self.prefix + MSG_DELAYED
+
+    @property
+    def integrations_dead_letter(self) -> str:
+        """The messages an integration gave up on (a webhook, after its attempts), keyed
+        by the publisher's Client Identifier; the record format is
+        :mod:`services.common.integrations.dead_letter`'s."""
+        return self.prefix + INTEGRATIONS_DEAD_LETTER
 
     @property
     def delayed_group(self) -> str:
