@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from services.common.integrations.message_format import formatted, user_property_headers
 from services.common.integrations.model import Integration, kafka_topic_name, render
 from services.common.kafka.consumer import Record, log_undecodable
+from services.common.mqtt.properties import Properties
 from services.common.records import (
     Headers,
     Published,
+    PublishMeta,
     RecordError,
     decode_forwarded_properties,
     parse_msg_all,
@@ -34,7 +36,8 @@ class Outgoing:
     """One matched message as a sink writes it: the publisher's ``client_id``, the MQTT
     ``topic``; ``kafka_topic`` and ``key`` (UTF-8) rendered from the sink's templates;
     ``value``: the payload in the integration's format; ``headers``: the MQTT 5 User
-    Properties."""
+    Properties; ``meta``: the message's QoS, RETAIN flag and receive time as accepted, and
+    ``properties`` its forwarded MQTT 5 properties (what the MQTT bridge republishes)."""
 
     client_id: str
     topic: str
@@ -42,6 +45,8 @@ class Outgoing:
     key: bytes
     value: bytes
     headers: Headers
+    meta: PublishMeta
+    properties: Properties
 
 
 class Matcher:
@@ -106,6 +111,8 @@ class Matcher:
             render(sink.key, client_id, meta.topic).encode("utf-8"),
             value,
             user_property_headers(properties),
+            meta,
+            properties,
         )
 
     def outgoing_of(self, records: Sequence[Record]) -> list[Outgoing]:
