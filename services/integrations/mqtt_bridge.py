@@ -44,7 +44,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -52,13 +52,23 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from services.common.integrations.model import Integration, MqttSink, PayloadFormat
 from services.common.integrations.topic_mapping import map_topic
 from services.common.mqtt.properties import Properties
 from services.common.settings import Settings
+from services.integrations.at_least_once import Gathering
 from services.integrations.matching import Outgoing
+
+if TYPE_CHECKING:
+    from services.integrations.stage import IntegrationCounters
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,13 @@ MAX_INFLIGHT = 100
 #: exponential from the first value, with up to as much jitter, at most the second.
 RETRY_MIN_SECONDS = 0.5
 RETRY_MAX_SECONDS = 30.0
+
+#: Seconds a round may keep failing before :meth:`MqttBridgeDeliverer.deliver` gives up
+#: and the stage starts the integration again (its consumer group member stays meanwhile).
+RETRY_BUDGET_SECONDS = 120.0
+
+#: Characters of a failure's description kept as the integration's last error.
+ERROR_TEXT_MAX = 300
 
 #: Session Expiry Interval (MQTT 5.0 3.1.2.11.2) of the reverse direction's session on an
 #: MQTT 5 remote: how long the remote keeps its messages while the bridge is away. An
@@ -244,10 +261,19 @@ class Connection:
 
     async def subscribe(self, topic_filters: Sequence[str], qos: int) -> None:
         """Subscribe to ``topic_filters`` with maximum QoS ``qos`` (MQTT 5: Retain As
-        Published, so a retained message's RETAIN flag comes as published, 3.8.3.1);
-        raises :class:`BridgeError` when a filter is refused (a SUBACK Reason Code of 0x80
-        or more)."""
-        options: Any = SubscribeOptions(qos=qos, retainAsPublished=True) if self.v5 else qos
+        Published, so the RETAIN flag comes as published, and Retain Handling 1, retained
+        messages only for a new subscription, not again for each resumed session,
+        3.8.3.1); raises :class:`BridgeError` when a filter is refused (a SUBACK Reason
+        Code of 0x80 or more)."""
+        options: Any = (
+            SubscribeOptions(
+                qos=qos,
+                retainAsPublished=True,
+                retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
+            )
+            if self.v5
+            else qos
+        )
         result, mid = self._client.subscribe([(f, options) for f in topic_filters])
         if result != paho.MQTT_ERR_SUCCESS:
             raise BridgeError(f"{self.what}: SUBSCRIBE not sent: {paho.error_string(result)}")
@@ -364,24 +390,23 @@ def remote_message(
             sink.remote_prefix,
         )
         return None
-    meta = message.meta
+    try:
+        forwarded = paho_properties(message.properties, now_ms, message.received_at_ms)
+    except LookupError:
+        return None  # expired while it waited: not forwarded (MQTT 5.0 3.3.2.3.3)
     properties: PahoProperties | None = None
     if sink.protocol_version == 5:
-        try:
-            if integration.payload_format is PayloadFormat.RAW:
-                properties = paho_properties(message.properties, now_ms, meta.received_at_ms)
-            else:
-                paho_properties(message.properties, now_ms, meta.received_at_ms)
-                properties = PahoProperties(PacketTypes.PUBLISH)
-                properties.PayloadFormatIndicator = 1
-                properties.ContentType = _JSON_CONTENT_TYPE
-        except LookupError:
-            return None  # expired while it waited: not forwarded (MQTT 5.0 3.3.2.3.3)
+        if integration.payload_format is PayloadFormat.RAW:
+            properties = forwarded
+        else:
+            properties = PahoProperties(PacketTypes.PUBLISH)
+            properties.PayloadFormatIndicator = 1
+            properties.ContentType = _JSON_CONTENT_TYPE
     return RemoteMessage(
         topic,
         message.value,
-        min(meta.qos, sink.qos),
-        meta.retain and sink.retain,
+        min(message.qos, sink.qos),
+        message.retain and sink.retain,
         properties,
     )
 
@@ -407,32 +432,57 @@ def remote_connection(integration: Integration, client_id: str, *, persistent: b
 
 
 class MqttBridgeDeliverer:
-    """The forward direction of ``integration`` (an MQTT sink): :meth:`deliver` publishes
-    a partition's messages on the remote broker and returns once all are acknowledged.
-    Its connection's Client Identifier is ``<client id>-out-<instance>``
-    (:func:`instance_name`): each stage instance has its own, so they do not take each
-    other's connection over. :meth:`close` when done."""
+    """The MQTT bridge's :class:`~.at_least_once.Deliverer` for ``integration`` (an MQTT
+    sink), keeping ``counters``: :meth:`deliver` publishes a round's messages on the
+    remote broker and returns once all are acknowledged. Its connection's Client
+    Identifier is ``<client id>-out-<instance>`` (:func:`instance_name`): each stage
+    instance has its own, so they do not take each other's connection over. :meth:`start`
+    connects it and, when the sink has reverse Topic Filters and this instance runs them
+    (``integrations_mqtt_reverse``), starts the :class:`ReverseBridge`; :meth:`close`
+    stops both."""
+
+    gathering = Gathering()
 
     def __init__(
-        self,
-        settings: Settings,
-        integration: Integration,
-        on_retry: Callable[[int, BaseException | None], None] | None = None,
+        self, settings: Settings, integration: Integration, counters: IntegrationCounters
     ) -> None:
         sink = integration.sink
         assert isinstance(sink, MqttSink)
+        self.settings = settings
         self.integration = integration
+        self.counters = counters
         self.client_id = (
             f"{sink.connection_client_id(integration.name)}-out-{instance_name(settings)}"
         )
-        self.on_retry = on_retry
         self._connection: Connection | None = None
+        self._reverse: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect to the remote broker (raises :class:`BridgeError`); start the reverse
+        direction."""
+        await self._connected()
+        sink = self.integration.sink
+        assert isinstance(sink, MqttSink)
+        if sink.reverse_topic_filters and self.settings.integrations_mqtt_reverse:
+            reverse = ReverseBridge(self.settings, self.integration, self.counters)
+            self._reverse = asyncio.create_task(
+                reverse.run(), name=f"integration-{self.integration.name}-reverse"
+            )
+
+    async def _connected(self) -> Connection:
+        connection = self._connection
+        if connection is None or connection.lost.done():
+            connection = remote_connection(self.integration, self.client_id, persistent=False)
+            await connection.open()
+            self._connection = connection
+        return connection
 
     async def deliver(self, messages: Sequence[Outgoing]) -> None:
-        """Publish ``messages`` in order; return once the remote acknowledged each. A
-        failed attempt (logged, ``on_retry(len(messages), error)``) is published again
-        whole on a new connection after a backoff (:data:`RETRY_MIN_SECONDS` to
-        :data:`RETRY_MAX_SECONDS`), until it succeeds or the caller is cancelled."""
+        """Publish ``messages`` in order; return once the remote acknowledged each (see the
+        module). A failed attempt (logged, counted as failed and then retried) is published
+        again whole, on a new connection, after a backoff (:data:`RETRY_MIN_SECONDS` to
+        :data:`RETRY_MAX_SECONDS`); after :data:`RETRY_BUDGET_SECONDS` of failures the last
+        :class:`BridgeError` is raised (the stage starts the integration again)."""
         now_ms = int(time.time() * 1000)
         outgoing = [
             remote
@@ -446,15 +496,22 @@ class MqttBridgeDeliverer:
             wait=wait_exponential_jitter(
                 initial=RETRY_MIN_SECONDS, max=RETRY_MAX_SECONDS, jitter=RETRY_MIN_SECONDS
             ),
+            stop=stop_after_delay(RETRY_BUDGET_SECONDS),
             before_sleep=lambda state: self._failed(state, len(outgoing)),
+            reraise=True,
         )
         async for attempt in retrying:
             with attempt:
                 await self._publish(outgoing)
+                if attempt.retry_state.attempt_number > 1:
+                    self.counters.retried += len(outgoing)
+        self.counters.sent += len(outgoing)
 
     def _failed(self, state: RetryCallState, count: int) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else 0.0
+        self.counters.failed += count
+        self.counters.error(f"remote broker: {error}"[:ERROR_TEXT_MAX])
         log.warning(
             "integration %s: %d messages not acknowledged: %s; again in %.1f s",
             self.integration.name,
@@ -462,15 +519,9 @@ class MqttBridgeDeliverer:
             error,
             wait,
         )
-        if self.on_retry is not None:
-            self.on_retry(count, error)
 
     async def _publish(self, messages: Sequence[RemoteMessage]) -> None:
-        connection = self._connection
-        if connection is None or connection.lost.done():
-            connection = remote_connection(self.integration, self.client_id, persistent=False)
-            await connection.open()
-            self._connection = connection
+        connection = await self._connected()
         try:
             acks = [
                 connection.publish(m.topic, m.payload, m.qos, m.retain, m.properties)
@@ -486,7 +537,11 @@ class MqttBridgeDeliverer:
             raise
 
     async def close(self) -> None:
-        """Disconnect from the remote broker."""
+        """Stop the reverse direction; disconnect from the remote broker."""
+        reverse, self._reverse = self._reverse, None
+        if reverse is not None:
+            reverse.cancel()
+            await asyncio.gather(reverse, return_exceptions=True)
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.close()
@@ -499,17 +554,18 @@ class ReverseBridge:
     the sink's local credential, to ``integrations_mqtt_host``:``integrations_mqtt_port``.
     """
 
-    def __init__(self, settings: Settings, integration: Integration) -> None:
+    def __init__(
+        self, settings: Settings, integration: Integration, counters: IntegrationCounters
+    ) -> None:
         sink = integration.sink
         assert isinstance(sink, MqttSink)
         self.settings = settings
         self.integration = integration
+        self.counters = counters
         self.sink = sink
         base = sink.connection_client_id(integration.name)
         self.remote_client_id = f"{base}-in"
         self.local_client_id = f"{base}-in-{instance_name(settings)}"
-        self.republished = 0
-        self.failures = 0
 
     async def run(self) -> None:
         """Republish until cancelled; reconnect after a failure (logged) with an
@@ -527,8 +583,8 @@ class ReverseBridge:
                 await self._run_once()
 
     def _failed(self, state: RetryCallState) -> None:
-        self.failures += 1
         error = state.outcome.exception() if state.outcome is not None else None
+        self.counters.error(f"reverse direction: {error}"[:ERROR_TEXT_MAX])
         wait = state.next_action.sleep if state.next_action is not None else 0.0
         log.warning(
             "integration %s reverse direction stopped: %s; again in %.1f s",
@@ -589,7 +645,6 @@ class ReverseBridge:
                 await publish
         except TimeoutError:
             raise BridgeError(f"{local.what}: no acknowledgement in time") from None
-        self.republished += 1
 
 
 def _forwardable(received: PahoProperties | None) -> PahoProperties | None:
