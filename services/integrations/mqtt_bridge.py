@@ -109,6 +109,11 @@ class BridgeError(Exception):
     time; the message says which broker and why (never a password)."""
 
 
+class PublishRefused(BridgeError):
+    """A broker answered a PUBLISH with a Reason Code of 0x80 or more (MQTT 5.0 3.4.2.1:
+    Not authorized, Topic Name invalid, Quota exceeded...)."""
+
+
 def instance_name(settings: Settings) -> str:
     """What tells this stage process's connections apart from another instance's: its
     static group member id, else ``<host name>-<pid>``."""
@@ -234,7 +239,7 @@ class Connection:
         if future is None:
             return
         if reason.is_failure:
-            _settle(future, BridgeError(f"{self.what}: PUBLISH refused: {reason}"))
+            _settle(future, PublishRefused(f"{self.what}: PUBLISH refused: {reason}"))
         else:
             _settle(future, None)
 
@@ -645,6 +650,18 @@ class ReverseBridge:
                 await publish
         except TimeoutError:
             raise BridgeError(f"{local.what}: no acknowledgement in time") from None
+        except PublishRefused as exc:
+            # This broker will not take it (the credential's rules, a quota): waiting would
+            # hold up every later message of the session, so it is dropped, loudly.
+            self.counters.failed += 1
+            self.counters.error(f"reverse direction: {exc}"[:ERROR_TEXT_MAX])
+            log.warning(
+                "integration %s drops %r from the remote broker, published here as %r: %s",
+                self.integration.name,
+                message.topic,
+                topic,
+                exc,
+            )
 
 
 def _forwardable(received: PahoProperties | None) -> PahoProperties | None:
