@@ -42,7 +42,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +187,8 @@ class Connection:
         if self.v5 and self.persistent:
             properties = PahoProperties(PacketTypes.CONNECT)
             properties.SessionExpiryInterval = REVERSE_SESSION_EXPIRY_SECONDS
+        # MQTT 3.1.1 takes the session choice in the constructor (Clean Session).
+        clean_start = not self.persistent if self.v5 else paho.MQTT_CLEAN_START_FIRST_ONLY
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
                 await asyncio.to_thread(
@@ -194,7 +196,7 @@ class Connection:
                     self.host,
                     self.port,
                     KEEPALIVE_SECONDS,
-                    clean_start=not self.persistent if self.v5 else paho.MQTT_CLEAN_START_FIRST_ONLY,
+                    clean_start=clean_start,
                     properties=properties,
                 )
                 self._client.loop_start()
@@ -344,9 +346,9 @@ class RemoteMessage:
     properties: PahoProperties | None
 
 
-def paho_properties(properties: Properties, now_ms: int, received_at_ms: int) -> (
-    PahoProperties | None
-):
+def paho_properties(
+    properties: Properties, now_ms: int, received_at_ms: int
+) -> PahoProperties | None:
     """The PUBLISH properties an MQTT 5 remote gets of a message with ``properties``
     accepted at ``received_at_ms``: those a server forwards (MQTT 5.0 3.3.2.3), the Message
     Expiry Interval lowered by the whole seconds since (3.3.2.3.3). None when there are
@@ -640,7 +642,7 @@ class ReverseBridge:
         properties = getattr(message, "properties", None) if sink.protocol_version == 5 else None
         publish = local.publish(
             topic,
-            message.payload,
+            bytes(message.payload),
             min(message.qos, sink.qos),
             bool(message.retain) and sink.retain,
             _forwardable(properties),
@@ -687,13 +689,14 @@ def _forwardable(received: PahoProperties | None) -> PahoProperties | None:
 
 
 async def _first(
-    get: Any, *lost: asyncio.Future[None]
+    get: Coroutine[Any, Any, paho.MQTTMessage], *lost: asyncio.Future[None]
 ) -> paho.MQTTMessage:
-    """The message ``get`` (a coroutine) gives, unless a connection in ``lost`` is lost
-    first (its :class:`BridgeError` is raised)."""
-    task: asyncio.Task[paho.MQTTMessage] = asyncio.ensure_future(get)
+    """The message ``get`` gives, unless a connection in ``lost`` is lost first (its
+    :class:`BridgeError` is raised)."""
+    task = asyncio.ensure_future(get)
+    waited: set[asyncio.Future[Any]] = {task, *lost}
     try:
-        await asyncio.wait([task, *lost], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()

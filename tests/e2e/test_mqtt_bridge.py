@@ -21,9 +21,11 @@ from services.common.metrics import parse_exposition
 from services.local import cluster as local_cluster
 from services.local import postgres
 from services.local.processes import port_open
+from services.local.settings import LocalSettings
 from tests.commands import run_cormorant
+from tests.e2e.admin import PASSWORD, admin_api, running
 from tests.e2e.clients import PahoClient, mosquitto_pub, unique
-from tests.e2e.test_integrations import SINK_SECONDS, STAGE, Cli, api, cli  # noqa: F401
+from tests.e2e.test_integrations import SINK_SECONDS, STAGE, Cli
 from tests.servers import LocalCluster
 from tests.waiting import wait_until
 
@@ -76,11 +78,19 @@ class Mosquitto:
 
     def subscriber(self, client_id: str) -> PahoClient:
         """A connected MQTT 5 client of this Mosquitto whose session outlives it."""
-        client = PahoClient(
-            self.port, client_id, clean_start=False, session_expiry=SESSION_SECONDS
-        )
+        client = PahoClient(self.port, client_id, clean_start=False, session_expiry=SESSION_SECONDS)
         assert client.connect() == 0
         return client
+
+
+@pytest.fixture(scope="module")
+def cli(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    """The CLI logged in as an admin user of the running test cluster."""
+    api = admin_api(running(settings))
+    cli = Cli(tmp_path_factory.mktemp("config"))
+    cli("login", api.url, "--username", api.username, "--password-file", "-", input=PASSWORD)
+    yield cli
+    cli("logout")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +128,7 @@ def stage_metric(cluster: LocalCluster, name: str, integration: str) -> float:
 
 
 def test_bridge_forwards_mapped_and_in_order_with_none_lost_across_a_remote_restart(
-    cluster: LocalCluster, cli: Cli, mosquitto: Mosquitto  # noqa: F811
+    cluster: LocalCluster, cli: Cli, mosquitto: Mosquitto
 ) -> None:
     name, local = unique("bridge"), unique("sensors")
     remote = f"site1/{local}"
@@ -172,7 +182,7 @@ def test_bridge_forwards_mapped_and_in_order_with_none_lost_across_a_remote_rest
 
 
 def test_reverse_direction_publishes_remote_messages_here_mapped_back_with_its_credential(
-    cluster: LocalCluster, cli: Cli, mosquitto: Mosquitto  # noqa: F811
+    cluster: LocalCluster, cli: Cli, mosquitto: Mosquitto
 ) -> None:
     name, local = unique("reverse"), unique("plant")
     remote = f"site2/{local}"

@@ -207,9 +207,7 @@ class MqttSink:
         return self.client_id or f"cormorant-{integration_name}"
 
 
-def check_mqtt_sink(
-    sink: MqttSink, secrets: SinkSecrets, topic_filters: tuple[str, ...]
-) -> None:
+def check_mqtt_sink(sink: MqttSink, secrets: SinkSecrets, topic_filters: tuple[str, ...]) -> None:
     """Raise :class:`IntegrationError` unless the MQTT bridge ``sink`` can run for an
     integration of ``topic_filters``: the address, version, QoS (0 to 2), TLS files (given
     only with TLS; a key needs a certificate), a password only with a user name, prefixes
@@ -271,8 +269,7 @@ def check_mqtt_sink(
                 )
     if reverse and not (sink.local_username and secrets.local_password):
         raise IntegrationError(
-            "the reverse direction publishes here as a credential: give its user name and "
-            "password"
+            "the reverse direction publishes here as a credential: give its user name and password"
         )
     if not reverse and (sink.local_username or secrets.local_password):
         raise IntegrationError("a local credential is only used with reverse topic filters")
