@@ -3,10 +3,11 @@ integrations stage sends the broker's messages (docs/integrations/index.md).
 
 Through the admin API with the stored login (:mod:`services.admin_client`,
 ``/api/integrations``), so the commands work the same on the local cluster and on a
-deployed stack, and every change is audited. A SASL password is read from a file
-(``--sasl-password-file``, ``-`` for standard input), never taken on the command line, and
-never shown. ``--json`` prints the API's answer. Errors exit with status 1 and one line
-saying what is wrong.
+deployed stack, and every change is audited. Each kind has its own sink options
+(:data:`SINK_OPTIONS`). A secret (a Kafka sink's SASL password, a webhook's signing secret)
+is read from a file (``--sasl-password-file``, ``--signing-secret-file``; ``-`` for
+standard input), never taken on the command line, and never shown. ``--json`` prints the
+API's answer. Errors exit with status 1 and one line saying what is wrong.
 """
 
 from __future__ import annotations
@@ -29,10 +30,47 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the API's JS
 _SECURITY = click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"])
 _MECHANISM = click.Choice(["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
 
+KINDS = ("kafka", "webhook", "mqtt")
+"""The kinds of integrations (:class:`~services.common.integrations.model.IntegrationKind`)."""
+
+_KAFKA = frozenset({"kafka"})
+_WEBHOOK = frozenset({"webhook"})
+
+SINK_OPTIONS: dict[str, tuple[str, str, frozenset[str]]] = {
+    "bootstrap": ("--bootstrap", "bootstrap", _KAFKA),
+    "kafka_topic": ("--kafka-topic", "topic", _KAFKA),
+    "key": ("--key", "key", _KAFKA),
+    "security_protocol": ("--security-protocol", "security_protocol", _KAFKA),
+    "sasl_mechanism": ("--sasl-mechanism", "sasl_mechanism", _KAFKA),
+    "sasl_username": ("--sasl-username", "sasl_username", _KAFKA),
+    "sasl_password_file": ("--sasl-password-file", "sasl_password", _KAFKA),
+    "ssl_cafile": ("--ssl-cafile", "ssl_cafile", _KAFKA | _WEBHOOK),
+    "url": ("--url", "url", _WEBHOOK),
+    "batch_size": ("--batch-size", "batch_size", _WEBHOOK),
+    "linger": ("--linger", "linger_seconds", _WEBHOOK),
+    "timeout": ("--timeout", "timeout_seconds", _WEBHOOK),
+    "max_attempts": ("--max-attempts", "max_attempts", _WEBHOOK),
+    "backoff": ("--backoff", "backoff_seconds", _WEBHOOK),
+    "backoff_max": ("--backoff-max", "backoff_max_seconds", _WEBHOOK),
+    "max_in_flight": ("--max-in-flight", "max_in_flight", _WEBHOOK),
+    "headers": ("--header", "headers", _WEBHOOK),
+    "signing_secret_file": ("--signing-secret-file", "signing_secret", _WEBHOOK),
+}
+"""Each sink option's parameter name → (its flag, the API's sink field, the kinds it
+belongs to). A parameter ending in ``_file`` names a file holding a secret."""
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "kafka": ("bootstrap", "kafka_topic"),
+    "webhook": ("url", "signing_secret_file"),
+}
+"""The sink options ``add`` needs, per kind."""
+
+_SECRET_NAMES = {"sasl_password": "SASL password", "signing_secret": "signing secret"}
+
 
 def _describe(item: dict[str, Any]) -> str:
-    """An integration in a few lines, for people."""
-    sink = item["sink"]
+    """An integration in a few lines, for people: its fields, then its sink's (a secret
+    only as set or not)."""
     lines = [
         f"{item['name']}  ({'enabled' if item['enabled'] else 'disabled'}, "
         f"revision {item['revision']}, id {item['id']})",
@@ -40,19 +78,25 @@ def _describe(item: dict[str, Any]) -> str:
         f"  topic filters:   {' '.join(item['topic_filters'])}",
         f"  client ids:      {item['client_id_filter'] or '(every client)'}",
         f"  payload format:  {item['payload_format']}",
-        f"  bootstrap:       {sink['bootstrap']}",
-        f"  kafka topic:     {sink['topic']}",
-        f"  record key:      {sink['key']}",
-        f"  security:        {sink['security_protocol']}",
     ]
-    if sink["sasl_mechanism"]:
-        password = "password set" if sink["sasl_password_set"] else "no password"
-        lines.append(
-            f"  sasl:            {sink['sasl_mechanism']} as {sink['sasl_username']} ({password})"
-        )
-    if sink["ssl_cafile"]:
-        lines.append(f"  ca file:         {sink['ssl_cafile']}")
+    for name, value in item["sink"].items():
+        if value is None or value == []:
+            continue
+        label = name.replace("_", " ")
+        if name.endswith("_set"):
+            label, value = label.removesuffix(" set"), "set" if value else "not set"
+        elif name == "headers":
+            value = ", ".join(f"{header}: {text}" for header, text in value)
+        lines.append(f"  {label + ':':<16} {value}")
     return "\n".join(lines)
+
+
+def _target(item: dict[str, Any]) -> str:
+    """Where an integration sends its messages, in a few words."""
+    sink = item["sink"]
+    if item["kind"] == "kafka":
+        return f"{sink['topic']} at {sink['bootstrap']}"
+    return str(sink.get("url") or sink.get("host") or "")
 
 
 def _print(item: dict[str, Any], as_json: bool, verb: str = "") -> None:
@@ -64,34 +108,67 @@ def _print(item: dict[str, Any], as_json: bool, verb: str = "") -> None:
         click.echo(_describe(item))
 
 
-def _password(path: Path | None) -> str | None:
-    """The SASL password in file ``path`` (None: not given). Raises ``click.UsageError``
-    when it is not UTF-8 text."""
-    if path is None:
-        return None
+def _secret(path: Path, what: str) -> str:
+    """The secret (``what``) in file ``path``. Raises ``click.UsageError`` when it is not
+    UTF-8 text."""
     try:
         return read_secret(path).decode("utf-8")
     except UnicodeDecodeError:
-        raise click.UsageError("the SASL password is not UTF-8 text") from None
+        raise click.UsageError(f"the {what} is not UTF-8 text") from None
 
 
-def _sink_options(required: bool) -> list[Callable[[Any], Any]]:
+def _header(text: str) -> list[str]:
+    """``Name: value`` as ``[name, value]``. Raises ``click.UsageError``."""
+    name, colon, value = text.partition(":")
+    if not colon or not name.strip():
+        raise click.UsageError(f"--header {text!r}: give it as 'Name: value'")
+    return [name.strip(), value.strip()]
+
+
+def _sink_options() -> list[Callable[[Any], Any]]:
     return [
-        click.option("--bootstrap", required=required,
-                     help="The other Kafka cluster's bootstrap servers: host:port[,host:port]."),
-        click.option("--kafka-topic", required=required,
-                     help="The Kafka topic, a template: ${client_id}, ${topic}, "
+        click.option("--bootstrap",
+                     help="kafka: the other Kafka cluster's bootstrap servers: "
+                     "host:port[,host:port]."),
+        click.option("--kafka-topic",
+                     help="kafka: the Kafka topic, a template: ${client_id}, ${topic}, "
                      "${topic_level[N]} (characters Kafka does not allow become _)."),
-        click.option("--key", help="The record key template (default ${client_id})."),
+        click.option("--key", help="kafka: the record key template (default ${client_id})."),
         click.option("--security-protocol", type=_SECURITY,
-                     help="How to reach the cluster (default PLAINTEXT)."),
-        click.option("--sasl-mechanism", type=_MECHANISM, help="The SASL mechanism."),
-        click.option("--sasl-username", help="The SASL user name."),
+                     help="kafka: how to reach the cluster (default PLAINTEXT)."),
+        click.option("--sasl-mechanism", type=_MECHANISM, help="kafka: the SASL mechanism."),
+        click.option("--sasl-username", help="kafka: the SASL user name."),
         click.option("--sasl-password-file", type=click.Path(allow_dash=True, path_type=Path),
-                     help="Read the SASL password from this file ('-': standard input)."),
+                     help="kafka: read the SASL password from this file ('-': standard "
+                     "input)."),
         click.option("--ssl-cafile",
-                     help="A CA bundle on the stage's hosts that signed the cluster's "
-                     "certificates (default: the system's)."),
+                     help="kafka, webhook: a CA bundle on the stage's hosts that signed the "
+                     "cluster's or endpoint's certificates (default: the system's)."),
+        click.option("--url", help="webhook: the endpoint's http:// or https:// URL."),
+        click.option("--batch-size", type=click.IntRange(1, 1000),
+                     help="webhook: messages per request (default 1; over 1: a JSON array, "
+                     "json format only)."),
+        click.option("--linger", type=click.FloatRange(0, 60),
+                     help="webhook: seconds a batch may wait for more messages (default 0)."),
+        click.option("--timeout", type=click.FloatRange(0.1, 300),
+                     help="webhook: seconds each request may take (default 10)."),
+        click.option("--max-attempts", type=click.IntRange(1, 100),
+                     help="webhook: attempts per request before its messages go to the "
+                     "dead-letter topic (default 5)."),
+        click.option("--backoff", type=click.FloatRange(0.01, 3600),
+                     help="webhook: seconds before the second attempt, doubling, with "
+                     "jitter (default 0.5)."),
+        click.option("--backoff-max", type=click.FloatRange(0.01, 3600),
+                     help="webhook: the longest pause between attempts (default 30)."),
+        click.option("--max-in-flight", type=click.IntRange(1, 64),
+                     help="webhook: requests on the way at once (default 4)."),
+        click.option("--header", "headers", multiple=True,
+                     help="webhook: 'Name: value' added to each request (shown: no "
+                     "credentials); repeat for more; replaces them all."),
+        click.option("--signing-secret-file",
+                     type=click.Path(allow_dash=True, path_type=Path),
+                     help="webhook: read the HMAC-SHA-256 signing secret (32 characters or "
+                     "more) from this file ('-': standard input)."),
     ]  # fmt: skip
 
 
@@ -106,35 +183,44 @@ def _with(options: list[Callable[[Any], Any]]) -> Callable[[F], F]:
     return decorate
 
 
-def _sink_body(options: dict[str, Any]) -> dict[str, Any]:
-    """The sink fields given (``options`` as click passes them)."""
-    fields = {
-        "bootstrap": options["bootstrap"],
-        "topic": options["kafka_topic"],
-        "key": options["key"],
-        "security_protocol": options["security_protocol"],
-        "sasl_mechanism": options["sasl_mechanism"],
-        "sasl_username": options["sasl_username"],
-        "sasl_password": _password(options["sasl_password_file"]),
-        "ssl_cafile": options["ssl_cafile"],
-    }
-    return {name: value for name, value in fields.items() if value is not None}
+def _sink_body(options: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """The sink fields given (``options`` as click passes them), for an integration of
+    ``kind`` (None: the stored one's, unknown here). Raises ``click.UsageError`` for an
+    option of another kind, or options of several kinds together."""
+    given = {name: value for name, value in options.items() if value not in (None, ())}
+    kinds = set(KINDS) if kind is None else {kind}
+    for name in given:
+        flag, _, belongs = SINK_OPTIONS[name]
+        if not kinds & belongs:
+            what = f"a {kind} integration" if kind else "the same integration as the others"
+            raise click.UsageError(f"{flag} is not an option of {what}")
+        kinds &= belongs
+    body: dict[str, Any] = {}
+    for name, value in given.items():
+        _, field, _ = SINK_OPTIONS[name]
+        if name.endswith("_file"):
+            value = _secret(value, _SECRET_NAMES[field])
+        elif name == "headers":
+            value = [_header(text) for text in value]
+        body[field] = value
+    return body
 
 
 @click.group()
 def integrations() -> None:
-    """Send matching messages into other systems (today: a topic of another Kafka cluster,
-    exactly once), as JSON or raw payloads."""
+    """Send matching messages into other systems: a topic of another Kafka cluster (exactly
+    once) or an HTTP endpoint (at least once), as JSON or raw payloads."""
 
 
 @integrations.command("add")
 @click.argument("name")
 @click.option(
     "--kind",
-    type=click.Choice(["kafka"]),
+    type=click.Choice(KINDS),
     default="kafka",
     show_default=True,
-    help="Where the messages go.",
+    help="Where the messages go: kafka (another Kafka cluster), webhook (an HTTP endpoint), "
+    "mqtt (another MQTT broker).",
 )
 @click.option(
     "--topic-filter",
@@ -157,7 +243,7 @@ def integrations() -> None:
     help="json: the cormorant.message/1 document; raw: the payload's bytes.",
 )
 @click.option("--disabled", is_flag=True, help="Store it disabled.")
-@_with(_sink_options(required=True))
+@_with(_sink_options())
 @_JSON
 def add(
     name: str,
@@ -170,14 +256,19 @@ def add(
     **sink: Any,
 ) -> None:
     """Add integration NAME; the stage starts it within a second, with the messages
-    accepted from then on."""
+    accepted from then on. The sink options of its --kind are the ones marked so;
+    kafka needs --bootstrap and --kafka-topic, webhook --url and --signing-secret-file."""
+    sink_body = _sink_body(sink, kind)
+    missing = [SINK_OPTIONS[option][0] for option in REQUIRED.get(kind, ()) if sink[option] is None]
+    if missing:
+        raise click.UsageError(f"a {kind} integration needs {' and '.join(missing)}")
     body = {
         "name": name,
         "kind": kind,
         "topic_filters": list(topic_filters),
         "payload_format": payload_format,
         "enabled": not disabled,
-        "sink": _sink_body(sink),
+        "sink": sink_body,
     }
     if client_id_filter is not None:
         body["client_id_filter"] = client_id_filter
@@ -199,14 +290,14 @@ def list_integrations(as_json: bool) -> None:
         click.echo("no integrations (cormorant integrations add NAME ... adds one)")
         return
     print_table(
-        ("NAME", "ENABLED", "KIND", "TOPIC FILTERS", "KAFKA TOPIC"),
+        ("NAME", "ENABLED", "KIND", "TOPIC FILTERS", "SENDS TO"),
         [
             (
                 item["name"],
                 "yes" if item["enabled"] else "no",
                 item["kind"],
                 " ".join(item["topic_filters"]),
-                item["sink"]["topic"],
+                _target(item),
             )
             for item in found
         ],
@@ -238,8 +329,11 @@ def show(name: str, as_json: bool) -> None:
     type=click.Choice(["json", "raw"]),
     help="Replace the payload format.",
 )
-@click.option("--no-sasl", is_flag=True, help="Drop the SASL mechanism, user name and password.")
-@_with(_sink_options(required=False))
+@click.option(
+    "--no-sasl", is_flag=True, help="kafka: drop the SASL mechanism, user name and password."
+)
+@click.option("--no-headers", is_flag=True, help="webhook: drop the headers.")
+@_with(_sink_options())
 @_JSON
 def update(
     name: str,
@@ -248,6 +342,7 @@ def update(
     every_client: bool,
     payload_format: str | None,
     no_sasl: bool,
+    no_headers: bool,
     as_json: bool,
     **sink_options: Any,
 ) -> None:
@@ -264,9 +359,13 @@ def update(
         body["client_id_filter"] = None
     if payload_format is not None:
         body["payload_format"] = payload_format
-    sink = _sink_body(sink_options)
+    sink = _sink_body(sink_options, None)
     if no_sasl:
         sink |= {"sasl_mechanism": None, "sasl_username": None, "sasl_password": None}
+    if no_headers:
+        if "headers" in sink:
+            raise click.UsageError("give --header or --no-headers, not both")
+        sink["headers"] = []
     if sink:
         body["sink"] = sink
     if not body:

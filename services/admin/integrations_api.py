@@ -4,20 +4,24 @@ disable included), delete (docs/integrations/index.md).
 Integrations live in PostgreSQL (:class:`~services.common.integrations.store.
 IntegrationStore`, over the credential store's pool) and are checked by
 :func:`~services.common.integrations.model.check_integration`, the one check; every change
-reaches the integrations stage within a second (PostgreSQL's notification). A sink's SASL
-password is write-only: answers say only whether one is set, and the audit trail never
-holds it. Every change is audited.
+reaches the integrations stage within a second (PostgreSQL's notification). A sink's
+secrets (a Kafka sink's SASL password, a webhook's signing secret) are write-only: answers
+say only whether each is set, and the audit trail never holds them. Every change is
+audited. The ``sink`` of a body is the one of the integration's ``kind``
+(:data:`~services.common.integrations.model.SINK_TYPES`).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic.types import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
@@ -34,6 +38,7 @@ from services.common.integrations.model import (
     SinkSecrets,
     changed,
     new_integration,
+    sink_from_json,
 )
 from services.common.integrations.store import (
     IntegrationConflict,
@@ -46,6 +51,16 @@ router = APIRouter(prefix="/api/integrations", tags=["integrations"])
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+Kind = Literal["kafka", "webhook", "mqtt"]
+Header = tuple[
+    Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=4096)]
+]
+
+SECRETS = ("sasl_password", "signing_secret")
+"""The secret fields of a sink body (kept in :class:`SinkSecrets`, never shown)."""
+
+NULLABLE = ("sasl_mechanism", "sasl_username", "ssl_cafile")
+"""The sink settings a change may clear with ``null``."""
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": models.Problem, "description": "No such integration."}
@@ -76,17 +91,33 @@ class KafkaSinkView(BaseModel):
     ssl_cafile: str | None
 
 
+class WebhookSinkView(BaseModel):
+    """A webhook as stored, without its signing secret."""
+
+    url: str
+    batch_size: int
+    linger_seconds: float
+    timeout_seconds: float
+    max_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+    max_in_flight: int
+    headers: list[tuple[str, str]]
+    ssl_cafile: str | None
+    signing_secret_set: bool
+
+
 class IntegrationView(BaseModel):
     """An integration as stored, without secrets."""
 
     id: uuid.UUID
     name: str
     enabled: bool
-    kind: Literal["kafka"]
+    kind: Kind
     topic_filters: list[str]
     client_id_filter: str | None
     payload_format: Literal["raw", "json"]
-    sink: KafkaSinkView
+    sink: KafkaSinkView | WebhookSinkView
     revision: int
     created_at: datetime | None
     updated_at: datetime | None
@@ -116,19 +147,45 @@ class KafkaSinkBody(BaseModel):
     ssl_cafile: str | None = Field(None, max_length=4096)
 
 
+class WebhookSinkBody(BaseModel):
+    """An HTTP endpoint the messages are POSTed to (docs/integrations/webhook.md): its
+    ``url``, messages per request (``batch_size``; over 1 needs the json format) and how
+    long a batch may wait for more (``linger_seconds``), each request's
+    ``timeout_seconds``, ``max_attempts`` before its messages go to the dead-letter topic,
+    the first and the longest pause between attempts, requests on the way at once
+    (``max_in_flight``), ``headers`` added to each request (``[name, value]`` pairs,
+    shown), a CA file on the stage's hosts, and the ``signing_secret`` (write-only, 32
+    characters or more) of the HMAC-SHA-256 signature of each request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=4096)
+    batch_size: PositiveInt = 1
+    linger_seconds: NonNegativeFloat = 0.0
+    timeout_seconds: PositiveFloat = 10.0
+    max_attempts: PositiveInt = 5
+    backoff_seconds: PositiveFloat = 0.5
+    backoff_max_seconds: PositiveFloat = 30.0
+    max_in_flight: PositiveInt = 4
+    headers: list[Header] = Field(default_factory=list, max_length=64)
+    ssl_cafile: str | None = Field(None, max_length=4096)
+    signing_secret: SecretStr = Field(min_length=1, max_length=4096)
+
+
 class NewIntegration(BaseModel):
-    """An integration to add: its ``name``, Topic Filters, optional Client Identifier
-    pattern (shell style, ``sensor-*``), payload format and Kafka sink."""
+    """An integration to add: its ``name``, ``kind``, Topic Filters, optional Client
+    Identifier pattern (shell style, ``sensor-*``), payload format and the sink of its
+    kind."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    kind: Literal["kafka"] = "kafka"
+    kind: Kind = "kafka"
     topic_filters: list[str] = Field(min_length=1, max_length=MAX_TOPIC_FILTERS)
     client_id_filter: str | None = Field(None, min_length=1, max_length=1024)
     payload_format: Literal["raw", "json"] = "json"
     enabled: bool = True
-    sink: KafkaSinkBody
+    sink: KafkaSinkBody | WebhookSinkBody
 
 
 class KafkaSinkChanges(BaseModel):
@@ -147,6 +204,25 @@ class KafkaSinkChanges(BaseModel):
     ssl_cafile: str | None = Field(None, max_length=4096)
 
 
+class WebhookSinkChanges(BaseModel):
+    """Changes to a webhook: a field left out is kept, ``ssl_cafile: null`` clears it,
+    ``headers`` replaces them all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(None, min_length=1, max_length=4096)
+    batch_size: PositiveInt | None = None
+    linger_seconds: NonNegativeFloat | None = None
+    timeout_seconds: PositiveFloat | None = None
+    max_attempts: PositiveInt | None = None
+    backoff_seconds: PositiveFloat | None = None
+    backoff_max_seconds: PositiveFloat | None = None
+    max_in_flight: PositiveInt | None = None
+    headers: list[Header] | None = Field(None, max_length=64)
+    ssl_cafile: str | None = Field(None, max_length=4096)
+    signing_secret: SecretStr | None = Field(None, min_length=1, max_length=4096)
+
+
 class IntegrationChanges(BaseModel):
     """Changes to an integration: a field left out is kept; ``client_id_filter: null``
     takes every client again."""
@@ -157,30 +233,29 @@ class IntegrationChanges(BaseModel):
     topic_filters: list[str] | None = Field(None, min_length=1, max_length=MAX_TOPIC_FILTERS)
     client_id_filter: str | None = Field(None, min_length=1, max_length=1024)
     payload_format: Literal["raw", "json"] | None = None
-    sink: KafkaSinkChanges | None = None
+    sink: KafkaSinkChanges | WebhookSinkChanges | None = None
 
 
 def view(integration: Integration) -> IntegrationView:
-    """``integration`` as the API shows it (no password)."""
+    """``integration`` as the API shows it (no secret: only whether each is set)."""
     sink = integration.sink
+    secrets = integration.secrets
+    shown: KafkaSinkView | WebhookSinkView
+    if isinstance(sink, KafkaSink):
+        shown = KafkaSinkView(**sink.to_json(), sasl_password_set=secrets.sasl_password is not None)
+    else:
+        shown = WebhookSinkView(
+            **sink.to_json(), signing_secret_set=secrets.signing_secret is not None
+        )
     return IntegrationView(
         id=integration.id,
         name=integration.name,
         enabled=integration.enabled,
-        kind="kafka",
+        kind=integration.kind.value,
         topic_filters=list(integration.topic_filters),
         client_id_filter=integration.client_id_filter,
         payload_format=integration.payload_format.value,
-        sink=KafkaSinkView(
-            bootstrap=sink.bootstrap,
-            topic=sink.topic,
-            key=sink.key,
-            security_protocol=sink.security_protocol,
-            sasl_mechanism=sink.sasl_mechanism,
-            sasl_username=sink.sasl_username,
-            sasl_password_set=integration.secrets.sasl_password is not None,
-            ssl_cafile=sink.ssl_cafile,
-        ),
+        sink=shown,
         revision=integration.revision,
         created_at=integration.created_at,
         updated_at=integration.updated_at,
@@ -189,6 +264,40 @@ def view(integration: Integration) -> IntegrationView:
 
 def _password(secret: SecretStr | None) -> str | None:
     return None if secret is None else secret.get_secret_value()
+
+
+def _sink_values(body: BaseModel, given: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``given`` fields of a sink ``body``: ``(settings, secrets)`` as stored."""
+    settings: dict[str, Any] = {}
+    secrets: dict[str, Any] = {}
+    for name in given:
+        value = getattr(body, name)
+        if name in SECRETS:
+            secrets[name] = _password(value)
+        elif name == "headers" and value is not None:
+            settings[name] = [list(header) for header in value]
+        else:
+            settings[name] = value
+    return settings, secrets
+
+
+def _changed_sink(stored: Integration, body: BaseModel) -> dict[str, Any]:
+    """The changes (field name → value) ``body`` (a sink's changes) makes to ``stored``'s
+    sink and secrets. Raises :class:`IntegrationError` for a setting the kind's sink does
+    not have, or one cleared that cannot be."""
+    settings, secrets = _sink_values(body, body.model_fields_set)
+    values = stored.sink.to_json()
+    kind = stored.kind.value
+    for name, value in settings.items():
+        if name not in values:
+            raise IntegrationError(f"sink.{name} is not a setting of a {kind} sink")
+        if value is None and name not in NULLABLE:
+            raise IntegrationError(f"sink.{name} cannot be cleared")
+        values[name] = value
+    changes: dict[str, Any] = {"sink": sink_from_json(stored.kind, values)}
+    if secrets:
+        changes["secrets"] = replace(stored.secrets, **secrets)
+    return changes
 
 
 def _changed_integration(stored: Integration, body: IntegrationChanges) -> Integration:
@@ -204,17 +313,7 @@ def _changed_integration(stored: Integration, body: IntegrationChanges) -> Integ
     if body.payload_format is not None:
         changes["payload_format"] = PayloadFormat(body.payload_format)
     if body.sink is not None:
-        sink_given = body.sink.model_fields_set
-        values = stored.sink.to_json()
-        for name in KafkaSink.__dataclass_fields__:
-            if name in sink_given:
-                value = getattr(body.sink, name)
-                if value is None and name in ("bootstrap", "topic", "key", "security_protocol"):
-                    raise IntegrationError(f"sink.{name} cannot be cleared")
-                values[name] = value
-        changes["sink"] = KafkaSink.from_json(values)
-        if "sasl_password" in sink_given:
-            changes["secrets"] = SinkSecrets(_password(body.sink.sasl_password))
+        changes.update(_changed_sink(stored, body.sink))
     return changed(stored, **changes)
 
 
@@ -228,12 +327,14 @@ def _users(request: Request) -> AdminUsers:
 
 
 def _detail(body: BaseModel) -> dict[str, Any]:
-    """What the audit trail keeps of a request: its fields, the password only as set or
+    """What the audit trail keeps of a request: its fields, the secrets only as set or
     cleared."""
     detail = body.model_dump(exclude_unset=True, mode="json")
     sink = detail.get("sink")
-    if isinstance(sink, dict) and "sasl_password" in sink:
-        sink["sasl_password"] = "set" if sink["sasl_password"] is not None else None
+    if isinstance(sink, dict):
+        for name in SECRETS:
+            if name in sink:
+                sink[name] = "set" if sink[name] is not None else None
     return detail
 
 
@@ -271,24 +372,17 @@ async def add_integration(request: Request, body: NewIntegration, user: User) ->
     messages accepted from then on)."""
 
     async def change() -> Integration:
-        sink = body.sink
+        kind = IntegrationKind(body.kind)
+        settings, secrets = _sink_values(body.sink, set(type(body.sink).model_fields))
         integration = new_integration(
             body.name,
-            IntegrationKind(body.kind),
+            kind,
             tuple(body.topic_filters),
-            KafkaSink(
-                bootstrap=sink.bootstrap,
-                topic=sink.topic,
-                key=sink.key,
-                security_protocol=sink.security_protocol,
-                sasl_mechanism=sink.sasl_mechanism,
-                sasl_username=sink.sasl_username,
-                ssl_cafile=sink.ssl_cafile,
-            ),
+            sink_from_json(kind, settings),
             payload_format=PayloadFormat(body.payload_format),
             client_id_filter=body.client_id_filter,
             enabled=body.enabled,
-            secrets=SinkSecrets(_password(sink.sasl_password)),
+            secrets=SinkSecrets(**secrets),
         )
         return await _store(request).insert(integration)
 

@@ -24,7 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.common.integrations.model import Integration
+from services.common.integrations.model import Integration, KafkaSink
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import PartitionTransactions
 from services.common.kafka.names import TopicNames
@@ -33,11 +33,20 @@ from services.common.settings import Settings
 from services.integrations.matching import Outgoing
 
 
+def kafka_sink(integration: Integration) -> KafkaSink:
+    """``integration``'s sink. Raises ``TypeError`` when it is not a Kafka sink."""
+    sink = integration.sink
+    if not isinstance(sink, KafkaSink):
+        raise TypeError(f"integration {integration.name} has no Kafka sink")
+    return sink
+
+
 def sink_security(integration: Integration) -> dict[str, Any]:
     """aiokafka's security options for ``integration``'s sink cluster: its security
     protocol, a TLS context verifying the brokers (its CA file, else the system's) and the
-    SASL login. Raises ``OSError``/``ssl.SSLError`` when the CA file cannot be read."""
-    sink = integration.sink
+    SASL login. Raises ``OSError``/``ssl.SSLError`` when the CA file cannot be read,
+    ``TypeError`` when the sink is not a Kafka sink."""
+    sink = kafka_sink(integration)
     options: dict[str, Any] = {"security_protocol": sink.security_protocol}
     if sink.security_protocol in ("SSL", "SASL_SSL"):
         options["ssl_context"] = tls_context(Path(sink.ssl_cafile) if sink.ssl_cafile else None)
@@ -61,11 +70,12 @@ class KafkaSinkWriter:
     def __init__(self, settings: Settings, integration: Integration, group_id: str) -> None:
         self.settings = settings
         self.integration = integration
+        self.sink = kafka_sink(integration)
         self.group_id = group_id
         self.security = sink_security(integration)
         self.transactions = PartitionTransactions(self._producer, f"{group_id}.", group_id)
         self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=integration.sink.bootstrap,
+            bootstrap_servers=self.sink.bootstrap,
             request_timeout_ms=int(settings.kafka_request_timeout_seconds * 1000),
             **self.security,
         )
@@ -74,7 +84,7 @@ class KafkaSinkWriter:
         """A transactional (so idempotent, ``acks=all``) producer of the sink cluster."""
         settings = self.settings
         return AIOKafkaProducer(
-            bootstrap_servers=self.integration.sink.bootstrap,
+            bootstrap_servers=self.sink.bootstrap,
             acks="all",
             transactional_id=transactional_id,
             transaction_timeout_ms=int(settings.transaction_timeout_seconds * 1000),
@@ -104,7 +114,7 @@ class KafkaSinkWriter:
             settings.msg_all_partitions,
             {"retention.ms": str(3600 * 1000)},
         )
-        await ensure_topics(self.integration.sink.bootstrap, [spec], 1, security=self.security)
+        await ensure_topics(self.sink.bootstrap, [spec], 1, security=self.security)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         """The next offset of source partition ``tp`` committed with the sink's

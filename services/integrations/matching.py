@@ -1,6 +1,6 @@
 """Which ``msg.all`` records an integration takes, and what its sink receives of each:
-what every sink shares (the Kafka sink today; an HTTP webhook or an MQTT bridge take the
-same :class:`Outgoing` messages).
+what every sink shares (the Kafka sink, the HTTP webhook and the MQTT bridge take the same
+:class:`Outgoing` messages).
 
 An integration's Topic Filters go into a :class:`~services.common.topics.trie.
 SubscriptionTrie` (the router's), so a Topic Name matches exactly as a subscription's
@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.integrations.message_format import formatted, user_property_headers
-from services.common.integrations.model import Integration, kafka_topic_name, render
+from services.common.integrations.model import (
+    Integration,
+    KafkaSink,
+    kafka_topic_name,
+    render,
+)
 from services.common.kafka.consumer import Record, log_undecodable
 from services.common.mqtt.properties import Properties
 from services.common.records import (
     Headers,
     Published,
-    PublishMeta,
     RecordError,
     decode_forwarded_properties,
     parse_msg_all,
@@ -34,19 +38,23 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """One matched message as a sink writes it: the publisher's ``client_id``, the MQTT
-    ``topic``; ``kafka_topic`` and ``key`` (UTF-8) rendered from the sink's templates;
-    ``value``: the payload in the integration's format; ``headers``: the MQTT 5 User
-    Properties; ``meta``: the message's QoS, RETAIN flag and receive time as accepted, and
-    ``properties`` its forwarded MQTT 5 properties (what the MQTT bridge republishes)."""
+    ``topic`` (Topic Name), ``qos`` and ``retain`` as published; ``value``: the payload in
+    the integration's format; ``headers``: the MQTT 5 User Properties (MQTT 5.0
+    3.3.2.3.7) as ``(name, UTF-8 value)`` pairs; for a Kafka sink, ``kafka_topic`` and
+    ``key`` (UTF-8) rendered from its templates (empty for other sinks); ``properties``:
+    the forwarded MQTT 5 properties and ``received_at_ms`` when the broker accepted it
+    (Unix milliseconds), which the MQTT bridge republishes."""
 
     client_id: str
     topic: str
-    kafka_topic: str
-    key: bytes
+    qos: int
+    retain: bool
     value: bytes
     headers: Headers
-    meta: PublishMeta
-    properties: Properties
+    kafka_topic: str = ""
+    key: bytes = b""
+    properties: Properties = field(default_factory=Properties)
+    received_at_ms: int = 0
 
 
 class Matcher:
@@ -73,7 +81,8 @@ class Matcher:
         """What the sink writes for ``record`` (a ``msg.all`` record), or None when it is
         not a message the integration takes (a retained message request, another topic or
         client). A record that does not decode is logged and skipped (it must not stop the
-        partition); so is one whose topic template renders no Kafka topic name."""
+        partition); so is one whose topic template (a Kafka sink's) renders no Kafka topic
+        name."""
         try:
             parsed = parse_msg_all(record.key, record.value, record.headers)
             if not isinstance(parsed, Published):
@@ -85,34 +94,39 @@ class Matcher:
         except RecordError as exc:
             log_undecodable(log, record, exc)
             return None
-        sink = self.integration.sink
         client_id = parsed.client_id
-        rendered = render(sink.topic, client_id, meta.topic)
-        try:
-            kafka_topic = kafka_topic_name(rendered)
-        except ValueError as exc:
-            self.unwritable += 1
-            log.warning(
-                "integration %s skips %s[%d]@%d: %s",
-                self.integration.name,
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
-            return None
+        kafka_topic, key = "", b""
+        sink = self.integration.sink
+        if isinstance(sink, KafkaSink):
+            rendered = render(sink.topic, client_id, meta.topic)
+            try:
+                kafka_topic = kafka_topic_name(rendered)
+            except ValueError as exc:
+                self.unwritable += 1
+                log.warning(
+                    "integration %s skips %s[%d]@%d: %s",
+                    self.integration.name,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    exc,
+                )
+                return None
+            key = render(sink.key, client_id, meta.topic).encode("utf-8")
         value = formatted(
             self.integration.payload_format, client_id, meta, properties, parsed.message.payload
         )
         return Outgoing(
             client_id,
             meta.topic,
-            kafka_topic,
-            render(sink.key, client_id, meta.topic).encode("utf-8"),
+            meta.qos,
+            meta.retain,
             value,
             user_property_headers(properties),
-            meta,
+            kafka_topic,
+            key,
             properties,
+            meta.received_at_ms,
         )
 
     def outgoing_of(self, records: Sequence[Record]) -> list[Outgoing]:

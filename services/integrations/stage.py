@@ -9,11 +9,15 @@ position yet) starts with the first message accepted at or after the time it was
 changed (``updated_at``), found by Kafka's time index: the same start every time it is
 asked, so a failure before the first commit neither skips nor repeats anything.
 
-The records of each partition are matched and formatted (:mod:`.matching`) and written by
-the sink inside that partition's transaction with its next offset
+Each kind runs its own way. A Kafka sink: the records of each partition are matched and
+formatted (:mod:`.matching`) and written by the sink inside that partition's transaction
+with its next offset
 (:mod:`.kafka_sink`), by :func:`~services.common.kafka.consumer.consume_in_transactions`:
 a failed write or commit aborts the transaction, and the partition is read again from the
-offset stored with the sink after a second (counted as retried). Any change of an
+offset stored with the sink after a second (counted as retried). The sinks that cannot
+join a Kafka transaction (the webhook; the MQTT bridge) are delivered at least once by
+their :class:`~.at_least_once.Deliverer` (:data:`DELIVERERS`), offsets committed in the
+integration's group after delivery (:mod:`.at_least_once`). Any change of an
 integration (announced by PostgreSQL, :mod:`services.common.integrations.store`) restarts
 its runner with the new definition; a disabled or deleted one is stopped.
 """
@@ -31,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from services.common import metrics
-from services.common.integrations.model import Integration
+from services.common.integrations.model import Integration, IntegrationError, IntegrationKind
 from services.common.integrations.store import IntegrationStore
 from services.common.kafka.consumer import (
     Record,
@@ -43,6 +47,7 @@ from services.common.kafka.names import TopicNames
 from services.common.settings import Settings
 from services.common.stores.base import StoreUnavailable
 from services.common.web import Readiness
+from services.integrations.at_least_once import MakeDeliverer, consume_at_least_once
 from services.integrations.kafka_sink import KafkaSinkWriter
 from services.integrations.matching import Matcher
 
@@ -65,17 +70,31 @@ RESTART_MAX_SECONDS = 30.0
 #: Seconds a runner may take to stop (its open transactions are then left to the fence).
 STOP_SECONDS = 10.0
 
+#: Seconds an at-least-once round (deliver, then commit) may take before the consumer
+#: group takes the runner for stuck and gives its partitions to another member.
+ROUND_SECONDS_MAX = 3600
+
+#: Characters of a failure's description kept as an integration's last error.
+ERROR_TEXT_MAX = 300
+
+DELIVERERS: dict[IntegrationKind, MakeDeliverer] = {}
+"""The :class:`~.at_least_once.Deliverer` of each kind delivered at least once."""
+
 
 class IntegrationCounters:
-    """What one integration's runner did: messages written (their transaction committed),
-    failed (their transaction aborted, or no Kafka topic name for them), written again
-    after a failure, when the last failure was, and the records not handled yet."""
+    """What one integration's runner did: messages written (their transaction committed;
+    delivered), failed (their transaction aborted, or no Kafka topic name for them; a
+    failed delivery attempt), written again after a failure, set aside in the dead-letter
+    topic (:mod:`.webhook`), when the last failure was and what it was (``last_error``:
+    one line, never a secret), and the records not handled yet."""
 
     def __init__(self) -> None:
         self.sent = 0
         self.failed = 0
         self.retried = 0
+        self.dead_lettered = 0
         self.last_error_at: float | None = None
+        self.last_error: str | None = None
         self.lag = 0
         # Messages handled in each partition's open transaction, and the partitions whose
         # last transaction failed: what they write next is written again.
@@ -88,6 +107,11 @@ class IntegrationCounters:
         if tp in self.retrying and messages:
             self.retried += messages
             self.retrying.discard(tp)
+
+    def error(self, text: str) -> None:
+        """A failure happened now: ``text`` says what (one line, no secret)."""
+        self.last_error_at = time.time()
+        self.last_error = text
 
     def unwritable(self, messages: int) -> None:
         """``messages`` were matched but cannot be written (logged by the matcher)."""
@@ -112,7 +136,8 @@ class IntegrationCounters:
 
 class IntegrationRunner:
     """Runs one enabled ``integration``: its consumer group on ``msg.all``, its sink, its
-    counters. :meth:`run` until cancelled."""
+    counters. :meth:`run` until cancelled: a Kafka sink in transactions, another kind
+    through its :data:`DELIVERERS` entry, at least once."""
 
     def __init__(self, settings: Settings, integration: Integration, group_prefix: str) -> None:
         self.settings = settings
@@ -139,14 +164,53 @@ class IntegrationRunner:
 
     def _failed(self, state: RetryCallState) -> None:
         """Log why the runner stopped, and when it starts again."""
-        self.counters.last_error_at = time.time()
         error = state.outcome.exception() if state.outcome is not None else None
+        self.counters.error(f"stopped: {error!r}"[:ERROR_TEXT_MAX])
         wait = state.next_action.sleep if state.next_action is not None else 0.0
         log.warning(
             "integration %s stopped: %r; again in %.0f s", self.integration.name, error, wait
         )
 
     async def _run_once(self) -> None:
+        if self.integration.kind is IntegrationKind.KAFKA:
+            await self._run_kafka()
+        else:
+            await self._run_at_least_once()
+
+    async def _run_at_least_once(self) -> None:
+        """Deliver through the kind's :class:`~.at_least_once.Deliverer` until cancelled
+        or it fails (raised)."""
+        settings = self.settings
+        make = DELIVERERS.get(self.integration.kind)
+        if make is None:
+            raise IntegrationError(f"no sink for kind {self.integration.kind.value!r} yet")
+        deliverer = make(settings, self.integration, self.counters)
+        # A round may outlast the default 5 minutes between two fetches while a sink is
+        # failing (a webhook's retries); the member must stay in the group meanwhile.
+        consumer = make_consumer(
+            settings, group_id=self.group, max_poll_interval_ms=ROUND_SECONDS_MAX * 1000
+        )
+        self.consumer = consumer
+        try:
+            await deliverer.start()
+            await consumer.start()
+            await consume_at_least_once(
+                consumer,
+                TopicNames.from_settings(settings).msg_all,
+                self.matcher,
+                deliverer,
+                self.counters,
+                lambda tp: self.first_offset(consumer, tp),
+                self.done,
+            )
+        finally:
+            self.consumer = None
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            with contextlib.suppress(Exception):
+                await deliverer.close()
+
+    async def _run_kafka(self) -> None:
         settings = self.settings
         sink = KafkaSinkWriter(settings, self.integration, self.group)
         consumer = make_consumer(settings, group_id=self.group)
@@ -206,15 +270,20 @@ class IntegrationRunner:
         (the end of the partition when there is none yet)."""
         offset = await sink.committed(tp)
         if offset is None:
-            since = self.integration.updated_at or self.integration.created_at
-            at_ms = 0 if since is None else int(since.timestamp() * 1000)
-            found = (await consumer.offsets_for_times({tp: at_ms})).get(tp)
-            if found is not None:
-                offset = int(found.offset)
-            else:
-                offset = int((await consumer.end_offsets([tp]))[tp])
+            offset = await self.first_offset(consumer, tp)
         self.done[tp] = offset
         return offset
+
+    async def first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+        """Where a sink with no stored position starts reading ``tp``: the first record at
+        or after the integration's ``updated_at`` (the end of the partition when there is
+        none yet)."""
+        since = self.integration.updated_at or self.integration.created_at
+        at_ms = 0 if since is None else int(since.timestamp() * 1000)
+        found = (await consumer.offsets_for_times({tp: at_ms})).get(tp)
+        if found is not None:
+            return int(found.offset)
+        return int((await consumer.end_offsets([tp]))[tp])
 
     def refresh_lag(self) -> None:
         """Bring the lag up to date: per assigned partition, its high watermark (from the
@@ -318,13 +387,14 @@ class IntegrationsStage:
         sent = CounterMetricFamily(
             "cormorant_integration_messages_sent",
             "Messages an integration's sink wrote (for the Kafka sink: in a committed "
-            "transaction).",
+            "transaction; for a webhook: answered with a 2xx status).",
             labels=["integration"],
         )
         failed = CounterMetricFamily(
             "cormorant_integration_messages_failed",
-            "Messages an integration's sink failed to write (an aborted transaction: they "
-            "are written again), or that it cannot write (logged and skipped).",
+            "Messages an integration's sink failed to write (an aborted transaction, a "
+            "failed webhook attempt: they are written again), or that it cannot write "
+            "(logged and skipped).",
             labels=["integration"],
         )
         retried = CounterMetricFamily(
@@ -332,10 +402,17 @@ class IntegrationsStage:
             "Messages an integration's sink wrote again after a failed write.",
             labels=["integration"],
         )
+        dead_lettered = CounterMetricFamily(
+            "cormorant_integration_messages_dead_lettered",
+            "Messages an integration's sink gave up on after its attempts and wrote to the "
+            "dead-letter topic instead (webhooks).",
+            labels=["integration"],
+        )
         lag = GaugeMetricFamily(
             "cormorant_integration_lag_records",
             "msg.all records an integration has not written yet (high watermark minus the "
-            "offset committed with its sink), over the partitions this instance reads.",
+            "offset committed with its sink, or in its group when delivered at least "
+            "once), over the partitions this instance reads.",
             labels=["integration"],
         )
         last_error = GaugeMetricFamily(
@@ -347,6 +424,7 @@ class IntegrationsStage:
             sent.add_metric([name], counters.sent)
             failed.add_metric([name], counters.failed)
             retried.add_metric([name], counters.retried)
+            dead_lettered.add_metric([name], counters.dead_lettered)
             lag.add_metric([name], counters.lag)
             last_error.add_metric([name], counters.last_error_at or 0)
-        yield from (sent, failed, retried, lag, last_error)
+        yield from (sent, failed, retried, dead_lettered, lag, last_error)

@@ -8,6 +8,7 @@ import base64
 import json
 import uuid
 
+import click
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -19,10 +20,12 @@ from services.common.integrations.model import (
     KafkaSink,
     PayloadFormat,
     SinkSecrets,
+    WebhookSink,
     check_integration,
     kafka_topic_name,
     public_view,
     render,
+    sink_from_json,
 )
 from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
@@ -32,6 +35,7 @@ from services.common.records import PublishMeta, publish_record, retained_reques
 from services.common.subscription import Subscription
 from services.integrations.matching import Matcher
 from services.integrations.stage import IntegrationCounters
+from services.integrations_cli import _sink_body
 
 NAMES = TopicNames()
 
@@ -177,3 +181,95 @@ def test_counters_count_committed_aborted_and_written_again() -> None:
     counters.handled(tp, 2)
     counters.ended({tp: 9}, [])
     assert (counters.sent, counters.failed, counters.retried) == (5, 3, 3)
+
+
+SIGNING_SECRET = "s" * 32
+
+
+def webhook(**changes: object) -> Integration:
+    values: dict[str, object] = {
+        "kind": IntegrationKind.WEBHOOK,
+        "sink": WebhookSink("https://hooks.example.com/mqtt"),
+        "secrets": SinkSecrets(signing_secret=SIGNING_SECRET),
+    }
+    values.update(changes)
+    return integration(**values)
+
+
+def test_each_kind_reads_its_own_sink_from_json() -> None:
+    kafka = KafkaSink("k:9092", "t", ssl_cafile="/ca.pem", security_protocol="SSL")
+    hook = WebhookSink("http://h:8080/x", batch_size=10, headers=(("X-Team", "plant"),))
+    assert sink_from_json(IntegrationKind.KAFKA, kafka.to_json()) == kafka
+    assert sink_from_json(IntegrationKind.WEBHOOK, hook.to_json()) == hook
+    # A field left out takes its default (an older stored row, an API body).
+    assert sink_from_json(IntegrationKind.WEBHOOK, {"url": "http://h/"}) == WebhookSink("http://h/")
+    with pytest.raises(IntegrationError, match="not a webhook sink"):
+        sink_from_json(IntegrationKind.WEBHOOK, kafka.to_json())
+    with pytest.raises(IntegrationError, match="not supported yet"):
+        sink_from_json(IntegrationKind.MQTT, {})
+    check_integration(webhook())
+    with pytest.raises(IntegrationError, match="not a sink of kind 'webhook'"):
+        check_integration(webhook(sink=kafka, secrets=SinkSecrets()))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sink": WebhookSink("ftp://h/x")}, "http:// or https://"),
+        ({"sink": WebhookSink("http:///x")}, "with a host"),
+        ({"sink": WebhookSink("http://h:port/x")}, "is not a URL"),
+        ({"sink": WebhookSink("https://user:pw@h/x")}, "no user name or password"),
+        ({"secrets": SinkSecrets()}, "signing secret of 32"),
+        ({"secrets": SinkSecrets(signing_secret="short")}, "signing secret of 32"),
+        (
+            {"secrets": SinkSecrets("pw", SIGNING_SECRET)},
+            "a SASL password is for Kafka sinks",
+        ),
+        (
+            {"sink": WebhookSink("http://h/", batch_size=2), "payload_format": PayloadFormat.RAW},
+            "json payload format",
+        ),
+        ({"sink": WebhookSink("http://h/", batch_size=1001)}, "batch size 1001"),
+        ({"sink": WebhookSink("http://h/", max_attempts=0)}, "max attempts 0"),
+        ({"sink": WebhookSink("http://h/", timeout_seconds=0)}, "timeout seconds 0"),
+        (
+            {"sink": WebhookSink("http://h/", backoff_seconds=5, backoff_max_seconds=1)},
+            "longest backoff",
+        ),
+        ({"sink": WebhookSink("http://h/", ssl_cafile="/ca.pem")}, "https:// URL"),
+        ({"sink": WebhookSink("http://h/", headers=(("Bad Name", "v"),))}, "header name"),
+        ({"sink": WebhookSink("http://h/", headers=(("X-A", "v\r\nX-B: w"),))}, "header value"),
+        (
+            {"sink": WebhookSink("http://h/", headers=(("x-cormorant-signature", "v"),))},
+            "sets header",
+        ),
+    ],
+)
+def test_webhook_check_refuses_what_cannot_run(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(IntegrationError, match=message):
+        check_integration(webhook(**changes))
+
+
+def test_the_signing_secret_is_never_shown() -> None:
+    secret = webhook(secrets=SinkSecrets(signing_secret="hunter2-" * 8))
+    check_integration(secret)
+    assert "hunter2" not in json.dumps(public_view(secret))
+    assert "hunter2" not in repr(secret)
+    assert public_view(secret)["signing_secret_set"] is True
+
+
+def test_the_cli_takes_the_sink_options_of_the_kind_only() -> None:
+    options = {"url": "http://h/", "headers": ("X-Team: plant", "X-Empty:"), "batch_size": 5}
+    assert _sink_body(options, "webhook") == {
+        "url": "http://h/",
+        "headers": [["X-Team", "plant"], ["X-Empty", ""]],
+        "batch_size": 5,
+    }
+    with pytest.raises(click.UsageError, match="--bootstrap is not an option of a webhook"):
+        _sink_body({"bootstrap": "k:9092"}, "webhook")
+    with pytest.raises(click.UsageError, match="--url is not an option of the same"):
+        _sink_body({"bootstrap": "k:9092", "url": "http://h/"}, None)
+    with pytest.raises(click.UsageError, match="'Name: value'"):
+        _sink_body({"headers": ("no colon",)}, None)
+    # Shared by both kinds: fine when the kind is not known (an update).
+    assert _sink_body({"ssl_cafile": "/ca.pem", "key": None}, None) == {"ssl_cafile": "/ca.pem"}

@@ -5,9 +5,12 @@ An :class:`Integration` has a unique name, an enabled flag, Topic Filters (MQTT 
 MQTT 5.0 section 4.7; matched by the router's own trie,
 :class:`~services.common.topics.trie.SubscriptionTrie`), an optional Client Identifier
 pattern (shell style: ``sensor-*``), a payload format (:class:`PayloadFormat`, the JSON one
-is :mod:`.message_format`) and a sink: today a topic of another Kafka cluster
-(:class:`KafkaSink`), whose record topic and key are templates (:func:`render`). The SASL
-password of a sink is a :class:`SinkSecrets`: stored, given to the stage, never shown
+is :mod:`.message_format`) and a sink of its kind (:class:`IntegrationKind`): a topic of
+another Kafka cluster (:class:`KafkaSink`), whose record topic and key are templates
+(:func:`render`), or an HTTP endpoint (:class:`WebhookSink`). :data:`Sink` is the union of
+the sink types and :data:`SINK_TYPES` their one table by kind (:func:`sink_from_json`
+reads a stored sink). A sink's secrets (the Kafka sink's SASL password, the webhook's
+signing secret) are a :class:`SinkSecrets`: stored, given to the stage, never shown
 (:func:`public_view`).
 
 :func:`check_integration` is the one check every writer (CLI, admin API) applies;
@@ -18,11 +21,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
+
+import httpx
 
 from services.common.integrations.topic_mapping import (
     check_prefix,
@@ -46,6 +52,39 @@ SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Kafka security protocols of the Kafka sink (Kafka's ``security.protocol``)."""
 
+MIN_SIGNING_SECRET = 32
+"""The shortest signing secret of a webhook (characters), as for ``auth_http_secret``."""
+
+WEBHOOK_LIMITS: dict[str, tuple[float, float]] = {
+    "batch_size": (1, 1000),
+    "linger_seconds": (0, 60),
+    "timeout_seconds": (0.1, 300),
+    "max_attempts": (1, 100),
+    "backoff_seconds": (0.01, 3600),
+    "backoff_max_seconds": (0.01, 3600),
+    "max_in_flight": (1, 64),
+}
+"""The smallest and largest value of each number of a :class:`WebhookSink`."""
+
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "host",
+        "transfer-encoding",
+        "connection",
+        "x-cormorant-timestamp",
+        "x-cormorant-signature",
+        "x-cormorant-integration",
+        "x-cormorant-topic",
+        "x-cormorant-client-id",
+    }
+)
+"""Headers (lowercase) the webhook sets itself, refused among a sink's headers."""
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+_URL_ILLEGAL = re.compile(r"[\x00-\x20\x7f]")
+_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]{0,4096}$")
 _TEMPLATE_VARIABLE = re.compile(r"\$\{([^}]*)\}")
 _LEVEL = re.compile(r"^topic_level\[(\d{1,2})\]$")
 _KAFKA_TOPIC_ILLEGAL = re.compile(r"[^A-Za-z0-9._-]")
@@ -56,9 +95,13 @@ class IntegrationError(ValueError):
 
 
 class IntegrationKind(StrEnum):
-    """Where an integration sends messages."""
+    """Where an integration sends messages: a Kafka topic of another cluster (``kafka``,
+    exactly once), an HTTP endpoint (``webhook``) or another MQTT broker (``mqtt``, the
+    bridge), both at least once."""
 
     KAFKA = "kafka"
+    WEBHOOK = "webhook"
+    MQTT = "mqtt"
 
 
 class PayloadFormat(StrEnum):
@@ -67,6 +110,13 @@ class PayloadFormat(StrEnum):
 
     RAW = "raw"
     JSON = "json"
+
+
+def default_payload_format(kind: IntegrationKind) -> PayloadFormat:
+    """The payload format of an integration of ``kind`` added without one: ``raw`` for an
+    MQTT bridge (the payload goes on as published, its properties beside it), ``json``
+    for the others."""
+    return PayloadFormat.RAW if kind is IntegrationKind.MQTT else PayloadFormat.JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +282,8 @@ def check_mqtt_sink(sink: MqttSink, secrets: SinkSecrets, topic_filters: tuple[s
         raise IntegrationError("a CA file or a client certificate needs TLS")
     if bool(sink.cert_file) != bool(sink.key_file):
         raise IntegrationError("a client certificate needs both its certificate and key file")
+    if secrets.sasl_password is not None or secrets.signing_secret is not None:
+        raise IntegrationError("a SASL password or a signing secret is not for MQTT bridges")
     if secrets.mqtt_password is not None and not sink.username:
         raise IntegrationError("an MQTT password needs a user name")
     try:
@@ -276,12 +328,103 @@ def check_mqtt_sink(sink: MqttSink, secrets: SinkSecrets, topic_filters: tuple[s
 
 
 @dataclass(frozen=True, slots=True)
+class WebhookSink:
+    """An HTTP endpoint the messages are POSTed to, at least once
+    (:mod:`services.integrations.webhook`, docs/integrations/webhook.md).
+
+    ``url``: ``http://`` or ``https://``, no user name or password in it; ``batch_size``:
+    messages per request (1: the body is the message as formatted; more: a JSON array of
+    the ``json`` documents, so it needs that payload format); ``linger_seconds``: how long
+    a batch may wait for more messages before it is sent; ``timeout_seconds``: the whole
+    request's deadline; ``max_attempts``: attempts per request before its messages go to
+    the dead-letter topic; ``backoff_seconds``/``backoff_max_seconds``: the first and the
+    longest pause between two attempts (exponential, with jitter); ``max_in_flight``:
+    requests on the way at once; ``headers``: ``(name, value)`` pairs added to every
+    request (shown: no credentials here, the signing secret is a :class:`SinkSecrets`);
+    ``ssl_cafile``: a CA bundle on the stage's hosts that signed the endpoint's certificate
+    (None: the system's).
+    """
+
+    url: str
+    batch_size: int = 1
+    linger_seconds: float = 0.0
+    timeout_seconds: float = 10.0
+    max_attempts: int = 5
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    max_in_flight: int = 4
+    headers: tuple[tuple[str, str], ...] = ()
+    ssl_cafile: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The sink as stored and shown (no secret in it)."""
+        return {
+            "url": self.url,
+            "batch_size": self.batch_size,
+            "linger_seconds": self.linger_seconds,
+            "timeout_seconds": self.timeout_seconds,
+            "max_attempts": self.max_attempts,
+            "backoff_seconds": self.backoff_seconds,
+            "backoff_max_seconds": self.backoff_max_seconds,
+            "max_in_flight": self.max_in_flight,
+            "headers": [[name, value] for name, value in self.headers],
+            "ssl_cafile": self.ssl_cafile,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WebhookSink:
+        """The sink :meth:`to_json` gave (a field left out takes its default). Raises
+        :class:`IntegrationError` on garbage."""
+        defaults = cls("")
+        try:
+            return cls(
+                url=str(data["url"]),
+                batch_size=int(data.get("batch_size", defaults.batch_size)),
+                linger_seconds=float(data.get("linger_seconds", defaults.linger_seconds)),
+                timeout_seconds=float(data.get("timeout_seconds", defaults.timeout_seconds)),
+                max_attempts=int(data.get("max_attempts", defaults.max_attempts)),
+                backoff_seconds=float(data.get("backoff_seconds", defaults.backoff_seconds)),
+                backoff_max_seconds=float(
+                    data.get("backoff_max_seconds", defaults.backoff_max_seconds)
+                ),
+                max_in_flight=int(data.get("max_in_flight", defaults.max_in_flight)),
+                headers=tuple((str(name), str(value)) for name, value in data.get("headers", [])),
+                ssl_cafile=data.get("ssl_cafile"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrationError(f"not a webhook sink: {exc!r}") from None
+
+
+Sink = KafkaSink | WebhookSink | MqttSink
+"""Every sink type."""
+
+SINK_TYPES: dict[IntegrationKind, type[KafkaSink] | type[WebhookSink] | type[MqttSink]] = {
+    IntegrationKind.KAFKA: KafkaSink,
+    IntegrationKind.WEBHOOK: WebhookSink,
+    IntegrationKind.MQTT: MqttSink,
+}
+"""The sink type of each kind (the one table; a kind without one cannot be stored yet)."""
+
+
+def sink_from_json(kind: IntegrationKind, data: dict[str, Any]) -> Sink:
+    """The sink of an integration of ``kind`` that ``to_json`` gave (as stored, or as an
+    API body's fields). Raises :class:`IntegrationError` on garbage or a kind without a
+    sink type."""
+    sink_type = SINK_TYPES.get(kind)
+    if sink_type is None:
+        raise IntegrationError(f"integrations of kind {kind.value!r} are not supported yet")
+    return sink_type.from_json(data)
+
+
+@dataclass(frozen=True, slots=True)
 class SinkSecrets:
-    """A sink's secrets: the Kafka sink's SASL password; the MQTT bridge's remote password
-    (``mqtt_password``) and local credential's (``local_password``). Its ``repr`` never
-    shows them."""
+    """A sink's secrets: the Kafka sink's SASL password, the webhook's signing secret
+    (the HMAC-SHA-256 key of its requests' signatures), the MQTT bridge's Password on the
+    remote broker (``mqtt_password``) and its local credential's (``local_password``). Its
+    ``repr`` never shows them."""
 
     sasl_password: str | None = field(default=None, repr=False)
+    signing_secret: str | None = field(default=None, repr=False)
     mqtt_password: str | None = field(default=None, repr=False)
     local_password: str | None = field(default=None, repr=False)
 
@@ -289,6 +432,7 @@ class SinkSecrets:
         """The secrets as stored (never shown)."""
         stored = {
             "sasl_password": self.sasl_password,
+            "signing_secret": self.signing_secret,
             "mqtt_password": self.mqtt_password,
             "local_password": self.local_password,
         }
@@ -302,7 +446,12 @@ class SinkSecrets:
             value = data.get(name)
             return None if value is None else str(value)
 
-        return cls(text("sasl_password"), text("mqtt_password"), text("local_password"))
+        return cls(
+            text("sasl_password"),
+            text("signing_secret"),
+            text("mqtt_password"),
+            text("local_password"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +464,7 @@ class Integration:
     name: str
     kind: IntegrationKind
     topic_filters: tuple[str, ...]
-    sink: KafkaSink
+    sink: Sink
     payload_format: PayloadFormat = PayloadFormat.JSON
     client_id_filter: str | None = None
     enabled: bool = True
@@ -335,7 +484,7 @@ def new_integration(
     name: str,
     kind: IntegrationKind,
     topic_filters: tuple[str, ...],
-    sink: KafkaSink,
+    sink: Sink,
     *,
     payload_format: PayloadFormat = PayloadFormat.JSON,
     client_id_filter: str | None = None,
@@ -405,8 +554,9 @@ def kafka_topic_name(rendered: str) -> str:
 def check_integration(integration: Integration) -> Integration:
     """``integration`` if it can be stored and run; raises :class:`IntegrationError` naming
     what is wrong: the name (:data:`NAME_PATTERN`), a Topic Filter (not valid, MQTT 5.0
-    4.7; a Shared Subscription's), the Client Identifier pattern, the templates, the Kafka
-    security settings."""
+    4.7; a Shared Subscription's), the Client Identifier pattern, a sink not of the
+    integration's kind, the sink's settings (:func:`check_kafka_sink`,
+    :func:`check_webhook_sink`)."""
     if not re.match(NAME_PATTERN, integration.name):
         raise IntegrationError(
             f"{integration.name!r} is not a name: 1 to 64 letters, digits, '.', '_', '-', "
@@ -426,7 +576,27 @@ def check_integration(integration: Integration) -> Integration:
             raise IntegrationError(f"{topic_filter!r} is not a valid topic filter") from None
     if integration.client_id_filter is not None and not integration.client_id_filter:
         raise IntegrationError("the client id filter is empty (leave it out for every client)")
+    sink_type = SINK_TYPES.get(integration.kind)
+    if sink_type is None or not isinstance(integration.sink, sink_type):
+        raise IntegrationError(f"not a sink of kind {integration.kind.value!r}")
     sink = integration.sink
+    if isinstance(sink, KafkaSink):
+        check_kafka_sink(sink, integration.secrets)
+    elif isinstance(sink, WebhookSink):
+        check_webhook_sink(sink, integration.secrets, integration.payload_format)
+    else:
+        check_mqtt_sink(sink, integration.secrets, integration.topic_filters)
+    if integration.kind is not IntegrationKind.MQTT and (
+        integration.secrets.mqtt_password is not None
+        or integration.secrets.local_password is not None
+    ):
+        raise IntegrationError("MQTT passwords are for MQTT bridges")
+    return integration
+
+
+def check_kafka_sink(sink: KafkaSink, secrets: SinkSecrets) -> None:
+    """Raise :class:`IntegrationError` unless ``sink`` (with ``secrets``) can run: a
+    bootstrap address, the templates, the Kafka security settings."""
     if not sink.bootstrap.strip():
         raise IntegrationError("the Kafka sink needs a bootstrap address (host:port)")
     check_template(sink.topic, "topic")
@@ -435,6 +605,8 @@ def check_integration(integration: Integration) -> Integration:
         raise IntegrationError(
             f"security protocol {sink.security_protocol!r}: one of {', '.join(SECURITY_PROTOCOLS)}"
         )
+    if secrets.signing_secret is not None:
+        raise IntegrationError("a signing secret is for webhooks")
     sasl = sink.security_protocol.startswith("SASL_")
     if sasl:
         if sink.sasl_mechanism not in SASL_MECHANISMS:
@@ -442,13 +614,68 @@ def check_integration(integration: Integration) -> Integration:
                 f"SASL mechanism {sink.sasl_mechanism!r}: one of {', '.join(SASL_MECHANISMS)} "
                 "(MSK IAM is not supported yet)"
             )
-        if not sink.sasl_username or not integration.secrets.sasl_password:
+        if not sink.sasl_username or not secrets.sasl_password:
             raise IntegrationError("SASL needs a user name and a password")
-    elif sink.sasl_mechanism or sink.sasl_username or integration.secrets.sasl_password:
+    elif sink.sasl_mechanism or sink.sasl_username or secrets.sasl_password:
         raise IntegrationError("SASL settings need security protocol SASL_PLAINTEXT or SASL_SSL")
     if sink.ssl_cafile and not sink.security_protocol.endswith("SSL"):
         raise IntegrationError("a CA file needs security protocol SSL or SASL_SSL")
-    return integration
+
+
+def _check_range(what: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise IntegrationError(f"{what} {value}: from {low:g} to {high:g}")
+
+
+def check_webhook_sink(
+    sink: WebhookSink, secrets: SinkSecrets, payload_format: PayloadFormat
+) -> None:
+    """Raise :class:`IntegrationError` unless ``sink`` (with ``secrets``, sending
+    ``payload_format``) can run: an ``http(s)`` URL with a host and no credentials in it,
+    a signing secret of :data:`MIN_SIGNING_SECRET` characters or more, batches only of JSON
+    documents, the numbers within their limits (:data:`WEBHOOK_LIMITS`), headers that are
+    valid (RFC 9110 section 5) and none that the webhook sets itself
+    (:data:`RESERVED_HEADERS`)."""
+    if _URL_ILLEGAL.search(sink.url):
+        raise IntegrationError(f"{sink.url!r} is not a URL (spaces or control characters)")
+    try:
+        httpx.URL(sink.url)  # what the webhook's client will parse (IDNA host names...)
+        url = urllib.parse.urlsplit(sink.url)
+        usable = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+    except (ValueError, httpx.InvalidURL):  # a port that is not a number, a bad host
+        raise IntegrationError(f"{sink.url!r} is not a URL") from None
+    if not usable:
+        raise IntegrationError("the webhook URL must be http:// or https:// with a host")
+    if url.username is not None or url.password is not None:
+        raise IntegrationError(
+            "no user name or password in the webhook URL (it is shown): requests are signed"
+        )
+    if secrets.sasl_password is not None:
+        raise IntegrationError("a SASL password is for Kafka sinks")
+    if secrets.signing_secret is None or len(secrets.signing_secret) < MIN_SIGNING_SECRET:
+        raise IntegrationError(
+            f"a webhook needs a signing secret of {MIN_SIGNING_SECRET} characters or more "
+            "(openssl rand -base64 32)"
+        )
+    if sink.batch_size > 1 and payload_format is not PayloadFormat.JSON:
+        raise IntegrationError("batches (batch size over 1) need the json payload format")
+    for what, (low, high) in WEBHOOK_LIMITS.items():
+        _check_range(what.replace("_", " "), getattr(sink, what), low, high)
+    if sink.backoff_max_seconds < sink.backoff_seconds:
+        raise IntegrationError("the longest backoff is shorter than the first")
+    if sink.ssl_cafile and url.scheme != "https":
+        raise IntegrationError("a CA file needs an https:// URL")
+    if sink.ssl_cafile and "\x00" in sink.ssl_cafile:
+        raise IntegrationError("the CA file's name holds a NUL character")
+    for name, value in sink.headers:
+        if not _HEADER_NAME.match(name):
+            raise IntegrationError(f"{name!r} is not an HTTP header name")
+        if name.lower() in RESERVED_HEADERS:
+            raise IntegrationError(f"the webhook sets header {name!r} itself")
+        if not _HEADER_VALUE.match(value):
+            raise IntegrationError(
+                f"the value of header {name!r} is not a valid header value (printable ASCII)"
+            )
 
 
 def changed(integration: Integration, **changes: Any) -> Integration:
@@ -459,7 +686,7 @@ def changed(integration: Integration, **changes: Any) -> Integration:
 
 def public_view(integration: Integration) -> dict[str, Any]:
     """``integration`` as JSON for people and machines (CLI ``--json``, admin API): every
-    field but the secrets, of which only whether a SASL password is set."""
+    field but the secrets, of which only whether each is set."""
     return {
         "id": str(integration.id),
         "name": integration.name,
@@ -470,6 +697,9 @@ def public_view(integration: Integration) -> dict[str, Any]:
         "payload_format": integration.payload_format.value,
         "sink": integration.sink.to_json(),
         "sasl_password_set": integration.secrets.sasl_password is not None,
+        "signing_secret_set": integration.secrets.signing_secret is not None,
+        "mqtt_password_set": integration.secrets.mqtt_password is not None,
+        "local_password_set": integration.secrets.local_password is not None,
         "revision": integration.revision,
         "created_at": None
         if integration.created_at is None

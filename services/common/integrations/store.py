@@ -1,6 +1,6 @@
-"""Integrations in PostgreSQL (table ``integrations``, migration
-``services/common/stores/migrations/0043_integrations.sql``) and their change
-notifications.
+"""Integrations in PostgreSQL (table ``integrations``, migrations
+``services/common/stores/migrations/0043_integrations.sql`` and
+``0060_integration_kinds.sql``) and their change notifications.
 
 Every insert, update and delete is announced, once committed, on the PostgreSQL channel
 :data:`CHANNEL` by a trigger (plain SQL changes too); :meth:`IntegrationStore.listen`
@@ -24,9 +24,9 @@ from services.common.integrations.model import (
     Integration,
     IntegrationError,
     IntegrationKind,
-    KafkaSink,
     PayloadFormat,
     SinkSecrets,
+    sink_from_json,
 )
 from services.common.settings import Settings
 from services.common.stores.postgres_pool import Connection, MigratedPool, password_of
@@ -56,12 +56,13 @@ class IntegrationNotFound(LookupError):
 
 
 def _integration(row: dict[str, Any]) -> Integration:
+    kind = IntegrationKind(row["kind"])
     return Integration(
         id=row["id"],
         name=row["name"],
-        kind=IntegrationKind(row["kind"]),
+        kind=kind,
         topic_filters=tuple(row["topic_filters"]),
-        sink=KafkaSink.from_json(row["sink"]),
+        sink=sink_from_json(kind, row["sink"]),
         payload_format=PayloadFormat(row["payload_format"]),
         client_id_filter=row["client_id_filter"],
         enabled=row["enabled"],
