@@ -93,9 +93,6 @@ RETRY_MAX_SECONDS = 30.0
 #: and the stage starts the integration again (its consumer group member stays meanwhile).
 RETRY_BUDGET_SECONDS = 120.0
 
-#: Characters of a failure's description kept as the integration's last error.
-ERROR_TEXT_MAX = 300
-
 #: Session Expiry Interval (MQTT 5.0 3.1.2.11.2) of the reverse direction's session on an
 #: MQTT 5 remote: how long the remote keeps its messages while the bridge is away. An
 #: MQTT 3.1.1 remote keeps a persistent session as long as its own settings say.
@@ -226,7 +223,9 @@ class Connection:
         """Fail everything waiting on this connection."""
         _settle(self._connected, error)
         _settle(self.lost, error)
-        for future in [*self._pending.values(), *self._subscribing.values()]:
+        waiting: list[asyncio.Future[Any]] = [*self._pending.values()]
+        waiting.extend(self._subscribing.values())
+        for future in waiting:
             _settle(future, error)
         self._pending.clear()
         self._subscribing.clear()
@@ -282,7 +281,7 @@ class Connection:
             else qos
         )
         result, mid = self._client.subscribe([(f, options) for f in topic_filters])
-        if result != paho.MQTT_ERR_SUCCESS:
+        if result != paho.MQTT_ERR_SUCCESS or mid is None:
             raise BridgeError(f"{self.what}: SUBSCRIBE not sent: {paho.error_string(result)}")
         future: asyncio.Future[list[ReasonCode]] = self._loop.create_future()
         self._subscribing[mid] = future
@@ -518,7 +517,7 @@ class MqttBridgeDeliverer:
         error = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else 0.0
         self.counters.failed += count
-        self.counters.error(f"remote broker: {error}"[:ERROR_TEXT_MAX])
+        self.counters.error(f"remote broker: {error}")
         log.warning(
             "integration %s: %d messages not acknowledged: %s; again in %.1f s",
             self.integration.name,
@@ -591,7 +590,7 @@ class ReverseBridge:
 
     def _failed(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
-        self.counters.error(f"reverse direction: {error}"[:ERROR_TEXT_MAX])
+        self.counters.error(f"reverse direction: {error}")
         wait = state.next_action.sleep if state.next_action is not None else 0.0
         log.warning(
             "integration %s reverse direction stopped: %s; again in %.1f s",
@@ -656,7 +655,7 @@ class ReverseBridge:
             # This broker will not take it (the credential's rules, a quota): waiting would
             # hold up every later message of the session, so it is dropped, loudly.
             self.counters.failed += 1
-            self.counters.error(f"reverse direction: {exc}"[:ERROR_TEXT_MAX])
+            self.counters.error(f"reverse direction: {exc}")
             log.warning(
                 "integration %s drops %r from the remote broker, published here as %r: %s",
                 self.integration.name,

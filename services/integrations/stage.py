@@ -50,6 +50,7 @@ from services.common.web import Readiness
 from services.integrations.at_least_once import MakeDeliverer, consume_at_least_once
 from services.integrations.kafka_sink import KafkaSinkWriter
 from services.integrations.matching import Matcher
+from services.integrations.mqtt_bridge import MqttBridgeDeliverer
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ ROUND_SECONDS_MAX = 3600
 #: Characters of a failure's description kept as an integration's last error.
 ERROR_TEXT_MAX = 300
 
-DELIVERERS: dict[IntegrationKind, MakeDeliverer] = {}
+DELIVERERS: dict[IntegrationKind, MakeDeliverer] = {IntegrationKind.MQTT: MqttBridgeDeliverer}
 """The :class:`~.at_least_once.Deliverer` of each kind delivered at least once."""
 
 

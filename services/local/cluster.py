@@ -394,7 +394,9 @@ def services_of(settings: LocalSettings) -> list[Component]:
         )
     ]
     stages = [
-        _service(settings, name, command, group_instance_id=name, **_only_first(command, name))
+        _service(
+            settings, name, command, None, group_instance_id=name, **_only_first(command, name)
+        )
         for command, count in instance_counts(settings).items()
         for name in instance_names(command, count)
     ]

@@ -76,7 +76,7 @@ def test_topic_filters_overlap_when_one_topic_matches_both(a: str, b: str, overl
         ({"reverse_topic_filters": ("site1/sensors/+/cmd",), "local_username": "u"},
          SinkSecrets(local_password="p"), "loop"),
         ({"reverse_topic_filters": ("site1/cmd/#",)}, SinkSecrets(), "not under the remote"),
-        ({"remote_prefix": "site1", "reverse_topic_filters": ("site1/cmd/#",)},
+        ({"local_prefix": "", "remote_prefix": "site1", "reverse_topic_filters": ("site1/cmd/#",)},
          SinkSecrets(), "give its user name and password"),
         ({"local_prefix": "plant"}, SinkSecrets(), "not under the local prefix"),
         ({"remote_prefix": "site1/+"}, SinkSecrets(), "without wildcards"),
@@ -105,6 +105,7 @@ def test_a_reverse_direction_apart_from_the_forwarded_topics_is_accepted_and_sec
             "local_prefix": "",
             "reverse_topic_filters": ("site1/cmd/#",),
             "local_username": "bridge-in",
+            "username": "bridge",
         }
     )
     secrets = SinkSecrets(mqtt_password="remote-secret", local_password="local-secret")
@@ -115,7 +116,16 @@ def test_a_reverse_direction_apart_from_the_forwarded_topics_is_accepted_and_sec
 
 
 def outgoing(meta: PublishMeta, properties: Properties, value: bytes = b"21.5") -> Outgoing:
-    return Outgoing("sensor-7", meta.topic, "", b"", value, [], meta, properties)
+    return Outgoing(
+        "sensor-7",
+        meta.topic,
+        meta.qos,
+        meta.retain,
+        value,
+        [],
+        properties=properties,
+        received_at_ms=meta.received_at_ms,
+    )
 
 
 def test_the_remote_gets_the_lower_qos_the_mapped_topic_and_the_properties_left() -> None:
