@@ -104,7 +104,12 @@ class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
         self.lock = asyncio.Lock()
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        """Wait for the round in flight (it commits what it delivered)."""
+        """Wait for the round in flight (it commits what it delivered). With nothing
+        revoked (the first join) there is nothing to wait for, and waiting would deadlock:
+        the round in flight is then in ``getmany``, which waits for the assignment this
+        rebalance is making."""
+        if not revoked:
+            return
         async with self.lock:
             for tp in revoked:
                 self.done.pop(tp, None)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,12 +96,17 @@ def cli(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    """The remote broker of the bridge tests."""
-    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+def mosquitto() -> Iterator[Mosquitto]:
+    """The remote broker of the bridge tests, its files in a directory of its own under
+    the system's temporary directory (pytest's are closed to Mosquitto's user)."""
+    directory = Path(tempfile.mkdtemp(prefix="bridge-mosquitto-"))
+    broker = Mosquitto(directory)
     broker.start()
-    yield broker
-    broker.stop()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def drain(client: PahoClient, into: list[paho.MQTTMessage]) -> list[paho.MQTTMessage]:
