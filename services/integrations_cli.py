@@ -35,6 +35,7 @@ KINDS = ("kafka", "webhook", "mqtt")
 
 _KAFKA = frozenset({"kafka"})
 _WEBHOOK = frozenset({"webhook"})
+_MQTT = frozenset({"mqtt"})
 
 SINK_OPTIONS: dict[str, tuple[str, str, frozenset[str]]] = {
     "bootstrap": ("--bootstrap", "bootstrap", _KAFKA),
@@ -55,6 +56,23 @@ SINK_OPTIONS: dict[str, tuple[str, str, frozenset[str]]] = {
     "max_in_flight": ("--max-in-flight", "max_in_flight", _WEBHOOK),
     "headers": ("--header", "headers", _WEBHOOK),
     "signing_secret_file": ("--signing-secret-file", "signing_secret", _WEBHOOK),
+    "mqtt_host": ("--mqtt-host", "host", _MQTT),
+    "mqtt_port": ("--mqtt-port", "port", _MQTT),
+    "mqtt_version": ("--mqtt-version", "protocol_version", _MQTT),
+    "mqtt_client_id": ("--mqtt-client-id", "client_id", _MQTT),
+    "mqtt_username": ("--mqtt-username", "username", _MQTT),
+    "mqtt_password_file": ("--mqtt-password-file", "mqtt_password", _MQTT),
+    "mqtt_tls": ("--mqtt-tls", "tls", _MQTT),
+    "mqtt_cafile": ("--mqtt-ca-file", "ca_file", _MQTT),
+    "mqtt_cert": ("--mqtt-cert-file", "cert_file", _MQTT),
+    "mqtt_key": ("--mqtt-key-file", "key_file", _MQTT),
+    "qos": ("--qos", "qos", _MQTT),
+    "retain": ("--retain", "retain", _MQTT),
+    "local_prefix": ("--local-prefix", "local_prefix", _MQTT),
+    "remote_prefix": ("--remote-prefix", "remote_prefix", _MQTT),
+    "reverse_topic_filters": ("--reverse-topic-filter", "reverse_topic_filters", _MQTT),
+    "local_username": ("--local-username", "local_username", _MQTT),
+    "local_password_file": ("--local-password-file", "local_password", _MQTT),
 }
 """Each sink option's parameter name → (its flag, the API's sink field, the kinds it
 belongs to). A parameter ending in ``_file`` names a file holding a secret."""
@@ -62,10 +80,19 @@ belongs to). A parameter ending in ``_file`` names a file holding a secret."""
 REQUIRED: dict[str, tuple[str, ...]] = {
     "kafka": ("bootstrap", "kafka_topic"),
     "webhook": ("url", "signing_secret_file"),
+    "mqtt": ("mqtt_host",),
 }
 """The sink options ``add`` needs, per kind."""
 
-_SECRET_NAMES = {"sasl_password": "SASL password", "signing_secret": "signing secret"}
+_SECRET_NAMES = {
+    "sasl_password": "SASL password",
+    "signing_secret": "signing secret",
+    "mqtt_password": "MQTT password",
+    "local_password": "local credential's password",
+}
+
+#: ``--mqtt-version`` → the sink's ``protocol_version`` (MQTT's Protocol Level).
+_MQTT_VERSIONS = {"5": 5, "3.1.1": 4}
 
 
 def _describe(item: dict[str, Any]) -> str:
@@ -169,6 +196,48 @@ def _sink_options() -> list[Callable[[Any], Any]]:
                      type=click.Path(allow_dash=True, path_type=Path),
                      help="webhook: read the HMAC-SHA-256 signing secret (32 characters or "
                      "more) from this file ('-': standard input)."),
+        click.option("--mqtt-host", help="mqtt: the other broker's host name or address."),
+        click.option("--mqtt-port", type=click.IntRange(1, 65535),
+                     help="mqtt: the other broker's port (default 1883)."),
+        click.option("--mqtt-version", type=click.Choice(list(_MQTT_VERSIONS)),
+                     help="mqtt: the MQTT version spoken to it (default 5)."),
+        click.option("--mqtt-client-id",
+                     help="mqtt: the Client Identifier its connections are named after "
+                     "(default cormorant-NAME)."),
+        click.option("--mqtt-username", help="mqtt: the User Name of the bridge's CONNECT."),
+        click.option("--mqtt-password-file", type=click.Path(allow_dash=True, path_type=Path),
+                     help="mqtt: read the Password of its CONNECT from this file ('-': "
+                     "standard input)."),
+        click.option("--mqtt-tls/--mqtt-no-tls", default=None,
+                     help="mqtt: MQTT over TLS, the broker's certificate and host name checked "
+                     "(default: no TLS)."),
+        click.option("--mqtt-ca-file", "mqtt_cafile",
+                     help="mqtt: a CA bundle on the stage's hosts that signed the broker's "
+                     "certificate (default: the system's)."),
+        click.option("--mqtt-cert-file", "mqtt_cert",
+                     help="mqtt: a client certificate (PEM) on the stage's hosts."),
+        click.option("--mqtt-key-file", "mqtt_key",
+                     help="mqtt: the client certificate's key (PEM) on the stage's hosts."),
+        click.option("--qos", type=click.IntRange(0, 2),
+                     help="mqtt: the highest QoS sent (default 1); each message goes with the "
+                     "lower of its own and this."),
+        click.option("--retain/--no-retain", default=None,
+                     help="mqtt: keep the RETAIN flag as published (default) or clear it."),
+        click.option("--local-prefix",
+                     help="mqtt: the first topic levels here that --remote-prefix replaces "
+                     "there (every --topic-filter must start with them)."),
+        click.option("--remote-prefix",
+                     help="mqtt: the topic levels there that replace --local-prefix."),
+        click.option("--reverse-topic-filter", "reverse_topic_filters", multiple=True,
+                     help="mqtt: a Topic Filter on the other broker whose messages are "
+                     "published here (under --remote-prefix); repeat for more; replaces them "
+                     "all."),
+        click.option("--local-username",
+                     help="mqtt: the User Name of the credential the reverse direction "
+                     "publishes here with."),
+        click.option("--local-password-file", type=click.Path(allow_dash=True, path_type=Path),
+                     help="mqtt: read that credential's password from this file ('-': "
+                     "standard input)."),
     ]  # fmt: skip
 
 
@@ -202,6 +271,10 @@ def _sink_body(options: dict[str, Any], kind: str | None) -> dict[str, Any]:
             value = _secret(value, _SECRET_NAMES[field])
         elif name == "headers":
             value = [_header(text) for text in value]
+        elif name == "mqtt_version":
+            value = _MQTT_VERSIONS[value]
+        elif name == "reverse_topic_filters":
+            value = list(value)
         body[field] = value
     return body
 
@@ -209,7 +282,8 @@ def _sink_body(options: dict[str, Any], kind: str | None) -> dict[str, Any]:
 @click.group()
 def integrations() -> None:
     """Send matching messages into other systems: a topic of another Kafka cluster (exactly
-    once) or an HTTP endpoint (at least once), as JSON or raw payloads."""
+    once), an HTTP endpoint or another MQTT broker (at least once), as JSON or raw
+    payloads."""
 
 
 @integrations.command("add")
@@ -238,9 +312,8 @@ def integrations() -> None:
     "--format",
     "payload_format",
     type=click.Choice(["json", "raw"]),
-    default="json",
-    show_default=True,
-    help="json: the cormorant.message/1 document; raw: the payload's bytes.",
+    help="json: the cormorant.message/1 document; raw: the payload's bytes (default: raw "
+    "for mqtt, json for the others).",
 )
 @click.option("--disabled", is_flag=True, help="Store it disabled.")
 @_with(_sink_options())
@@ -250,14 +323,15 @@ def add(
     kind: str,
     topic_filters: tuple[str, ...],
     client_id_filter: str | None,
-    payload_format: str,
+    payload_format: str | None,
     disabled: bool,
     as_json: bool,
     **sink: Any,
 ) -> None:
     """Add integration NAME; the stage starts it within a second, with the messages
     accepted from then on. The sink options of its --kind are the ones marked so;
-    kafka needs --bootstrap and --kafka-topic, webhook --url and --signing-secret-file."""
+    kafka needs --bootstrap and --kafka-topic, webhook --url and --signing-secret-file,
+    mqtt --mqtt-host."""
     sink_body = _sink_body(sink, kind)
     missing = [SINK_OPTIONS[option][0] for option in REQUIRED.get(kind, ()) if sink[option] is None]
     if missing:
@@ -266,10 +340,11 @@ def add(
         "name": name,
         "kind": kind,
         "topic_filters": list(topic_filters),
-        "payload_format": payload_format,
         "enabled": not disabled,
         "sink": sink_body,
     }
+    if payload_format is not None:
+        body["payload_format"] = payload_format
     if client_id_filter is not None:
         body["client_id_filter"] = client_id_filter
     with admin_client() as client:
@@ -333,6 +408,11 @@ def show(name: str, as_json: bool) -> None:
     "--no-sasl", is_flag=True, help="kafka: drop the SASL mechanism, user name and password."
 )
 @click.option("--no-headers", is_flag=True, help="webhook: drop the headers.")
+@click.option(
+    "--no-reverse",
+    is_flag=True,
+    help="mqtt: drop the reverse direction (its filters and local credential).",
+)
 @_with(_sink_options())
 @_JSON
 def update(
@@ -343,6 +423,7 @@ def update(
     payload_format: str | None,
     no_sasl: bool,
     no_headers: bool,
+    no_reverse: bool,
     as_json: bool,
     **sink_options: Any,
 ) -> None:
@@ -366,6 +447,10 @@ def update(
         if "headers" in sink:
             raise click.UsageError("give --header or --no-headers, not both")
         sink["headers"] = []
+    if no_reverse:
+        if "reverse_topic_filters" in sink:
+            raise click.UsageError("give --reverse-topic-filter or --no-reverse, not both")
+        sink |= {"reverse_topic_filters": [], "local_username": None, "local_password": None}
     if sink:
         body["sink"] = sink
     if not body:

@@ -34,9 +34,11 @@ from services.common.integrations.model import (
     IntegrationError,
     IntegrationKind,
     KafkaSink,
+    MqttSink,
     PayloadFormat,
     SinkSecrets,
     changed,
+    default_payload_format,
     new_integration,
     sink_from_json,
 )
@@ -56,10 +58,20 @@ Header = tuple[
     Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=4096)]
 ]
 
-SECRETS = ("sasl_password", "signing_secret")
+SECRETS = ("sasl_password", "signing_secret", "mqtt_password", "local_password")
 """The secret fields of a sink body (kept in :class:`SinkSecrets`, never shown)."""
 
-NULLABLE = ("sasl_mechanism", "sasl_username", "ssl_cafile")
+NULLABLE = (
+    "sasl_mechanism",
+    "sasl_username",
+    "ssl_cafile",
+    "client_id",
+    "username",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "local_username",
+)
 """The sink settings a change may clear with ``null``."""
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -107,6 +119,28 @@ class WebhookSinkView(BaseModel):
     signing_secret_set: bool
 
 
+class MqttSinkView(BaseModel):
+    """An MQTT bridge's other broker as stored, without its passwords."""
+
+    host: str
+    port: int
+    protocol_version: Literal[4, 5]
+    client_id: str | None
+    username: str | None
+    tls: bool
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    qos: Literal[0, 1, 2]
+    retain: bool
+    local_prefix: str
+    remote_prefix: str
+    reverse_topic_filters: list[str]
+    local_username: str | None
+    mqtt_password_set: bool
+    local_password_set: bool
+
+
 class IntegrationView(BaseModel):
     """An integration as stored, without secrets."""
 
@@ -117,7 +151,7 @@ class IntegrationView(BaseModel):
     topic_filters: list[str]
     client_id_filter: str | None
     payload_format: Literal["raw", "json"]
-    sink: KafkaSinkView | WebhookSinkView
+    sink: KafkaSinkView | WebhookSinkView | MqttSinkView
     revision: int
     created_at: datetime | None
     updated_at: datetime | None
@@ -172,6 +206,37 @@ class WebhookSinkBody(BaseModel):
     signing_secret: SecretStr = Field(min_length=1, max_length=4096)
 
 
+class MqttSinkBody(BaseModel):
+    """Another MQTT broker (docs/integrations/mqtt-bridge.md): its ``host`` and ``port``,
+    ``protocol_version`` 4 (3.1.1) or 5, the ``client_id`` its connections are named
+    after (default ``cormorant-<name>``), ``username`` and ``mqtt_password``
+    (write-only), TLS (``tls``, a ``ca_file``, a client certificate ``cert_file`` and
+    ``key_file``: files on the stage's hosts), the highest ``qos`` sent, whether
+    ``retain`` flags are kept, the topic mapping (``local_prefix`` → ``remote_prefix``,
+    whole levels), and the reverse direction: remote ``reverse_topic_filters`` published
+    here as the credential ``local_username``/``local_password`` (write-only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(min_length=1, max_length=1024)
+    port: int = Field(1883, ge=1, le=65535)
+    protocol_version: Literal[4, 5] = 5
+    client_id: str | None = Field(None, min_length=1, max_length=200)
+    username: str | None = Field(None, max_length=1024)
+    mqtt_password: SecretStr | None = Field(None, max_length=4096)
+    tls: bool = False
+    ca_file: str | None = Field(None, max_length=4096)
+    cert_file: str | None = Field(None, max_length=4096)
+    key_file: str | None = Field(None, max_length=4096)
+    qos: Literal[0, 1, 2] = 1
+    retain: bool = True
+    local_prefix: str = Field("", max_length=1024)
+    remote_prefix: str = Field("", max_length=1024)
+    reverse_topic_filters: list[str] = Field(default_factory=list, max_length=MAX_TOPIC_FILTERS)
+    local_username: str | None = Field(None, max_length=1024)
+    local_password: SecretStr | None = Field(None, max_length=4096)
+
+
 class NewIntegration(BaseModel):
     """An integration to add: its ``name``, ``kind``, Topic Filters, optional Client
     Identifier pattern (shell style, ``sensor-*``), payload format and the sink of its
@@ -183,9 +248,11 @@ class NewIntegration(BaseModel):
     kind: Kind = "kafka"
     topic_filters: list[str] = Field(min_length=1, max_length=MAX_TOPIC_FILTERS)
     client_id_filter: str | None = Field(None, min_length=1, max_length=1024)
-    payload_format: Literal["raw", "json"] = "json"
+    payload_format: Literal["raw", "json"] | None = Field(
+        None, description="Default: raw for an MQTT bridge, json for the other kinds."
+    )
     enabled: bool = True
-    sink: KafkaSinkBody | WebhookSinkBody
+    sink: KafkaSinkBody | WebhookSinkBody | MqttSinkBody
 
 
 class KafkaSinkChanges(BaseModel):
@@ -223,6 +290,33 @@ class WebhookSinkChanges(BaseModel):
     signing_secret: SecretStr | None = Field(None, min_length=1, max_length=4096)
 
 
+class MqttSinkChanges(BaseModel):
+    """Changes to an MQTT bridge's sink: a field left out is kept, ``null`` clears an
+    optional one (``client_id``, ``username``, ``mqtt_password``, ``ca_file``,
+    ``cert_file``, ``key_file``, ``local_username``, ``local_password``),
+    ``reverse_topic_filters`` replaces them all (``[]``: no reverse direction)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str | None = Field(None, min_length=1, max_length=1024)
+    port: int | None = Field(None, ge=1, le=65535)
+    protocol_version: Literal[4, 5] | None = None
+    client_id: str | None = Field(None, min_length=1, max_length=200)
+    username: str | None = Field(None, max_length=1024)
+    mqtt_password: SecretStr | None = Field(None, max_length=4096)
+    tls: bool | None = None
+    ca_file: str | None = Field(None, max_length=4096)
+    cert_file: str | None = Field(None, max_length=4096)
+    key_file: str | None = Field(None, max_length=4096)
+    qos: Literal[0, 1, 2] | None = None
+    retain: bool | None = None
+    local_prefix: str | None = Field(None, max_length=1024)
+    remote_prefix: str | None = Field(None, max_length=1024)
+    reverse_topic_filters: list[str] | None = Field(None, max_length=MAX_TOPIC_FILTERS)
+    local_username: str | None = Field(None, max_length=1024)
+    local_password: SecretStr | None = Field(None, max_length=4096)
+
+
 class IntegrationChanges(BaseModel):
     """Changes to an integration: a field left out is kept; ``client_id_filter: null``
     takes every client again."""
@@ -233,16 +327,22 @@ class IntegrationChanges(BaseModel):
     topic_filters: list[str] | None = Field(None, min_length=1, max_length=MAX_TOPIC_FILTERS)
     client_id_filter: str | None = Field(None, min_length=1, max_length=1024)
     payload_format: Literal["raw", "json"] | None = None
-    sink: KafkaSinkChanges | WebhookSinkChanges | None = None
+    sink: KafkaSinkChanges | WebhookSinkChanges | MqttSinkChanges | None = None
 
 
 def view(integration: Integration) -> IntegrationView:
     """``integration`` as the API shows it (no secret: only whether each is set)."""
     sink = integration.sink
     secrets = integration.secrets
-    shown: KafkaSinkView | WebhookSinkView
+    shown: KafkaSinkView | WebhookSinkView | MqttSinkView
     if isinstance(sink, KafkaSink):
         shown = KafkaSinkView(**sink.to_json(), sasl_password_set=secrets.sasl_password is not None)
+    elif isinstance(sink, MqttSink):
+        shown = MqttSinkView(
+            **sink.to_json(),
+            mqtt_password_set=secrets.mqtt_password is not None,
+            local_password_set=secrets.local_password is not None,
+        )
     else:
         shown = WebhookSinkView(
             **sink.to_json(), signing_secret_set=secrets.signing_secret is not None
@@ -379,7 +479,9 @@ async def add_integration(request: Request, body: NewIntegration, user: User) ->
             kind,
             tuple(body.topic_filters),
             sink_from_json(kind, settings),
-            payload_format=PayloadFormat(body.payload_format),
+            payload_format=default_payload_format(kind)
+            if body.payload_format is None
+            else PayloadFormat(body.payload_format),
             client_id_filter=body.client_id_filter,
             enabled=body.enabled,
             secrets=SinkSecrets(**secrets),

@@ -842,6 +842,25 @@ class Settings(BaseSettings):
         description="For tests only: how long such a publication is held (seconds).",
     )
 
+    integrations_mqtt_host: str = Field(
+        "127.0.0.1",
+        description="Where the MQTT bridges' reverse directions publish the remote brokers' "
+        "messages: this broker's MQTT address as its clients reach it (the load balancer; "
+        "plain MQTT), host name or IP address (docs/integrations/mqtt-bridge.md).",
+    )
+    integrations_mqtt_port: int = Field(
+        1883,
+        ge=1,
+        le=65535,
+        description="The port of integrations_mqtt_host (the local cluster sets HAProxy's).",
+    )
+    integrations_mqtt_reverse: bool = Field(
+        True,
+        description="Whether this integrations-stage instance runs the MQTT bridges' reverse "
+        "directions. Run them in exactly one instance: each holds the bridge's session on "
+        "the remote broker, which another instance would take over.",
+    )
+
     # --- every service ---------------------------------------------------------------------
     http_host: str = Field(
         "127.0.0.1",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.integrations.message_format import formatted, user_property_headers
 from services.common.integrations.model import (
@@ -21,6 +21,7 @@ from services.common.integrations.model import (
     render,
 )
 from services.common.kafka.consumer import Record, log_undecodable
+from services.common.mqtt.properties import Properties
 from services.common.records import (
     Headers,
     Published,
@@ -40,7 +41,9 @@ class Outgoing:
     ``topic`` (Topic Name), ``qos`` and ``retain`` as published; ``value``: the payload in
     the integration's format; ``headers``: the MQTT 5 User Properties (MQTT 5.0
     3.3.2.3.7) as ``(name, UTF-8 value)`` pairs; for a Kafka sink, ``kafka_topic`` and
-    ``key`` (UTF-8) rendered from its templates (empty for other sinks)."""
+    ``key`` (UTF-8) rendered from its templates (empty for other sinks); ``properties``:
+    the forwarded MQTT 5 properties and ``received_at_ms`` when the broker accepted it
+    (Unix milliseconds), which the MQTT bridge republishes."""
 
     client_id: str
     topic: str
@@ -50,6 +53,8 @@ class Outgoing:
     headers: Headers
     kafka_topic: str = ""
     key: bytes = b""
+    properties: Properties = field(default_factory=Properties)
+    received_at_ms: int = 0
 
 
 class Matcher:
@@ -120,6 +125,8 @@ class Matcher:
             user_property_headers(properties),
             kafka_topic,
             key,
+            properties,
+            meta.received_at_ms,
         )
 
     def outgoing_of(self, records: Sequence[Record]) -> list[Outgoing]:

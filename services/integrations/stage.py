@@ -51,6 +51,7 @@ from services.integrations.at_least_once import MakeDeliverer, consume_at_least_
 from services.integrations.kafka_sink import KafkaSinkWriter
 from services.integrations.matching import Matcher
 from services.integrations.webhook import WebhookDeliverer
+from services.integrations.mqtt_bridge import MqttBridgeDeliverer
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,10 @@ ROUND_SECONDS_MAX = 3600
 #: Characters of a failure's description kept as an integration's last error.
 ERROR_TEXT_MAX = 300
 
-DELIVERERS: dict[IntegrationKind, MakeDeliverer] = {IntegrationKind.WEBHOOK: WebhookDeliverer}
+DELIVERERS: dict[IntegrationKind, MakeDeliverer] = {
+    IntegrationKind.WEBHOOK: WebhookDeliverer,
+    IntegrationKind.MQTT: MqttBridgeDeliverer,
+}
 """The :class:`~.at_least_once.Deliverer` of each kind delivered at least once."""
 
 

@@ -145,7 +145,10 @@ def ingest_stop_timeout(settings: LocalSettings) -> float:
 def runtime_settings(settings: LocalSettings) -> Settings:
     """The services' part of ``settings`` (:class:`~services.common.settings.Settings`): what
     a service process is given, without the launcher's own ports, heap and versions."""
-    return Settings.model_validate(settings.model_dump(include=set(Settings.model_fields)))
+    values = settings.model_dump(include=set(Settings.model_fields))
+    # The MQTT bridges' reverse directions publish here as any client does: through HAProxy.
+    values["integrations_mqtt_port"] = settings.listen_port
+    return Settings.model_validate(values)
 
 
 def child_environment(settings: Settings, **overrides: str) -> dict[str, str]:
@@ -391,7 +394,9 @@ def services_of(settings: LocalSettings) -> list[Component]:
         )
     ]
     stages = [
-        _service(settings, name, command, group_instance_id=name)
+        _service(
+            settings, name, command, None, group_instance_id=name, **_only_first(command, name)
+        )
         for command, count in instance_counts(settings).items()
         for name in instance_names(command, count)
     ]
@@ -416,6 +421,15 @@ def services_of(settings: LocalSettings) -> list[Component]:
         for i in range(1, haproxy.process_count(settings) + 1)
     ]
     return [*nodes, *stages, admin, *proxies]
+
+
+def _only_first(command: str, name: str) -> dict[str, str]:
+    """Settings of instance ``name`` of stage ``command``: only the first integrations
+    stage runs the MQTT bridges' reverse directions (each holds a session on the remote
+    broker that a second one would take over)."""
+    if command == INTEGRATIONS and name != INTEGRATIONS:
+        return {"integrations_mqtt_reverse": "false"}
+    return {}
 
 
 def _endpoints(settings: LocalSettings) -> str:

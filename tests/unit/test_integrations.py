@@ -205,7 +205,7 @@ def test_each_kind_reads_its_own_sink_from_json() -> None:
     assert sink_from_json(IntegrationKind.WEBHOOK, {"url": "http://h/"}) == WebhookSink("http://h/")
     with pytest.raises(IntegrationError, match="not a webhook sink"):
         sink_from_json(IntegrationKind.WEBHOOK, kafka.to_json())
-    with pytest.raises(IntegrationError, match="not supported yet"):
+    with pytest.raises(IntegrationError, match="not an MQTT sink"):
         sink_from_json(IntegrationKind.MQTT, {})
     check_integration(webhook())
     with pytest.raises(IntegrationError, match="not a sink of kind 'webhook'"):

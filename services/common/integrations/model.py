@@ -30,6 +30,12 @@ from typing import Any
 
 import httpx
 
+from services.common.integrations.topic_mapping import (
+    check_prefix,
+    filters_overlap,
+    map_topic,
+    under_prefix,
+)
 from services.common.mqtt.errors import MQTTError
 from services.common.topics.validation import SHARE_PREFIX, validate_topic_filter
 
@@ -106,6 +112,13 @@ class PayloadFormat(StrEnum):
     JSON = "json"
 
 
+def default_payload_format(kind: IntegrationKind) -> PayloadFormat:
+    """The payload format of an integration of ``kind`` added without one: ``raw`` for an
+    MQTT bridge (the payload goes on as published, its properties beside it), ``json``
+    for the others."""
+    return PayloadFormat.RAW if kind is IntegrationKind.MQTT else PayloadFormat.JSON
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaSink:
     """A topic of another Kafka cluster.
@@ -152,6 +165,166 @@ class KafkaSink:
             )
         except (KeyError, TypeError) as exc:
             raise IntegrationError(f"not a Kafka sink: {exc!r}") from None
+
+
+MQTT_PROTOCOL_VERSIONS = (4, 5)
+"""MQTT versions the bridge speaks to the remote broker: 4 (3.1.1) and 5 (5.0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSink:
+    """Another MQTT broker (the MQTT bridge, :mod:`services.integrations.mqtt_bridge`;
+    docs/integrations/mqtt-bridge.md).
+
+    ``host``/``port``: the remote broker; ``protocol_version`` 4 (MQTT 3.1.1) or 5;
+    ``client_id``: the Client Identifier the bridge's connections are named after (None:
+    ``cormorant-<integration name>``); ``username`` (the password is a
+    :class:`SinkSecrets`); ``tls``: MQTT over TLS, verifying the broker against ``ca_file``
+    (None: the system's CAs), with ``cert_file``/``key_file`` as the client certificate
+    when given (PEM files on the stage's hosts); ``qos``: the highest QoS sent (a message
+    goes with the lower of its own and this one); ``retain``: keep the RETAIN flag as
+    published (False: always 0); ``local_prefix``/``remote_prefix``: the topic mapping
+    (:mod:`.topic_mapping`); ``reverse_topic_filters``: remote Topic Filters subscribed to
+    and published here, mapped back, as the local credential ``local_username`` (its
+    password a :class:`SinkSecrets`).
+    """
+
+    host: str
+    port: int = 1883
+    protocol_version: int = 5
+    client_id: str | None = None
+    username: str | None = None
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    qos: int = 1
+    retain: bool = True
+    local_prefix: str = ""
+    remote_prefix: str = ""
+    reverse_topic_filters: tuple[str, ...] = ()
+    local_username: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The sink as stored and shown (no secret in it)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "protocol_version": self.protocol_version,
+            "client_id": self.client_id,
+            "username": self.username,
+            "tls": self.tls,
+            "ca_file": self.ca_file,
+            "cert_file": self.cert_file,
+            "key_file": self.key_file,
+            "qos": self.qos,
+            "retain": self.retain,
+            "local_prefix": self.local_prefix,
+            "remote_prefix": self.remote_prefix,
+            "reverse_topic_filters": list(self.reverse_topic_filters),
+            "local_username": self.local_username,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MqttSink:
+        """The sink :meth:`to_json` gave (fields left out take their defaults). Raises
+        :class:`IntegrationError` on garbage."""
+        try:
+            return cls(
+                host=str(data["host"]),
+                port=int(data.get("port", 1883)),
+                protocol_version=int(data.get("protocol_version", 5)),
+                client_id=data.get("client_id"),
+                username=data.get("username"),
+                tls=bool(data.get("tls", False)),
+                ca_file=data.get("ca_file"),
+                cert_file=data.get("cert_file"),
+                key_file=data.get("key_file"),
+                qos=int(data.get("qos", 1)),
+                retain=bool(data.get("retain", True)),
+                local_prefix=str(data.get("local_prefix", "")),
+                remote_prefix=str(data.get("remote_prefix", "")),
+                reverse_topic_filters=tuple(
+                    str(f) for f in data.get("reverse_topic_filters") or ()
+                ),
+                local_username=data.get("local_username"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrationError(f"not an MQTT sink: {exc!r}") from None
+
+    def connection_client_id(self, integration_name: str) -> str:
+        """The Client Identifier the bridge's connections are named after."""
+        return self.client_id or f"cormorant-{integration_name}"
+
+
+def check_mqtt_sink(sink: MqttSink, secrets: SinkSecrets, topic_filters: tuple[str, ...]) -> None:
+    """Raise :class:`IntegrationError` unless the MQTT bridge ``sink`` can run for an
+    integration of ``topic_filters``: the address, version, QoS (0 to 2), TLS files (given
+    only with TLS; a key needs a certificate), a password only with a user name, prefixes
+    (:func:`.topic_mapping.check_prefix`), every Topic Filter under ``local_prefix`` and
+    every reverse one valid and under ``remote_prefix`` (so each message maps), a reverse
+    direction only with a local user name and password, and no loop: no Topic Name the
+    forward direction writes on the remote broker may match a reverse filter
+    (:func:`.topic_mapping.filters_overlap`), else each message would come back and go out
+    again forever."""
+    if not sink.host.strip():
+        raise IntegrationError("the MQTT sink needs the remote broker's host")
+    if not 1 <= sink.port <= 65535:
+        raise IntegrationError(f"port {sink.port}: 1 to 65535")
+    if sink.protocol_version not in MQTT_PROTOCOL_VERSIONS:
+        raise IntegrationError(f"MQTT version {sink.protocol_version}: 4 (3.1.1) or 5")
+    if sink.qos not in (0, 1, 2):
+        raise IntegrationError(f"QoS {sink.qos}: 0, 1 or 2")
+    if sink.client_id is not None and not 1 <= len(sink.client_id.encode()) <= 200:
+        raise IntegrationError("the Client Identifier has 1 to 200 bytes (leave it out for "
+                               "cormorant-<name>)")  # fmt: skip
+    if not sink.tls and (sink.ca_file or sink.cert_file or sink.key_file):
+        raise IntegrationError("a CA file or a client certificate needs TLS")
+    if bool(sink.cert_file) != bool(sink.key_file):
+        raise IntegrationError("a client certificate needs both its certificate and key file")
+    if secrets.sasl_password is not None or secrets.signing_secret is not None:
+        raise IntegrationError("a SASL password or a signing secret is not for MQTT bridges")
+    if secrets.mqtt_password is not None and not sink.username:
+        raise IntegrationError("an MQTT password needs a user name")
+    try:
+        check_prefix(sink.local_prefix, "local prefix")
+        check_prefix(sink.remote_prefix, "remote prefix")
+    except ValueError as exc:
+        raise IntegrationError(str(exc)) from None
+    for topic_filter in topic_filters:
+        if not under_prefix(topic_filter, sink.local_prefix):
+            raise IntegrationError(
+                f"{topic_filter!r} is not under the local prefix {sink.local_prefix!r} "
+                "(its first levels must be the prefix's)"
+            )
+    reverse = sink.reverse_topic_filters
+    if len(reverse) > MAX_TOPIC_FILTERS:
+        raise IntegrationError(f"at most {MAX_TOPIC_FILTERS} reverse topic filters")
+    for topic_filter in reverse:
+        if topic_filter.startswith(SHARE_PREFIX):
+            raise IntegrationError(f"{topic_filter!r}: shared subscriptions are not filters here")
+        try:
+            validate_topic_filter(topic_filter)
+        except MQTTError:
+            raise IntegrationError(f"{topic_filter!r} is not a valid topic filter") from None
+        if not under_prefix(topic_filter, sink.remote_prefix):
+            raise IntegrationError(
+                f"the reverse filter {topic_filter!r} is not under the remote prefix "
+                f"{sink.remote_prefix!r}"
+            )
+        for local in topic_filters:
+            sent = map_topic(local, sink.local_prefix, sink.remote_prefix)
+            if sent is not None and filters_overlap(sent, topic_filter):
+                raise IntegrationError(
+                    f"loop: {local!r} is forwarded as {sent!r}, which the reverse filter "
+                    f"{topic_filter!r} would bring back"
+                )
+    if reverse and not (sink.local_username and secrets.local_password):
+        raise IntegrationError(
+            "the reverse direction publishes here as a credential: give its user name and password"
+        )
+    if not reverse and (sink.local_username or secrets.local_password):
+        raise IntegrationError("a local credential is only used with reverse topic filters")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,12 +395,13 @@ class WebhookSink:
             raise IntegrationError(f"not a webhook sink: {exc!r}") from None
 
 
-Sink = KafkaSink | WebhookSink
-"""Every sink type; an MQTT bridge's joins it."""
+Sink = KafkaSink | WebhookSink | MqttSink
+"""Every sink type."""
 
-SINK_TYPES: dict[IntegrationKind, type[KafkaSink] | type[WebhookSink]] = {
+SINK_TYPES: dict[IntegrationKind, type[KafkaSink] | type[WebhookSink] | type[MqttSink]] = {
     IntegrationKind.KAFKA: KafkaSink,
     IntegrationKind.WEBHOOK: WebhookSink,
+    IntegrationKind.MQTT: MqttSink,
 }
 """The sink type of each kind (the one table; a kind without one cannot be stored yet)."""
 
@@ -245,23 +419,38 @@ def sink_from_json(kind: IntegrationKind, data: dict[str, Any]) -> Sink:
 @dataclass(frozen=True, slots=True)
 class SinkSecrets:
     """A sink's secrets: the Kafka sink's SASL password, the webhook's signing secret
-    (the HMAC-SHA-256 key of its requests' signatures). Its ``repr`` never shows them."""
+    (the HMAC-SHA-256 key of its requests' signatures), the MQTT bridge's Password on the
+    remote broker (``mqtt_password``) and its local credential's (``local_password``). Its
+    ``repr`` never shows them."""
 
     sasl_password: str | None = field(default=None, repr=False)
     signing_secret: str | None = field(default=None, repr=False)
+    mqtt_password: str | None = field(default=None, repr=False)
+    local_password: str | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The secrets as stored (never shown)."""
-        stored = {"sasl_password": self.sasl_password, "signing_secret": self.signing_secret}
+        stored = {
+            "sasl_password": self.sasl_password,
+            "signing_secret": self.signing_secret,
+            "mqtt_password": self.mqtt_password,
+            "local_password": self.local_password,
+        }
         return {name: value for name, value in stored.items() if value is not None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SinkSecrets:
         """The secrets :meth:`to_json` gave."""
-        password = data.get("sasl_password")
-        secret = data.get("signing_secret")
+
+        def text(name: str) -> str | None:
+            value = data.get(name)
+            return None if value is None else str(value)
+
         return cls(
-            None if password is None else str(password), None if secret is None else str(secret)
+            text("sasl_password"),
+            text("signing_secret"),
+            text("mqtt_password"),
+            text("local_password"),
         )
 
 
@@ -395,6 +584,13 @@ def check_integration(integration: Integration) -> Integration:
         check_kafka_sink(sink, integration.secrets)
     elif isinstance(sink, WebhookSink):
         check_webhook_sink(sink, integration.secrets, integration.payload_format)
+    else:
+        check_mqtt_sink(sink, integration.secrets, integration.topic_filters)
+    if integration.kind is not IntegrationKind.MQTT and (
+        integration.secrets.mqtt_password is not None
+        or integration.secrets.local_password is not None
+    ):
+        raise IntegrationError("MQTT passwords are for MQTT bridges")
     return integration
 
 
@@ -502,6 +698,8 @@ def public_view(integration: Integration) -> dict[str, Any]:
         "sink": integration.sink.to_json(),
         "sasl_password_set": integration.secrets.sasl_password is not None,
         "signing_secret_set": integration.secrets.signing_secret is not None,
+        "mqtt_password_set": integration.secrets.mqtt_password is not None,
+        "local_password_set": integration.secrets.local_password is not None,
         "revision": integration.revision,
         "created_at": None
         if integration.created_at is None
