@@ -50,8 +50,8 @@ from services.common.web import Readiness
 from services.integrations.at_least_once import MakeDeliverer, consume_at_least_once
 from services.integrations.kafka_sink import KafkaSinkWriter
 from services.integrations.matching import Matcher
-from services.integrations.webhook import WebhookDeliverer
 from services.integrations.mqtt_bridge import MqttBridgeDeliverer
+from services.integrations.webhook import WebhookDeliverer
 
 log = logging.getLogger(__name__)
 
