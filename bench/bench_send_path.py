@@ -56,7 +56,8 @@ async def measure(records: int, batch: int, repeats: int) -> float:
         settings = Settings(state_dir=Path(state), topic_prefix="bench.")
         app = make_app(settings, "bench")
         stub = StubProducer(asyncio.get_running_loop())
-        app.producer._producer = stub  # what Faust's producer holds once started
+        producer: Any = app.producer
+        producer._producer = stub  # what Faust's producer holds once started
         send = sender(app)
         headers = [("m", b"\x01" * 24), ("o", b"\x01" * 17)]
         best = float("inf")
