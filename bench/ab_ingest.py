@@ -15,6 +15,14 @@ it. The ingest nodes are left on the last tree given.
 --password bench-basic-password"`` writes every run's record (its ``tree`` added) to
 ``--output`` (default ``bench/results/ab-ingest.jsonl``) and prints, per run and tree,
 every round's figure and the median, with the load average before each run.
+
+``--components ingest,router`` restarts the routers from each tree too (a change of the
+message path that both run: the MQTT codec, the records, the Kafka client settings). The
+table then also gives each process's CPU µs per delivered message (the report's
+``broker_cpu_us_per_delivered``), the fairer A/B figure on a machine whose other load
+moves the rates: ``python bench/ab_ingest.py --components ingest,router --tree
+before=/tmp/base --tree after=. --rounds 5 --run "p2p --pairs 50 --inflight 10 --warmup
+2 --duration 10 --drain 15 --setup 90"``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +48,21 @@ from services.local.settings import LocalSettings
 #: The figure each scenario is compared by (a key of its report).
 FIGURES = {"connections": "connects_per_s"}
 
+#: The components ``--components`` may name.
+COMPONENTS = ("ingest", "router")
+
 RESTART = """
+import sys
 import time
 from services.local import cluster, haproxy, processes
 from services.local.settings import LocalSettings
 settings = LocalSettings()
-for index in range(len(haproxy.node_ports(settings))):
-    name = f"ingest-node{index + 1}"
+names = []
+if "ingest" in sys.argv[1:]:
+    names += [f"ingest-node{index + 1}" for index in range(len(haproxy.node_ports(settings)))]
+if "router" in sys.argv[1:]:
+    names += cluster.instance_names(cluster.ROUTER, settings.router_instances)
+for name in names:
     cluster.stop_component(settings, name)
     for attempt in range(5):  # the old process's sockets may linger a while on a busy VM
         try:
@@ -58,12 +75,15 @@ for index in range(len(haproxy.node_ports(settings))):
 """
 
 
-def restart_ingest(tree: Path) -> None:
-    """Stop every ingest node of the cluster and start it again from ``tree``'s sources.
+def restart_ingest(tree: Path, components: Sequence[str] = ("ingest",)) -> None:
+    """Stop every ingest node of the cluster (and every router, with ``"router"`` among
+    ``components``) and start them again from ``tree``'s sources.
 
     Raises ``subprocess.CalledProcessError`` when one does not start.
     """
-    subprocess.run([sys.executable, "-c", RESTART], cwd=tree, check=True)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, "-c", RESTART, *components]
+    subprocess.run(command, cwd=tree, env=env, check=True)
 
 
 def run_once(args: list[str]) -> dict[str, Any]:
@@ -82,21 +102,37 @@ def figure(record: dict[str, Any]) -> float:
     return float(record["report"].get(key) or 0.0)
 
 
+def cpu_per_message(record: dict[str, Any]) -> dict[str, float]:
+    """Each process's CPU µs per delivered message in a run (empty for a report without
+    them, e.g. ``connections``)."""
+    per: dict[str, Any] = record["report"].get("broker_cpu_us_per_delivered") or {}
+    return {name: float(value) for name, value in per.items() if value is not None}
+
+
 def main() -> None:
     """Run the rounds and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", required=True, help="label=source tree")
     parser.add_argument("--run", action="append", required=True, help="python -m bench run …")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--components",
+        default="ingest",
+        help=f"comma-separated, restarted from each tree: {', '.join(COMPONENTS)}",
+    )
     parser.add_argument("--output", type=Path, default=Path("bench/results/ab-ingest.jsonl"))
     args = parser.parse_args()
+    components = [c for c in args.components.split(",") if c]
+    if not components or set(components) - set(COMPONENTS):
+        parser.error(f"--components takes {', '.join(COMPONENTS)}")
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
     asyncio.run(_ensure_credential(LocalSettings()))
     runs = [shlex.split(r) for r in args.run]
     figures: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    cpu: dict[tuple[int, str], list[dict[str, float]]] = {}
     for round_ in range(1, args.rounds + 1):
         for label, tree in trees:
-            restart_ingest(tree)
+            restart_ingest(tree, components)
             for index, run in enumerate(runs):
                 load = os.getloadavg()[0]
                 record = run_once(run)
@@ -106,9 +142,13 @@ def main() -> None:
                     out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
                 value = figure(record)
                 figures.setdefault((index, label), []).append((value, load))
+                per = cpu_per_message(record)
+                cpu.setdefault((index, label), []).append(per)
+                shown = ", ".join(f"{name} {us:.1f}" for name, us in sorted(per.items()))
                 print(f"[{time.strftime('%H:%M:%S')}] round {round_} {label} "
-                      f"run {index + 1}: {value:,.0f} (load {load:.1f})", flush=True)  # fmt: skip
-    restart_ingest(trees[-1][1])
+                      f"run {index + 1}: {value:,.0f} (load {load:.1f}); "
+                      f"CPU µs per delivered: {shown or '-'}", flush=True)  # fmt: skip
+    restart_ingest(trees[-1][1], components)
     for index, run in enumerate(runs):
         print(f"\n`python -m bench run {shlex.join(run)}`")
         for label, _tree in trees:
@@ -116,6 +156,21 @@ def main() -> None:
             rounds = ", ".join(f"{v:,.0f} (load {load:.1f})" for v, load in values)
             median = statistics.median(v for v, _ in values)
             print(f"- {label}: median {median:,.0f}; rounds {rounds}")
+        names = sorted({name for label, _ in trees for per in cpu[(index, label)] for name in per})
+        if not names:
+            continue
+        labels = " | ".join(label for label, _tree in trees)
+        print(f"\n| CPU µs per delivered message (median) | {labels} |")
+        print("|---|" + "---:|" * len(trees))
+        for name in [*names, "stack"]:
+            cells = []
+            for label, _tree in trees:
+                if name == "stack":
+                    sums = [sum(per.values()) for per in cpu[(index, label)] if per]
+                else:
+                    sums = [per[name] for per in cpu[(index, label)] if name in per]
+                cells.append(f"{statistics.median(sums):.1f}" if sums else "-")
+            print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import faust
@@ -104,6 +106,45 @@ class IdempotentProducer(faust_aiokafka.Producer):
         acknowledged.add_done_callback(lambda done: self._check(current, done))
         return acknowledged
 
+    async def send_record(
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers | None
+    ) -> asyncio.Future[RecordMetadata]:
+        """The :data:`SendRecord` of the services: straight to the aiokafka producer,
+        partition by key, no timestamp. Kafka's answer is counted in
+        :data:`services.common.metrics.KAFKA` (latency or failure) and watched for
+        :data:`SEQUENCE_ERRORS` by one done-callback. Faust's :meth:`send` around it (its
+        produce signal, header conversion, error wrapping), a second callback and a
+        closure per record were a tenth of the router's and the ingest nodes' CPU per
+        message (bench/NOTES.md, "issue 30 part 1: CPU per message"). Raises what aiokafka
+        raises when the record cannot be queued (``KafkaError``, ``KafkaTimeoutError``)."""
+        current = self._ensure_producer()
+        acknowledged: asyncio.Future[RecordMetadata] = await current.send(
+            topic, value, key=key, headers=None if headers is None else list(headers)
+        )
+        acknowledged.add_done_callback(
+            partial(self._answered, current, topic_label(topic), time.monotonic())
+        )
+        return acknowledged
+
+    def _answered(
+        self,
+        used: AIOKafkaProducer,
+        label: str,
+        started: float,
+        done: asyncio.Future[RecordMetadata],
+    ) -> None:
+        """Count the record (of topic kind ``label``, queued at ``started``, monotonic
+        seconds) Kafka answered, and renew the producer after a sequence error."""
+        if done.cancelled():
+            metrics.KAFKA.failed(label)
+            return
+        error = done.exception()
+        if error is None:
+            metrics.KAFKA.produced(label, time.monotonic() - started)
+            return
+        metrics.KAFKA.failed(label)
+        self._check(used, done)
+
     def _check(self, used: AIOKafkaProducer, done: asyncio.Future[RecordMetadata]) -> None:
         if done.cancelled() or not isinstance(done.exception(), SEQUENCE_ERRORS):
             return
@@ -158,18 +199,18 @@ def transactional_producer(settings: Settings, transactional_id: str) -> AIOKafk
 
 
 def sender(app: faust.App) -> SendRecord:
-    """The :data:`SendRecord` of ``app``: through ``app``'s idempotent producer, partition
-    by key, no timestamp (in no transaction: :func:`send_in_transaction` sends in one)."""
+    """The :data:`SendRecord` of ``app``: through ``app``'s idempotent producer
+    (:meth:`IdempotentProducer.send_record`), partition by key, no timestamp (in no
+    transaction: :func:`send_in_transaction` sends in one)."""
 
-    async def send(
+    def send(
         topic: str, key: bytes, value: bytes | None, headers: Headers | None
-    ) -> Awaitable[object]:
-        listed = None if headers is None else list(headers)
-        acknowledged: asyncio.Future[Any] = asyncio.ensure_future(
-            await app.producer.send(topic, key, value, None, None, listed)
-        )
-        watch_produce(acknowledged, topic)
-        return acknowledged
+    ) -> Awaitable[Awaitable[object]]:
+        # app.producer is looked up when sending: made before the worker's event loop
+        # runs, the producer would belong to another loop.
+        producer = app.producer
+        assert isinstance(producer, IdempotentProducer), "make_app's transport makes one"
+        return producer.send_record(topic, key, value, headers)
 
     return send
 

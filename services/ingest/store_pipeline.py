@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 
 from services.common.faust_app import SendRecord
 from services.common.kafka.names import TopicNames
@@ -294,9 +296,11 @@ class StorePipeline:
         future = asyncio.ensure_future(pending)
         key = self._next_watch
         self._next_watch += 1
-        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        # time.monotonic, not the loop's clock: asking for the running loop per record
+        # showed in the profile (bench/NOTES.md, "issue 30 part 1: CPU per message").
+        deadline = time.monotonic() + self.request_timeout
         self._watched[key] = (deadline, client, effect)
-        future.add_done_callback(lambda done: self._answered(key, done))
+        future.add_done_callback(partial(self._answered, key))
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.create_task(self._sweep())
         return future
@@ -321,9 +325,8 @@ class StorePipeline:
 
         Every record gets the same timeout, so deadlines grow in insertion order and the
         sweep stops at the first one still running."""
-        loop = asyncio.get_running_loop()
         while self._watched:
-            now = loop.time()
+            now = time.monotonic()
             for key, (deadline, client, effect) in list(self._watched.items()):
                 if deadline > now:
                     break

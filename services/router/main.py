@@ -151,6 +151,9 @@ class Router:
         # once more (and of msg.app-shared topics, which only it creates) before its first
         # write, since a write to a missing topic waits for it for the whole request timeout.
         self.app_topics: set[str] = set()
+        # How those topics' names begin: the other records (downlink, msg.persisted) are
+        # not looked at further.
+        self.app_prefixes = self.names.app_prefixes
         # Partitions whose routing was outdated: their next records are routed after a barrier.
         self.behind: set[TopicPartition] = set()
         # The check of each partition's open transaction: later batches join it.
@@ -269,10 +272,13 @@ class Router:
             for record in records
             for out in outputs(self.table, self.names, record, now, self.counters)
         ]
+        app_prefixes, app_topics = self.app_prefixes, self.app_topics
         specs = {
             spec.name: spec
             for topic, *_ in batch
-            if topic not in self.app_topics and (spec := app_spec_of(settings, topic)) is not None
+            if topic.startswith(app_prefixes)
+            and topic not in app_topics
+            and (spec := app_spec_of(settings, topic)) is not None
         }
         send = self.send
         if transaction is not None:

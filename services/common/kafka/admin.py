@@ -24,7 +24,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
-from services.common.kafka.names import APP_PREFIX, APP_SHARED_PREFIX, TopicNames
+from services.common.kafka.names import TopicNames
 from services.common.settings import KafkaFlavor, Settings
 
 log = logging.getLogger(__name__)
@@ -135,11 +135,11 @@ def app_spec_of(settings: Settings, topic: str) -> TopicSpec | None:
     """The spec of ``topic`` if it is an APPLICATION topic (``msg.app.<client>`` or
     ``msg.app-shared.<group>``, by its name), else None: for a writer that holds only the
     name."""
-    names = TopicNames.from_settings(settings)
+    app, app_shared = TopicNames.from_settings(settings).app_prefixes
     retention = {"retention.ms": str(settings.app_retention_seconds * 1000)}
-    if topic.startswith(names.prefix + APP_SHARED_PREFIX):
+    if topic.startswith(app_shared):
         return TopicSpec(topic, settings.app_shared_topic_partitions, retention)
-    if topic.startswith(names.prefix + APP_PREFIX):
+    if topic.startswith(app):
         return TopicSpec(topic, settings.app_topic_partitions, retention)
     return None
 

@@ -183,6 +183,12 @@ class TopicNames:
         """The downlink topic read by ingest node ``node_id``."""
         return f"{self.prefix}{DOWNLINK_PREFIX}{node_id}"
 
+    @property
+    def app_prefixes(self) -> tuple[str, str]:
+        """How every APPLICATION topic's name begins: ``msg.app.``, ``msg.app-shared.``
+        (with the prefix), for ``str.startswith``."""
+        return (self.prefix + APP_PREFIX, self.prefix + APP_SHARED_PREFIX)
+
     def app(self, client_id: str) -> str:
         """``msg.app.<client>``: the messages of one persistent APPLICATION client, keyed
         by publisher client id. Raises ``ValueError`` if the prefix is over 170 characters."""
