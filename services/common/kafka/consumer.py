@@ -415,6 +415,8 @@ async def refresh_lag() -> None:
     for watched in list(_WATCHED):
         consumer = watched.consumer
         for tp in consumer.assignment():
+            if tp not in consumer.assignment():
+                continue  # moved away while an earlier partition's position was awaited
             end = consumer.highwater(tp)
             done = watched.done.get(tp)
             if done is None:
