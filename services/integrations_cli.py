@@ -52,6 +52,21 @@ def _describe(item: dict[str, Any]) -> str:
         )
     if sink["ssl_cafile"]:
         lines.append(f"  ca file:         {sink['ssl_cafile']}")
+    if sink.get("events_topic"):
+        lines.append(f"  events topic:    {sink['events_topic']}")
+    status = item.get("status")
+    if status:
+        figures = ", ".join(
+            f"{name} {value:.0f}"
+            for name, value in status["counters"].items()
+            if not name.endswith("_timestamp_seconds")
+        )
+        lines += [
+            f"  state:           {status['state']} ({status['instances']} stage processes)",
+            f"  figures:         {figures or '(none yet)'}",
+            f"  last error:      {status['last_error'] or '(none)'}"
+            + (f" at {status['last_error_at']}" if status["last_error"] else ""),
+        ]
     return "\n".join(lines)
 
 
@@ -92,6 +107,9 @@ def _sink_options(required: bool) -> list[Callable[[Any], Any]]:
         click.option("--ssl-cafile",
                      help="A CA bundle on the stage's hosts that signed the cluster's "
                      "certificates (default: the system's)."),
+        click.option("--events-topic",
+                     help="Also write the clients' lifecycle events (connect, disconnect, "
+                     "subscription changes; cormorant.client_event/1) to this Kafka topic."),
     ]  # fmt: skip
 
 
@@ -117,6 +135,7 @@ def _sink_body(options: dict[str, Any]) -> dict[str, Any]:
         "sasl_username": options["sasl_username"],
         "sasl_password": _password(options["sasl_password_file"]),
         "ssl_cafile": options["ssl_cafile"],
+        "events_topic": options["events_topic"],
     }
     return {name: value for name, value in fields.items() if value is not None}
 
@@ -239,6 +258,7 @@ def show(name: str, as_json: bool) -> None:
     help="Replace the payload format.",
 )
 @click.option("--no-sasl", is_flag=True, help="Drop the SASL mechanism, user name and password.")
+@click.option("--no-events", is_flag=True, help="Stop writing the lifecycle events.")
 @_with(_sink_options(required=False))
 @_JSON
 def update(
@@ -248,6 +268,7 @@ def update(
     every_client: bool,
     payload_format: str | None,
     no_sasl: bool,
+    no_events: bool,
     as_json: bool,
     **sink_options: Any,
 ) -> None:
@@ -267,6 +288,10 @@ def update(
     sink = _sink_body(sink_options)
     if no_sasl:
         sink |= {"sasl_mechanism": None, "sasl_username": None, "sasl_password": None}
+    if no_events:
+        if "events_topic" in sink:
+            raise click.UsageError("give --events-topic or --no-events, not both")
+        sink["events_topic"] = None
     if sink:
         body["sink"] = sink
     if not body:

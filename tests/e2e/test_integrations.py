@@ -3,7 +3,8 @@ through the admin API, run by the ``integrations-stage`` of the test cluster, wr
 a SECOND Kafka cluster (:func:`tests.conftest.sink_kafka`) what third-party MQTT clients
 (paho, mosquitto_pub) publish, read back there by a plain ``read_committed`` consumer; and
 the exactly-once proof: the stage killed with -9 between produce and commit, restarted,
-and every message in the sink topic once, none missing."""
+and every message in the sink topic once, none missing; and a client's lifecycle events in
+the sink's events topic."""
 
 from __future__ import annotations
 
@@ -250,3 +251,46 @@ def test_kafka_sink_writes_each_message_once_through_a_kill_between_produce_and_
     assert values == list(range(1, 31))  # no duplicate, no gap, in order
     # The aborted transaction's records are in the log (read_uncommitted sees them).
     assert len(read_sink(sink_kafka, topic, committed=False)) > 30
+
+
+def test_kafka_sink_streams_a_clients_lifecycle_events_to_its_events_topic(
+    cluster: LocalCluster, cli: Cli, sink_kafka: str
+) -> None:
+    events_topic = sink_topic(sink_kafka)
+    name = unique("events")
+    client_id = unique("events-sensor")
+    cli.json(
+        "integrations", "add", name, "--topic-filter", f"{client_id}/#", "--client-id", client_id,
+        "--bootstrap", sink_kafka, "--kafka-topic", sink_topic(sink_kafka),
+        "--events-topic", events_topic,
+    )  # fmt: skip
+    client = PahoClient(cluster.mqtt_port, client_id)
+    try:
+        assert client.connect() == 0
+        assert [c.value for c in client.subscribe(f"{client_id}/cmd", 1)] == [1]
+        client.client.unsubscribe(f"{client_id}/cmd")
+        client.close()  # after the UNSUBSCRIBE on the same connection: DISCONNECT 0x00
+        wait_until(
+            lambda: len(read_sink(sink_kafka, events_topic)) >= 4,
+            "four events in the events topic",
+            SINK_SECONDS,
+        )
+    finally:
+        client.close()
+        cli("integrations", "delete", name)
+    records = read_sink(sink_kafka, events_topic)
+    assert {record.key for record in records} == {client_id.encode()}
+    documents = [json.loads(record.value) for record in records]
+    # Each once, in order (one client: one client.events partition, one transaction each).
+    assert [d["event"] for d in documents] == [
+        "connected", "subscribed", "unsubscribed", "disconnected"
+    ]  # fmt: skip
+    connected, subscribed, unsubscribed, disconnected = documents
+    assert {d["schema"] for d in documents} == {"cormorant.client_event/1"}
+    assert connected["protocol_version"] == 5 and connected["clean_start"] is True
+    assert subscribed["subscriptions"] == [{"topic_filter": f"{client_id}/cmd", "qos": 1}]
+    assert unsubscribed["topic_filters"] == [f"{client_id}/cmd"]
+    assert (disconnected["cause"], disconnected["reason"]) == (
+        "client_disconnect", "normal_disconnection"
+    )  # fmt: skip
+    assert connected["connection_id"] == disconnected["connection_id"]
