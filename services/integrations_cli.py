@@ -218,7 +218,7 @@ def list_integrations(as_json: bool) -> None:
         click.echo("no integrations (cormorant integrations add NAME ... adds one)")
         return
     print_table(
-        ("NAME", "ENABLED", "KIND", "TOPIC FILTERS", "KAFKA TOPIC"),
+        ("NAME", "ENABLED", "KIND", "TOPIC FILTERS", "KAFKA TOPIC", "STATE"),
         [
             (
                 item["name"],
@@ -226,6 +226,7 @@ def list_integrations(as_json: bool) -> None:
                 item["kind"],
                 " ".join(item["topic_filters"]),
                 item["sink"]["topic"],
+                (item.get("status") or {}).get("state", "?"),
             )
             for item in found
         ],

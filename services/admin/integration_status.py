@@ -84,6 +84,25 @@ def _key(sample: str, labels: Mapping[str, str]) -> str:
     return key
 
 
+def _take(mine: Reported, sample: str, labels: Mapping[str, str], value: float) -> None:
+    """Add one sample a stage process served of an integration to what ``mine`` holds."""
+    if "state" in labels:
+        if value == 1 and labels["state"] in _STATES:
+            mine.states.append(labels["state"])
+    elif "error" in labels:
+        if value >= mine.last_error_at:
+            mine.last_error, mine.last_error_at = labels["error"], value
+    else:
+        key = _key(sample, labels)
+        before = mine.counters.get(key)
+        if before is None:
+            mine.counters[key] = value
+        elif key.endswith("_timestamp_seconds"):
+            mine.counters[key] = max(before, value)
+        else:
+            mine.counters[key] = before + value
+
+
 def reported(probes: Iterable[Probe]) -> dict[str, Reported]:
     """What the processes that answered (``probes``) served of each integration, by name."""
     found: dict[str, Reported] = {}
@@ -95,24 +114,8 @@ def reported(probes: Iterable[Probe]) -> dict[str, Reported]:
                 continue
             for labels, value in pairs:
                 name = labels.get("integration")
-                if name is None:
-                    continue
-                mine = found.setdefault(name, Reported())
-                if "state" in labels:
-                    if value == 1 and labels["state"] in _STATES:
-                        mine.states.append(labels["state"])
-                elif "error" in labels:
-                    if value >= mine.last_error_at:
-                        mine.last_error, mine.last_error_at = labels["error"], value
-                else:
-                    key = _key(sample, labels)
-                    before = mine.counters.get(key)
-                    if before is None:
-                        mine.counters[key] = value
-                    elif key.endswith("_timestamp_seconds"):
-                        mine.counters[key] = max(before, value)
-                    else:
-                        mine.counters[key] = before + value
+                if name is not None:
+                    _take(found.setdefault(name, Reported()), sample, labels, value)
     return found
 
 

@@ -173,9 +173,7 @@ class IntegrationChanges(BaseModel):
     sink: KafkaSinkChanges | None = None
 
 
-def view(
-    integration: Integration, found: dict[str, Reported] | None = None
-) -> IntegrationView:
+def view(integration: Integration, found: dict[str, Reported] | None = None) -> IntegrationView:
     """``integration`` as the API shows it (no password), with its status when what the
     stages reported is ``found`` (:func:`~services.admin.integration_status.reported`)."""
     sink = integration.sink

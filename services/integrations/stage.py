@@ -367,8 +367,7 @@ def integration_families(counters: Mapping[str, IntegrationCounters]) -> Iterabl
     (integration name → its counters)."""
     sent = CounterMetricFamily(
         "cormorant_integration_messages_sent",
-        "Messages an integration's sink wrote (for the Kafka sink: in a committed "
-        "transaction).",
+        "Messages an integration's sink wrote (for the Kafka sink: in a committed transaction).",
         labels=["integration"],
     )
     failed = CounterMetricFamily(
@@ -384,8 +383,9 @@ def integration_families(counters: Mapping[str, IntegrationCounters]) -> Iterabl
     )
     lag = GaugeMetricFamily(
         "cormorant_integration_lag_records",
-        "msg.all records an integration has not written yet (high watermark minus the "
-        "offset committed with its sink), over the partitions this instance reads.",
+        "msg.all records (and client.events records, with an events stream) an "
+        "integration has not written yet (high watermark minus the offset committed with "
+        "its sink), over the partitions this instance reads.",
         labels=["integration"],
     )
     last_error = GaugeMetricFamily(

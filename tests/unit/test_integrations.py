@@ -8,20 +8,20 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import replace
 
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from services.admin.cluster import Endpoint, Probe
 from services.admin.integration_status import reported, status_of
-
 from services.common.integrations.event_format import SCHEMA as EVENT_SCHEMA
 from services.common.integrations.message_format import SCHEMA, message_json
-from services.common.integrations.status import ERROR_TEXT_MAX, RunnerState
 from services.common.integrations.model import (
     Integration,
     IntegrationError,
@@ -34,6 +34,7 @@ from services.common.integrations.model import (
     public_view,
     render,
 )
+from services.common.integrations.status import ERROR_TEXT_MAX, RunnerState
 from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
 from services.common.metrics import parse_exposition
@@ -48,9 +49,9 @@ from services.common.records import (
     publish_record,
     retained_request_record,
 )
+from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.integrations.matching import Matcher
-from services.common.settings import Settings
 from services.integrations.stage import (
     IntegrationCounters,
     IntegrationRunner,
@@ -210,7 +211,7 @@ class _Families(Collector):
     def __init__(self, counters: dict[str, IntegrationCounters]) -> None:
         self.counters = counters
 
-    def collect(self) -> object:
+    def collect(self) -> Iterable[Metric]:
         return integration_families(self.counters)
 
 
@@ -222,7 +223,7 @@ def exposition(counters: dict[str, IntegrationCounters]) -> str:
 
 
 def test_the_last_error_is_served_without_the_sinks_secrets() -> None:
-    password = "pw-\\S3cret\"quoted"
+    password = 'pw-\\S3cret"quoted'
     secret = integration(
         sink=KafkaSink("k:9093", "t", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
                        sasl_username="exporter"),
@@ -258,7 +259,7 @@ def test_the_status_sums_the_stage_processes_and_shows_the_worst_state() -> None
     two.last_error_at = 2000.0
     # A family a sink adds (the webhook's dead-lettered messages): shown without a change.
     extra = (
-        '# TYPE cormorant_integration_messages_dead_lettered counter\n'
+        "# TYPE cormorant_integration_messages_dead_lettered counter\n"
         'cormorant_integration_messages_dead_lettered_total{integration="plant-export"} 2.0\n'
     )
     probes = [
@@ -311,7 +312,10 @@ def test_lifecycle_events_become_documents_in_the_events_topic() -> None:
     )
     documents = [json.loads(o.value) for o in out]
     assert [d["event"] for d in documents] == [
-        "connected", "subscribed", "unsubscribed", "disconnected"
+        "connected",
+        "subscribed",
+        "unsubscribed",
+        "disconnected",
     ]  # refused authentications are not streamed
     opened, subscribed, unsubscribed, disconnected = documents
     assert opened == {

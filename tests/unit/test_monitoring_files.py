@@ -16,8 +16,8 @@ import yaml
 
 from services.command_names import SERVICE_COMMANDS
 from services.common.integrations.status import RunnerState
-from services.local import cluster as local_cluster
 from services.integrations.stage import IntegrationCounters, integration_families
+from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 
 ROOT = Path(__file__).resolve().parents[2]

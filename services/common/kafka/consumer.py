@@ -564,7 +564,8 @@ async def consume_in_transactions(
     (default: its offset committed in ``consumer``'s group; a stage whose transactions
     commit the offsets in another Kafka cluster, the integrations' Kafka sink, reads them
     there); ``on_commit`` hears which partitions' transactions committed and which were
-    aborted (the integrations' metrics). The other arguments are :func:`consume_batches`'s.
+    aborted, and why (the integrations' metrics and status). The other arguments are
+    :func:`consume_batches`'s.
     """
     _check_stage(stage)
     loop = _TransactionalLoop(
@@ -846,9 +847,9 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self.prepare()
         except Exception as exc:
             log.warning("a batch could not be prepared, it will be read again: %r", exc)
-            failed = dict.fromkeys(set(batches) | set(self.pending), exc)
-            await self._abort(failed)
-            return set(failed)
+            unprepared = dict.fromkeys(set(batches) | set(self.pending), exc)
+            await self._abort(unprepared)
+            return set(unprepared)
         failed: dict[TopicPartition, BaseException] = {}
         for tp, records in batches.items():
             try:
