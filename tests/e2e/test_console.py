@@ -16,6 +16,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -543,7 +544,9 @@ def test_integrations_show_their_state_figures_and_last_error_and_are_disabled(
 ) -> None:
     prefix = unique("console-integrations")
     sink_topic = f"console-sink-{uuid.uuid4().hex[:8]}"
-    asyncio.run(ensure_topics(sink_kafka, [TopicSpec(sink_topic, 1)]))
+    # In a thread of its own: Playwright's sync API runs an event loop in this one.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, ensure_topics(sink_kafka, [TopicSpec(sink_topic, 1)])).result()
     working, broken = unique("console-export"), unique("console-broken")
     password = f"pw-{uuid.uuid4().hex}"
     bodies = [
