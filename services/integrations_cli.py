@@ -46,6 +46,7 @@ SINK_OPTIONS: dict[str, tuple[str, str, frozenset[str]]] = {
     "sasl_username": ("--sasl-username", "sasl_username", _KAFKA),
     "sasl_password_file": ("--sasl-password-file", "sasl_password", _KAFKA),
     "ssl_cafile": ("--ssl-cafile", "ssl_cafile", _KAFKA | _WEBHOOK),
+    "events_topic": ("--events-topic", "events_topic", _KAFKA),
     "url": ("--url", "url", _WEBHOOK),
     "batch_size": ("--batch-size", "batch_size", _WEBHOOK),
     "linger": ("--linger", "linger_seconds", _WEBHOOK),
@@ -115,6 +116,19 @@ def _describe(item: dict[str, Any]) -> str:
         elif name == "headers":
             value = ", ".join(f"{header}: {text}" for header, text in value)
         lines.append(f"  {label + ':':<16} {value}")
+    status = item.get("status")
+    if status:
+        figures = ", ".join(
+            f"{name} {value:.0f}"
+            for name, value in status["counters"].items()
+            if not name.endswith("_timestamp_seconds")
+        )
+        lines += [
+            f"  state:           {status['state']} ({status['instances']} stage processes)",
+            f"  figures:         {figures or '(none yet)'}",
+            f"  last error:      {status['last_error'] or '(none)'}"
+            + (f" at {status['last_error_at']}" if status["last_error"] else ""),
+        ]
     return "\n".join(lines)
 
 
@@ -238,6 +252,10 @@ def _sink_options() -> list[Callable[[Any], Any]]:
         click.option("--local-password-file", type=click.Path(allow_dash=True, path_type=Path),
                      help="mqtt: read that credential's password from this file ('-': "
                      "standard input)."),
+        click.option("--events-topic",
+                     help="kafka: also write the clients' lifecycle events (connect, "
+                     "disconnect, subscription changes; cormorant.client_event/1) to this "
+                     "Kafka topic."),
     ]  # fmt: skip
 
 
@@ -365,7 +383,7 @@ def list_integrations(as_json: bool) -> None:
         click.echo("no integrations (cormorant integrations add NAME ... adds one)")
         return
     print_table(
-        ("NAME", "ENABLED", "KIND", "TOPIC FILTERS", "SENDS TO"),
+        ("NAME", "ENABLED", "KIND", "TOPIC FILTERS", "SENDS TO", "STATE"),
         [
             (
                 item["name"],
@@ -373,6 +391,7 @@ def list_integrations(as_json: bool) -> None:
                 item["kind"],
                 " ".join(item["topic_filters"]),
                 _target(item),
+                (item.get("status") or {}).get("state", "?"),
             )
             for item in found
         ],
@@ -413,6 +432,7 @@ def show(name: str, as_json: bool) -> None:
     is_flag=True,
     help="mqtt: drop the reverse direction (its filters and local credential).",
 )
+@click.option("--no-events", is_flag=True, help="kafka: stop writing the lifecycle events.")
 @_with(_sink_options())
 @_JSON
 def update(
@@ -424,6 +444,7 @@ def update(
     no_sasl: bool,
     no_headers: bool,
     no_reverse: bool,
+    no_events: bool,
     as_json: bool,
     **sink_options: Any,
 ) -> None:
@@ -451,6 +472,10 @@ def update(
         if "reverse_topic_filters" in sink:
             raise click.UsageError("give --reverse-topic-filter or --no-reverse, not both")
         sink |= {"reverse_topic_filters": [], "local_username": None, "local_password": None}
+    if no_events:
+        if "events_topic" in sink:
+            raise click.UsageError("give --events-topic or --no-events, not both")
+        sink["events_topic"] = None
     if sink:
         body["sink"] = sink
     if not body:

@@ -8,7 +8,9 @@ reaches the integrations stage within a second (PostgreSQL's notification). A si
 secrets (a Kafka sink's SASL password, a webhook's signing secret) are write-only: answers
 say only whether each is set, and the audit trail never holds them. Every change is
 audited. The ``sink`` of a body is the one of the integration's ``kind``
-(:data:`~services.common.integrations.model.SINK_TYPES`).
+(:data:`~services.common.integrations.model.SINK_TYPES`). The list and an
+integration's page carry its ``status`` (state, counters, last error:
+:mod:`services.admin.integration_status`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pydantic.types import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
+from services.admin.context import audited_store_change, context_of
+from services.admin.integration_status import IntegrationStatus, Reported, reported, status_of
 from services.admin.users import AdminUsers
 from services.common.integrations.model import (
     MAX_TOPIC_FILTERS,
@@ -101,6 +104,7 @@ class KafkaSinkView(BaseModel):
     sasl_username: str | None
     sasl_password_set: bool
     ssl_cafile: str | None
+    events_topic: str | None
 
 
 class WebhookSinkView(BaseModel):
@@ -155,6 +159,11 @@ class IntegrationView(BaseModel):
     revision: int
     created_at: datetime | None
     updated_at: datetime | None
+    status: IntegrationStatus | None = Field(
+        None,
+        description="What the integrations stages say of it (in the list and an "
+        "integration's page; null in the answers to changes).",
+    )
 
 
 class IntegrationList(BaseModel):
@@ -167,7 +176,9 @@ class KafkaSinkBody(BaseModel):
     """A topic of another Kafka cluster: ``bootstrap`` (``host:port[,...]``), the record's
     ``topic`` and ``key`` templates (``${client_id}``, ``${topic}``, ``${topic_level[N]}``;
     characters a Kafka topic name cannot hold become ``_``), the security protocol, SASL
-    mechanism, user name and password (write-only), and a CA file on the stage's hosts."""
+    mechanism, user name and password (write-only), a CA file on the stage's hosts, and
+    ``events_topic``: a topic of the same cluster that also receives the clients'
+    lifecycle events (schema ``cormorant.client_event/1``; leave it out for none)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -179,6 +190,7 @@ class KafkaSinkBody(BaseModel):
     sasl_username: str | None = Field(None, max_length=1024)
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = Field(None, max_length=4096)
+    events_topic: str | None = Field(None, min_length=1, max_length=249)
 
 
 class WebhookSinkBody(BaseModel):
@@ -257,7 +269,8 @@ class NewIntegration(BaseModel):
 
 class KafkaSinkChanges(BaseModel):
     """Changes to a Kafka sink: a field left out is kept, ``null`` clears an optional one
-    (``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``)."""
+    (``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``,
+    ``events_topic``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -269,6 +282,7 @@ class KafkaSinkChanges(BaseModel):
     sasl_username: str | None = Field(None, max_length=1024)
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = Field(None, max_length=4096)
+    events_topic: str | None = Field(None, min_length=1, max_length=249)
 
 
 class WebhookSinkChanges(BaseModel):
@@ -330,8 +344,10 @@ class IntegrationChanges(BaseModel):
     sink: KafkaSinkChanges | WebhookSinkChanges | MqttSinkChanges | None = None
 
 
-def view(integration: Integration) -> IntegrationView:
-    """``integration`` as the API shows it (no secret: only whether each is set)."""
+def view(integration: Integration, found: dict[str, Reported] | None = None) -> IntegrationView:
+    """``integration`` as the API shows it (no secret: only whether each is set), with its
+    status when what the stages reported is ``found``
+    (:func:`~services.admin.integration_status.reported`)."""
     sink = integration.sink
     secrets = integration.secrets
     shown: KafkaSinkView | WebhookSinkView | MqttSinkView
@@ -359,6 +375,7 @@ def view(integration: Integration) -> IntegrationView:
         revision=integration.revision,
         created_at=integration.created_at,
         updated_at=integration.updated_at,
+        status=None if found is None else status_of(integration, found),
     )
 
 
@@ -421,6 +438,11 @@ def _store(request: Request) -> IntegrationStore:
     return IntegrationStore(request.app.state.context.credentials.store.pool)
 
 
+def _reported(request: Request) -> dict[str, Reported]:
+    """What the stages reported at the admin service's last probe of the cluster."""
+    return reported(context_of(request).sampler.probes)
+
+
 def _users(request: Request) -> AdminUsers:
     users: AdminUsers = request.app.state.context.users
     return users
@@ -457,8 +479,10 @@ async def _audited(
 
 @router.get("", response_model=IntegrationList, responses={**ERRORS, **_UNAVAILABLE})
 async def list_integrations(request: Request, user: User) -> IntegrationList:
-    """Every integration, by name."""
-    return IntegrationList(integrations=[view(i) for i in await _store(request).all()])
+    """Every integration, by name, with its status."""
+    integrations = await _store(request).all()
+    found = _reported(request)
+    return IntegrationList(integrations=[view(i, found) for i in integrations])
 
 
 @router.post(
@@ -496,9 +520,9 @@ async def add_integration(request: Request, body: NewIntegration, user: User) ->
     "/{ref}", response_model=IntegrationView, responses={**ERRORS, **_NOT_FOUND, **_UNAVAILABLE}
 )
 async def show_integration(request: Request, ref: Ref, user: User) -> IntegrationView:
-    """One integration."""
+    """One integration, with its status."""
     try:
-        return view(await _store(request).get(ref))
+        return view(await _store(request).get(ref), _reported(request))
     except IntegrationNotFound as exc:
         raise HTTPException(404, str(exc)) from None
 

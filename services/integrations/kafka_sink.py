@@ -103,18 +103,19 @@ class KafkaSinkWriter:
 
     async def ensure_offsets_topic(self) -> None:
         """Create, in the sink cluster, an empty topic named like the broker's ``msg.all``
-        with its partitions, if it is missing: Kafka takes the offsets of a transaction
+        with its partitions, if it is missing (and one like ``client.events`` when the sink
+        has an events stream): Kafka takes the offsets of a transaction
         (``TxnOffsetCommit``) only for partitions of topics it has, and answers
         UNKNOWN_TOPIC_OR_PARTITION otherwise, which aiokafka retries until the transaction
-        times out. Nothing is ever written to it (replication 1, one hour's retention).
+        times out. Nothing is ever written to them (replication 1, one hour's retention).
         Raises ``KafkaError``."""
         settings = self.settings
-        spec = TopicSpec(
-            TopicNames.from_settings(settings).msg_all,
-            settings.msg_all_partitions,
-            {"retention.ms": str(3600 * 1000)},
-        )
-        await ensure_topics(self.sink.bootstrap, [spec], 1, security=self.security)
+        names = TopicNames.from_settings(settings)
+        retention = {"retention.ms": str(3600 * 1000)}
+        specs = [TopicSpec(names.msg_all, settings.msg_all_partitions, retention)]
+        if self.sink.events_topic is not None:
+            specs.append(TopicSpec(names.client_events, settings.state_topic_partitions, retention))
+        await ensure_topics(self.sink.bootstrap, specs, 1, security=self.security)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         """The next offset of source partition ``tp`` committed with the sink's

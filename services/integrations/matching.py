@@ -5,6 +5,8 @@ what every sink shares (the Kafka sink, the HTTP webhook and the MQTT bridge tak
 An integration's Topic Filters go into a :class:`~services.common.topics.trie.
 SubscriptionTrie` (the router's), so a Topic Name matches exactly as a subscription's
 would (MQTT 5.0 4.7: ``+``, ``#``, no wildcard match of a ``$`` topic's first level).
+A Kafka sink with an ``events_topic`` also takes the ``client.events`` records of the
+clients its Client Identifier pattern matches (:meth:`Matcher.events_of`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.common.integrations.event_format import formatted_event
 from services.common.integrations.message_format import formatted, user_property_headers
 from services.common.integrations.model import (
     Integration,
@@ -27,6 +30,7 @@ from services.common.records import (
     Published,
     RecordError,
     decode_forwarded_properties,
+    parse_client_event,
     parse_msg_all,
 )
 from services.common.subscription import Subscription
@@ -38,12 +42,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """One matched message as a sink writes it: the publisher's ``client_id``, the MQTT
-    ``topic`` (Topic Name), ``qos`` and ``retain`` as published; ``value``: the payload in
-    the integration's format; ``headers``: the MQTT 5 User Properties (MQTT 5.0
-    3.3.2.3.7) as ``(name, UTF-8 value)`` pairs; for a Kafka sink, ``kafka_topic`` and
-    ``key`` (UTF-8) rendered from its templates (empty for other sinks); ``properties``:
-    the forwarded MQTT 5 properties and ``received_at_ms`` when the broker accepted it
-    (Unix milliseconds), which the MQTT bridge republishes."""
+    ``topic`` (Topic Name; ``""`` for a lifecycle event), ``qos`` and ``retain`` as
+    published; ``value``: the payload in the integration's format; ``headers``: the MQTT 5
+    User Properties (MQTT 5.0 3.3.2.3.7) as ``(name, UTF-8 value)`` pairs; for a Kafka
+    sink, ``kafka_topic`` and ``key`` (UTF-8) rendered from its templates (empty for other
+    sinks); ``properties``: the forwarded MQTT 5 properties and ``received_at_ms`` when the
+    broker accepted it (Unix milliseconds), which the MQTT bridge republishes."""
 
     client_id: str
     topic: str
@@ -132,3 +136,29 @@ class Matcher:
     def outgoing_of(self, records: Sequence[Record]) -> list[Outgoing]:
         """:meth:`outgoing` of each of ``records``, those the integration takes."""
         return [out for record in records if (out := self.outgoing(record)) is not None]
+
+    def event(self, record: Record) -> Outgoing | None:
+        """What the sink's events stream receives of ``record`` (a ``client.events``
+        record): the ``cormorant.client_event/1`` document, keyed by the Client Identifier,
+        to the sink's ``events_topic``; None when the sink has none, the client does not
+        match the Client Identifier pattern, or the event is not streamed. A record that
+        does not decode is logged and skipped."""
+        sink = self.integration.sink
+        events_topic = sink.events_topic if isinstance(sink, KafkaSink) else None
+        if events_topic is None:
+            return None
+        try:
+            client_id, event = parse_client_event(record.key, record.value)
+        except RecordError as exc:
+            log_undecodable(log, record, exc)
+            return None
+        if not self.integration.matches_client(client_id):
+            return None
+        value = formatted_event(client_id, event)
+        if value is None:
+            return None
+        return Outgoing(client_id, "", 0, False, value, [], events_topic, client_id.encode("utf-8"))
+
+    def events_of(self, records: Sequence[Record]) -> list[Outgoing]:
+        """:meth:`event` of each of ``records``, those the events stream takes."""
+        return [out for record in records if (out := self.event(record)) is not None]

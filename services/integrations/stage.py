@@ -1,7 +1,9 @@
 """The integrations stage: follows the integrations stored in PostgreSQL and runs one
 :class:`IntegrationRunner` per enabled integration (docs/integrations/index.md).
 
-Each runner reads ``msg.all`` (committed records only) in a consumer group of its own,
+Each runner reads ``msg.all`` (committed records only; and ``client.events`` when its Kafka
+sink has an events stream, :meth:`~services.integrations.matching.Matcher.events_of`, each
+of its partitions in transactions of its own too) in a consumer group of its own,
 ``<prefix>cormorant-integrations.<integration id>``: an integration's position, lag and
 failures are its own, a sink that is down holds up nobody else, and more stage instances
 share each integration's partitions. A new integration (or one whose sink cluster holds no
@@ -20,6 +22,11 @@ their :class:`~.at_least_once.Deliverer` (:data:`DELIVERERS`), offsets committed
 integration's group after delivery (:mod:`.at_least_once`). Any change of an
 integration (announced by PostgreSQL, :mod:`services.common.integrations.store`) restarts
 its runner with the new definition; a disabled or deleted one is stopped.
+
+Each runner's counters, state (:class:`~services.common.integrations.status.RunnerState`)
+and last error's text (without secrets, :func:`~services.common.integrations.status.
+error_text`) are served in ``/metrics`` (:meth:`IntegrationsStage.families`), where
+Prometheus and the admin service (its API's and console's integration status) read them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from services.common import metrics
 from services.common.integrations.model import Integration, IntegrationError, IntegrationKind
+from services.common.integrations.status import RunnerState, error_text, secret_values
 from services.common.integrations.store import IntegrationStore
 from services.common.kafka.consumer import (
     Record,
@@ -90,8 +98,9 @@ class IntegrationCounters:
     """What one integration's runner did: messages written (their transaction committed;
     delivered), failed (their transaction aborted, or no Kafka topic name for them; a
     failed delivery attempt), written again after a failure, set aside in the dead-letter
-    topic (:mod:`.webhook`), when the last failure was and what it was (``last_error``:
-    one line, never a secret), and the records not handled yet."""
+    topic (:mod:`.webhook`), when the last failure was (Unix seconds) and what it was (its
+    text, one line, without secrets), the records not handled yet, and what the runner is
+    doing now."""
 
     def __init__(self) -> None:
         self.sent = 0
@@ -101,6 +110,7 @@ class IntegrationCounters:
         self.last_error_at: float | None = None
         self.last_error: str | None = None
         self.lag = 0
+        self.state = RunnerState.STARTING
         # Messages handled in each partition's open transaction, and the partitions whose
         # last transaction failed: what they write next is written again.
         self.pending: dict[TopicPartition, int] = {}
@@ -114,7 +124,8 @@ class IntegrationCounters:
             self.retrying.discard(tp)
 
     def error(self, text: str) -> None:
-        """A failure happened now: ``text`` says what (one line, no secret)."""
+        """A failure happened now; ``text`` says what (no secret in it:
+        :func:`~services.common.integrations.status.error_text`)."""
         self.last_error_at = time.time()
         self.last_error = text
 
@@ -122,13 +133,14 @@ class IntegrationCounters:
         """``messages`` were matched but cannot be written (logged by the matcher)."""
         if messages:
             self.failed += messages
-            self.last_error_at = time.time()
+            self.error(f"{messages} message(s) skipped: the topic template renders no topic name")
 
     def ended(
         self, committed: Mapping[TopicPartition, int], aborted: Collection[TopicPartition]
     ) -> None:
         """Transactions committed (``committed``) or aborted (``aborted``): the consume
-        loop's :data:`~services.common.kafka.consumer.CommitHook`."""
+        loop's :data:`~services.common.kafka.consumer.CommitHook` (the runner records why
+        they were aborted)."""
         for tp in committed:
             self.sent += self.pending.pop(tp, 0)
             self.retrying.discard(tp)
@@ -168,13 +180,23 @@ class IntegrationRunner:
                 await self._run_once()
 
     def _failed(self, state: RetryCallState) -> None:
-        """Log why the runner stopped, and when it starts again."""
+        """Log why the runner stopped, and when it starts again; it is restarting."""
         error = state.outcome.exception() if state.outcome is not None else None
-        self.counters.error(f"stopped: {error!r}"[:ERROR_TEXT_MAX])
         wait = state.next_action.sleep if state.next_action is not None else 0.0
+        self.counters.state = RunnerState.RESTARTING
+        if error is not None:
+            self.failure(error)
         log.warning(
-            "integration %s stopped: %r; again in %.0f s", self.integration.name, error, wait
+            "integration %s stopped: %s; again in %.0f s",
+            self.integration.name,
+            self.counters.last_error,
+            wait,
         )
+
+    def failure(self, error: BaseException) -> None:
+        """Record ``error`` as the runner's last error (its text without the
+        integration's secrets)."""
+        self.counters.error(error_text(error, secret_values(self.integration)))
 
     async def _run_once(self) -> None:
         if self.integration.kind is IntegrationKind.KAFKA:
@@ -217,17 +239,23 @@ class IntegrationRunner:
 
     async def _run_kafka(self) -> None:
         settings = self.settings
+        names = TopicNames.from_settings(settings)
+        topics = [names.msg_all]
+        if self.integration.sink.events_topic is not None:
+            topics.append(names.client_events)
+        self.counters.state = RunnerState.STARTING
         sink = KafkaSinkWriter(settings, self.integration, self.group)
         consumer = make_consumer(settings, group_id=self.group)
         self.consumer = consumer
         try:
             await sink.start()
             await consumer.start()
+            self.counters.state = RunnerState.RUNNING
             await consume_in_transactions(
                 consumer,
                 lambda records, transaction: self.handle(sink, records, transaction),
                 sink.transactions,
-                topics=[TopicNames.from_settings(settings).msg_all],
+                topics=topics,
                 max_records=BATCH_MAX,
                 commit_interval=TRANSACTION_SECONDS,
                 stage=f"integrations:{self.integration.name}",
@@ -244,10 +272,14 @@ class IntegrationRunner:
     async def handle(
         self, sink: KafkaSinkWriter, records: list[Record], transaction: Transaction
     ) -> Sequence[Awaitable[object]]:
-        """Write the messages of one partition's ``records`` the integration takes in the
-        partition's open ``transaction``; returns their acknowledgements."""
+        """Write the messages of one partition's ``records`` the integration takes (of a
+        ``client.events`` partition: its lifecycle events) in the partition's open
+        ``transaction``; returns their acknowledgements."""
         tp = TopicPartition(records[0].topic, records[0].partition)
-        messages = self.matcher.outgoing_of(records)
+        if tp.topic == TopicNames.from_settings(self.settings).client_events:
+            messages = self.matcher.events_of(records)
+        else:
+            messages = self.matcher.outgoing_of(records)
         self.counters.unwritable(self.matcher.take_unwritable())
         if self.settings.integrations_commit_delay_seconds > 0:
             transaction.before_commit(self._delay_commit)
@@ -261,10 +293,15 @@ class IntegrationRunner:
         await asyncio.sleep(self.settings.integrations_commit_delay_seconds)
 
     def ended(
-        self, committed: Mapping[TopicPartition, int], aborted: Collection[TopicPartition]
+        self,
+        committed: Mapping[TopicPartition, int],
+        aborted: Mapping[TopicPartition, BaseException],
     ) -> None:
-        """Count the transactions that ended; remember where each partition stands."""
+        """Count the transactions that ended, and why the last aborted one was; remember
+        where each partition stands."""
         self.counters.ended(committed, aborted)
+        for error in aborted.values():
+            self.failure(error)
         self.done.update(committed)
 
     async def start_offset(
@@ -388,48 +425,73 @@ class IntegrationsStage:
             runner.refresh_lag()
 
     def families(self) -> Iterable[Metric]:
-        """The per-integration families (label ``integration``: its name)."""
-        sent = CounterMetricFamily(
-            "cormorant_integration_messages_sent",
-            "Messages an integration's sink wrote (for the Kafka sink: in a committed "
-            "transaction; for a webhook: answered with a 2xx status).",
-            labels=["integration"],
-        )
-        failed = CounterMetricFamily(
-            "cormorant_integration_messages_failed",
-            "Messages an integration's sink failed to write (an aborted transaction, a "
-            "failed webhook attempt: they are written again), or that it cannot write "
-            "(logged and skipped).",
-            labels=["integration"],
-        )
-        retried = CounterMetricFamily(
-            "cormorant_integration_messages_retried",
-            "Messages an integration's sink wrote again after a failed write.",
-            labels=["integration"],
-        )
-        dead_lettered = CounterMetricFamily(
-            "cormorant_integration_messages_dead_lettered",
-            "Messages an integration's sink gave up on after its attempts and wrote to the "
-            "dead-letter topic instead (webhooks).",
-            labels=["integration"],
-        )
-        lag = GaugeMetricFamily(
-            "cormorant_integration_lag_records",
-            "msg.all records an integration has not written yet (high watermark minus the "
-            "offset committed with its sink, or in its group when delivered at least "
-            "once), over the partitions this instance reads.",
-            labels=["integration"],
-        )
-        last_error = GaugeMetricFamily(
-            "cormorant_integration_last_error_timestamp_seconds",
-            "Unix time of an integration's last failure (0: none since the process started).",
-            labels=["integration"],
-        )
-        for name, counters in sorted(self.counters.items()):
-            sent.add_metric([name], counters.sent)
-            failed.add_metric([name], counters.failed)
-            retried.add_metric([name], counters.retried)
-            dead_lettered.add_metric([name], counters.dead_lettered)
-            lag.add_metric([name], counters.lag)
-            last_error.add_metric([name], counters.last_error_at or 0)
-        yield from (sent, failed, retried, dead_lettered, lag, last_error)
+        """The per-integration families of the integrations running here
+        (:func:`integration_families`)."""
+        return integration_families(self.counters)
+
+
+def integration_families(counters: Mapping[str, IntegrationCounters]) -> Iterable[Metric]:
+    """The per-integration families (label ``integration``: its name) of ``counters``
+    (integration name → its counters)."""
+    sent = CounterMetricFamily(
+        "cormorant_integration_messages_sent",
+        "Messages an integration's sink wrote (for the Kafka sink: in a committed "
+        "transaction; for a webhook: answered with a 2xx status).",
+        labels=["integration"],
+    )
+    failed = CounterMetricFamily(
+        "cormorant_integration_messages_failed",
+        "Messages an integration's sink failed to write (an aborted transaction, a "
+        "failed webhook attempt: they are written again), or that it cannot write "
+        "(logged and skipped).",
+        labels=["integration"],
+    )
+    retried = CounterMetricFamily(
+        "cormorant_integration_messages_retried",
+        "Messages an integration's sink wrote again after a failed write.",
+        labels=["integration"],
+    )
+    dead_lettered = CounterMetricFamily(
+        "cormorant_integration_messages_dead_lettered",
+        "Messages an integration's sink gave up on after its attempts and wrote to the "
+        "dead-letter topic instead (webhooks).",
+        labels=["integration"],
+    )
+    lag = GaugeMetricFamily(
+        "cormorant_integration_lag_records",
+        "msg.all records (and client.events records, with an events stream) an "
+        "integration has not written yet (high watermark minus the offset committed with "
+        "its sink, or in its group when delivered at least once), over the partitions "
+        "this instance reads.",
+        labels=["integration"],
+    )
+    last_error = GaugeMetricFamily(
+        "cormorant_integration_last_error_timestamp_seconds",
+        "Unix time of an integration's last failure (0: none since the process started).",
+        labels=["integration"],
+    )
+    error_info = GaugeMetricFamily(
+        "cormorant_integration_last_error_info",
+        "An integration's last failure in words (label error: its type and message, "
+        "at most 200 characters, secrets replaced by ***); the value is its Unix time. "
+        "No series until a failure.",
+        labels=["integration", "error"],
+    )
+    state = GaugeMetricFamily(
+        "cormorant_integration_state",
+        "What an integration's runner in this process is doing: 1 for its state "
+        "(starting, running, restarting after a failure), 0 for the others.",
+        labels=["integration", "state"],
+    )
+    for name, mine in sorted(counters.items()):
+        sent.add_metric([name], mine.sent)
+        failed.add_metric([name], mine.failed)
+        retried.add_metric([name], mine.retried)
+        dead_lettered.add_metric([name], mine.dead_lettered)
+        lag.add_metric([name], mine.lag)
+        last_error.add_metric([name], mine.last_error_at or 0)
+        if mine.last_error is not None and mine.last_error_at is not None:
+            error_info.add_metric([name, mine.last_error], mine.last_error_at)
+        for known in RunnerState:
+            state.add_metric([name, known.value], 1 if mine.state is known else 0)
+    yield from (sent, failed, retried, dead_lettered, lag, last_error, error_info, state)

@@ -2,23 +2,30 @@
 driven by Playwright) against the test cluster: log in, read the connection count after
 clients connect, find a client's session and disconnect it, browse retained messages, make
 MQTT credentials of every type and reset a password a client then connects with, read the
-infrastructure's health, talk MQTT over WebSocket from the page.
+infrastructure's health, talk MQTT over WebSocket from the page, follow and disable
+integrations.
 
 Each page's screenshot is taken (and must stay small); with ``CORMORANT_SCREENSHOTS=1`` it
 is also written to ``docs/console-<page>.png``, the pictures of docs/operations/console.md."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
 from playwright.sync_api import Browser, Dialog, Locator, Page, expect
 
+from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.names import TopicNames
+from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from tests.browser import chromium
 from tests.e2e.admin import (
@@ -38,6 +45,10 @@ pytestmark = pytest.mark.cluster
 SHOW_MS = 15_000
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+#: Milliseconds for a new integration's first message to reach its sink (its runner joins
+#: its consumer group first).
+SINK_MS = 90_000
 
 #: Bytes a page's screenshot may take (the docs site keeps them).
 SCREENSHOT_BYTES = 300_000
@@ -526,3 +537,54 @@ def test_the_websocket_client_talks_mqtt_with_a_device(
     finally:
         device.close()
         api.call("DELETE", f"/api/credentials/{name}")
+
+
+def test_integrations_show_their_state_figures_and_last_error_and_are_disabled(
+    cluster: LocalCluster, api: AdminApi, page: Page, sink_kafka: str
+) -> None:
+    prefix = unique("console-integrations")
+    sink_topic = f"console-sink-{uuid.uuid4().hex[:8]}"
+    # In a thread of its own: Playwright's sync API runs an event loop in this one.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, ensure_topics(sink_kafka, [TopicSpec(sink_topic, 1)])).result()
+    working, broken = unique("console-export"), unique("console-broken")
+    password = f"pw-{uuid.uuid4().hex}"
+    bodies = [
+        {"name": working, "topic_filters": [f"{prefix}/#"], "payload_format": "raw",
+         "sink": {"bootstrap": sink_kafka, "topic": sink_topic}},
+        # Nothing listens on port 1: its runner fails at once, and again after each backoff.
+        {"name": broken, "topic_filters": [f"{prefix}/#"],
+         "sink": {"bootstrap": "127.0.0.1:1", "topic": "never", "security_protocol":
+                  "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                  "sasl_username": "exporter", "sasl_password": password}},
+    ]  # fmt: skip
+    for body in bodies:
+        created = api.call("POST", "/api/integrations", json=body)
+        assert created.status_code == 201, created.text
+    publisher = PahoClient(cluster.mqtt_port, unique("console-publisher"))
+    try:
+        assert publisher.connect() == 0
+        mid = publisher.client.publish(f"{prefix}/line-1", b"21.5", 1).mid
+        wait_until(lambda: mid in publisher.snapshot()[0], "PUBACK")
+        page.click("#nav a[data-view=integrations]")
+        failing = page.locator("#integrations tbody tr", has_text=broken)
+        expect(failing).to_contain_text("restarting", timeout=SHOW_MS)
+        expect(failing).to_contain_text("KafkaConnectionError")
+        # The password is in no answer, no page and not in the stage's metrics.
+        stage = local_cluster.http_ports(cluster.settings)["integrations-stage"]
+        metrics = requests.get(f"http://127.0.0.1:{stage}/metrics", timeout=30).text
+        answers = json.dumps([api.get("/api/integrations"), api.get(f"/api/integrations/{broken}")])
+        assert all(password not in text for text in (page.content(), answers, metrics))
+        # Columns: name, kind, enabled, topic filters, sent, failed, retried, lag.
+        running = page.locator("#integrations tbody tr", has_text=working)
+        expect(running.locator("td").nth(4)).to_have_text("1", timeout=SINK_MS)
+        expect(running).to_contain_text("running")
+        screenshot(page, "integrations")
+        failing.get_by_role("button", name="Disable").click()
+        expect(page.locator("#integrations-message")).to_have_text(f"{broken} disabled.")
+        expect(failing).to_contain_text("disabled")
+        assert api.get(f"/api/integrations/{broken}")["enabled"] is False
+    finally:
+        publisher.close()
+        for name in (working, broken):
+            api.call("DELETE", f"/api/integrations/{name}")

@@ -6,7 +6,7 @@ the exactly-once proof: the stage killed with -9 between produce and commit, res
 and every message in the sink topic once, none missing. The webhook POSTs to an HTTP
 endpoint the test serves (:mod:`tests.webhook_server`) that fails, hangs and recovers:
 every message arrives, in order per Client Identifier, signed; one it keeps refusing goes
-to the dead-letter topic."""
+to the dead-letter topic; and a client's lifecycle events in the sink's events topic."""
 
 from __future__ import annotations
 
@@ -357,3 +357,46 @@ def test_webhook_dead_letters_what_keeps_failing_and_goes_on(
     (letter,) = [letter for letter in letters if letter.integration == name]
     assert (letter.client_id, letter.mqtt_topic, letter.value) == (client, topic, b"poison")
     assert (letter.attempts, letter.error) == (3, "answered HTTP 500")
+
+
+def test_kafka_sink_streams_a_clients_lifecycle_events_to_its_events_topic(
+    cluster: LocalCluster, cli: Cli, sink_kafka: str
+) -> None:
+    events_topic = sink_topic(sink_kafka)
+    name = unique("events")
+    client_id = unique("events-sensor")
+    cli.json(
+        "integrations", "add", name, "--topic-filter", f"{client_id}/#", "--client-id", client_id,
+        "--bootstrap", sink_kafka, "--kafka-topic", sink_topic(sink_kafka),
+        "--events-topic", events_topic,
+    )  # fmt: skip
+    client = PahoClient(cluster.mqtt_port, client_id)
+    try:
+        assert client.connect() == 0
+        assert [c.value for c in client.subscribe(f"{client_id}/cmd", 1)] == [1]
+        client.client.unsubscribe(f"{client_id}/cmd")
+        client.close()  # after the UNSUBSCRIBE on the same connection: DISCONNECT 0x00
+        wait_until(
+            lambda: len(read_sink(sink_kafka, events_topic)) >= 4,
+            "four events in the events topic",
+            SINK_SECONDS,
+        )
+    finally:
+        client.close()
+        cli("integrations", "delete", name)
+    records = read_sink(sink_kafka, events_topic)
+    assert {record.key for record in records} == {client_id.encode()}
+    documents = [json.loads(record.value) for record in records]
+    # Each once, in order (one client: one client.events partition, one transaction each).
+    assert [d["event"] for d in documents] == [
+        "connected", "subscribed", "unsubscribed", "disconnected"
+    ]  # fmt: skip
+    connected, subscribed, unsubscribed, disconnected = documents
+    assert {d["schema"] for d in documents} == {"cormorant.client_event/1"}
+    assert connected["protocol_version"] == 5 and connected["clean_start"] is True
+    assert subscribed["subscriptions"] == [{"topic_filter": f"{client_id}/cmd", "qos": 1}]
+    assert unsubscribed["topic_filters"] == [f"{client_id}/cmd"]
+    assert (disconnected["cause"], disconnected["reason"]) == (
+        "client_disconnect", "normal_disconnection"
+    )  # fmt: skip
+    assert connected["connection_id"] == disconnected["connection_id"]

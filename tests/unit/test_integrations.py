@@ -1,17 +1,27 @@
 """Integrations without I/O: the one check of a definition, the templates, the
-``cormorant.message/1`` JSON document, matching ``msg.all`` records (bytes alone), and the
-per-integration counters."""
+``cormorant.message/1`` JSON document, matching ``msg.all`` records (bytes alone), the
+per-integration counters, and the status the admin service reads from the stages'
+``/metrics`` (the last error's text without secrets)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import uuid
+from collections.abc import Iterable
+from dataclasses import replace
 
 import click
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaConnectionError
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
+from services.admin.cluster import Endpoint, Probe
+from services.admin.integration_status import reported, status_of
+from services.common.integrations.event_format import SCHEMA as EVENT_SCHEMA
 from services.common.integrations.message_format import SCHEMA, message_json
 from services.common.integrations.model import (
     Integration,
@@ -27,14 +37,29 @@ from services.common.integrations.model import (
     render,
     sink_from_json,
 )
+from services.common.integrations.status import ERROR_TEXT_MAX, RunnerState
 from services.common.kafka.consumer import Record
 from services.common.kafka.names import TopicNames
+from services.common.metrics import parse_exposition
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
-from services.common.records import PublishMeta, publish_record, retained_request_record
+from services.common.records import (
+    DisconnectCause,
+    EventKind,
+    EventRecord,
+    PublishMeta,
+    client_event_record,
+    publish_record,
+    retained_request_record,
+)
+from services.common.settings import Settings
 from services.common.subscription import Subscription
 from services.integrations.matching import Matcher
-from services.integrations.stage import IntegrationCounters
+from services.integrations.stage import (
+    IntegrationCounters,
+    IntegrationRunner,
+    integration_families,
+)
 from services.integrations_cli import _sink_body
 
 NAMES = TopicNames()
@@ -81,6 +106,7 @@ def test_templates_render_client_id_topic_and_levels_into_kafka_topic_names() ->
         ),
         ({"secrets": SinkSecrets("pw")}, "SASL settings need"),
         ({"sink": KafkaSink("k:9092", "t", ssl_cafile="/ca.pem")}, "CA file"),
+        ({"sink": KafkaSink("k:9092", "t", events_topic="client/events")}, "events topic"),
     ],
 )
 def test_check_refuses_what_cannot_run(changes: dict[str, object], message: str) -> None:
@@ -174,7 +200,7 @@ def test_counters_count_committed_aborted_and_written_again() -> None:
     counters = IntegrationCounters()
     tp = TopicPartition("msg.all", 0)
     counters.handled(tp, 3)
-    counters.ended({}, [tp])
+    counters.ended({}, {tp: KafkaConnectionError()})
     assert (counters.sent, counters.failed, counters.retried) == (0, 3, 0)
     assert counters.last_error_at is not None
     counters.handled(tp, 3)
@@ -273,3 +299,133 @@ def test_the_cli_takes_the_sink_options_of_the_kind_only() -> None:
         _sink_body({"headers": ("no colon",)}, None)
     # Shared by both kinds: fine when the kind is not known (an update).
     assert _sink_body({"ssl_cafile": "/ca.pem", "key": None}, None) == {"ssl_cafile": "/ca.pem"}
+
+
+class _Families(Collector):
+    """The stage's per-integration families of ``counters``, as a registry collects them."""
+
+    def __init__(self, counters: dict[str, IntegrationCounters]) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterable[Metric]:
+        return integration_families(self.counters)
+
+
+def exposition(counters: dict[str, IntegrationCounters]) -> str:
+    """What the stage's ``/metrics`` serves of ``counters``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(counters))
+    return generate_latest(registry).decode("utf-8")
+
+
+def test_the_last_error_is_served_without_the_sinks_secrets() -> None:
+    password = 'pw-\\S3cret"quoted'
+    secret = integration(
+        sink=KafkaSink("k:9093", "t", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+                       sasl_username="exporter"),
+        secrets=SinkSecrets(password),
+    )  # fmt: skip
+    runner = IntegrationRunner(Settings(), check_integration(secret), "group")
+    tp = TopicPartition("msg.all", 1)
+    # An error as a transaction's abort reports it: the password as written, as repr
+    # escapes it, and a URL's user information.
+    error = KafkaConnectionError(
+        f"login {password} refused ({password!r}) by https://exporter:{password}@k:9093/x"
+    )
+    runner.ended({}, {tp: error})
+    text = runner.counters.last_error
+    assert text == "KafkaConnectionError: login *** refused ('***') by https://***@k:9093/x"
+    served = exposition({"plant-export": runner.counters})
+    assert "S3cret" not in served
+    assert 'error="KafkaConnectionError: login *** refused' in served
+    # A long one is cut, after the secrets are gone: no piece of one is left at the cut.
+    runner.failure(ValueError("x" * (ERROR_TEXT_MAX - 20) + password + "y" * 300))
+    text = runner.counters.last_error
+    assert text is not None and len(text) == ERROR_TEXT_MAX and text.endswith("…")
+    assert "S3c" not in text and "pw-" not in text
+
+
+def test_the_status_sums_the_stage_processes_and_shows_the_worst_state() -> None:
+    one, two = IntegrationCounters(), IntegrationCounters()
+    one.sent, one.failed, one.lag, one.state = 5, 1, 3, RunnerState.RUNNING
+    two.sent, two.retried, two.state = 7, 1, RunnerState.RESTARTING
+    one.error("KafkaTimeoutError")
+    one.last_error_at = 1000.0
+    two.error("KafkaConnectionError: Unable to bootstrap")
+    two.last_error_at = 2000.0
+    # A family a sink adds (the webhook's dead-lettered messages): shown without a change.
+    extra = (
+        "# TYPE cormorant_integration_messages_dead_lettered counter\n"
+        'cormorant_integration_messages_dead_lettered_total{integration="plant-export"} 2.0\n'
+    )
+    probes = [
+        Probe(Endpoint("integrations-1", "http://a"), samples=parse_exposition(text))
+        for text in (exposition({"plant-export": one}), exposition({"plant-export": two}) + extra)
+    ]
+    probes.append(Probe(Endpoint("gone", "http://b"), error="ClientConnectorError"))
+    found = reported(probes)
+    status = status_of(integration(), found)
+    assert (status.state, status.instances) == ("restarting", 2)
+    assert status.counters == {
+        "messages_sent": 12, "messages_failed": 1, "messages_retried": 1, "lag_records": 3,
+        "last_error_timestamp_seconds": 2000.0, "messages_dead_lettered": 2,
+    }  # fmt: skip
+    assert status.last_error == "KafkaConnectionError: Unable to bootstrap"
+    assert status.last_error_at is not None and status.last_error_at.timestamp() == 2000.0
+    assert status_of(integration(enabled=False), found).state == "disabled"
+    unknown = status_of(integration(name="elsewhere"), found)
+    assert (unknown.state, unknown.counters, unknown.last_error) == ("not running", {}, None)
+
+
+def event_record(client_id: str, event: EventRecord, offset: int = 3) -> Record:
+    topic, key, value, headers = client_event_record(NAMES, client_id, event)
+    return ConsumerRecord(topic, 1, offset, 0, 0, key, value, None, 0, 0, list(headers))
+
+
+def test_lifecycle_events_become_documents_in_the_events_topic() -> None:
+    connection = bytes(range(16))
+    connected = EventRecord(
+        EventKind.CONNECTED, 1795759200123, "node1", "10.0.0.7:50312", connection, 5,
+        clean_start=True, persistent=True, session_expiry_interval=60,
+    )  # fmt: skip
+    bare = replace(connected, client_address="", clean_start=False, persistent=False)
+    events = [
+        connected,
+        replace(bare, kind=EventKind.SUBSCRIBED, topic_filters=(("plant/+/cmd", 1),)),
+        replace(bare, kind=EventKind.UNSUBSCRIBED, topic_filters=(("plant/+/cmd", 0),)),
+        replace(bare, kind=EventKind.AUTH_FAILED, reason_code=0x86),
+        replace(bare, kind=EventKind.DISCONNECTED, reason_code=0x8E,
+                cause=DisconnectCause.TAKEOVER),
+    ]  # fmt: skip
+    sink = KafkaSink("k:9092", "t", events_topic="mqtt.client-events")
+    matcher = Matcher(integration(sink=sink, client_id_filter="sensor-*"))
+    records = [event_record("sensor-7", event) for event in events]
+    records.append(event_record("other-1", connected))  # another client: not its
+    records.append(ConsumerRecord("client.events", 1, 9, 0, 0, b"c", b"\x09", None, 0, 0, []))
+    out = matcher.events_of(records)
+    assert all(
+        (o.kafka_topic, o.key, o.headers) == ("mqtt.client-events", b"sensor-7", []) for o in out
+    )
+    documents = [json.loads(o.value) for o in out]
+    assert [d["event"] for d in documents] == [
+        "connected",
+        "subscribed",
+        "unsubscribed",
+        "disconnected",
+    ]  # refused authentications are not streamed
+    opened, subscribed, unsubscribed, disconnected = documents
+    assert opened == {
+        "schema": EVENT_SCHEMA, "event": "connected", "client_id": "sensor-7",
+        "at": "2026-11-27T06:00:00.123Z", "at_ms": 1795759200123, "node_id": "node1",
+        "client_address": "10.0.0.7:50312", "connection_id": connection.hex(),
+        "protocol_version": 5, "reason_code": 0, "clean_start": True, "persistent": True,
+        "session_expiry_interval": 60,
+    }  # fmt: skip
+    assert subscribed["subscriptions"] == [{"topic_filter": "plant/+/cmd", "qos": 1}]
+    assert subscribed["client_address"] is None
+    assert unsubscribed["topic_filters"] == ["plant/+/cmd"]
+    assert (disconnected["reason_code"], disconnected["reason"], disconnected["cause"]) == (
+        0x8E, "session_taken_over", "takeover"
+    )  # fmt: skip
+    # Without an events topic, no events.
+    assert Matcher(integration(client_id_filter="sensor-*")).events_of(records) == []

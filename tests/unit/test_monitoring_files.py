@@ -6,6 +6,7 @@ return is tested against the real cluster (tests/e2e/test_dashboards.py)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import pytest
 import yaml
 
 from services.command_names import SERVICE_COMMANDS
+from services.common.integrations.status import RunnerState
+from services.integrations.stage import IntegrationCounters, integration_families
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 
@@ -82,3 +85,30 @@ def test_the_dashboard_is_well_formed() -> None:
         assert panel["description"], panel["title"]
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+
+
+def test_the_integration_panels_ask_for_what_the_stage_serves() -> None:
+    counters = IntegrationCounters()
+    counters.error("KafkaConnectionError")
+    counters.state = RunnerState.RESTARTING
+    served = {
+        sample.name for family in integration_families({"x": counters}) for sample in family.samples
+    }
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    asked: dict[str, set[str]] = {}
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", ()):
+            names = set(re.findall(r"cormorant_integration_\w+", target["expr"]))
+            if names:
+                asked.setdefault(panel["title"], set()).update(names)
+    # Rates sent, failed and retried; lag; the last error's age; the runners restarting.
+    assert {
+        "cormorant_integration_messages_sent_total",
+        "cormorant_integration_messages_failed_total",
+        "cormorant_integration_messages_retried_total",
+        "cormorant_integration_lag_records",
+        "cormorant_integration_last_error_timestamp_seconds",
+        "cormorant_integration_state",
+    } <= set().union(*asked.values())
+    for title, names in asked.items():
+        assert names <= served, (title, names - served)

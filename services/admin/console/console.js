@@ -627,6 +627,55 @@ async function showBlocked() {
   await load();
 }
 
+// ---------------------------------------------------------------- integrations
+
+// An integration's state as a badge: running is fine, disabled is idle, the rest is trouble.
+const INTEGRATION_STATES = { running: "ok", disabled: "idle", starting: "idle" };
+
+// The figures of an integration's status shown in columns of their own; every other one
+// (a sink's own, such as the webhook's dead-lettered) goes in "Other figures".
+const INTEGRATION_COLUMNS = ["messages_sent", "messages_failed", "messages_retried", "lag_records"];
+
+async function showIntegrations() {
+  const message = $("#integrations-message");
+  const search = searchable($("#integrations-search"), "#integrations");
+  const load = async () => {
+    const { integrations } = await api("/api/integrations");
+    fill("#integrations", integrations.map((i) => {
+      const status = i.status;
+      const figures = status ? status.counters : {};
+      const figure = (name) => cell(figures[name] === undefined ? "–" : number.format(figures[name]));
+      const others = Object.entries(figures)
+        .filter(([name]) => !INTEGRATION_COLUMNS.includes(name) && !name.endsWith("_timestamp_seconds"))
+        .map(([name, value]) => `${name}: ${number.format(value)}`).join(" · ");
+      const toggle = document.createElement("button");
+      toggle.className = "link";
+      toggle.textContent = i.enabled ? "Disable" : "Enable";
+      toggle.onclick = async () => {
+        try {
+          await api(`/api/integrations/${encodeURIComponent(i.name)}`, { method: "PATCH", body: { enabled: !i.enabled } });
+          message.textContent = `${i.name} ${i.enabled ? "disabled" : "enabled"}.`;
+          await load();
+        } catch (error) { report(error); }
+      };
+      const state = status ? status.state : "–";
+      const error = status && status.last_error ? `${when(status.last_error_at)} ${status.last_error}` : "none";
+      return row([
+        cell(i.name), cell(i.kind), cell(i.enabled ? "yes" : "no"),
+        cell(i.topic_filters.join(" ")),
+        figure("messages_sent"), figure("messages_failed"), figure("messages_retried"), figure("lag_records"),
+        cell(others || "–"),
+        cell(badge(state, INTEGRATION_STATES[state] || "bad")),
+        cell(error, "wrap"),
+        cell(toggle),
+      ]);
+    }), "No integration yet: cormorant integrations add NAME ... adds one.");
+    search();
+  };
+  await load();
+  timers.push(setInterval(() => load().catch(report), 3000));
+}
+
 async function showAudit() {
   const search = searchable($("#audit-search"), "#audit");
   const load = async (offset = 0) => {
@@ -941,6 +990,7 @@ const VIEWS = {
   retained: showRetained,
   credentials: showCredentials,
   blocked: showBlocked,
+  integrations: showIntegrations,
   audit: showAudit,
   users: showUsers,
   infrastructure: showInfrastructure,

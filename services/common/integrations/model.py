@@ -127,7 +127,9 @@ class KafkaSink:
     (:func:`render`) of the record's topic and key; ``security_protocol`` one of
     :data:`SECURITY_PROTOCOLS`; ``sasl_mechanism`` one of :data:`SASL_MECHANISMS` with
     ``sasl_username`` (the password is a :class:`SinkSecrets`); ``ssl_cafile``: a CA bundle
-    on the stage's hosts that signed the cluster's certificates (None: the system's).
+    on the stage's hosts that signed the cluster's certificates (None: the system's);
+    ``events_topic``: a topic of that cluster that also receives the clients' lifecycle
+    events (:mod:`.event_format`; None: no events stream).
     """
 
     bootstrap: str
@@ -137,6 +139,7 @@ class KafkaSink:
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
     ssl_cafile: str | None = None
+    events_topic: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The sink as stored and shown (no secret in it)."""
@@ -148,6 +151,7 @@ class KafkaSink:
             "sasl_mechanism": self.sasl_mechanism,
             "sasl_username": self.sasl_username,
             "ssl_cafile": self.ssl_cafile,
+            "events_topic": self.events_topic,
         }
 
     @classmethod
@@ -162,6 +166,7 @@ class KafkaSink:
                 sasl_mechanism=data.get("sasl_mechanism"),
                 sasl_username=data.get("sasl_username"),
                 ssl_cafile=data.get("ssl_cafile"),
+                events_topic=data.get("events_topic"),
             )
         except (KeyError, TypeError) as exc:
             raise IntegrationError(f"not a Kafka sink: {exc!r}") from None
@@ -620,6 +625,11 @@ def check_kafka_sink(sink: KafkaSink, secrets: SinkSecrets) -> None:
         raise IntegrationError("SASL settings need security protocol SASL_PLAINTEXT or SASL_SSL")
     if sink.ssl_cafile and not sink.security_protocol.endswith("SSL"):
         raise IntegrationError("a CA file needs security protocol SSL or SASL_SSL")
+    events = sink.events_topic
+    if events is not None and (not events or kafka_topic_name(events) != events):
+        raise IntegrationError(
+            f"events topic {events!r}: a Kafka topic name (letters, digits, '.', '_', '-')"
+        )
 
 
 def _check_range(what: str, value: float, low: float, high: float) -> None:

@@ -72,9 +72,10 @@ CommittedOffset = Callable[[TopicPartition], Awaitable[int | None]]
 """The committed offset of a partition (None: none yet). Raises ``KafkaError`` when Kafka
 cannot say."""
 
-CommitHook = Callable[[Mapping[TopicPartition, int], Collection[TopicPartition]], None]
+CommitHook = Callable[[Mapping[TopicPartition, int], Mapping[TopicPartition, BaseException]], None]
 """Told, after transactions were committed or given up, the partitions whose transactions
-committed (with the next offset committed) and those whose transactions were aborted."""
+committed (with the next offset committed) and those whose transactions were aborted (with
+the error that aborted each)."""
 
 #: Seconds to wait before re-reading a failed batch (Kafka or a store is down).
 RETRY_BACKOFF_SECONDS = 1.0
@@ -565,7 +566,8 @@ async def consume_in_transactions(
     (default: its offset committed in ``consumer``'s group; a stage whose transactions
     commit the offsets in another Kafka cluster, the integrations' Kafka sink, reads them
     there); ``on_commit`` hears which partitions' transactions committed and which were
-    aborted (the integrations' metrics). The other arguments are :func:`consume_batches`'s.
+    aborted, and why (the integrations' metrics and status). The other arguments are
+    :func:`consume_batches`'s.
     """
     _check_stage(stage)
     loop = _TransactionalLoop(
@@ -847,10 +849,10 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self.prepare()
         except Exception as exc:
             log.warning("a batch could not be prepared, it will be read again: %r", exc)
-            failed = set(batches) | set(self.pending)
-            await self._abort(failed)
-            return failed
-        failed = set()
+            unprepared = dict.fromkeys(set(batches) | set(self.pending), exc)
+            await self._abort(unprepared)
+            return set(unprepared)
+        failed: dict[TopicPartition, BaseException] = {}
         for tp, records in batches.items():
             try:
                 producer = await self.transactions.begin(tp)
@@ -860,12 +862,12 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 acks = await self.handle(records, pending.transaction)
             except Exception as exc:
                 log.warning("records of %s not handled, they will be read again: %r", tp, exc)
-                failed.add(tp)
+                failed[tp] = exc
                 continue
             pending.offset = records[-1].offset + 1
             pending.acks.extend(acks)
         await self._abort(failed)
-        return failed
+        return set(failed)
 
     async def _commit(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
         """Commit the transactions of ``partitions`` (those whose produced records were
@@ -877,26 +879,27 @@ class _TransactionalLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 for p in todo.values()
             )
         )
-        failed = set()
+        failed: dict[TopicPartition, BaseException] = {}
         for tp, error in zip(todo, errors, strict=True):
             if isinstance(error, StaleOutputs):
                 log.info("records of %s are handled again: %s", tp, error)
                 self.stale.add(tp)
-                failed.add(tp)
+                failed[tp] = error
             elif error is not None:
                 log.warning("records for %s were not stored, read again: %r", tp, error)
-                failed.add(tp)
+                failed[tp] = error
         await self._abort(failed)
         offsets = {tp: p.offset for tp, p in todo.items() if tp not in failed}
-        refused = set(await self.transactions.commit(offsets))
+        refused = await self.transactions.commit(offsets)
         failed |= refused
         done = {tp: o for tp, o in offsets.items() if tp not in failed}
         self.committed.update(done)
         if self.on_commit is not None:
             self.on_commit(done, refused)
-        return failed
+        return set(failed)
 
-    async def _abort(self, partitions: set[TopicPartition]) -> None:
+    async def _abort(self, partitions: Mapping[TopicPartition, BaseException]) -> None:
+        """Abort the transactions of ``partitions`` (each with the error that ends it)."""
         for tp in partitions:
             self.pending.pop(tp, None)
         await self.transactions.abort([tp for tp in partitions if self.transactions.is_open(tp)])
