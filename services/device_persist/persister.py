@@ -54,6 +54,7 @@ from services.common.records import (
     StoredRecord,
     Target,
     decode_stored,
+    downlink_bundle_record,
     downlink_record,
     encode_stored,
     expires_at_ms,
@@ -78,6 +79,11 @@ from services.common.stores.base import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Most bytes of stored messages sent in one downlink record (a window goes as few records,
+#: not one per message: each record costs every process that produces or reads it). Well
+#: under Kafka's default 1 MiB record limit; a larger message goes alone.
+BUNDLE_MAX_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -412,6 +418,8 @@ class DevicePersister:
         to ``stale``."""
         cursor = self._cursors[client_id]
         releases: list[tuple[str, int]] = []
+        bundle: list[tuple[bytes, bytes, Target]] = []
+        size = 0
         for message in window:
             try:
                 stored = decode_stored(message.data)
@@ -430,9 +438,13 @@ class DevicePersister:
                 packet_id=message.packet_id,
                 dup=message.state is MessageState.SENT or message.seq <= cursor.sent_before,
             )
-            acks.append(
-                await self._publish(session, client_id, stored.meta_raw, stored.payload, target)
-            )
+            if bundle and size + len(message.data) > BUNDLE_MAX_BYTES:
+                acks.append(await self._send_bundle(session, client_id, bundle))
+                bundle, size = [], 0
+            bundle.append((stored.meta_raw, stored.payload, target))
+            size += len(message.data)
+        if bundle:
+            acks.append(await self._send_bundle(session, client_id, bundle))
         if releases:
             acks.append(
                 await self._send(*release_record(self.names, session.node_id, client_id, releases))
@@ -453,6 +465,15 @@ class DevicePersister:
         key = client_id.encode("utf-8")
         return await self._send(
             *downlink_record(self.names, session.node_id, key, meta_raw, payload, [target])
+        )
+
+    async def _send_bundle(
+        self, session: SessionRecord, client_id: str, messages: list[tuple[bytes, bytes, Target]]
+    ) -> Awaitable[object]:
+        """Send ``messages`` (raw ``m`` header, payload, target each), in order, to the
+        node of the client's connected ``session`` as one downlink record."""
+        return await self._send(
+            *downlink_bundle_record(self.names, session.node_id, client_id, messages)
         )
 
     async def _discard(self, messages: list[StoredMessage]) -> None:
