@@ -11,8 +11,10 @@ assignor). For them it:
 - forwards QoS 0 messages to a connected client, and drops them for an offline one (MQTT
   3.1.2.4: storing QoS 0 messages is optional);
 - keeps, per connected client, at most ``min(Receive Maximum, persisted_inflight_max)``
-  deliveries in flight (MQTT 5.0 4.9), sending stored messages in order to the client's node
-  as downlink records whose target carries the stored Packet Identifier;
+  deliveries in flight (MQTT 5.0 4.9), sending stored messages in order to the client's node,
+  each target carrying the stored Packet Identifier, a window as one downlink record (a
+  bundle, :func:`~services.common.records.downlink_bundle_record`) per
+  :data:`BUNDLE_MAX_BYTES`;
 - applies the client's acknowledgements (``client.acks``): PUBACK and PUBCOMP delete, PUBREC
   moves a QoS 2 message to "released" (MQTT 4.3.2, 4.3.3);
 - after a new connection (and after this instance takes a partition over) resends what was
