@@ -11,8 +11,10 @@ assignor). For them it:
 - forwards QoS 0 messages to a connected client, and drops them for an offline one (MQTT
   3.1.2.4: storing QoS 0 messages is optional);
 - keeps, per connected client, at most ``min(Receive Maximum, persisted_inflight_max)``
-  deliveries in flight (MQTT 5.0 4.9), sending stored messages in order to the client's node
-  as downlink records whose target carries the stored Packet Identifier;
+  deliveries in flight (MQTT 5.0 4.9), sending stored messages in order to the client's node,
+  each target carrying the stored Packet Identifier, a window as one downlink record (a
+  bundle, :func:`~services.common.records.downlink_bundle_record`) per
+  :data:`BUNDLE_MAX_BYTES`;
 - applies the client's acknowledgements (``client.acks``): PUBACK and PUBCOMP delete, PUBREC
   moves a QoS 2 message to "released" (MQTT 4.3.2, 4.3.3);
 - after a new connection (and after this instance takes a partition over) resends what was
@@ -23,7 +25,12 @@ assignor). For them it:
 
 Sending is tracked by a per-connection cursor (the highest ``seq`` sent to the current
 connection): a message is sent once per connection, and a new connection starts from 0, so
-what was in flight is sent again.
+what was in flight is sent again. Each batch is one store call
+(:meth:`~services.common.stores.base.MessageStore.apply_batch`): its appends, its
+acknowledgements and the touched clients' windows, whose messages the store marks SENT as it
+reads them for sending (one Redis round trip per batch; marking after Kafka had the downlink
+records took a second one, and a message marked early that never reached Kafka is resent
+with DUP=1, which MQTT 3.3.1.1 allows).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -49,6 +56,7 @@ from services.common.records import (
     StoredRecord,
     Target,
     decode_stored,
+    downlink_bundle_record,
     downlink_record,
     encode_stored,
     expires_at_ms,
@@ -73,6 +81,26 @@ from services.common.stores.base import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Most bytes of stored messages sent in one downlink record (a window goes as few records,
+#: not one per message: each record costs every process that produces or reads it). Well
+#: under Kafka's default 1 MiB record limit; a larger message goes alone.
+BUNDLE_MAX_BYTES = 256 * 1024
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What a batch of records asks of the store besides the windows (see
+    :meth:`~services.common.stores.base.MessageStore.apply_batch`); empty when only
+    clients are served."""
+
+    appends: list[AppendRequest] = field(default_factory=list)
+    applied: dict[int, int] = field(default_factory=dict)
+    replaying: str = ""
+    acknowledgements: list[AckRequest] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.appends or self.applied or self.acknowledgements)
 
 
 @dataclass(slots=True)
@@ -212,9 +240,10 @@ class DevicePersister:
         """Store the batch's messages, apply its acknowledgements, serve the clients it
         touched; returns the acknowledgements of the records produced for it.
 
-        The store sees three batched calls (appends with how far each ``msg.persisted``
-        partition is applied, acknowledgements, windows) whatever the number of records,
-        plus one to record what was sent. Raises
+        The store sees one call (:meth:`~services.common.stores.base.MessageStore.apply_batch`:
+        appends with how far each ``msg.persisted`` partition is applied, acknowledgements,
+        and the touched clients' windows, marked SENT as they are read), whatever the
+        number of records: one round trip on Redis. Raises
         :class:`~services.common.stores.base.StoreFailedOver` (before storing anything)
         when the store's primary changed since the partitions' records were last applied:
         the caller re-applies them (``replaying``: the new primary's replication id) and
@@ -235,12 +264,13 @@ class DevicePersister:
             if record.topic == self.names.client_acks
             for request in self._acknowledgements(record)
         ]
-        results = await self.store.append_many(appends, applied, replaying)
-        self._count_dropped(appends, results)
-        await self.store.acknowledge_many(acknowledgements)
         touched = {r.client_id: None for r in appends}
         touched.update((r.client_id, None) for r in acknowledgements)
-        acks.extend(await self.serve(touched, now_ms))
+        batch = _Batch(appends, applied, replaying, acknowledgements)
+        async with self._serving:
+            results, served = await self._serve(list(touched), now_ms, batch)
+        self._count_dropped(appends, results)
+        acks.extend(served)
         return acks
 
     def _count_dropped(self, appends: list[AppendRequest], results: list[AppendResult]) -> None:
@@ -324,19 +354,25 @@ class DevicePersister:
         acknowledgements of the records produced. Calls are serialised: two at once would
         send the same messages."""
         async with self._serving:
-            return await self._serve(list(client_ids), now_ms or clock.now_ms())
+            _, acks = await self._serve(list(client_ids), now_ms or clock.now_ms(), _Batch())
+            return acks
 
-    async def _serve(self, client_ids: list[str], now_ms: int) -> list[Awaitable[object]]:
+    async def _serve(
+        self, client_ids: list[str], now_ms: int, batch: _Batch
+    ) -> tuple[list[AppendResult], list[Awaitable[object]]]:
+        """Apply ``batch`` to the store and send the windows of ``client_ids`` in the same
+        store call; then clear the stores of those whose session ended. Returns the
+        append results and the acknowledgements of the records produced. The caller holds
+        ``_serving``."""
         requests: list[WindowRequest] = []
         sessions: list[SessionRecord] = []
+        ended: list[str] = []
         for client_id in client_ids:
             if not self.owns(client_id):
                 continue
             session = self.sessions.get(client_id)
             if session is None or not _stored_for(session):
-                self._cursors.pop(client_id, None)
-                if await self.store.clear(client_id):
-                    log.info("client %r: session ended, stored messages deleted", client_id)
+                ended.append(client_id)
                 continue
             if not session.connected:
                 continue
@@ -347,22 +383,29 @@ class DevicePersister:
             limit = max(1, min(session.receive_maximum, self.settings.persisted_inflight_max))
             requests.append(WindowRequest(client_id, limit, cursor.sent_seq))
             sessions.append(session)
-        if not requests:
-            return []
         acks: list[Awaitable[object]] = []
-        sent: list[tuple[str, list[int]]] = []
-        stale: list[StoredMessage] = []
-        windows = await self.store.windows(requests, now_ms)
-        for request, session, window in zip(requests, sessions, windows, strict=True):
-            queued = await self._send_window(session, request.client_id, window, acks, stale)
-            if queued:
-                sent.append((request.client_id, queued))
-        await self._discard(stale)
-        if sent:
-            # Started now, not when the caller gets round to awaiting it: a resend after a
-            # reconnect must find the message SENT (DUP=1).
-            acks.append(asyncio.ensure_future(self._mark_sent_after(sent, list(acks))))
-        return acks
+        results: list[AppendResult] = []
+        if requests or batch:
+            done = await self.store.apply_batch(
+                batch.appends,
+                batch.applied,
+                batch.replaying,
+                batch.acknowledgements,
+                requests,
+                now_ms,
+            )
+            results = done.appended
+            stale: list[StoredMessage] = []
+            for request, session, window in zip(requests, sessions, done.windows, strict=True):
+                await self._send_window(session, request.client_id, window, acks, stale)
+            await self._discard(stale)
+        # After the batch's appends, as before a combined call: what an ended session's
+        # store got in them goes too.
+        for client_id in ended:
+            self._cursors.pop(client_id, None)
+            if await self.store.clear(client_id):
+                log.info("client %r: session ended, stored messages deleted", client_id)
+        return results, acks
 
     async def _send_window(
         self,
@@ -371,12 +414,14 @@ class DevicePersister:
         window: list[StoredMessage],
         acks: list[Awaitable[object]],
         stale: list[StoredMessage],
-    ) -> list[int]:
-        """Send ``window`` (messages not yet sent to this connection) to the client's node;
-        the messages of another session go to ``stale``. Returns the QUEUED ones sent."""
+    ) -> None:
+        """Send ``window`` (messages not yet sent to this connection, marked SENT by the
+        store as it read them) to the client's node; the messages of another session go
+        to ``stale``."""
         cursor = self._cursors[client_id]
         releases: list[tuple[str, int]] = []
-        queued: list[int] = []
+        bundle: list[tuple[bytes, bytes, Target]] = []
+        size = 0
         for message in window:
             try:
                 stored = decode_stored(message.data)
@@ -395,18 +440,19 @@ class DevicePersister:
                 packet_id=message.packet_id,
                 dup=message.state is MessageState.SENT or message.seq <= cursor.sent_before,
             )
-            acks.append(
-                await self._publish(session, client_id, stored.meta_raw, stored.payload, target)
-            )
-            if message.state is MessageState.QUEUED:
-                queued.append(message.packet_id)
+            if bundle and size + len(message.data) > BUNDLE_MAX_BYTES:
+                acks.append(await self._send_bundle(session, client_id, bundle))
+                bundle, size = [], 0
+            bundle.append((stored.meta_raw, stored.payload, target))
+            size += len(message.data)
+        if bundle:
+            acks.append(await self._send_bundle(session, client_id, bundle))
         if releases:
             acks.append(
                 await self._send(*release_record(self.names, session.node_id, client_id, releases))
             )
         if window:
             cursor.sent_seq = window[-1].seq
-        return queued
 
     async def _publish(
         self,
@@ -423,13 +469,14 @@ class DevicePersister:
             *downlink_record(self.names, session.node_id, key, meta_raw, payload, [target])
         )
 
-    async def _mark_sent_after(
-        self, sent: list[tuple[str, list[int]]], produced: list[Awaitable[object]]
-    ) -> None:
-        """Record the deliveries as made once their downlink records are in Kafka (a resend
-        then carries DUP=1)."""
-        await asyncio.gather(*produced)
-        await self.store.mark_sent_many(sent)
+    async def _send_bundle(
+        self, session: SessionRecord, client_id: str, messages: list[tuple[bytes, bytes, Target]]
+    ) -> Awaitable[object]:
+        """Send ``messages`` (raw ``m`` header, payload, target each), in order, to the
+        node of the client's connected ``session`` as one downlink record."""
+        return await self._send(
+            *downlink_bundle_record(self.names, session.node_id, client_id, messages)
+        )
 
     async def _discard(self, messages: list[StoredMessage]) -> None:
         """Delete ``messages`` (of no live session, or undecodable) from the store, and

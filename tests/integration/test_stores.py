@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from redis.asyncio.connection import AbstractConnection
 
 from services.common.settings import Settings
 from services.common.stores import (
@@ -322,6 +323,75 @@ async def test_batched_calls_do_what_the_single_ones_do(store: MessageStore) -> 
         [(b"b0", MessageState.RELEASED)],
     ]
     assert await store.append_many([]) == [] and await store.acknowledge_many([]) == []
+
+
+async def test_a_batch_appends_acknowledges_and_starts_the_windows_in_one_call(
+    store: MessageStore,
+) -> None:
+    a, b = new_client(), new_client()
+    await store.append_many([AppendRequest(a, 0, 1, FAR, b"a0")])
+    first = await store.apply_batch(
+        [AppendRequest(a, 1, 1, FAR, b"a1"), AppendRequest(b, 0, 2, FAR, b"b0")],
+        None,
+        "",
+        [],
+        [WindowRequest(a, 10), WindowRequest(b, 0)],
+        now_ms=0,
+    )
+    assert first.appended == [AppendResult(2, 0), AppendResult(1, 0)]
+    # The windows give the state before the call started the deliveries: first sends.
+    assert [[(m.data, m.state) for m in w] for w in first.windows] == [
+        [(b"a0", MessageState.QUEUED), (b"a1", MessageState.QUEUED)],
+        [],
+    ]
+    seq = first.windows[0][-1].seq
+    second = await store.apply_batch(
+        [],
+        None,
+        "",
+        [AckRequest(a, 1, AckKind.PUBACK)],
+        [WindowRequest(a, 10, after_seq=seq), WindowRequest(b, 10)],
+        now_ms=0,
+    )
+    assert second.appended == []
+    assert [[m.data for m in w] for w in second.windows] == [[], [b"b0"]]
+    # Started means SENT: a resend (a new connection's window) carries DUP=1.
+    windows = await store.windows([WindowRequest(a, 10), WindowRequest(b, 10)], now_ms=0)
+    assert [[(m.data, m.state) for m in w] for w in windows] == [
+        [(b"a1", MessageState.SENT)],
+        [(b"b0", MessageState.SENT)],
+    ]
+
+
+async def test_a_batch_is_one_round_trip_to_redis(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # device_persist's batch was four (append, acknowledge, window, mark sent).
+    store = RedisMessageStore(redis_server, key_prefix=f"test-{uuid.uuid4().hex[:12]}:")
+    a, b = new_client(), new_client()
+    try:
+        await store.append_many([AppendRequest(a, 0, 1, FAR, b"a0")])  # scripts loaded
+        writes = 0
+        original = AbstractConnection.send_packed_command
+
+        async def counted(conn: AbstractConnection, *args: object, **kwargs: object) -> None:
+            nonlocal writes
+            writes += 1
+            await original(conn, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+        done = await store.apply_batch(
+            [AppendRequest(a, 1, 1, FAR, b"a1"), AppendRequest(b, 0, 1, FAR, b"b0")],
+            None,
+            "",
+            [AckRequest(a, 1, AckKind.PUBACK)],
+            [WindowRequest(a, 10), WindowRequest(b, 10)],
+            now_ms=0,
+        )
+        assert writes == 1
+        assert [[m.data for m in w] for w in done.windows] == [[b"a1"], [b"b0"]]
+    finally:
+        await store.close()
 
 
 async def test_a_large_batch_of_appends_is_stored_whole_and_in_order(backend: Backend) -> None:

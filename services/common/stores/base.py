@@ -154,6 +154,16 @@ class WindowRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What :meth:`MessageStore.apply_batch` did: ``appended``, one
+    :class:`AppendResult` per append request, in order; ``windows``, one list of messages
+    per window request, in order (states as before the call marked them SENT)."""
+
+    appended: list[AppendResult]
+    windows: list[list[StoredMessage]]
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStats:
     """A client's counters: ``stored`` messages now, ``dropped`` by the cap since ``clear``."""
 
@@ -283,6 +293,44 @@ class MessageStore(abc.ABC):
         """:meth:`mark_sent` for each (client id, Packet Identifiers) pair."""
         for client_id, packet_ids in sent:
             await self.mark_sent(client_id, packet_ids)
+
+    async def apply_batch(
+        self,
+        appends: Sequence[AppendRequest],
+        applied: Mapping[int, int] | None,
+        replaying: str,
+        acknowledgements: Sequence[AckRequest],
+        starts: Sequence[WindowRequest],
+        now_ms: int,
+    ) -> BatchResult:
+        """device_persist's whole store step for one batch of records, in this order:
+        :meth:`append_many` (``appends``, ``applied``, ``replaying`` as there), then
+        :meth:`acknowledge_many` (``acknowledgements``), then :meth:`windows` for
+        ``starts`` at ``now_ms``, whose QUEUED messages are marked SENT: the caller sends
+        them now. The windows report each message's state from before that mark (QUEUED:
+        a first delivery, DUP=0).
+
+        Marking before the caller's send is in Kafka means a send that then fails (or a
+        process that dies before it) leaves a message SENT that the client never got; its
+        later resend carries DUP=1, which MQTT allows: DUP=1 says the PUBLISH "might be"
+        a re-delivery, and its receiver cannot assume it saw an earlier copy (MQTT 3.1.1
+        and 5.0, 3.3.1.1).
+
+        Each step is atomic by itself, not the whole call: after a failure some may have
+        been applied, and calling again is safe (every step is idempotent). Raises
+        :class:`StoreFailedOver` as :meth:`append_many` does, ``ValueError`` for
+        arguments out of range. Backends override this to make it one round trip; this
+        default makes the calls one after another.
+        """
+        appended = await self.append_many(appends, applied, replaying)
+        await self.acknowledge_many(acknowledgements)
+        windows = await self.windows(starts, now_ms)
+        queued = [
+            (r.client_id, [m.packet_id for m in window if m.state is MessageState.QUEUED])
+            for r, window in zip(starts, windows, strict=True)
+        ]
+        await self.mark_sent_many([(client_id, ids) for client_id, ids in queued if ids])
+        return BatchResult(appended, windows)
 
     @abc.abstractmethod
     async def mark_sent(self, client_id: str, packet_ids: Sequence[int]) -> None:
