@@ -98,6 +98,9 @@ async def audited(
 
 T = TypeVar("T")
 
+ExceptionKinds = type[Exception] | tuple[type[Exception], ...]
+"""One exception type, or several, as ``isinstance`` takes them."""
+
 
 async def audited_store_change(
     users: AdminUsers,
@@ -107,7 +110,7 @@ async def audited_store_change(
     detail: dict[str, Any],
     change: Callable[[], Awaitable[T]],
     status: int,
-    answers: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...],
+    answers: tuple[tuple[ExceptionKinds, int], ...],
 ) -> T:
     """Carry out ``change`` on a PostgreSQL-backed store and audit it with the status it
     ends with: ``status`` when it succeeds; an error listed in ``answers`` (exception
@@ -132,6 +135,42 @@ async def audited_store_change(
         raise
     finally:
         await users.audit(user, action, target, detail, code)
+
+
+def admin_users_of(request: Request) -> AdminUsers:
+    """The app's :class:`AdminUsers` (``app.state.context.users``), who audit every change."""
+    return context_of(request).users
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChangeAudit:
+    """How one PostgreSQL-backed API (credentials, blocks, API keys, integrations) answers
+    its store's errors: ``invalid`` with 422, ``not_found`` with 404, ``conflict`` with 409.
+    Called, it carries out a change and audits it (:func:`audited_store_change`)."""
+
+    invalid: ExceptionKinds
+    not_found: ExceptionKinds
+    conflict: ExceptionKinds
+
+    async def __call__(
+        self,
+        request: Request,
+        user: str,
+        action: str,
+        target: str,
+        detail: dict[str, Any],
+        change: Callable[[], Awaitable[T]],
+        status: int = 200,
+    ) -> T:
+        """Carry out ``change``, answering this API's errors with 422, 404 or 409, and have
+        the app's admin users audit it (``user`` did ``action`` on ``target``, ``detail``:
+        never a secret) with the HTTP status it ends with, ``status`` when it succeeds.
+        Raises :class:`HTTPException` for the answered errors and 422,
+        :class:`StoreUnavailable` (503) and any other error (500) as they come."""
+        return await audited_store_change(
+            admin_users_of(request), user, action, target, detail, change, status,
+            ((self.invalid, 422), (self.not_found, 404), (self.conflict, 409)),
+        )  # fmt: skip
 
 
 ClientIdPattern = Annotated[

@@ -24,8 +24,8 @@ from pydantic import BaseModel, Field
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
-from services.admin.credentials_api import admin_users_of, credential_admin
+from services.admin.context import admin_users_of, audited_store_change
+from services.admin.credentials_api import credential_admin
 from services.common.auth.bulk import MAX_ROWS, BulkError, export_row, import_rows
 from services.common.auth.credentials import CredentialType
 

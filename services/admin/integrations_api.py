@@ -12,7 +12,6 @@ holds it. Every change is audited.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -21,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
-from services.admin.users import AdminUsers
+from services.admin.context import StoreChangeAudit
 from services.common.integrations.model import (
     MAX_TOPIC_FILTERS,
     NAME_PATTERN,
@@ -222,11 +220,6 @@ def _store(request: Request) -> IntegrationStore:
     return IntegrationStore(request.app.state.context.credentials.store.pool)
 
 
-def _users(request: Request) -> AdminUsers:
-    users: AdminUsers = request.app.state.context.users
-    return users
-
-
 def _detail(body: BaseModel) -> dict[str, Any]:
     """What the audit trail keeps of a request: its fields, the password only as set or
     cleared."""
@@ -237,21 +230,10 @@ def _detail(body: BaseModel) -> dict[str, Any]:
     return detail
 
 
-async def _audited(
-    request: Request,
-    user: str,
-    action: str,
-    target: str,
-    detail: dict[str, Any],
-    change: Callable[[], Awaitable[Integration]],
-    status: int,
-) -> Integration:
-    """Carry out ``change``, answering its errors with 422, 404 or 409, and audit it with
-    the status it ends with (:func:`~services.admin.context.audited_store_change`)."""
-    return await audited_store_change(
-        _users(request), user, action, target, detail, change, status,
-        ((IntegrationError, 422), (IntegrationNotFound, 404), (IntegrationConflict, 409)),
-    )  # fmt: skip
+_audited = StoreChangeAudit(
+    invalid=IntegrationError, not_found=IntegrationNotFound, conflict=IntegrationConflict
+)
+"""Carries out a change of the integrations and audits it (422, 404, 409 for their errors)."""
 
 
 @router.get("", response_model=IntegrationList, responses={**ERRORS, **_UNAVAILABLE})
