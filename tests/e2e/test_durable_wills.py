@@ -114,27 +114,30 @@ async def test_a_killed_nodes_waiting_wills_are_published_or_cancelled_by_the_ot
 
             # Timed as it arrives: the loop is left free (the raw socket's reads in threads).
             arrival = asyncio.create_task(durable_will())
-            with RawSocket(node2) as again:
-                # The session is resumed, on node 2.
-                assert await asyncio.to_thread(again.connect_accepted, resumed_connect)
-                # The owner of the will's partition (node 2, once node 1's partitions
-                # moved) discards it: a tombstone, committed with no publication.
-                await wait_for(
-                    lambda: _waiting_wills_is(cluster, resumed_id, 0),
-                    "the will discarded",
-                    TAKEOVER,
-                )
-                # The tombstone was committed with the will's publication or alone; had it
-                # been published, its msg.all record (this client's key) would come before
-                # the marker this client publishes now, and no record is left to publish.
-                marker = publish_packet(
-                    resumed_topic.encode(), b"marker", qos=1, packet_id=1, v5=True
-                )
-                again.send(marker)
-                kind, _ = await asyncio.to_thread(again.read_packet)
-                assert kind == 0x40  # PUBACK
-                assert await until_marker(resumed_watcher, b"marker") == []
-            payload, arrived_at, node1_pid = await arrival
+            try:
+                with RawSocket(node2) as again:
+                    # The session is resumed, on node 2.
+                    assert await asyncio.to_thread(again.connect_accepted, resumed_connect)
+                    # The owner of the will's partition (node 2, once node 1's partitions
+                    # moved) discards it: a tombstone, committed with no publication.
+                    await wait_for(
+                        lambda: _waiting_wills_is(cluster, resumed_id, 0),
+                        "the will discarded",
+                        TAKEOVER,
+                    )
+                    # The tombstone was committed with the will's publication or alone; had it
+                    # been published, its msg.all record (this client's key) would come before
+                    # the marker this client publishes now, and no record is left to publish.
+                    marker = publish_packet(
+                        resumed_topic.encode(), b"marker", qos=1, packet_id=1, v5=True
+                    )
+                    again.send(marker)
+                    kind, _ = await asyncio.to_thread(again.read_packet)
+                    assert kind == 0x40  # PUBACK
+                    assert await until_marker(resumed_watcher, b"marker") == []
+                payload, arrived_at, node1_pid = await arrival
+            finally:
+                arrival.cancel()  # a no-op once it is done
         assert node1_pid is None  # through node 2: node 1 is still down
         assert payload == b"gone"
         assert arrived_at - lost_at >= delay  # not before its Will Delay Interval
