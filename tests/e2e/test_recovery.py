@@ -61,6 +61,7 @@ MARGIN = 3.0
 RECOVERY_TIMEOUT = 120.0
 
 CONNACK_ACCEPTED = b"\x20\x02\x00\x00"
+PINGREQ, PINGRESP = b"\xc0\x00", b"\xd0\x00"
 CONNACK_SERVER_UNAVAILABLE_V311 = b"\x20\x02\x00\x03"
 SERVER_UNAVAILABLE = 0x88
 
@@ -189,6 +190,11 @@ async def test_kafka_killed_under_a_stream_acknowledges_and_loses_nothing_and_se
         assert v5.snapshot()[0][before] == 0
 
         def kill() -> None:
+            # Both connections still open (while the probe set itself up) when Kafka dies:
+            # PINGREQ answered, no DISCONNECT seen.
+            v3.send(PINGREQ)
+            assert v3.read(2) == PINGRESP
+            assert v5.snapshot()[1] == []
             assert cluster.kill("kafka")
             _while_kafka_is_down(cluster, v5, v3, topic)
 
