@@ -38,6 +38,11 @@ NODE = "ingest-node1"
 #: consumer session timeout and a rebalance, with room for a loaded machine.
 TAKEOVER = 15.0
 
+#: The Will Delay Interval of the will a resumed session cancels (seconds): how long its
+#: discard may take, node 1's partitions moved first (more than :data:`TAKEOVER` at a load
+#: average of 40), before it would be due.
+RESUMED_DELAY = 30
+
 
 async def _disconnected(cluster: LocalCluster, client_id: str) -> bool:
     sessions, _ = await latest_state(cluster)
@@ -94,7 +99,7 @@ async def test_a_killed_nodes_waiting_wills_are_published_or_cancelled_by_the_ot
     # Room for the checks before the kill (each reads topics from their beginning).
     delay = 10
     durable_connect = _will_connect(durable_id, durable_topic, delay)
-    resumed_connect = _will_connect(resumed_id, resumed_topic, 30)
+    resumed_connect = _will_connect(resumed_id, resumed_topic, RESUMED_DELAY)
     try:
         async with (
             aio_client(node2, unique("watcher")) as watcher,
@@ -123,7 +128,7 @@ async def test_a_killed_nodes_waiting_wills_are_published_or_cancelled_by_the_ot
                     await wait_for(
                         lambda: _waiting_wills_is(cluster, resumed_id, 0),
                         "the will discarded",
-                        TAKEOVER,
+                        RESUMED_DELAY,
                     )
                     # The tombstone was committed with the will's publication or alone; had it
                     # been published, its msg.all record (this client's key) would come before
