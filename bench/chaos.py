@@ -107,7 +107,9 @@ Log = Callable[[str], None]
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Seconds of each phase: ``warmup`` before the first kill; ``down`` between a kill and
-    the restart; ``settle`` of load after recovery before the next kill; at most
+    the restart (``stage_down`` instead for a single-instance stage, :data:`STAGES`, when
+    given: a run can hold a Redis node down past the Sentinels' threshold and restart a
+    stage at once); ``settle`` of load after recovery before the next kill; at most
     ``recovery_timeout`` waiting for delivery to resume; at the end, at most ``drain`` for
     the last PUBACKs, then the ordering markers are awaited until nothing has been
     delivered for ``drain`` seconds (a backlog that still flows is waited for)."""
@@ -117,6 +119,13 @@ class Timing:
     settle: float = 10.0
     recovery_timeout: float = RESUME_BOUND
     drain: float = 120.0
+    stage_down: float | None = None
+
+    def down_for(self, process: str) -> float:
+        """Seconds ``process`` (a process name, not an alias) stays dead after its kill."""
+        if self.stage_down is not None and process.startswith(STAGES):
+            return self.stage_down
+        return self.down
 
 
 @dataclass(slots=True)
@@ -225,7 +234,7 @@ def _disrupt(
             log(f"kill -9 {victim}")
             if not cluster.kill_component(settings, victim):
                 disruption.error = "was not running"
-            time.sleep(timing.down)
+            time.sleep(timing.down_for(victim))
         cluster.up(settings)
     except (processes.StartError, TimeoutError) as exc:
         disruption.error = f"not brought back: {exc}"

@@ -24,6 +24,9 @@ from tests.servers import LocalCluster, make_test_settings
 
 DISRUPTIVE = "disruptive"
 
+#: The marker of a test that stops the whole session cluster (``cormorant down``).
+STOPS_CLUSTER = "stops_cluster"
+
 #: The fixture of the production-layout test cluster (tests/topology/conftest.py).
 PRODUCTION = "production"
 
@@ -34,23 +37,31 @@ hypothesis_settings.load_profile("cormorant")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``disruptive`` marker."""
+    """Register the ``disruptive`` and ``stops_cluster`` markers."""
     config.addinivalue_line(
         "markers",
         f"{DISRUPTIVE}: stops part of the shared cluster (and restores it); runs last",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{STOPS_CLUSTER}: stops the whole shared cluster; runs after the disruptive tests",
     )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run ``disruptive`` tests after all others: a failed restore then spoils nothing else.
 
-    The production-layout cluster's tests (those using the ``production`` fixture,
+    A ``stops_cluster`` test runs after them: the next test to need the cluster's
+    services would start them all again (the infrastructure test brings back only the
+    infrastructure), and after it only the production-layout tests come, which stop the
+    session's cluster anyway. Those tests (the ``production`` fixture,
     tests/topology/conftest.py) run last of all: that cluster starts on their first test
     and, started earlier, would run beside every test after it on the shared machine.
     """
     items.sort(
         key=lambda item: (
             PRODUCTION in getattr(item, "fixturenames", ()),
+            item.get_closest_marker(STOPS_CLUSTER) is not None,
             item.get_closest_marker(DISRUPTIVE) is not None,
         )
     )

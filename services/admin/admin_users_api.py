@@ -15,7 +15,8 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.users import AdminUsers, UserError
+from services.admin.context import admin_users_of
+from services.admin.users import UserError
 
 router = APIRouter(prefix="/api/admin-users", tags=["admin users"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -27,15 +28,10 @@ _NO_USER: dict[int | str, dict[str, Any]] = {
 Username = Annotated[str, Path(pattern=models.USERNAME_PATTERN, description="An admin user.")]
 
 
-def _users(request: Request) -> AdminUsers:
-    users: AdminUsers = request.app.state.context.users
-    return users
-
-
 @router.get("", response_model=models.AdminUserList, responses=ERRORS)
 async def list_admin_users(request: Request, user: User) -> models.AdminUserList:
     """Every admin user."""
-    return models.AdminUserList(usernames=await _users(request).names())
+    return models.AdminUserList(usernames=await admin_users_of(request).names())
 
 
 @router.post(
@@ -48,7 +44,7 @@ async def add_admin_user(
     request: Request, body: models.NewAdminUser, user: User
 ) -> models.AdminUserList:
     """Create an admin user (its password hashed with argon2id); answers every user."""
-    users = _users(request)
+    users = admin_users_of(request)
     try:
         await users.add(body.username, body.password)
     except UserError as exc:
@@ -64,7 +60,7 @@ async def set_admin_password(
 ) -> Response:
     """Change an admin user's password; its tokens are revoked (a user changing its own
     logs in again)."""
-    users = _users(request)
+    users = admin_users_of(request)
     try:
         await users.set_password(username, body.password)
     except UserError as exc:
@@ -85,7 +81,7 @@ async def set_admin_password(
 )
 async def remove_admin_user(request: Request, username: Username, user: User) -> Response:
     """Remove an admin user and revoke its tokens."""
-    users = _users(request)
+    users = admin_users_of(request)
     if username == user:
         await users.audit(user, "remove-admin-user", username, {}, 409)
         raise HTTPException(409, "you cannot remove yourself: log in as another admin user")

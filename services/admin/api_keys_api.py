@@ -8,7 +8,6 @@ only its hash is stored. Deleting a key revokes it at once. Every change is audi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
@@ -16,8 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
-from services.admin.users import AdminUsers
+from services.admin.context import StoreChangeAudit
 from services.common.auth.api_keys import (
     ApiKey,
     ApiKeyConflict,
@@ -83,24 +81,8 @@ def _store(request: Request) -> ApiKeyStore:
     return ApiKeyStore(request.app.state.context.credentials.store.pool)
 
 
-def _users(request: Request) -> AdminUsers:
-    users: AdminUsers = request.app.state.context.users
-    return users
-
-
-async def _audited(
-    request: Request,
-    user: str,
-    action: str,
-    target: str,
-    detail: dict[str, Any],
-    change: Callable[[], Awaitable[ApiKey]],
-    status: int,
-) -> ApiKey:
-    return await audited_store_change(
-        _users(request), user, action, target, detail, change, status,
-        ((ApiKeyError, 422), (ApiKeyNotFound, 404), (ApiKeyConflict, 409)),
-    )  # fmt: skip
+_audited = StoreChangeAudit(invalid=ApiKeyError, not_found=ApiKeyNotFound, conflict=ApiKeyConflict)
+"""Carries out a change of the API keys and audits it (422, 404, 409 for their errors)."""
 
 
 @router.get("", response_model=ApiKeyListView, responses={**ERRORS, **_UNAVAILABLE})

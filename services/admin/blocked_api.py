@@ -9,7 +9,6 @@ gets 0x8A Banned; v3.1.1: 0x05). Every change is audited.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -17,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
-from services.admin.users import AdminUsers
+from services.admin.context import StoreChangeAudit
 from services.common.auth.blocked import (
     MAX_REASON_BYTES,
     MAX_VALUE_BYTES,
@@ -86,11 +84,6 @@ def _store(request: Request) -> BlockedStore:
     return BlockedStore(request.app.state.context.credentials.store.pool)
 
 
-def _users(request: Request) -> AdminUsers:
-    users: AdminUsers = request.app.state.context.users
-    return users
-
-
 def view(block: Block) -> BlockView:
     """``block`` as the API shows it."""
     return BlockView(
@@ -104,21 +97,8 @@ def view(block: Block) -> BlockView:
     )
 
 
-async def _audited(
-    request: Request,
-    user: str,
-    action: str,
-    target: str,
-    detail: dict[str, Any],
-    change: Callable[[], Awaitable[Block]],
-    status: int,
-) -> Block:
-    """Carry out ``change``, answering its errors with 422, 404 or 409, and audit it with
-    the status it ends with (:func:`~services.admin.context.audited_store_change`)."""
-    return await audited_store_change(
-        _users(request), user, action, target, detail, change, status,
-        ((BlockError, 422), (BlockNotFound, 404), (BlockConflict, 409)),
-    )  # fmt: skip
+_audited = StoreChangeAudit(invalid=BlockError, not_found=BlockNotFound, conflict=BlockConflict)
+"""Carries out a change of the blocks and audits it (422, 404, 409 for their errors)."""
 
 
 @router.get("", response_model=BlockListView, responses={**ERRORS, **_UNAVAILABLE})

@@ -98,40 +98,59 @@ async def audited(
 
 T = TypeVar("T")
 
+ExceptionKinds = type[Exception] | tuple[type[Exception], ...]
+"""One exception type, or several, as ``isinstance`` takes them."""
 
-async def audited_store_change(
-    users: AdminUsers,
-    user: str,
-    action: str,
-    target: str,
-    detail: dict[str, Any],
-    change: Callable[[], Awaitable[T]],
-    status: int,
-    answers: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...],
-) -> T:
-    """Carry out ``change`` on a PostgreSQL-backed store and audit it with the status it
-    ends with: ``status`` when it succeeds; an error listed in ``answers`` (exception
-    types → HTTP status) is answered with that status and its message; text PostgreSQL
-    cannot keep (a lone surrogate) with 422; :class:`StoreUnavailable` goes on as 503, any
-    other error as 500 (``detail`` never holds a secret)."""
-    code = status
-    try:
-        return await change()
-    except (UnicodeEncodeError, psycopg.DataError) as exc:
-        code = 422
-        raise HTTPException(422, f"a value cannot be stored: {exc}") from None
-    except StoreUnavailable:
-        code = 503
-        raise
-    except Exception as exc:
-        for kinds, answer in answers:
-            if isinstance(exc, kinds):
-                code = answer
-                raise HTTPException(answer, str(exc)) from None
-        code = 500
-        raise
-    finally:
-        await users.audit(user, action, target, detail, code)
+
+def admin_users_of(request: Request) -> AdminUsers:
+    """The app's :class:`AdminUsers` (``app.state.context.users``), who audit every change."""
+    return context_of(request).users
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChangeAudit:
+    """How one PostgreSQL-backed API (credentials, blocks, API keys, integrations) answers
+    its store's errors: ``invalid`` with 422, ``not_found`` with 404, ``conflict`` with 409
+    (``()``: none of that kind). Called, it carries out a change and audits it."""
+
+    invalid: ExceptionKinds = ()
+    not_found: ExceptionKinds = ()
+    conflict: ExceptionKinds = ()
+
+    async def __call__(
+        self,
+        request: Request,
+        user: str,
+        action: str,
+        target: str,
+        detail: dict[str, Any],
+        change: Callable[[], Awaitable[T]],
+        status: int = 200,
+    ) -> T:
+        """Carry out ``change`` and have the app's admin users audit it (``user`` did
+        ``action`` on ``target``; ``detail`` never holds a secret) with the HTTP status it
+        ends with: ``status`` when it succeeds; this API's errors are answered with 422, 404
+        or 409 and their message (:class:`HTTPException`); text PostgreSQL cannot keep (a
+        lone surrogate) with 422; :class:`StoreUnavailable` goes on as 503, any other error
+        as 500."""
+        code = status
+        try:
+            return await change()
+        except (UnicodeEncodeError, psycopg.DataError) as exc:
+            code = 422
+            raise HTTPException(422, f"a value cannot be stored: {exc}") from None
+        except StoreUnavailable:
+            code = 503
+            raise
+        except Exception as exc:
+            for kinds, answer in ((self.invalid, 422), (self.not_found, 404), (self.conflict, 409)):
+                if isinstance(exc, kinds):
+                    code = answer
+                    raise HTTPException(answer, str(exc)) from None
+            code = 500
+            raise
+        finally:
+            await admin_users_of(request).audit(user, action, target, detail, code)
 
 
 ClientIdPattern = Annotated[

@@ -11,15 +11,13 @@ is audited, without its password or key.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
-from services.admin.users import AdminUsers
+from services.admin.context import StoreChangeAudit
 from services.common.auth.authorize import RuleError
 from services.common.auth.certificates import CertificateMatch
 from services.common.auth.credentials import (
@@ -37,8 +35,6 @@ from services.common.auth.manage import (
 )
 from services.common.auth.store import CredentialConflict
 from services.common.records import ClientKind
-
-T = TypeVar("T")
 
 router = APIRouter(prefix="/api/credentials", tags=["credentials"])
 """Included by :func:`services.admin.api.create_app`."""
@@ -70,12 +66,6 @@ def credential_admin(request: Request) -> CredentialAdmin:
     """The app's :class:`CredentialAdmin` (``app.state.context.credentials``)."""
     admin: CredentialAdmin = request.app.state.context.credentials
     return admin
-
-
-def admin_users_of(request: Request) -> AdminUsers:
-    """The app's :class:`AdminUsers` (``app.state.context.users``), who audit every change."""
-    users: AdminUsers = request.app.state.context.users
-    return users
 
 
 def view(credential: Credential) -> models.CredentialView:
@@ -124,22 +114,11 @@ def _password(value: str | None) -> bytes | None:
         raise HTTPException(422, "the password is not valid UTF-8 text") from None
 
 
-async def _audited(
-    request: Request,
-    user: str,
-    action: str,
-    target: str,
-    detail: dict[str, Any],
-    change: Callable[[], Awaitable[T]],
-    status: int = 200,
-) -> T:
-    """Carry out ``change`` on the credentials, answering its errors with 422 (not valid),
-    404 or 409, and audit it with the status it ends with, ``status`` when it succeeds
-    (``detail`` never holds a secret)."""
-    return await audited_store_change(
-        admin_users_of(request), user, action, target, detail, change, status,
-        (((CredentialError, RuleError), 422), (CredentialNotFound, 404), (CredentialConflict, 409)),
-    )  # fmt: skip
+_audited = StoreChangeAudit(
+    invalid=(CredentialError, RuleError), not_found=CredentialNotFound, conflict=CredentialConflict
+)
+"""Carries out a change of the credentials and audits it (422 for a credential or rule not
+valid, 404, 409)."""
 
 
 @router.get("", response_model=models.CredentialList, responses={**ERRORS, **_UNAVAILABLE})

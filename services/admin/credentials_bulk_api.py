@@ -24,8 +24,8 @@ from pydantic import BaseModel, Field
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change
-from services.admin.credentials_api import admin_users_of, credential_admin
+from services.admin.context import StoreChangeAudit, admin_users_of
+from services.admin.credentials_api import credential_admin
 from services.common.auth.bulk import MAX_ROWS, BulkError, export_row, import_rows
 from services.common.auth.credentials import CredentialType
 
@@ -97,10 +97,9 @@ async def import_credentials(request: Request, body: ImportRequest, user: User) 
         except BulkError as exc:
             return str(exc)
 
-    outcome = await audited_store_change(
-        admin_users_of(request), user, "import-credentials", f"{len(body.credentials)} credentials",
-        detail, change, 200, (),
-    )  # fmt: skip
+    outcome = await StoreChangeAudit()(
+        request, user, "import-credentials", f"{len(body.credentials)} credentials", detail, change
+    )
     if isinstance(outcome, str):
         return JSONResponse({"detail": outcome}, 422)
     errors = outcome.errors

@@ -16,7 +16,6 @@ integration's page carry its ``status`` (state, counters, last error:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -27,9 +26,8 @@ from pydantic.types import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from services.admin import models
 from services.admin.auth import ERRORS, User
-from services.admin.context import audited_store_change, context_of
+from services.admin.context import StoreChangeAudit, context_of
 from services.admin.integration_status import IntegrationStatus, Reported, reported, status_of
-from services.admin.users import AdminUsers
 from services.common.integrations.model import (
     MAX_TOPIC_FILTERS,
     NAME_PATTERN,
@@ -443,11 +441,6 @@ def _reported(request: Request) -> dict[str, Reported]:
     return reported(context_of(request).sampler.probes)
 
 
-def _users(request: Request) -> AdminUsers:
-    users: AdminUsers = request.app.state.context.users
-    return users
-
-
 def _detail(body: BaseModel) -> dict[str, Any]:
     """What the audit trail keeps of a request: its fields, the secrets only as set or
     cleared."""
@@ -460,21 +453,10 @@ def _detail(body: BaseModel) -> dict[str, Any]:
     return detail
 
 
-async def _audited(
-    request: Request,
-    user: str,
-    action: str,
-    target: str,
-    detail: dict[str, Any],
-    change: Callable[[], Awaitable[Integration]],
-    status: int,
-) -> Integration:
-    """Carry out ``change``, answering its errors with 422, 404 or 409, and audit it with
-    the status it ends with (:func:`~services.admin.context.audited_store_change`)."""
-    return await audited_store_change(
-        _users(request), user, action, target, detail, change, status,
-        ((IntegrationError, 422), (IntegrationNotFound, 404), (IntegrationConflict, 409)),
-    )  # fmt: skip
+_audited = StoreChangeAudit(
+    invalid=IntegrationError, not_found=IntegrationNotFound, conflict=IntegrationConflict
+)
+"""Carries out a change of the integrations and audits it (422, 404, 409 for their errors)."""
 
 
 @router.get("", response_model=IntegrationList, responses={**ERRORS, **_UNAVAILABLE})

@@ -152,6 +152,7 @@ def test_up_restarts_only_a_dead_part(
     assert redis.ping(settings.redis_port)
 
 
+@pytest.mark.stops_cluster
 def test_down_stops_everything_and_up_brings_it_back(
     kafka_bootstrap: str, redis_server: str, postgres_server: str, settings: LocalSettings
 ) -> None:

@@ -1,6 +1,7 @@
 """Three KRaft brokers as MSK (replication factor 3, min.insync.replicas 2) under load: a
-broker killed (kill -9) and a rolling restart of all three lose nothing acknowledged, keep
-each publisher's order (MQTT 4.6), and publishing resumes within a bounded time.
+broker killed (kill -9), then a rolling restart of all three, under one load, lose nothing
+acknowledged, keep each publisher's order (MQTT 4.6), and publishing resumes within a
+bounded time.
 
 The order assertions depend on idempotent producers: a producer that
 retries a batch with several requests in flight can write it after a newer one.
@@ -79,9 +80,18 @@ def test_every_topic_has_three_replicas_and_needs_two_in_sync(topology: LocalClu
     assert set(asyncio.run(_min_insync(topology, names)).values()) == {"2"}
 
 
-def test_kill_9_of_a_broker_loses_nothing_acknowledged_and_keeps_order(
+# Four broker restarts under one load: at the load of several sessions at once the two
+# tests it was took up to 60 s and 200 s: the suite's 300 s bound for one test is too short.
+@pytest.mark.timeout(600)
+def test_a_broker_killed_then_a_rolling_restart_lose_nothing_acknowledged_and_keep_order(
     topology: LocalCluster,
 ) -> None:
+    """Under one load: ``kill -9`` of the broker leading most ``msg.all`` partitions
+    (publishing and delivery resume while it is down; started again, it is back in every
+    in-sync replica set), then a rolling restart of the three (each stopped cleanly, its
+    leaderships moved first, and back in sync before the next). Nothing acknowledged is
+    lost and no publisher's messages are reordered over the whole load. (It was two tests,
+    each starting and draining a load of its own.)"""
     victim = kafka.broker_name(topology.settings, _busiest_leader(topology))
     with load(topology) as running:
         wait_for_traffic(running)
@@ -94,17 +104,7 @@ def test_kill_9_of_a_broker_loses_nothing_acknowledged_and_keeps_order(
         note("deliveries resumed after the kill", wait_for_delivery_since(running, killed_at))
         topology.start(victim)  # back in every partition's in-sync replicas
         wait_for_delivery_since(running, time.monotonic())
-        report = finish(running)
-    assert report.lost == 0, report
-    assert report.reordered == 0, report
-    assert asyncio.run(kafka.under_replicated(topology.kafka_bootstrap)) == []
-
-
-def test_a_rolling_restart_of_the_brokers_loses_nothing_and_keeps_order(
-    topology: LocalCluster,
-) -> None:
-    with load(topology) as running:
-        wait_for_traffic(running)
+        assert asyncio.run(kafka.under_replicated(topology.kafka_bootstrap)) == []
         for node in kafka.broker_ids(topology.settings):
             name = kafka.broker_name(topology.settings, node)
             stopped_at = time.monotonic()

@@ -57,6 +57,17 @@ def test_the_production_rounds_outlast_every_failover_threshold() -> None:
     assert chaos.PRODUCTION_DOWN * 1000 > kafka.BROKER_SESSION_TIMEOUT_MS
 
 
+def test_a_stage_may_stay_down_less_long_than_a_failover_needs() -> None:
+    timing = chaos.Timing(down=chaos.PRODUCTION_DOWN, stage_down=0.5)
+    assert [timing.down_for(p) for p in ("ingest-node1", "device-persist", "redis2", "kafka3")] == [
+        0.5,
+        0.5,
+        chaos.PRODUCTION_DOWN,
+        chaos.PRODUCTION_DOWN,
+    ]
+    assert chaos.Timing(down=2.0).down_for("router") == 2.0
+
+
 def test_each_round_is_held_to_its_aim() -> None:
     """A Kafka broker or Redis node kill is held to its outage (failover while it is down),
     a stage to how soon traffic flows once it is back; a rolling restart to neither."""

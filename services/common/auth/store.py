@@ -11,7 +11,6 @@ them, for the ingest nodes' caches (:mod:`.cache`).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -32,6 +31,7 @@ from services.common.auth.jwt_auth import JwtSettings
 from services.common.auth.scram import ScramSecret
 from services.common.records import ClientKind
 from services.common.settings import Settings
+from services.common.stores.notifications import follow
 from services.common.stores.postgres_pool import (
     Connection,
     MigratedPool,
@@ -45,9 +45,6 @@ T = TypeVar("T")
 
 CHANNEL = "cormorant_credentials"
 """The PostgreSQL NOTIFY channel of credential changes."""
-
-RECONNECT_SECONDS = 1.0
-"""Pause before the change listener tries PostgreSQL again after losing it."""
 
 _COLUMNS = (
     "id, name, type, enabled, kind, client_id, username, fingerprint, rules, details, "
@@ -424,36 +421,26 @@ class CredentialStore:
         the listening connection is (re)established (notifications sent while it was down
         are lost: the caller forgets what it cached), then ``on_change`` for each change.
         ``also`` maps further channels to what a notification on each calls (the blocked
-        clients', :data:`.blocked_store.CHANNEL`), on the same connection.
-        Reconnects after :data:`RECONNECT_SECONDS` when PostgreSQL is lost (logged)."""
-        also = also or {}
-        while True:
+        clients', :data:`.blocked_store.CHANNEL`), on the same connection. A payload that
+        is not a change is logged and passed over. Reconnects after
+        :data:`~services.common.stores.notifications.RECONNECT_SECONDS` when PostgreSQL is
+        lost (logged: :func:`~services.common.stores.notifications.follow`)."""
+        others = dict(also or {})
+
+        def on_notification(notification: psycopg.Notify) -> None:
+            if notification.channel in others:
+                others[notification.channel]()
+                return
             try:
-                await self._pool.ensure_ready()
-                conn = await self._pool.connect_unpooled()
-                async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    for channel in also:
-                        await conn.execute(f"LISTEN {channel}")
-                    on_connected()
-                    async for notification in conn.notifies():
-                        if notification.channel in also:
-                            also[notification.channel]()
-                            continue
-                        try:
-                            change = Change.parse(notification.payload)
-                        except ValueError as exc:
-                            log.warning("ignoring a notification on %s: %s", CHANNEL, exc)
-                            continue
-                        on_change(change)
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                log.warning(
-                    "credential changes from PostgreSQL at %s not followed: %r; again in %s s",
-                    self._pool.address,
-                    exc,
-                    RECONNECT_SECONDS,
-                )
-            await asyncio.sleep(RECONNECT_SECONDS)
+                change = Change.parse(notification.payload)
+            except ValueError as exc:
+                log.warning("ignoring a notification on %s: %s", CHANNEL, exc)
+                return
+            on_change(change)
+
+        await follow(
+            self._pool, [CHANNEL, *others], on_notification, on_connected, "credential changes"
+        )
 
     async def close(self) -> None:
         """Close the pool's connections."""

@@ -10,7 +10,6 @@ announcement and after each reconnect (:mod:`services.integrations.stage`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
@@ -29,6 +28,7 @@ from services.common.integrations.model import (
     sink_from_json,
 )
 from services.common.settings import Settings
+from services.common.stores.notifications import follow
 from services.common.stores.postgres_pool import Connection, MigratedPool, password_of
 
 log = logging.getLogger(__name__)
@@ -37,9 +37,6 @@ T = TypeVar("T")
 
 CHANNEL = "cormorant_integrations"
 """The PostgreSQL NOTIFY channel of changes of the integrations."""
-
-RECONNECT_SECONDS = 1.0
-"""Pause before the change listener tries PostgreSQL again after losing it."""
 
 _COLUMNS = (
     "id, name, enabled, kind, topic_filters, client_id_filter, payload_format, sink, secrets, "
@@ -220,24 +217,9 @@ class IntegrationStore:
         """Follow the change notifications until cancelled: ``on_change()`` once the
         listening connection is (re)established (what changed while it was down is not
         announced) and after each announced change. Reconnects after
-        :data:`RECONNECT_SECONDS` when PostgreSQL is lost (logged)."""
-        while True:
-            try:
-                await self._pool.ensure_ready()
-                conn = await self._pool.connect_unpooled()
-                async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    on_change()
-                    async for _ in conn.notifies():
-                        on_change()
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                log.warning(
-                    "integration changes from PostgreSQL at %s not followed: %r; again in %s s",
-                    self._pool.address,
-                    exc,
-                    RECONNECT_SECONDS,
-                )
-            await asyncio.sleep(RECONNECT_SECONDS)
+        :data:`~services.common.stores.notifications.RECONNECT_SECONDS` when PostgreSQL is
+        lost (logged: :func:`~services.common.stores.notifications.follow`)."""
+        await follow(self._pool, [CHANNEL], lambda _: on_change(), on_change, "integration changes")
 
     async def close(self) -> None:
         """Close the pool's connections."""

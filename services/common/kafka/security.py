@@ -22,13 +22,14 @@ import os
 import ssl
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.abc import AbstractTokenProvider
-from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
-from faust.types.auth import CredentialsT
 
 from services.common.settings import Settings
+
+if TYPE_CHECKING:
+    from faust.types.auth import CredentialsT
 
 #: Seconds before an MSK IAM token's expiry at which a new one is signed.
 TOKEN_REFRESH_MARGIN_SECONDS = 60.0
@@ -127,6 +128,10 @@ def client_security(settings: Settings) -> dict[str, Any]:
 def faust_credentials(settings: Settings) -> CredentialsT | None:
     """:func:`client_security` as a Faust app's ``broker_credentials`` (None: PLAINTEXT).
     Faust hands them to the aiokafka clients it creates (its producer)."""
+    # Imported here, not with the module: the ``cormorant`` command reaches this module
+    # (the local cluster's Kafka) and would pay for importing Faust at every start.
+    from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
+
     options = client_security(settings)
     protocol = options["security_protocol"]
     if protocol == "PLAINTEXT":
