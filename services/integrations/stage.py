@@ -240,11 +240,11 @@ class IntegrationRunner:
     async def _run_kafka(self) -> None:
         settings = self.settings
         names = TopicNames.from_settings(settings)
+        sink = KafkaSinkWriter(settings, self.integration, self.group)
         topics = [names.msg_all]
-        if self.integration.sink.events_topic is not None:
+        if sink.sink.events_topic is not None:
             topics.append(names.client_events)
         self.counters.state = RunnerState.STARTING
-        sink = KafkaSinkWriter(settings, self.integration, self.group)
         consumer = make_consumer(settings, group_id=self.group)
         self.consumer = consumer
         try:
