@@ -8,7 +8,9 @@ A test that stops a process (``cluster.stop("kafka")``) starts it again before i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import concurrent.futures
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -132,7 +134,7 @@ def sink_kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory
 
     def serves() -> bool:
         try:
-            asyncio.run(wait_for_kafka(address, timeout=10.0))
+            _run_apart(wait_for_kafka(address, timeout=10.0))
         except (TimeoutError, KafkaError, OSError):
             return False
         return True
@@ -140,10 +142,18 @@ def sink_kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory
     kafka.launch(sink)
     try:
         processes.wait_until(serves, kafka.START_TIMEOUT, "the sink Kafka")
-        asyncio.run(_first_transaction(address))
+        _run_apart(_first_transaction(address))
         yield address
     finally:
         processes.stop(sink.state_dir, kafka.NAME, timeout=kafka.STOP_TIMEOUT)
+
+
+def _run_apart(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run ``coroutine`` to its end on an event loop of its own thread: the test that first
+    asks for a session fixture may run inside a loop already (Playwright's sync API keeps
+    one running), where ``asyncio.run`` is refused. Raises what the coroutine raises."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coroutine).result()
 
 
 async def _first_transaction(address: str) -> None:
