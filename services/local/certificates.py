@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,10 +171,21 @@ def issue(
     return Issued(cert_path, key_path)
 
 
+_PKI_LOCK = threading.Lock()
+"""Held while the PKI is checked and made: the launcher starts the ingest nodes side by side
+on threads, and each asks for it (one thread read the CA's key while another was still
+writing it: the production layout's fixture failed on a missing ``ca.key``)."""
+
+
 def ensure_local_pki(directory: Path) -> LocalPki:
     """The local cluster's CA, server and client certificates in ``directory``: made on
     the first call, read from disk afterwards (the CA is made again only if it is missing,
-    and then so are the certificates it signs)."""
+    and then so are the certificates it signs). Safe to call from several threads."""
+    with _PKI_LOCK:
+        return _ensure_local_pki(directory)
+
+
+def _ensure_local_pki(directory: Path) -> LocalPki:
     ca = Issued(directory / "ca.pem", directory / "ca.key")
     server = Issued(directory / "server.pem", directory / "server.key")
     client = Issued(directory / "client.pem", directory / "client.key")
