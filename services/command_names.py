@@ -8,6 +8,10 @@ INTEGRATIONS_COMMAND = "integrations-stage"
 """The integrations stage (services/integrations/); ``cormorant integrations`` manages what
 it runs."""
 
+INTEGRATIONS_SERVICE = "integrations"
+"""The integrations stage's name in its consumer groups and transactional ids
+(``<prefix>cormorant-integrations.<integration id>``, in the sink clusters too)."""
+
 SERVICE_COMMANDS = (
     "ingest",
     "router",

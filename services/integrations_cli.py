@@ -28,7 +28,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")
 
 _SECURITY = click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"])
-_MECHANISM = click.Choice(["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
+_MECHANISM = click.Choice(["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "AWS_MSK_IAM"])
 
 KINDS = ("kafka", "webhook", "mqtt")
 """The kinds of integrations (:class:`~services.common.integrations.model.IntegrationKind`)."""
@@ -47,6 +47,8 @@ SINK_OPTIONS: dict[str, tuple[str, str, frozenset[str]]] = {
     "sasl_password_file": ("--sasl-password-file", "sasl_password", _KAFKA),
     "ssl_cafile": ("--ssl-cafile", "ssl_cafile", _KAFKA | _WEBHOOK),
     "events_topic": ("--events-topic", "events_topic", _KAFKA),
+    "aws_region": ("--aws-region", "aws_region", _KAFKA),
+    "aws_role_arn": ("--aws-role-arn", "aws_role_arn", _KAFKA),
     "url": ("--url", "url", _WEBHOOK),
     "batch_size": ("--batch-size", "batch_size", _WEBHOOK),
     "linger": ("--linger", "linger_seconds", _WEBHOOK),
@@ -177,11 +179,18 @@ def _sink_options() -> list[Callable[[Any], Any]]:
         click.option("--key", help="kafka: the record key template (default ${client_id})."),
         click.option("--security-protocol", type=_SECURITY,
                      help="kafka: how to reach the cluster (default PLAINTEXT)."),
-        click.option("--sasl-mechanism", type=_MECHANISM, help="kafka: the SASL mechanism."),
+        click.option("--sasl-mechanism", type=_MECHANISM,
+                     help="kafka: the SASL mechanism (AWS_MSK_IAM: Amazon MSK IAM, with "
+                     "SASL_SSL and --aws-region)."),
         click.option("--sasl-username", help="kafka: the SASL user name."),
         click.option("--sasl-password-file", type=click.Path(allow_dash=True, path_type=Path),
                      help="kafka: read the SASL password from this file ('-': standard "
                      "input)."),
+        click.option("--aws-region",
+                     help="kafka, AWS_MSK_IAM: the MSK cluster's AWS Region (eu-west-1)."),
+        click.option("--aws-role-arn",
+                     help="kafka, AWS_MSK_IAM: an IAM role the stage assumes to sign (a "
+                     "cluster of another account; default: the stage's own credentials)."),
         click.option("--ssl-cafile",
                      help="kafka, webhook: a CA bundle on the stage's hosts that signed the "
                      "cluster's or endpoint's certificates (default: the system's)."),
@@ -424,7 +433,9 @@ def show(name: str, as_json: bool) -> None:
     help="Replace the payload format.",
 )
 @click.option(
-    "--no-sasl", is_flag=True, help="kafka: drop the SASL mechanism, user name and password."
+    "--no-sasl",
+    is_flag=True,
+    help="kafka: drop the SASL mechanism, user name and password (and MSK IAM's Region and role).",
 )
 @click.option("--no-headers", is_flag=True, help="webhook: drop the headers.")
 @click.option(
@@ -463,7 +474,13 @@ def update(
         body["payload_format"] = payload_format
     sink = _sink_body(sink_options, None)
     if no_sasl:
-        sink |= {"sasl_mechanism": None, "sasl_username": None, "sasl_password": None}
+        sink |= {
+            "sasl_mechanism": None,
+            "sasl_username": None,
+            "sasl_password": None,
+            "aws_region": None,
+            "aws_role_arn": None,
+        }
     if no_headers:
         if "headers" in sink:
             raise click.UsageError("give --header or --no-headers, not both")

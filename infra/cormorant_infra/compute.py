@@ -40,7 +40,7 @@ from cormorant_infra.config import ServiceSize, StackConfig
 from cormorant_infra.database import Database
 from cormorant_infra.images import Images
 from cormorant_infra.ingress import Ingress
-from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka
+from cormorant_infra.kafka import REPLICATION_FACTOR, Kafka, topic_arn_pattern
 from cormorant_infra.network import Network, ingest_listeners
 
 HEALTH_CHECK = "python -m services.common.probe /health"
@@ -99,6 +99,8 @@ class TaskSpec:
     write_secret_arns: list[pulumi.Input[str]] = field(default_factory=list)
     """Secrets the task's code reads and writes (the migration task: the services' login)."""
     write_kafka: bool = True
+    statements: list[iam.Statement] = field(default_factory=list)
+    """More of the task role's statements (the integrations stage: the teams' MSK clusters)."""
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
     target_groups: dict[int, pulumi.Input[str]] = field(default_factory=dict)
@@ -211,6 +213,7 @@ class Compute(pulumi.ComponentResource):
             if command == shared.INTEGRATIONS_COMMAND:
                 # The integrations are defined in PostgreSQL (services/integrations/).
                 self._postgres(spec, database)
+                self._integrations(spec)
             if command in ("device-persist", shared.ADMIN):
                 # The admin service reads the DEVICE store (stored messages of a session)
                 # and keeps its users and audit trail in PostgreSQL.
@@ -277,6 +280,27 @@ class Compute(pulumi.ComponentResource):
                 keys["tls_client_ca_pem"] = "clientCa"
             spec.secrets |= {name: iam.secret_key(arn, key) for name, key in keys.items()}
             spec.secret_arns.append(arn)
+
+    def _integrations(self, spec: TaskSpec) -> None:
+        """The integrations stage: its own security group (the only one with the ways out
+        of ``integrationsEgress``); its MQTT bridges publish on the ingest tasks' direct
+        MQTT listener, found in the tasks' DNS namespace (one A record per ingest task);
+        its task role may write with MSK IAM to the clusters of
+        ``integrationsMskClusterArns`` and assume the roles of
+        ``integrationsAssumeRoleArns`` (a Kafka sink's ``aws_role_arn``)."""
+        spec.tier = "integrations"
+        spec.settings |= {
+            "integrations_mqtt_host": f"{shared.INGEST}.{self.dns_namespace}",
+            "integrations_mqtt_port": shared.INGEST_DIRECT_MQTT_PORT,
+        }
+        config = self._config
+        spec.statements += integrations_msk_statements(
+            config.integrations_msk_cluster_arns, config.topic_prefix
+        )
+        if config.integrations_assume_role_arns:
+            spec.statements.append(
+                iam.allow(["sts:AssumeRole"], list(config.integrations_assume_role_arns))
+            )
 
     def _postgres(self, spec: TaskSpec, database: Database) -> None:
         """PostgreSQL for ``spec``'s task, over verified TLS: the password is read from its
@@ -356,6 +380,7 @@ class Compute(pulumi.ComponentResource):
         """The role the service's code runs as: Kafka with MSK IAM, and the secrets it reads
         itself (the PostgreSQL password); nothing otherwise."""
         statements = self._kafka.iam_statements(self._config.topic_prefix, write=spec.write_kafka)
+        statements += spec.statements
         if spec.read_secret_arns:
             statements.append(iam.allow(["secretsmanager:GetSecretValue"], spec.read_secret_arns))
         if spec.write_secret_arns:
@@ -590,6 +615,41 @@ class Compute(pulumi.ComponentResource):
             )
             per_task = _ratio("lag / tasks", "lag per task")
             policy("lag", config.consumer_lag_per_task, [lag, running, per_task])
+
+
+def integrations_msk_statements(cluster_arns: list[str], topic_prefix: str) -> list[iam.Statement]:
+    """The integrations stage's Kafka sinks' MSK IAM permissions on the teams' clusters
+    ``cluster_arns`` (docs/integrations/kafka.md, "Amazon MSK with IAM"): connect and
+    write idempotently; describe and write any topic (the sinks' topics are templates);
+    create only the empty topics named like ``msg.all`` and ``client.events`` that hold
+    the transactions' offsets; use only the stage's consumer groups and transactional ids
+    (``<topic_prefix>cormorant-integrations.*``). No statement without a cluster."""
+    if not cluster_arns:
+        return []
+    names = shared.TopicNames(topic_prefix)
+    ours = f"{names.service_group(shared.INTEGRATIONS_SERVICE)}.*"
+
+    def each(kind: str, pattern: str) -> list[pulumi.Input[str]]:
+        return [topic_arn_pattern(arn, kind, pattern) for arn in cluster_arns]
+
+    return [
+        iam.allow(
+            ["kafka-cluster:Connect", "kafka-cluster:WriteDataIdempotently"], list(cluster_arns)
+        ),
+        iam.allow(["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"], each("topic", "*")),
+        iam.allow(
+            ["kafka-cluster:CreateTopic"],
+            [
+                *each("topic", names.msg_all),
+                *each("topic", names.client_events),
+            ],
+        ),
+        iam.allow(
+            ["kafka-cluster:AlterTransactionalId", "kafka-cluster:DescribeTransactionalId"],
+            each("transactional-id", ours),
+        ),
+        iam.allow(["kafka-cluster:AlterGroup", "kafka-cluster:DescribeGroup"], each("group", ours)),
+    ]
 
 
 _Tracking = PolicyTargetTrackingScalingPolicyConfigurationArgsDict

@@ -15,6 +15,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import pulumi
@@ -86,6 +87,69 @@ REMOVED_KEYS = {
     "the image by digest: set cormorant:imageDigest instead (docs/deploy.md)",
 }
 """Keys of earlier releases → what replaced them (said instead of "extra inputs")."""
+
+
+MAX_INTEGRATIONS_EGRESS = 40
+"""Entries of ``integrationsEgress``: one egress rule each in the integrations stage's
+security group, which also holds its own few rules, under the 60 outbound rules a security
+group may have by default (VPC quotas, "Inbound or outbound rules per security group")."""
+
+PREFIX_LIST_ID = re.compile(r"pl-[0-9a-f]{8,17}")
+"""A managed prefix list's id (``pl-0123456789abcdef0``)."""
+
+MSK_CLUSTER_ARN = re.compile(
+    r"arn:aws[a-z-]*:kafka:[a-z]{2}(-[a-z]+)+-[0-9]{1,2}:[0-9]{12}:cluster/[A-Za-z0-9-]{1,64}/"
+    r"[0-9a-z-]{1,80}"
+)
+"""An MSK cluster's ARN: ``arn:aws:kafka:<region>:<account>:cluster/<name>/<uuid>``."""
+
+ROLE_ARN = re.compile(shared.AWS_ROLE_ARN_PATTERN.removeprefix("^").removesuffix("$"))
+"""An IAM role's ARN, as a Kafka sink's ``aws_role_arn`` takes it."""
+
+
+@dataclass(frozen=True)
+class EgressRule:
+    """One way out of the integrations stage (an ``integrationsEgress`` entry): TCP ports
+    ``from_port`` to ``to_port`` of the IPv4 or IPv6 network ``cidr`` or the managed prefix
+    list ``prefix_list_id`` (exactly one of them)."""
+
+    cidr: str | None
+    prefix_list_id: str | None
+    from_port: int
+    to_port: int
+
+
+def parse_egress(entry: str) -> EgressRule:
+    """An ``integrationsEgress`` entry, ``<CIDR or prefix list id>:<port>[-<port>]``
+    (``203.0.113.0/24:9094``, ``10.60.0.0/16:9092-9098``, ``2001:db8::/48:443``,
+    ``pl-0123456789abcdef0:443``), as an :class:`EgressRule`. Raises ``ValueError``
+    saying what is wrong: no port, a port outside 1 to 65535 or a range backwards, a
+    network with host bits set or not a network, a prefix list id malformed."""
+    destination, colon, ports = entry.rpartition(":")
+    if not colon or not destination:
+        raise ValueError(
+            f"{entry!r}: give a CIDR or prefix list id and a TCP port or range, like "
+            "203.0.113.0/24:9094 or pl-0123456789abcdef0:9092-9098"
+        )
+    low, dash, high = ports.partition("-")
+    if not (low.isdigit() and (not dash or high.isdigit())):
+        raise ValueError(f"{entry!r}: {ports!r} is not a TCP port or range (9094, 9092-9098)")
+    from_port, to_port = int(low), int(high) if dash else int(low)
+    if not (1 <= from_port <= to_port <= 65535):
+        raise ValueError(f"{entry!r}: ports are 1 to 65535, the lower first")
+    if destination.startswith("pl-"):
+        if not PREFIX_LIST_ID.fullmatch(destination):
+            raise ValueError(f"{entry!r}: {destination!r} is not a prefix list id (pl-0123abcd)")
+        return EgressRule(None, destination, from_port, to_port)
+    try:
+        network = ipaddress.ip_network(destination, strict=True)
+    except ValueError as exc:
+        raise ValueError(
+            f"{entry!r}: {destination!r} is not a network in CIDR notation ({exc})"
+        ) from None
+    if "/" not in destination:
+        raise ValueError(f"{entry!r}: give the network's prefix length ({network})")
+    return EgressRule(str(network), None, from_port, to_port)
 
 
 RFC_1918 = tuple(
@@ -209,6 +273,16 @@ class StackConfig(_Model):
     admin_allowed_cidrs: list[str] = Field(default_factory=list)
     metrics_allowed_cidrs: list[str] = Field(default_factory=list)
 
+    # --- integrations ---------------------------------------------------------------------
+    integrations_egress: list[str] = Field(default_factory=list, max_length=MAX_INTEGRATIONS_EGRESS)
+    """Where the integrations stage may connect besides Cormorant's own servers and HTTPS
+    (:func:`parse_egress`): its own security group's egress rules."""
+    integrations_msk_cluster_arns: list[str] = Field(default_factory=list)
+    """MSK clusters (their ARNs) the integrations stage's task role may write to with IAM."""
+    integrations_assume_role_arns: list[str] = Field(default_factory=list)
+    """IAM roles (of other accounts) the integrations stage may assume to sign MSK IAM
+    logins (a Kafka sink's ``aws_role_arn``)."""
+
     # --- analytics ---------------------------------------------------------------------
     emr_release_label: str = shared.EMR_RELEASE_LABEL
     emr_max_vcpu: int = Field(16, ge=1, le=4000)
@@ -277,6 +351,42 @@ class StackConfig(_Model):
                     "peering, Direct Connect) only, never from the internet"
                 )
         return value
+
+    @field_validator("integrations_egress")
+    @classmethod
+    def _integrations_egress(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            parse_egress(entry)
+        if len(set(value)) != len(value):
+            raise ValueError("an entry is given twice")
+        return value
+
+    @field_validator("integrations_msk_cluster_arns")
+    @classmethod
+    def _msk_cluster_arns(cls, value: list[str]) -> list[str]:
+        for arn in value:
+            if not MSK_CLUSTER_ARN.fullmatch(arn):
+                raise ValueError(
+                    f"{arn!r} is not an MSK cluster ARN "
+                    "(arn:aws:kafka:<region>:<account>:cluster/<name>/<uuid>, as "
+                    "`aws kafka list-clusters-v2` gives it)"
+                )
+        return value
+
+    @field_validator("integrations_assume_role_arns")
+    @classmethod
+    def _role_arns(cls, value: list[str]) -> list[str]:
+        for arn in value:
+            if not ROLE_ARN.fullmatch(arn):
+                raise ValueError(
+                    f"{arn!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)"
+                )
+        return value
+
+    @property
+    def integrations_egress_rules(self) -> list[EgressRule]:
+        """``integrationsEgress``, parsed."""
+        return [parse_egress(entry) for entry in self.integrations_egress]
 
     @field_validator("log_retention_days")
     @classmethod

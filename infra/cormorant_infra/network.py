@@ -3,10 +3,12 @@
 Public subnets hold the load balancer and the NAT gateways; everything else (ECS tasks,
 MSK brokers, Redis, PostgreSQL, EMR Serverless workers) lives in private subnets with no
 public address. Who may reach whom is written down here, in one place: only the NLB takes
-traffic from the internet, on the MQTT ports; the admin service's internal load balancer
-takes HTTPS from ``adminAllowedCidrs`` (the VPC by default), and the tasks' metrics
-endpoints take ``metricsAllowedCidrs`` (nobody by default), both private ranges only; each
-tier accepts its clients' security groups.
+traffic from the internet, on the MQTT ports; only the integrations stage goes out to the
+addresses ``integrationsEgress`` lists (the teams' Kafka clusters, webhooks and MQTT
+brokers), and to the ingest tasks' direct MQTT port (its MQTT bridges publish there); the
+admin service's internal load balancer takes HTTPS from ``adminAllowedCidrs`` (the VPC by
+default), and the tasks' metrics endpoints take ``metricsAllowedCidrs`` (nobody by
+default), both private ranges only; each tier accepts its clients' security groups.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ KAFKA_IAM_PORT = 9098
 """MSK's port for TLS with IAM (SASL/OAUTHBEARER) clients."""
 
 TIERS = (
-    "nlb", "ingest", "stages", "admin", "adminlb", "kafka", "cache", "database", "analytics"
+    "nlb", "ingest", "stages", "integrations", "admin", "adminlb", "kafka", "cache", "database",
+    "analytics",
 )  # fmt: skip
 """One security group each: the load balancer, the ingest tasks, the Kafka-reading stages
-(router, device_persist, app_delivery and the topics task), the admin service's tasks and
-its internal load balancer, MSK, ElastiCache, RDS and EMR Serverless."""
+(router, device_persist, app_delivery and the topics task), the integrations stage (the
+only one with ways out to the teams' systems, ``integrationsEgress``), the admin service's
+tasks and its internal load balancer, MSK, ElastiCache, RDS and EMR Serverless."""
 
 ADMIN_LB_PORT = HTTPS_PORT
 """The admin load balancer's HTTPS port."""
@@ -345,16 +349,23 @@ class Network(pulumi.ComponentResource):
         from_cidrs("ingest", "prometheus", config.metrics_allowed_cidrs, [shared.HTTP_PORT])
         from_cidrs("stages", "prometheus", config.metrics_allowed_cidrs, [shared.HTTP_PORT])
         from_cidrs("admin", "prometheus", config.metrics_allowed_cidrs, [shared.ADMIN_PORT])
-        for client in ("ingest", "stages", "admin", "analytics"):
+        from_cidrs("integrations", "prometheus", config.metrics_allowed_cidrs, [shared.HTTP_PORT])
+        between("admin", "integrations", shared.HTTP_PORT)
+        for client in ("ingest", "stages", "integrations", "admin", "analytics"):
             between(client, "kafka", self.kafka_port)
         for client in ("stages", "admin"):
             between(client, "cache", REDIS_PORT)
-        # The ingest nodes read the MQTT credentials and lease their node ids there.
-        for client in ("ingest", "stages", "admin"):
+        # The ingest nodes read the MQTT credentials and lease their node ids there; the
+        # integrations stage reads the integrations.
+        for client in ("ingest", "stages", "integrations", "admin"):
             between(client, "database", POSTGRES_PORT)
+        # The MQTT bridges' reverse directions publish on the ingest tasks' direct MQTT
+        # listener (no PROXY header: the NLB's listeners require one).
+        between("integrations", "ingest", shared.INGEST_DIRECT_MQTT_PORT)
+        self._integrations_egress(name, config, groups["integrations"])
         # AWS APIs the tasks need (ECR, Secrets Manager, CloudWatch Logs, STS), through the
-        # NAT gateways: HTTPS out only.
-        for tier in ("ingest", "stages", "admin", "analytics"):
+        # NAT gateways: HTTPS out only (a webhook on 443 too).
+        for tier in ("ingest", "stages", "integrations", "admin", "analytics"):
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-{tier}-https",
                 security_group_id=groups[tier].id,
@@ -364,4 +375,26 @@ class Network(pulumi.ComponentResource):
                 to_port=HTTPS_PORT,
                 description="AWS APIs over HTTPS",
                 opts=child,
+            )
+
+    def _integrations_egress(
+        self, name: str, config: StackConfig, group: aws.ec2.SecurityGroup
+    ) -> None:
+        """One egress rule of the integrations stage's security group per
+        ``integrationsEgress`` entry (a team's brokers, webhook or MQTT broker); no other
+        tier gets them."""
+        for index, rule in enumerate(config.integrations_egress_rules):
+            destination = rule.prefix_list_id or rule.cidr
+            ipv6 = rule.cidr is not None and ":" in rule.cidr
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-integrations-out-{index}",
+                security_group_id=group.id,
+                cidr_ipv4=None if ipv6 else rule.cidr,
+                cidr_ipv6=rule.cidr if ipv6 else None,
+                prefix_list_id=rule.prefix_list_id,
+                ip_protocol="tcp",
+                from_port=rule.from_port,
+                to_port=rule.to_port,
+                description=f"integrations to {destination}",
+                opts=pulumi.ResourceOptions(parent=self),
             )

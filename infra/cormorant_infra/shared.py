@@ -4,7 +4,8 @@ Service names and commands (``services/command_names.py``), topic names, partiti
 groups (``services/common/kafka/``), settings and their environment variables
 (``services/common/settings.py``), the MQTT ports and the keep alive rule
 (``services/common/mqtt/``), the Kafka and Spark versions and the EMR release
-(``services/common/versions.py``), an ingest node's drain timing (``services/common/drain.py``)
+(``services/common/versions.py``), an ingest node's drain timing (``services/common/drain.py``),
+what an IAM role ARN looks like to a Kafka sink (``services/common/integrations/model.py``)
 are imported here, never copied, so a change there changes the deployment.
 """
 
@@ -15,11 +16,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from services.command_names import (
     ADMIN_COMMAND,
     INTEGRATIONS_COMMAND,
+    INTEGRATIONS_SERVICE,
     MIGRATE_COMMAND,
     SERVICE_COMMANDS,
     TOPICS_COMMAND,
 )
 from services.common.drain import DEFAULT_TIMING, DrainTiming
+from services.common.integrations.model import AWS_ROLE_ARN_PATTERN
 from services.common.kafka.admin import (
     TopicSpec,
     app_shared_topic_spec,
@@ -49,12 +52,15 @@ from services.common.versions import (
 __all__ = [
     "ADMIN",
     "ADMIN_PORT",
+    "AWS_ROLE_ARN_PATTERN",
     "EMR_RELEASE_LABEL",
     "EMR_RELEASE_SPARK",
     "HTTP_PORT",
     "INGEST",
+    "INGEST_DIRECT_MQTT_PORT",
     "INGEST_DRAIN",
     "INTEGRATIONS_COMMAND",
+    "INTEGRATIONS_SERVICE",
     "KAFKA_VERSION",
     "MIGRATE_COMMAND",
     "MQTT_PORT",
@@ -99,6 +105,11 @@ ADMIN = ADMIN_COMMAND
 
 HTTP_PORT: int = Settings.model_fields["http_port"].default
 """Every service task's /health, /ready and /metrics port (``http_port``'s default)."""
+
+INGEST_DIRECT_MQTT_PORT: int = Settings.model_fields["mqtt_port"].default
+"""The ingest tasks' direct MQTT listener (``mqtt_port``'s default: plain MQTT, no PROXY
+protocol), never behind the NLB: the integrations stage's MQTT bridges publish there
+(``integrations_mqtt_port``), reached only from the integrations tier."""
 
 ADMIN_PORT: int = Settings.model_fields["admin_port"].default
 """The admin task's API and console port (``admin_port``'s default)."""

@@ -53,7 +53,7 @@ router = APIRouter(prefix="/api/integrations", tags=["integrations"])
 """Included by :func:`services.admin.api.create_app`."""
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+SaslMechanism = Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "AWS_MSK_IAM"]
 Kind = Literal["kafka", "webhook", "mqtt"]
 Header = tuple[
     Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=4096)]
@@ -72,6 +72,8 @@ NULLABLE = (
     "cert_file",
     "key_file",
     "local_username",
+    "aws_region",
+    "aws_role_arn",
 )
 """The sink settings a change may clear with ``null``."""
 
@@ -103,6 +105,8 @@ class KafkaSinkView(BaseModel):
     sasl_password_set: bool
     ssl_cafile: str | None
     events_topic: str | None
+    aws_region: str | None
+    aws_role_arn: str | None
 
 
 class WebhookSinkView(BaseModel):
@@ -174,9 +178,12 @@ class KafkaSinkBody(BaseModel):
     """A topic of another Kafka cluster: ``bootstrap`` (``host:port[,...]``), the record's
     ``topic`` and ``key`` templates (``${client_id}``, ``${topic}``, ``${topic_level[N]}``;
     characters a Kafka topic name cannot hold become ``_``), the security protocol, SASL
-    mechanism, user name and password (write-only), a CA file on the stage's hosts, and
+    mechanism, user name and password (write-only), a CA file on the stage's hosts,
     ``events_topic``: a topic of the same cluster that also receives the clients'
-    lifecycle events (schema ``cormorant.client_event/1``; leave it out for none)."""
+    lifecycle events (schema ``cormorant.client_event/1``; leave it out for none), and for
+    Amazon MSK IAM (``sasl_mechanism`` ``AWS_MSK_IAM``, ``SASL_SSL`` only, no user name or
+    password) the cluster's ``aws_region`` and, for a cluster of another account, the
+    ``aws_role_arn`` the stage assumes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -189,6 +196,8 @@ class KafkaSinkBody(BaseModel):
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = Field(None, max_length=4096)
     events_topic: str | None = Field(None, min_length=1, max_length=249)
+    aws_region: str | None = Field(None, min_length=1, max_length=64)
+    aws_role_arn: str | None = Field(None, min_length=1, max_length=2048)
 
 
 class WebhookSinkBody(BaseModel):
@@ -268,7 +277,7 @@ class NewIntegration(BaseModel):
 class KafkaSinkChanges(BaseModel):
     """Changes to a Kafka sink: a field left out is kept, ``null`` clears an optional one
     (``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``,
-    ``events_topic``)."""
+    ``events_topic``, ``aws_region``, ``aws_role_arn``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -281,6 +290,8 @@ class KafkaSinkChanges(BaseModel):
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = Field(None, max_length=4096)
     events_topic: str | None = Field(None, min_length=1, max_length=249)
+    aws_region: str | None = Field(None, min_length=1, max_length=64)
+    aws_role_arn: str | None = Field(None, min_length=1, max_length=2048)
 
 
 class WebhookSinkChanges(BaseModel):

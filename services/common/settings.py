@@ -845,8 +845,9 @@ class Settings(BaseSettings):
     integrations_mqtt_host: str = Field(
         "127.0.0.1",
         description="Where the MQTT bridges' reverse directions publish the remote brokers' "
-        "messages: this broker's MQTT address as its clients reach it (the load balancer; "
-        "plain MQTT), host name or IP address (docs/integrations/mqtt-bridge.md).",
+        "messages: this broker's plain MQTT address without PROXY protocol, host name or IP "
+        "address (the local cluster: HAProxy; the AWS stack: the ingest tasks' direct "
+        "listener, ingest.<namespace>:1884) (docs/integrations/mqtt-bridge.md).",
     )
     integrations_mqtt_port: int = Field(
         1883,

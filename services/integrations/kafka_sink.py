@@ -24,11 +24,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.common.integrations.model import Integration, KafkaSink
+from services.common.integrations.model import MSK_IAM, Integration, KafkaSink
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import PartitionTransactions
 from services.common.kafka.names import TopicNames
-from services.common.kafka.security import tls_context
+from services.common.kafka.security import MskIamTokenProvider, tls_context
 from services.common.settings import Settings
 from services.integrations.matching import Outgoing
 
@@ -44,16 +44,26 @@ def kafka_sink(integration: Integration) -> KafkaSink:
 def sink_security(integration: Integration) -> dict[str, Any]:
     """aiokafka's security options for ``integration``'s sink cluster: its security
     protocol, a TLS context verifying the brokers (its CA file, else the system's) and the
-    SASL login. Raises ``OSError``/``ssl.SSLError`` when the CA file cannot be read,
+    SASL login: a user name and password, or for :data:`~services.common.integrations.
+    model.MSK_IAM` SASL/OAUTHBEARER with an MSK IAM token provider for the sink's Region
+    (and role), the one the services use for their own cluster. Nothing is connected or
+    signed yet. Raises ``OSError``/``ssl.SSLError`` when the CA file cannot be read,
     ``TypeError`` when the sink is not a Kafka sink."""
     sink = kafka_sink(integration)
     options: dict[str, Any] = {"security_protocol": sink.security_protocol}
     if sink.security_protocol in ("SSL", "SASL_SSL"):
         options["ssl_context"] = tls_context(Path(sink.ssl_cafile) if sink.ssl_cafile else None)
     if sink.security_protocol.startswith("SASL_"):
-        options["sasl_mechanism"] = sink.sasl_mechanism
-        options["sasl_plain_username"] = sink.sasl_username
-        options["sasl_plain_password"] = integration.secrets.sasl_password
+        if sink.sasl_mechanism == MSK_IAM:
+            assert sink.aws_region is not None  # check_kafka_sink refuses it without one
+            options["sasl_mechanism"] = "OAUTHBEARER"
+            options["sasl_oauth_token_provider"] = MskIamTokenProvider(
+                sink.aws_region, sink.aws_role_arn, f"cormorant-{integration.name}"[:64]
+            )
+        else:
+            options["sasl_mechanism"] = sink.sasl_mechanism
+            options["sasl_plain_username"] = sink.sasl_username
+            options["sasl_plain_password"] = integration.secrets.sasl_password
     return options
 
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import faust
 
-from services.command_names import INTEGRATIONS_COMMAND
+from services.command_names import INTEGRATIONS_COMMAND, INTEGRATIONS_SERVICE
 from services.common.faust_app import make_app, on_shutdown, run_service, run_task
 from services.common.kafka.admin import dead_letter_topic_spec
 from services.common.settings import Settings
 from services.common.web import serve_http
 from services.integrations.stage import IntegrationsStage
 
-SERVICE = "integrations"
+SERVICE = INTEGRATIONS_SERVICE
 """The service's name in its consumer groups (``<prefix>cormorant-integrations.<id>``);
 its metrics' ``service`` label is its command, :data:`INTEGRATIONS_COMMAND`."""
 

@@ -174,6 +174,7 @@ def test_only_the_nlb_is_open_to_the_internet_and_only_on_mqtt_ports(
             ("adminlb", 443),
             ("ingest", shared.HTTP_PORT),
             ("stages", shared.HTTP_PORT),
+            ("integrations", shared.HTTP_PORT),
             ("admin", shared.ADMIN_PORT),
         }, rule.name
     # Every other ingress rule names the client tier's security group, never an address.
@@ -212,7 +213,7 @@ def test_operators_and_prometheus_get_in_only_where_configured(
     dev: Deployment, prod: Deployment, serverless: Deployment
 ) -> None:
     # dev: no admin certificate, so no load balancer and no way in; no Prometheus.
-    for tier in ("adminlb", "admin", "ingest", "stages"):
+    for tier in ("adminlb", "admin", "ingest", "stages", "integrations"):
         assert address_rules(dev, tier) == set(), tier
     # prod: operators from the VPC itself (the default).
     vpc = prod.one("aws:ec2/vpc:Vpc").inputs["cidrBlock"]
@@ -221,6 +222,9 @@ def test_operators_and_prometheus_get_in_only_where_configured(
     assert address_rules(serverless, "adminlb") == {(cidr, 443) for cidr in ADMIN_CIDRS}
     assert address_rules(serverless, "ingest") == {(c, shared.HTTP_PORT) for c in METRICS_CIDRS}
     assert address_rules(serverless, "stages") == {(c, shared.HTTP_PORT) for c in METRICS_CIDRS}
+    assert address_rules(serverless, "integrations") == {
+        (c, shared.HTTP_PORT) for c in METRICS_CIDRS
+    }
     assert address_rules(serverless, "admin") == {(c, shared.ADMIN_PORT) for c in METRICS_CIDRS}
 
 
@@ -246,10 +250,15 @@ def test_tiers_reach_only_their_servers(dev: Deployment) -> None:
         ("analytics", "kafka", 9096),
         ("stages", "cache", 6379),
         ("stages", "database", 5432),
+        # The integrations stage: its integrations, and its MQTT bridges' way in.
+        ("integrations", "kafka", 9096),
+        ("integrations", "database", 5432),
+        ("integrations", "ingest", shared.INGEST_DIRECT_MQTT_PORT),
         # The admin service: its load balancer's way in, and what it reads.
         ("adminlb", "admin", admin),
         ("admin", "ingest", http),
         ("admin", "stages", http),
+        ("admin", "integrations", http),
         ("admin", "kafka", 9096),
         ("admin", "cache", 6379),
         ("admin", "database", 5432),

@@ -46,8 +46,20 @@ punctuation mark (it names a Prometheus label value and Kafka group and transact
 MAX_TOPIC_FILTERS = 100
 """Topic Filters one integration may have."""
 
-SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
-"""SASL mechanisms the Kafka sink can log in with (MSK IAM is not supported yet)."""
+MSK_IAM = "AWS_MSK_IAM"
+"""The Kafka sink's SASL mechanism for Amazon MSK IAM authentication: SASL/OAUTHBEARER with
+tokens signed by the stage's AWS credentials
+(:class:`~services.common.kafka.security.MskIamTokenProvider`), over TLS only."""
+
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", MSK_IAM)
+"""SASL mechanisms the Kafka sink can log in with."""
+
+AWS_REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$"
+"""An AWS Region's code (``eu-west-1``, ``us-gov-west-1``)."""
+
+AWS_ROLE_ARN_PATTERN = r"^arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[A-Za-z0-9_+=,.@/-]{1,512}$"
+"""An IAM role's ARN (``arn:aws:iam::123456789012:role/path/name``), as STS AssumeRole
+takes it."""
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Kafka security protocols of the Kafka sink (Kafka's ``security.protocol``)."""
@@ -126,7 +138,10 @@ class KafkaSink:
     ``bootstrap``: ``host:port[,host:port...]``; ``topic`` and ``key``: templates
     (:func:`render`) of the record's topic and key; ``security_protocol`` one of
     :data:`SECURITY_PROTOCOLS`; ``sasl_mechanism`` one of :data:`SASL_MECHANISMS` with
-    ``sasl_username`` (the password is a :class:`SinkSecrets`); ``ssl_cafile``: a CA bundle
+    ``sasl_username`` (the password is a :class:`SinkSecrets`), or :data:`MSK_IAM` with
+    ``aws_region`` (the cluster's Region) and, for a cluster of another account,
+    ``aws_role_arn``: a role the stage's credentials assume (no secret: the stage's own
+    AWS credentials sign); ``ssl_cafile``: a CA bundle
     on the stage's hosts that signed the cluster's certificates (None: the system's);
     ``events_topic``: a topic of that cluster that also receives the clients' lifecycle
     events (:mod:`.event_format`; None: no events stream).
@@ -140,6 +155,8 @@ class KafkaSink:
     sasl_username: str | None = None
     ssl_cafile: str | None = None
     events_topic: str | None = None
+    aws_region: str | None = None
+    aws_role_arn: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The sink as stored and shown (no secret in it)."""
@@ -152,6 +169,8 @@ class KafkaSink:
             "sasl_username": self.sasl_username,
             "ssl_cafile": self.ssl_cafile,
             "events_topic": self.events_topic,
+            "aws_region": self.aws_region,
+            "aws_role_arn": self.aws_role_arn,
         }
 
     @classmethod
@@ -167,6 +186,8 @@ class KafkaSink:
                 sasl_username=data.get("sasl_username"),
                 ssl_cafile=data.get("ssl_cafile"),
                 events_topic=data.get("events_topic"),
+                aws_region=data.get("aws_region"),
+                aws_role_arn=data.get("aws_role_arn"),
             )
         except (KeyError, TypeError) as exc:
             raise IntegrationError(f"not a Kafka sink: {exc!r}") from None
@@ -601,7 +622,11 @@ def check_integration(integration: Integration) -> Integration:
 
 def check_kafka_sink(sink: KafkaSink, secrets: SinkSecrets) -> None:
     """Raise :class:`IntegrationError` unless ``sink`` (with ``secrets``) can run: a
-    bootstrap address, the templates, the Kafka security settings."""
+    bootstrap address, the templates, the Kafka security settings: a SASL mechanism with
+    SASL; a user name and password with SCRAM and PLAIN; with :data:`MSK_IAM`, TLS
+    (``SASL_SSL``: MSK serves IAM on its TLS ports 9098 and 9198 only), a Region
+    (:data:`AWS_REGION_PATTERN`), an optional role ARN (:data:`AWS_ROLE_ARN_PATTERN`)
+    and no user name or password; AWS settings only with :data:`MSK_IAM`."""
     if not sink.bootstrap.strip():
         raise IntegrationError("the Kafka sink needs a bootstrap address (host:port)")
     check_template(sink.topic, "topic")
@@ -616,19 +641,46 @@ def check_kafka_sink(sink: KafkaSink, secrets: SinkSecrets) -> None:
     if sasl:
         if sink.sasl_mechanism not in SASL_MECHANISMS:
             raise IntegrationError(
-                f"SASL mechanism {sink.sasl_mechanism!r}: one of {', '.join(SASL_MECHANISMS)} "
-                "(MSK IAM is not supported yet)"
+                f"SASL mechanism {sink.sasl_mechanism!r}: one of {', '.join(SASL_MECHANISMS)}"
             )
-        if not sink.sasl_username or not secrets.sasl_password:
+        if sink.sasl_mechanism == MSK_IAM:
+            _check_msk_iam(sink, secrets)
+        elif not sink.sasl_username or not secrets.sasl_password:
             raise IntegrationError("SASL needs a user name and a password")
     elif sink.sasl_mechanism or sink.sasl_username or secrets.sasl_password:
         raise IntegrationError("SASL settings need security protocol SASL_PLAINTEXT or SASL_SSL")
+    if sink.sasl_mechanism != MSK_IAM and (sink.aws_region or sink.aws_role_arn):
+        raise IntegrationError(
+            f"an AWS Region or role ARN is for SASL mechanism {MSK_IAM} (MSK IAM)"
+        )
     if sink.ssl_cafile and not sink.security_protocol.endswith("SSL"):
         raise IntegrationError("a CA file needs security protocol SSL or SASL_SSL")
     events = sink.events_topic
     if events is not None and (not events or kafka_topic_name(events) != events):
         raise IntegrationError(
             f"events topic {events!r}: a Kafka topic name (letters, digits, '.', '_', '-')"
+        )
+
+
+def _check_msk_iam(sink: KafkaSink, secrets: SinkSecrets) -> None:
+    """The MSK IAM part of :func:`check_kafka_sink`."""
+    if sink.security_protocol != "SASL_SSL":
+        raise IntegrationError(
+            f"{MSK_IAM} needs security protocol SASL_SSL: MSK takes IAM logins over TLS only "
+            "(port 9098, or 9198 from outside its VPC)"
+        )
+    if sink.sasl_username or secrets.sasl_password:
+        raise IntegrationError(
+            f"{MSK_IAM} takes no user name or password: the stage's AWS credentials sign"
+        )
+    if not sink.aws_region:
+        raise IntegrationError(f"{MSK_IAM} needs the cluster's AWS Region (eu-west-1)")
+    if not re.fullmatch(AWS_REGION_PATTERN, sink.aws_region):
+        raise IntegrationError(f"{sink.aws_region!r} is not an AWS Region (eu-west-1)")
+    role = sink.aws_role_arn
+    if role is not None and not re.fullmatch(AWS_ROLE_ARN_PATTERN, role):
+        raise IntegrationError(
+            f"{role!r} is not an IAM role ARN (arn:aws:iam::123456789012:role/name)"
         )
 
 

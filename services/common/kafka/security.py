@@ -18,6 +18,7 @@ admin clients) gets them, so a deployment switches all of them at once:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 import time
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
 
 #: Seconds before an MSK IAM token's expiry at which a new one is signed.
 TOKEN_REFRESH_MARGIN_SECONDS = 60.0
+
+#: The STS role session name of an assumed role's MSK IAM tokens (in the other account's
+#: CloudTrail).
+DEFAULT_SESSION_NAME = "cormorant"
+
+# botocore's SigV4 signer logs the canonical request and the signature at DEBUG: together
+# they are an MSK IAM token, a credential for 15 minutes. They never reach the logs, whatever
+# the services' log level.
+logging.getLogger("botocore.auth").setLevel(logging.INFO)
 
 
 class KafkaSecurityError(ValueError):
@@ -53,26 +63,47 @@ class MskIamTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
     """SASL/OAUTHBEARER tokens for Amazon MSK IAM authentication, for aiokafka.
 
     A token is a base64url SigV4-presigned ``kafka-cluster:Connect`` request for ``region``
-    signed with the default AWS credentials (ECS: the task role), valid 15 minutes. Signing
-    is local; the credentials may come from the ECS credentials endpoint, so it runs in a
-    worker thread. A token is reused until :data:`TOKEN_REFRESH_MARGIN_SECONDS` before it
-    expires.
+    (``eu-west-1``) signed with the default AWS credentials (ECS: the task role), valid 15
+    minutes. With ``role_arn`` (``arn:aws:iam::<account>:role/<name>``: a cluster of
+    another account), those credentials first assume that role (STS AssumeRole, session
+    ``session_name``, 2 to 64 of ``[A-Za-z0-9+=,.@_-]``) and the token is signed with the
+    role's. Signing is local; the credentials may come from the ECS credentials endpoint
+    or STS, so it runs in a worker thread. A token is reused until
+    :data:`TOKEN_REFRESH_MARGIN_SECONDS` before it expires, and its ``repr`` never shows
+    it.
     """
 
-    def __init__(self, region: str) -> None:
+    def __init__(
+        self, region: str, role_arn: str | None = None, session_name: str = DEFAULT_SESSION_NAME
+    ) -> None:
         self.region = region
+        self.role_arn = role_arn
+        self.session_name = session_name
         self._token = ""
         self._expires_at = 0.0
 
+    def __repr__(self) -> str:
+        return (
+            f"MskIamTokenProvider(region={self.region!r}, role_arn={self.role_arn!r}, "
+            f"session_name={self.session_name!r})"
+        )
+
+    def _sign(self) -> tuple[str, int]:
+        from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+
+        if self.role_arn is None:
+            signed: tuple[str, int] = MSKAuthTokenProvider.generate_auth_token(self.region)
+        else:
+            signed = MSKAuthTokenProvider.generate_auth_token_from_role_arn(
+                self.region, self.role_arn, self.session_name
+            )
+        return signed
+
     async def token(self) -> str:
         """A valid token (``str``). Raises ``botocore`` errors when there are no AWS
-        credentials."""
+        credentials or the role cannot be assumed (``ClientError`` ``AccessDenied``)."""
         if time.time() >= self._expires_at - TOKEN_REFRESH_MARGIN_SECONDS:
-            from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
-
-            token, expiry_ms = await asyncio.to_thread(
-                MSKAuthTokenProvider.generate_auth_token, self.region
-            )
+            token, expiry_ms = await asyncio.to_thread(self._sign)
             self._token, self._expires_at = token, expiry_ms / 1000
         return self._token
 
