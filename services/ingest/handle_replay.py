@@ -213,22 +213,26 @@ def mark(
     updated = dataclasses.replace(subscription, replay=progress)
     state.subscriptions = {**state.subscriptions, topic_filter: updated}
     if state.replay_marks is None:
-        state.replay_marks = set()
-    state.replay_marks.add(topic_filter)
+        state.replay_marks = {}
+    state.replay_marks[topic_filter] = state.replay_marks.get(topic_filter, 0) + 1
     token = state.new_token(PendingReplayMark(topic_filter))
     return [StoreSubscriptions(token, list(state.subscriptions.values()))]
 
 
 def marked(state: ConnectionState, topic_filter: str) -> bool:
-    """Whether the progress of the replay of ``topic_filter`` asked for by :func:`mark`
+    """Whether every progress of the replay of ``topic_filter`` asked for by :func:`mark`
     is stored (or none is being stored)."""
     return not state.replay_marks or topic_filter not in state.replay_marks
 
 
 def mark_stored(state: ConnectionState, waiter: PendingReplayMark) -> None:
-    """Kafka acknowledged the progress :func:`mark` wrote: its reader may go on."""
-    if state.replay_marks is not None:
-        state.replay_marks.discard(waiter.topic_filter)
+    """Kafka acknowledged one progress :func:`mark` wrote: once all are, its reader may
+    go on."""
+    marks = state.replay_marks
+    if marks is not None and waiter.topic_filter in marks:
+        marks[waiter.topic_filter] -= 1
+        if not marks[waiter.topic_filter]:
+            del marks[waiter.topic_filter]
 
 
 def finished(state: ConnectionState, topic_filter: str) -> list[Effect]:

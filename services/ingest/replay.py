@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 #: deliveries of the node's other clients wait at most this long behind a replay.
 YIELD_EVERY = 64
 
+#: Messages a persistent session's replay hands over between two stores of how far the
+#: client's acknowledgements got (besides the one before each fetch is sent): after a
+#: reconnect, about this many acknowledged messages are sent again, with DUP=1.
+MARK_EVERY = 32
+
 #: Records one fetch returns at most.
 FETCH_RECORDS = 500
 
@@ -346,6 +351,12 @@ class Replays:
                     self._run(client, handing)
                     handed += 1
                     since_yield += 1
+                    if marks is not None and handed % MARK_EVERY == 0:
+                        # Where the acknowledgements got, without waiting: its sent marks
+                        # are the stored ones.
+                        mark = client.connection.replay_mark(topic_filter, marks.positions,
+                                                             marks.sent)  # fmt: skip
+                        self._run(client, mark)
                     if since_yield >= YIELD_EVERY:
                         since_yield = 0
                         # The node's live deliveries go first, and the replay keeps to its

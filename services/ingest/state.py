@@ -324,11 +324,11 @@ class ConnectionState:
     replay_windows: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
     replayed_origins: set[tuple[int, int]] | None = None
     # a persistent session's replays: the msg.all (Topic Filter, partition, offset) of
-    # each QoS 1 replayed message in flight by Packet Identifier, the Topic Filters whose
-    # progress is being stored, and whether held live messages wait for those in flight
+    # each QoS 1 replayed message in flight by Packet Identifier, the progress records
+    # being stored by Topic Filter, and whether held live messages wait for those in flight
     # (a message store's Packet Identifiers and the node's share one space)
     replay_inflight: dict[int, tuple[str, int, int]] | None = None
-    replay_marks: set[str] | None = None
+    replay_marks: dict[str, int] | None = None
     replay_draining: bool = False
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
