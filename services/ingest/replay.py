@@ -256,7 +256,7 @@ class Replays:
                 # Resumed: from where the client's acknowledgements got, and the switch's
                 # window again, to know the live copies of what it acknowledged there.
                 starts = [min(n, f) for n, f in zip(progress.next, first, strict=True)]
-                marks = _Marks(list(progress.next), list(progress.sent), list(starts))
+                marks = _Marks(list(progress.next), list(progress.sent), list(progress.next))
             else:
                 found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
                 starts = [cut[p] if found[tp] is None else found[tp].offset
@@ -317,8 +317,9 @@ class Replays:
                 for record in records:
                     if end is None or record.offset >= end:
                         break
-                    if marks is not None:
-                        marks.positions[tp.partition] = record.offset + 1
+                    if marks is not None:  # never below what was acknowledged before
+                        p = tp.partition
+                        marks.positions[p] = max(marks.positions[p], record.offset + 1)
                     published = _published(record)
                     if published is None:
                         continue
