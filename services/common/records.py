@@ -632,6 +632,10 @@ def decode_session(data: bytes) -> SessionRecord:
 
 _STORED = struct.Struct(">B16sII")  # version, session id, meta length, targets length
 
+_STORED_ORIGIN = 0x8000_0000
+"""Bit of the stored message's meta length (a meta is far shorter): the ``msg.all``
+:class:`Origin` of the message (the ``o`` format) follows the fixed head."""
+
 
 @dataclass(slots=True)
 class StoredRecord:
@@ -640,22 +644,29 @@ class StoredRecord:
     ``session_id`` is the subscriber's session when the message was stored: a message of an
     earlier session is never delivered to a newer one (MQTT 3.1.2.4, Clean Start).
     ``meta_raw`` and ``target`` are the record's ``m`` and ``t`` headers (one target),
-    ``payload`` its value.
+    ``payload`` its value; ``origin`` its ``o`` header, where the router found the message
+    in ``msg.all`` (None: the record had none), sent on with its delivery for a replay
+    subscription's switch.
     """
 
     session_id: bytes
     meta_raw: bytes
     target: Target
     payload: bytes
+    origin: Origin | None = None
 
 
 def encode_stored(record: StoredRecord) -> bytes:
-    """Encode ``record`` for a message store. Raises ``ValueError`` for a bad session id."""
+    """Encode ``record`` for a message store: version u8 · session id 16 bytes · meta
+    length u32 (top bit: an origin follows) · targets length u32 · [origin] · meta ·
+    targets · payload. Raises ``ValueError`` for a bad session id."""
     if len(record.session_id) != 16:
         raise ValueError("session_id must be 16 bytes")
     targets = encode_targets([record.target])
-    head = _STORED.pack(_VERSION, record.session_id, len(record.meta_raw), len(targets))
-    return b"".join((head, record.meta_raw, targets, record.payload))
+    origin = b"" if record.origin is None else encode_origin(record.origin)
+    meta_len = len(record.meta_raw) | (_STORED_ORIGIN if origin else 0)
+    head = _STORED.pack(_VERSION, record.session_id, meta_len, len(targets))
+    return b"".join((head, origin, record.meta_raw, targets, record.payload))
 
 
 def decode_stored(data: bytes) -> StoredRecord:
@@ -664,14 +675,21 @@ def decode_stored(data: bytes) -> StoredRecord:
     if len(data) < _STORED.size:
         raise RecordError("truncated stored message")
     _, session_id, meta_len, targets_len = _STORED.unpack_from(data, 0)
-    meta_end = _STORED.size + meta_len
+    start = _STORED.size
+    origin = None
+    if meta_len & _STORED_ORIGIN:
+        meta_len &= ~_STORED_ORIGIN
+        start += _ORIGIN.size
+        origin = origin_of(((HEADER_ORIGIN, data[_STORED.size : start]),))
+    meta_end = start + meta_len
     targets_end = meta_end + targets_len
     if targets_end > len(data):
         raise RecordError("truncated stored message")
     targets = decode_targets(data[meta_end:targets_end])
     if len(targets) != 1:
         raise RecordError("a stored message has exactly one target")
-    return StoredRecord(session_id, data[_STORED.size : meta_end], targets[0], data[targets_end:])
+    meta_raw, payload = data[start:meta_end], data[targets_end:]
+    return StoredRecord(session_id, meta_raw, targets[0], payload, origin)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1035,9 +1053,8 @@ def parse_retained(
 class Downlink:
     """A downlink record of a message: the message, this node's targets for it, and the
     ``msg.all`` :class:`Origin` of its message: the router's ``o`` header, or the ``a``
-    header of app_delivery's delivery of a record the router routed (None in a record of
-    an older router or app_delivery, or of device_persist, whose stored messages keep no
-    origin: it serves no replay subscription)."""
+    header of a message store's (device_persist's, app_delivery's) delivery of a record
+    the router routed (None in a record of an older router or store)."""
 
     meta: PublishMeta
     payload: bytes

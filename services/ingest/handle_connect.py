@@ -421,13 +421,10 @@ def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effe
 
 
 def resume_replays(state: ConnectionState) -> list[Effect]:
-    """A resumed APPLICATION session's replay subscriptions with a stored progress go on
-    from it (:mod:`services.ingest.handle_replay`, "Persistent sessions"): live messages
-    are held from now on, before anything routed to the client is sent. A client that is
-    a DEVICE now (its credentials changed) keeps them as plain subscriptions."""
+    """A resumed session's replay subscriptions with a stored progress go on from it
+    (:mod:`services.ingest.handle_replay`, "Persistent sessions"): live messages are held
+    from now on, before anything routed to the client is sent."""
     effects: list[Effect] = []
-    if state.kind is not ClientKind.APPLICATION:
-        return effects
     for subscription in state.subscriptions.values():
         if subscription.replay is not None:
             handle_replay.started(state, subscription.topic_filter)

@@ -39,19 +39,19 @@ Flow control: the reader hands over a message only while :func:`room` says the c
 in-flight window (its Receive Maximum, MQTT 5.0 3.3.4) has a free slot and nothing queues
 behind it; it waits otherwise, so a replay never fills the node's memory.
 
-Persistent sessions (docs/concepts/replay.md, "Persistent sessions"): only an APPLICATION
-client's (a DEVICE's live copies come from device_persist, whose stored messages keep no
-origin). Its replay keeps a :class:`~services.common.subscription.ReplayProgress` with the
-subscription (``client.subscriptions``): the second cut (:func:`switch`), and per
-partition ``next`` (acknowledged below) and ``sent`` (nothing sent at or past), stored by
-:func:`mark` before the reader sends past ``sent``; a QoS 1 replayed message in flight
-holds ``next`` back until its PUBACK. A resumed session's replay starts at CONNACK
+Persistent sessions (docs/concepts/replay.md, "Persistent sessions"): a replay keeps a
+:class:`~services.common.subscription.ReplayProgress` with its subscription
+(``client.subscriptions``): the second cut (:func:`switch`), and per partition ``next``
+(acknowledged below) and ``sent`` (nothing sent at or past), stored by :func:`mark` before
+the reader sends past ``sent``; a QoS 1 replayed message in flight holds ``next`` back until
+its PUBACK. A resumed session's replay starts at CONNACK
 (:func:`services.ingest.handle_connect.resume_replays`) from ``next``, reads the window
 again only to :func:`remember` what it delivered there, and sends ``[next, sent)`` with
-DUP=1. app_delivery's live copies carry their ``msg.all`` origin (header ``a``), so
-:func:`replayed_already` drops them as it drops the router's, and reports them complete to
-app_delivery; held ones go only once the node's own Packet Identifiers in flight are
-acknowledged (:func:`drained`), since app_delivery picks its own from the same space.
+DUP=1. The message stores' live copies (device_persist's, app_delivery's) carry their
+``msg.all`` origin (header ``a``), so :func:`replayed_already` drops them as it drops the
+router's, and reports them complete to their store; held ones go only once the node's own
+Packet Identifiers in flight are acknowledged (:func:`drained`), since the stores pick
+theirs from the same space.
 
 A replayed message is sent as a live one would be (QoS min(message, subscription), RETAIN
 as published only with Retain As Published, the subscription's identifier, the original
@@ -151,7 +151,7 @@ def replayed_already(state: ConnectionState, message: FanOut, target: Target) ->
     its origin forgotten (a message comes live to a client once). A message store's
     delivery (a Packet Identifier of its own) is reported to it as complete, as one
     withheld is (:mod:`services.ingest.delivery`): it must not come again. A message
-    without an origin (device_persist's delivery) passes."""
+    without an origin (a record of an older router or store) passes."""
     origins = state.replayed_origins
     origin = message.origin
     if not origins or origin is None:

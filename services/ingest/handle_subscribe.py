@@ -26,11 +26,9 @@ history holds them) and carries a replay cut; the replay starts once the SUBACK 
 Its own failures, per entry (v3.1.1: 0x80 for each): a ``<since>`` that is no duration or
 RFC 3339 time, lies in the future, or a replay inside a Shared Subscription (either way
 round) gets 0x8F Topic Filter invalid; a ``<since>`` older than ``max_replay_age_seconds``
-0x97 Quota exceeded; a persistent DEVICE session (Clean Start 0 or a Session Expiry
-Interval) 0x83 Implementation specific error, since device_persist's stored messages keep
-no ``msg.all`` origin for the switch. A persistent APPLICATION session's replay keeps its
-progress with the subscription (:mod:`services.ingest.handle_replay`) and is granted QoS 1
-at most. A ``<since>`` older than
+0x97 Quota exceeded. A persistent session's replay (Clean Start 0 or a Session Expiry
+Interval) keeps its progress with the subscription (:mod:`services.ingest.handle_replay`)
+and is granted QoS 1 at most. A ``<since>`` older than
 ``msg.all``'s retention is granted and starts at the oldest message kept; a v5 SUBACK says
 so in its Reason String (unless the client asked for no problem information, MQTT 5.0
 3.1.2.11.7).
@@ -44,7 +42,7 @@ from services.common.auth.authorize import Grant
 from services.common.mqtt.errors import MQTTError, ProtocolError
 from services.common.mqtt.packets import SubAck, Subscribe, UnsubAck, Unsubscribe
 from services.common.mqtt.reason_codes import ReasonCode
-from services.common.records import ClientKind, EventKind
+from services.common.records import EventKind
 from services.common.subscription import LiveFrom, Subscription
 from services.common.topics.replay import REPLAY_PREFIX, parse_replay, since_ms
 from services.common.topics.validation import parse_shared, validate_topic_filter
@@ -210,13 +208,7 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
 
 def _replay_refused(state: ConnectionState, since: int) -> MQTTError | LimitRefused | None:
     """Why a replay from ``since`` (Unix ms) cannot be granted on this connection, if it
-    cannot: a persistent DEVICE session (0x83), or ``since`` beyond
-    ``max_replay_age_seconds`` (a :class:`LimitRefused`; 0x97)."""
-    if state.persistent and state.kind is not ClientKind.APPLICATION:
-        return MQTTError(
-            "a replay needs a non-persistent session or an APPLICATION client",
-            ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-        )
+    cannot: ``since`` beyond ``max_replay_age_seconds`` (a :class:`LimitRefused`; 0x97)."""
     max_age = state.limits.max_replay_age_seconds
     if state.now_ms() - since > max_age * 1000:
         return LimitRefused(Refusal.REPLAY_AGE, f"a replay reaching back more than {max_age} s")

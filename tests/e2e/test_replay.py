@@ -5,10 +5,11 @@ its SUBSCRIBE, then the live ones, each exactly once and in per-publisher order 
 with messages of several publishers racing the SUBSCRIBE (the switch) among them; v5
 history carries ``replayed=true``. The history respects the subscriber's
 Receive Maximum: with manual acknowledgements the replay waits for them. A router killed
-with SIGKILL in the middle of a replay loses and repeats nothing. A persistent APPLICATION
-session whose connection ends mid-replay (kill -9 of its ingest node) resumes it on the
-other node: the rest of the history, then what was published meanwhile, each once but
-for resends with DUP=1. Clients: paho-mqtt (MQTT 5 and 3.1.1) and mosquitto_sub.
+with SIGKILL in the middle of a replay loses and repeats nothing. A persistent session
+(DEVICE or APPLICATION) whose connection ends mid-replay (DISCONNECT, or kill -9 of its
+ingest node) resumes it on the other node: the rest of the history, then what was
+published meanwhile, each once but for resends with DUP=1. Clients: paho-mqtt (MQTT 5
+and 3.1.1) and mosquitto_sub.
 """
 
 from __future__ import annotations
@@ -172,16 +173,24 @@ def test_exactly_once_across_a_router_killed_mid_replay(cluster: LocalCluster) -
         sub.close()
 
 
-@pytest.mark.disruptive
-def test_a_persistent_session_resumes_its_replay_on_the_other_node(cluster: LocalCluster) -> None:
-    """The first connection ends mid-replay with a kill -9 of its ingest node (what a
-    DISCONNECT leaves, and less: nothing is stored at the end of a connection); the
+@pytest.mark.parametrize(
+    ("kind", "end"),
+    [
+        ("dev", "disconnect"),  # a DEVICE: device_persist stores its live messages
+        pytest.param("app", "kill", marks=pytest.mark.disruptive),  # app_delivery's
+    ],
+)
+def test_a_persistent_session_resumes_its_replay_on_the_other_node(
+    cluster: LocalCluster, kind: str, end: str
+) -> None:
+    """The first connection ends mid-replay with a DISCONNECT, or a kill -9 of its ingest
+    node (nothing is stored at the end of a connection: the two leave the same); the
     session resumes on the other node."""
     node1, node2 = cluster.node_ports
     base = unique("e2e/replay-persistent")
     history, acked, live = 60, 40, 5
     pub = PahoClient(node2, unique("pub"))  # not on the node that may be killed
-    sub_id = unique("app-replay")  # an APPLICATION client: app_delivery serves its session
+    sub_id = unique(f"{kind}-replay")  # app-*: an APPLICATION client in the test cluster
 
     def subscriber(port: int) -> PahoClient:
         return PahoClient(port, sub_id, clean_start=False, session_expiry=300,
@@ -196,9 +205,10 @@ def test_a_persistent_session_resumes_its_replay_on_the_other_node(cluster: Loca
         got = _until_markers(first, {str(acked - 1).encode()}, ack=True)
         # Two more in flight (Receive Maximum 2), not acknowledged: then gone.
         got += [first.messages.get(timeout=TIMEOUT) for _ in range(2)]
-        assert cluster.kill("ingest-node1")
+        if end == "kill":
+            assert cluster.kill("ingest-node1")
         first.close()
-        # Published while the session is disconnected: kept by app_delivery, live.
+        # Published while the session is disconnected: kept by its message store, live.
         _published(pub, f"{base}/t", range(history, history + live))
         assert second.connect() == 0
         last = history + live
@@ -208,7 +218,8 @@ def test_a_persistent_session_resumes_its_replay_on_the_other_node(cluster: Loca
     finally:
         for client in (pub, first, second):
             client.close()
-        cluster.start("ingest-node1")
+        if end == "kill":
+            cluster.start("ingest-node1")
     seqs = [int(m.payload) for m in got]
     firsts = [seq for i, seq in enumerate(seqs) if seq not in seqs[:i]]
     repeats = [m for i, m in enumerate(got) if int(m.payload) in seqs[:i]]

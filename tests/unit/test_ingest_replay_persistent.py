@@ -1,9 +1,10 @@
-"""A persistent APPLICATION session's replay subscription in the sans-IO ingest core, with
+"""A persistent session's replay subscription in the sans-IO ingest core, with
 bytes alone (docs/concepts/replay.md, "Persistent sessions"): QoS 1 at most, its progress
 stored before anything past it is sent and kept with the subscription record, resumed at
 a reconnect (DUP on what may have been sent, nothing the client acknowledged sent again,
-the live copies app_delivery sends again dropped and reported complete), and the held
-live messages waiting for the replay's own Packet Identifiers."""
+the live copies a message store sends again dropped and reported complete), the held
+live messages waiting for the replay's own Packet Identifiers, and the ``msg.all``
+origin the message stores send on (device_persist keeps it with the stored message)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,13 @@ from services.common.records import (
     Downlink,
     Origin,
     SessionRecord,
+    StoredRecord,
     Target,
+    decode_stored,
     decode_subscriptions,
     downlink_record,
     encode_meta,
+    encode_stored,
     encode_subscriptions,
     origin_of,
     parse_downlink,
@@ -178,3 +182,12 @@ def test_app_delivery_sends_the_msg_all_origin_the_reroute_filter_does_not_read(
     # Not the o header the node's RerouteFilter reads as the router's (origin_of's
     # default): app_delivery's resends and its lag behind the router pass it.
     assert origin_of(headers) is None
+
+
+def test_device_persist_keeps_the_origin_with_the_stored_message() -> None:
+    target = Target(APP, 1, packet_id=3)
+    stored = StoredRecord(bytes(16), b"meta", target, b"payload", Origin(1, 2**40, 0))
+    assert decode_stored(encode_stored(stored)) == stored
+    # one stored before origins were kept still decodes, without one
+    older = StoredRecord(bytes(16), b"meta", target, b"payload")
+    assert decode_stored(encode_stored(older)) == older
