@@ -57,6 +57,7 @@ from services.common.records import (
     Target,
     downlink_record,
     expires_at_ms,
+    origin_of,
     parse_app,
     parse_app_shared,
     release_record,
@@ -372,10 +373,11 @@ class ClientFeed:
                     return None  # the client left that group since the fetch
                 target = self._shared_target(sub, message.meta.qos)
             deadline = expires_at_ms(message.meta)
+            origin = origin_of(record.headers)
         except RecordError as exc:
             log_undecodable(log, record, exc)
             return None
-        return Entry(target, message.meta_raw, message.payload, record.key, deadline)
+        return Entry(target, message.meta_raw, message.payload, record.key, deadline, origin=origin)
 
     def _shared_target(self, sub: Subscription, qos: int) -> Target:
         """The client's delivery of a shared topic's message, from its own subscription."""
@@ -480,7 +482,7 @@ class ClientFeed:
             entry = delivery.entry
             target = replace(entry.target, packet_id=delivery.packet_id, dup=delivery.dup)
             record = downlink_record(
-                self.names, node, self._key, entry.meta_raw, entry.payload, [target]
+                self.names, node, self._key, entry.meta_raw, entry.payload, [target], entry.origin
             )
             acks.append(await self._send(*record))
         if out.releases and connection == self._connection:

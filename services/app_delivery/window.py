@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from aiokafka import TopicPartition
 
-from services.common.records import AckKind, Target
+from services.common.records import AckKind, Origin, Target
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class Entry:
     ``expires_at_ms`` is when its Message Expiry Interval ends (Unix ms, None: never).
     ``packet_id`` is its Packet Identifier once known (0 until a shared one is assigned);
     ``sent_here``: sent on the current connection; ``released``: PUBREC received (QoS 2).
+    ``origin``: where the router found the message in ``msg.all`` (the record's ``o``
+    header), sent on with the delivery for a replay's switch (None: the record has none).
     """
 
     target: Target
@@ -81,6 +83,7 @@ class Entry:
     packet_id: int = 0
     sent_here: bool = False
     released: bool = False
+    origin: Origin | None = None
 
 
 @dataclass(slots=True)

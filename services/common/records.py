@@ -72,7 +72,7 @@ from services.common.kafka.names import TopicNames
 from services.common.mqtt.errors import MQTTError
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, decode_properties
-from services.common.subscription import LiveFrom, Subscription
+from services.common.subscription import LiveFrom, ReplayProgress, Subscription
 
 HEADER_META = "m"
 HEADER_TARGETS = "t"
@@ -81,6 +81,7 @@ HEADER_RETAINED_REQUEST = "q"
 HEADER_SESSION = "s"
 HEADER_COMMAND = "c"
 HEADER_ORIGIN = "o"
+HEADER_STORED_ORIGIN = "a"
 
 _VERSION = 1
 
@@ -397,6 +398,11 @@ _EVERY_MESSAGE = 0x80
 """Subscription options bit (reserved in MQTT 3.8.3.1), with :data:`_LIVE_FROM`: the cut is
 a replay's (``LiveFrom.every_message``)."""
 
+_REPLAY_PROGRESS = 0x8000_0000
+"""Bit of the entry's 32-bit Subscription Identifier field (an identifier has 28 bits at
+most, MQTT 3.8.2.1.2), with :data:`_EVERY_MESSAGE`: a
+:class:`~services.common.subscription.ReplayProgress` follows the cut."""
+
 
 def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     """Encode a client's whole subscription set (the client id is the record key).
@@ -405,7 +411,10 @@ def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     Subscription Identifier (0 = none). Bit 0x40 of the options byte (reserved in MQTT)
     says a :class:`~services.common.subscription.LiveFrom` cut follows: a 16-bit count of
     ``msg.all`` partitions, then one 64-bit offset each; bit 0x80 (reserved too, only with
-    0x40) says the cut is a replay subscription's, which covers every message.
+    0x40) says the cut is a replay subscription's, which covers every message. The top bit
+    of the identifier field (only with 0x80) says a persistent session's replay progress
+    follows the cut: its ``cut``, ``next`` and ``sent`` offsets, as many 64-bit ones each
+    as the cut has partitions.
     """
     items = list(subs)
     parts = [struct.pack(">BI", _VERSION, len(items))]
@@ -421,10 +430,18 @@ def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
             | (_LIVE_FROM if cut is not None else 0)
             | (_EVERY_MESSAGE if every_message else 0)
         )
+        progress = s.replay if every_message else None
+        ident = (s.subscription_identifier or 0) | (_REPLAY_PROGRESS if progress else 0)
         parts.append(_str16(s.topic_filter))
-        parts.append(struct.pack(">BI", options, s.subscription_identifier or 0))
+        parts.append(struct.pack(">BI", options, ident))
         if cut is not None:
             parts.append(struct.pack(f">H{len(cut)}Q", len(cut), *cut))
+        if progress is not None:
+            assert cut is not None
+            n = len(cut)
+            if not len(progress.cut) == len(progress.next) == len(progress.sent) == n:
+                raise ValueError("a replay's progress needs one offset per partition of its cut")
+            parts.append(struct.pack(f">{3 * n}Q", *progress.cut, *progress.next, *progress.sent))
     return b"".join(parts)
 
 
@@ -445,12 +462,24 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
                 or options & (_LIVE_FROM | _EVERY_MESSAGE) == _EVERY_MESSAGE
             ):
                 raise RecordError("invalid subscription options")
+            if ident & _REPLAY_PROGRESS and not options & _EVERY_MESSAGE:
+                raise RecordError("replay progress without a replay cut")
             live_from = None
+            progress = None
             if options & _LIVE_FROM:
                 (partitions,) = struct.unpack_from(">H", data, offset)
                 cut = struct.unpack_from(f">{partitions}Q", data, offset + 2)
                 offset += 2 + 8 * partitions
                 live_from = LiveFrom(cut, every_message=bool(options & _EVERY_MESSAGE))
+                if ident & _REPLAY_PROGRESS:
+                    marks = struct.unpack_from(f">{3 * partitions}Q", data, offset)
+                    offset += 24 * partitions
+                    progress = ReplayProgress(
+                        marks[:partitions],
+                        marks[partitions : 2 * partitions],
+                        marks[2 * partitions :],
+                    )
+                    ident &= ~_REPLAY_PROGRESS
             subs.append(
                 Subscription(
                     client_id=client_id,
@@ -461,6 +490,7 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
                     retain_handling=(options >> 4) & 0x03,
                     subscription_identifier=ident or None,
                     live_from=live_from,
+                    replay=progress,
                 )
             )
     except struct.error as exc:
@@ -602,6 +632,10 @@ def decode_session(data: bytes) -> SessionRecord:
 
 _STORED = struct.Struct(">B16sII")  # version, session id, meta length, targets length
 
+_STORED_ORIGIN = 0x8000_0000
+"""Bit of the stored message's meta length (a meta is far shorter): the ``msg.all``
+:class:`Origin` of the message (the ``o`` format) follows the fixed head."""
+
 
 @dataclass(slots=True)
 class StoredRecord:
@@ -610,22 +644,29 @@ class StoredRecord:
     ``session_id`` is the subscriber's session when the message was stored: a message of an
     earlier session is never delivered to a newer one (MQTT 3.1.2.4, Clean Start).
     ``meta_raw`` and ``target`` are the record's ``m`` and ``t`` headers (one target),
-    ``payload`` its value.
+    ``payload`` its value; ``origin`` its ``o`` header, where the router found the message
+    in ``msg.all`` (None: the record had none), sent on with its delivery for a replay
+    subscription's switch.
     """
 
     session_id: bytes
     meta_raw: bytes
     target: Target
     payload: bytes
+    origin: Origin | None = None
 
 
 def encode_stored(record: StoredRecord) -> bytes:
-    """Encode ``record`` for a message store. Raises ``ValueError`` for a bad session id."""
+    """Encode ``record`` for a message store: version u8 · session id 16 bytes · meta
+    length u32 (top bit: an origin follows) · targets length u32 · [origin] · meta ·
+    targets · payload. Raises ``ValueError`` for a bad session id."""
     if len(record.session_id) != 16:
         raise ValueError("session_id must be 16 bytes")
     targets = encode_targets([record.target])
-    head = _STORED.pack(_VERSION, record.session_id, len(record.meta_raw), len(targets))
-    return b"".join((head, record.meta_raw, targets, record.payload))
+    origin = b"" if record.origin is None else encode_origin(record.origin)
+    meta_len = len(record.meta_raw) | (_STORED_ORIGIN if origin else 0)
+    head = _STORED.pack(_VERSION, record.session_id, meta_len, len(targets))
+    return b"".join((head, origin, record.meta_raw, targets, record.payload))
 
 
 def decode_stored(data: bytes) -> StoredRecord:
@@ -634,14 +675,21 @@ def decode_stored(data: bytes) -> StoredRecord:
     if len(data) < _STORED.size:
         raise RecordError("truncated stored message")
     _, session_id, meta_len, targets_len = _STORED.unpack_from(data, 0)
-    meta_end = _STORED.size + meta_len
+    start = _STORED.size
+    origin = None
+    if meta_len & _STORED_ORIGIN:
+        meta_len &= ~_STORED_ORIGIN
+        start += _ORIGIN.size
+        origin = origin_of(((HEADER_ORIGIN, data[_STORED.size : start]),))
+    meta_end = start + meta_len
     targets_end = meta_end + targets_len
     if targets_end > len(data):
         raise RecordError("truncated stored message")
     targets = decode_targets(data[meta_end:targets_end])
     if len(targets) != 1:
         raise RecordError("a stored message has exactly one target")
-    return StoredRecord(session_id, data[_STORED.size : meta_end], targets[0], data[targets_end:])
+    meta_raw, payload = data[start:meta_end], data[targets_end:]
+    return StoredRecord(session_id, meta_raw, targets[0], payload, origin)
 
 
 # --------------------------------------------------------------------------------------------
@@ -944,12 +992,13 @@ def encode_origin(origin: Origin) -> bytes:
     return _ORIGIN.pack(_VERSION, origin.partition, origin.offset, origin.index)
 
 
-def origin_of(headers: Headers | None) -> Origin | None:
+def origin_of(headers: Headers | None, header: str = HEADER_ORIGIN) -> Origin | None:
     """The :class:`Origin` in ``headers`` (None when there is none: a record written by an
-    older router, or one the router did not route). Raises :class:`RecordError` for a
+    older router, or one the router did not route); ``header`` names the header to read
+    (:data:`HEADER_STORED_ORIGIN`: a message store's). Raises :class:`RecordError` for a
     malformed one."""
     for name, data in headers or ():
-        if name == HEADER_ORIGIN:
+        if name == header:
             if len(data) != _ORIGIN.size:
                 raise RecordError(f"origin header of {len(data)} bytes, not {_ORIGIN.size}")
             _check_version(data, "origin")
@@ -1003,8 +1052,9 @@ def parse_retained(
 @dataclass(slots=True)
 class Downlink:
     """A downlink record of a message: the message, this node's targets for it, and the
-    record's :class:`Origin` (None only in a record of an older router or of a message
-    store, which route no ``msg.all`` record to a replay subscription's window)."""
+    ``msg.all`` :class:`Origin` of its message: the router's ``o`` header, or the ``a``
+    header of a message store's (device_persist's, app_delivery's) delivery of a record
+    the router routed (None in a record of an older router or store)."""
 
     meta: PublishMeta
     payload: bytes
@@ -1026,11 +1076,18 @@ def downlink_record(
     meta_raw: bytes,
     payload: bytes,
     targets: Sequence[Target],
+    origin: Origin | None = None,
 ) -> KafkaRecord:
     """The record sending a message (its raw ``m`` header and payload) to ``targets``
     connected to node ``node_id``; ``key`` is the publisher's client id (its order is kept,
-    MQTT 4.6)."""
+    MQTT 4.6). A message store's delivery of a routed message gives its ``msg.all``
+    ``origin``: header ``a`` (:data:`HEADER_STORED_ORIGIN`, the ``o`` format), which a
+    replay's switch reads (:mod:`services.ingest.handle_replay`). Not ``o``: the node's
+    :class:`~services.common.kafka.reroutes.RerouteFilter` reads that one as the router's,
+    and a store's resends and its lag behind the router would look routed twice."""
     headers = [(HEADER_META, meta_raw), (HEADER_TARGETS, encode_targets(targets))]
+    if origin is not None:
+        headers.append((HEADER_STORED_ORIGIN, encode_origin(origin)))
     return KafkaRecord(names.downlink(node_id), key, payload, headers)
 
 
@@ -1130,8 +1187,8 @@ def parse_downlink(
             meta_raw = data
         elif name == HEADER_TARGETS:
             targets = data
-        elif name == HEADER_ORIGIN:
-            origin = ((name, data),)
+        elif name == HEADER_ORIGIN or (name == HEADER_STORED_ORIGIN and not origin):
+            origin = ((HEADER_ORIGIN, data),)
     if meta_raw is None or targets is None:
         raise RecordError("downlink record without its m and t headers")
     return Downlink(decode_meta(meta_raw), value or b"", decode_targets(targets), origin_of(origin))

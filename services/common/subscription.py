@@ -42,6 +42,29 @@ class LiveFrom:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayProgress:
+    """How far a persistent session's replay subscription got (docs/concepts/replay.md,
+    "Persistent sessions"): kept with the subscription in ``client.subscriptions``, so
+    that it survives the connection, a reconnect to another ingest node and a kill -9 of
+    the node, as the session's subscriptions do.
+
+    Each tuple has one ``msg.all`` offset per partition:
+
+    - ``cut``: the replay's second cut, which it reads up to (the first cut is the
+      subscription's :class:`LiveFrom`);
+    - ``next``: where a resumed replay reads from: every matching record below it was
+      acknowledged by the client (QoS 1) or sent (QoS 0);
+    - ``sent``: every record below it may have been sent already: stored *before* the
+      records are sent, so a resumed replay sends those in ``[next, sent)`` with DUP=1
+      (MQTT 3.3.1.1) whatever crashed.
+    """
+
+    cut: tuple[int, ...]
+    next: tuple[int, ...]
+    sent: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Subscription:
     """One client's subscription to one Topic Filter, with its options (MQTT 3.8.3.1).
 
@@ -59,6 +82,8 @@ class Subscription:
         live_from: for a subscription made with retained messages, the :class:`LiveFrom`
             cut between those and its live messages; None otherwise (every message live).
             Not part of equality: a SUBSCRIBE repeating a subscription changes nothing.
+        replay: a persistent session's replay subscription still replaying: its
+            :class:`ReplayProgress`; None otherwise. Not part of equality either.
     """
 
     client_id: str
@@ -69,3 +94,4 @@ class Subscription:
     retain_handling: int = 0
     subscription_identifier: int | None = None
     live_from: LiveFrom | None = field(default=None, compare=False)
+    replay: ReplayProgress | None = field(default=None, compare=False)

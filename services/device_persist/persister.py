@@ -49,6 +49,7 @@ from services.common.kafka.reroutes import RerouteFilter
 from services.common.records import (
     AckKind,
     Headers,
+    Origin,
     RecordError,
     SessionRecord,
     StoredRecord,
@@ -57,6 +58,7 @@ from services.common.records import (
     downlink_record,
     encode_stored,
     expires_at_ms,
+    origin_of,
     parse_client_acks,
     parse_client_session,
     parse_persisted,
@@ -291,6 +293,7 @@ class DevicePersister:
         try:
             persisted = parse_persisted(record.key, record.value, record.headers)
             deadline = expires_at_ms(persisted.message.meta)
+            origin = origin_of(record.headers)  # a replay's switch needs it (handle_replay)
             if not self.reroutes.first(record, record.key):
                 return None  # routed again by a router that crashed: stored once already
         except RecordError as exc:
@@ -309,7 +312,7 @@ class DevicePersister:
                 target = replace(target, packet_id=0, dup=False)
                 acks.append(
                     await self._publish(
-                        session, client_id, message.meta_raw, message.payload, target
+                        session, client_id, message.meta_raw, message.payload, target, origin
                     )
                 )
             return None
@@ -317,7 +320,7 @@ class DevicePersister:
             ttl_ms = self.settings.persisted_default_ttl_seconds * 1000
             deadline = message.meta.received_at_ms + ttl_ms
         data = encode_stored(
-            StoredRecord(session.session_id, message.meta_raw, target, message.payload)
+            StoredRecord(session.session_id, message.meta_raw, target, message.payload, origin)
         )
         return AppendRequest(client_id, record.offset, target.qos, deadline, data, record.partition)
 
@@ -431,7 +434,9 @@ class DevicePersister:
                 dup=message.state is MessageState.SENT or message.seq <= cursor.sent_before,
             )
             acks.append(
-                await self._publish(session, client_id, stored.meta_raw, stored.payload, target)
+                await self._publish(
+                    session, client_id, stored.meta_raw, stored.payload, target, stored.origin
+                )
             )
         if releases:
             acks.append(
@@ -447,13 +452,15 @@ class DevicePersister:
         meta_raw: bytes,
         payload: bytes,
         target: Target,
+        origin: Origin | None = None,
     ) -> Awaitable[object]:
         """Send a message (raw ``m`` header, payload) to ``target`` on the node of its
-        connected ``session``."""
+        connected ``session``, with its ``msg.all`` ``origin`` if known (header ``a``)."""
         key = client_id.encode("utf-8")
-        return await self._send(
-            *downlink_record(self.names, session.node_id, key, meta_raw, payload, [target])
+        record = downlink_record(
+            self.names, session.node_id, key, meta_raw, payload, [target], origin
         )
+        return await self._send(*record)
 
     async def _discard(self, messages: list[StoredMessage]) -> None:
         """Delete ``messages`` (of no live session, or undecodable) from the store, and

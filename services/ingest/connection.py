@@ -56,6 +56,7 @@ from services.ingest.state import (
     ConnectionState,
     EarlyDelivery,
     PendingAck,
+    PendingReplayMark,
     PendingSubAck,
     Phase,
     RecordWaiters,
@@ -202,11 +203,11 @@ class ServerConnection:
         if isinstance(packet, Publish):
             return handle_publish.handle_publish(state, packet)
         if isinstance(packet, PubAck):
-            return delivery.handle_puback(state, packet)
+            return delivery.handle_puback(state, packet) + handle_replay.drained(state)
         if isinstance(packet, PubRec):
-            return delivery.handle_pubrec(state, packet)
+            return delivery.handle_pubrec(state, packet) + handle_replay.drained(state)
         if isinstance(packet, PubComp):
-            return delivery.handle_pubcomp(state, packet)
+            return delivery.handle_pubcomp(state, packet) + handle_replay.drained(state)
         if isinstance(packet, PubRel):
             return handle_publish.handle_pubrel(state, packet)
         if isinstance(packet, PingReq):
@@ -270,6 +271,9 @@ class ServerConnection:
             return self._finish(handle_publish.publish_outcome(state, waiter, ok=True))
         if isinstance(waiter, PendingSubAck):
             return handle_subscribe.subscribe_outcome(state, waiter)
+        if isinstance(waiter, PendingReplayMark):
+            handle_replay.mark_stored(state, waiter)
+            return []
         if isinstance(waiter, RecordWaiters):
             return self._session_record_outcome(waiter, ok=True)
         if isinstance(waiter, AwaitingAppTopic):
@@ -303,7 +307,7 @@ class ServerConnection:
             if isinstance(item, int):
                 effects.extend(self.release(item))
             else:
-                effects.extend(delivery.deliver_routed(state, *item))
+                effects.extend(self._deliver_live(*item))
         late, state.seen_while_connecting = state.seen_while_connecting or [], None
         for offset, record in late:
             effects.extend(self.session_record_seen(record, offset))
@@ -338,7 +342,7 @@ class ServerConnection:
         waiter = state.waiting.pop(token, None)
         if isinstance(waiter, PendingAck):
             return self._finish(handle_publish.publish_outcome(state, waiter, ok=False))
-        if isinstance(waiter, PendingSubAck):
+        if isinstance(waiter, PendingSubAck | PendingReplayMark):
             return self.protocol_violation(
                 MQTTError("subscriptions could not be stored", ReasonCode.UNSPECIFIED_ERROR)
             )
@@ -371,11 +375,14 @@ class ServerConnection:
         if self.state.phase is not Phase.CONNECTED:
             self._hold((message, target))
             return []
+        return self._finish(self._deliver_live(message, target))
+
+    def _deliver_live(self, message: FanOut, target: Target) -> list[Effect]:
         if handle_replay.hold(self.state, message, target):
             return []  # after the history of the replays running (per-publisher order)
-        if handle_replay.replayed_already(self.state, message):
+        if handle_replay.replayed_already(self.state, message, target):
             return []  # its replay delivered it (the switch's window)
-        return self._finish(delivery.deliver_routed(self.state, message, target))
+        return delivery.deliver_routed(self.state, message, target)
 
     def replay_room(self) -> bool:
         """Whether the client can take one more replayed message now (its in-flight
@@ -388,10 +395,29 @@ class ServerConnection:
         (:func:`services.ingest.handle_replay.switch`)."""
         return handle_replay.switch(self.state, subscription, ends)
 
-    def replayed(self, message: FanOut, target: Target) -> list[Effect]:
-        """Send one message of a replay's history (:mod:`services.ingest.handle_replay`)
-        as ``target`` says; v5 clients see the User Property ``replayed=true``."""
-        return self._finish(handle_replay.replayed(self.state, message, target))
+    def replayed(self, message: FanOut, target: Target, topic_filter: str = "") -> list[Effect]:
+        """Send one message of the history of the replay of ``topic_filter``
+        (:mod:`services.ingest.handle_replay`) as ``target`` says (DUP: a resumed
+        replay's resend); v5 clients see the User Property ``replayed=true``."""
+        return self._finish(handle_replay.replayed(self.state, message, target, topic_filter))
+
+    def replay_seen(self, message: FanOut) -> None:
+        """A resumed replay read ``message`` again, which the client acknowledged on an
+        earlier connection: not sent, only known (its live copy is dropped)."""
+        handle_replay.remember(self.state, message)
+
+    def replay_mark(
+        self, topic_filter: str, positions: Sequence[int], sent: Sequence[int]
+    ) -> list[Effect]:
+        """A persistent session's replay of ``topic_filter`` is about to send up to
+        ``sent`` (one ``msg.all`` offset per partition), having handed over everything
+        below ``positions``: its progress is stored first
+        (:func:`services.ingest.handle_replay.mark`; :meth:`replay_marked` says when)."""
+        return self._finish(handle_replay.mark(self.state, topic_filter, positions, sent))
+
+    def replay_marked(self, topic_filter: str) -> bool:
+        """Whether the progress :meth:`replay_mark` stores for ``topic_filter`` is in Kafka."""
+        return handle_replay.marked(self.state, topic_filter)
 
     def replay_finished(self, topic_filter: str) -> list[Effect]:
         """The replay of ``topic_filter`` sent its whole history: once no replay runs, the

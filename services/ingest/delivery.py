@@ -117,7 +117,7 @@ def deliver(
     """
     if not state.authorizer.may_receive(packet.topic):
         if packet.qos and packet.packet_id and packet.packet_id not in state.outbound:
-            _completed_unsent(state, packet.qos, packet.packet_id)
+            completed_unsent(state, packet.qos, packet.packet_id)
         return _withheld(state, packet.topic)
     if packet.qos and packet.packet_id:
         return _deliver_store_assigned(state, packet, expires_at_ms)
@@ -231,7 +231,7 @@ def _deliver_store_assigned(
     if not _set_remaining(state, packet, expires_at_ms):
         if not packet.dup:
             dropped(Drop.EXPIRED)
-            _completed_unsent(state, packet.qos, packet_id)
+            completed_unsent(state, packet.qos, packet_id)
             return []
         # A resend: onward delivery had started, so it goes out with the least interval.
         if state.protocol_version == 5:
@@ -240,12 +240,13 @@ def _deliver_store_assigned(
     if effects:
         state.outbound[packet_id] = Outbound(packet.qos, store_assigned=True)
     else:
-        _completed_unsent(state, packet.qos, packet_id)
+        completed_unsent(state, packet.qos, packet_id)
     return effects
 
 
-def _completed_unsent(state: ConnectionState, qos: int, packet_id: int) -> None:
-    """Report a store-assigned delivery discarded without sending as complete."""
+def completed_unsent(state: ConnectionState, qos: int, packet_id: int) -> None:
+    """Report a store-assigned delivery of QoS ``qos`` and ``packet_id`` discarded without
+    sending as complete (to ``client.acks``, with the next :func:`flush_acks`)."""
     if qos == 1:
         state.acks_out.append((AckKind.PUBACK, packet_id))
     else:

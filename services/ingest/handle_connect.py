@@ -48,7 +48,7 @@ from services.common.sessions import (
     session_expired,
 )
 from services.common.topics.validation import validate_topic_name
-from services.ingest import events, will_rules
+from services.ingest import events, handle_replay, will_rules
 from services.ingest.effects import (
     Authenticate,
     Close,
@@ -57,6 +57,7 @@ from services.ingest.effects import (
     Effect,
     LimitRefused,
     Send,
+    StartReplay,
     StoreSession,
     StoreSubscriptions,
     WatchSession,
@@ -409,7 +410,26 @@ def connect_stored(state: ConnectionState, waiter: AwaitingConnAck) -> list[Effe
     state.heard_at = state.server.monotonic()
     state.accepted = True
     MQTT.connect_outcome(state.listener, ReasonCode.SUCCESS)
-    return [Send(state.encode(waiter.connack)), Connected(state.client_id), events.connected(state)]
+    effects: list[Effect] = [
+        Send(state.encode(waiter.connack)),
+        Connected(state.client_id),
+        events.connected(state),
+    ]
+    if waiter.connack.session_present:
+        effects += resume_replays(state)
+    return effects
+
+
+def resume_replays(state: ConnectionState) -> list[Effect]:
+    """A resumed session's replay subscriptions with a stored progress go on from it
+    (:mod:`services.ingest.handle_replay`, "Persistent sessions"): live messages are held
+    from now on, before anything routed to the client is sent."""
+    effects: list[Effect] = []
+    for subscription in state.subscriptions.values():
+        if subscription.replay is not None:
+            handle_replay.started(state, subscription.topic_filter)
+            effects.append(StartReplay(subscription, 0))
+    return effects
 
 
 def connect_failed(state: ConnectionState) -> list[Effect]:

@@ -39,6 +39,20 @@ Flow control: the reader hands over a message only while :func:`room` says the c
 in-flight window (its Receive Maximum, MQTT 5.0 3.3.4) has a free slot and nothing queues
 behind it; it waits otherwise, so a replay never fills the node's memory.
 
+Persistent sessions (docs/concepts/replay.md, "Persistent sessions"): a replay keeps a
+:class:`~services.common.subscription.ReplayProgress` with its subscription
+(``client.subscriptions``): the second cut (:func:`switch`), and per partition ``next``
+(acknowledged below) and ``sent`` (nothing sent at or past), stored by :func:`mark` before
+the reader sends past ``sent``; a QoS 1 replayed message in flight holds ``next`` back until
+its PUBACK. A resumed session's replay starts at CONNACK
+(:func:`services.ingest.handle_connect.resume_replays`) from ``next``, reads the window
+again only to :func:`remember` what it delivered there, and sends ``[next, sent)`` with
+DUP=1. The message stores' live copies (device_persist's, app_delivery's) carry their
+``msg.all`` origin (header ``a``), so :func:`replayed_already` drops them as it drops the
+router's, and reports them complete to their store; held ones go only once the node's own
+Packet Identifiers in flight are acknowledged (:func:`drained`), since the stores pick
+theirs from the same space.
+
 A replayed message is sent as a live one would be (QoS min(message, subscription), RETAIN
 as published only with Retain As Published, the subscription's identifier, the original
 properties with the Message Expiry Interval left), checked against the client's rules as of
@@ -48,16 +62,17 @@ now (:func:`services.ingest.delivery.deliver`), and to a v5 client with the User
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 
 from services.common.metrics import Drop, dropped
 from services.common.records import Target
-from services.common.subscription import Subscription
+from services.common.subscription import ReplayProgress, Subscription
 from services.ingest import delivery
-from services.ingest.effects import Effect
+from services.ingest.effects import Effect, StoreSubscriptions
 from services.ingest.fan_out import FanOut
-from services.ingest.state import ConnectionState, Phase
+from services.ingest.state import ConnectionState, PendingReplayMark, Phase
 
 REPLAYED = ("replayed", "true")
 """The User Property on every replayed PUBLISH to a v5 client."""
@@ -72,9 +87,10 @@ def started(state: ConnectionState, topic_filter: str) -> None:
 
 
 def hold(state: ConnectionState, message: FanOut, target: Target) -> bool:
-    """Keep a live ``message`` for ``target`` until the replays end; False (not held)
-    when no replay runs."""
-    if not state.replaying:
+    """Keep a live ``message`` for ``target`` until the replays end (and, in a persistent
+    session, their deliveries in flight are acknowledged); False (not held) when no
+    replay runs."""
+    if not state.replaying and not state.replay_draining:
         return False
     if state.held is None:
         state.held = deque()
@@ -110,6 +126,13 @@ def switch(
     if state.replay_windows is None:
         state.replay_windows = {}
     state.replay_windows[subscription.topic_filter] = (first, second)
+    current = state.subscriptions.get(subscription.topic_filter)
+    if state.persistent and current is not None and current.replay is None:
+        # A persistent session's replay keeps its second cut with its subscription; its
+        # progress is stored by the reader's first mark, before anything is sent.
+        progress = ReplayProgress(second, second, second)
+        updated = dataclasses.replace(current, replay=progress)
+        state.subscriptions = {**state.subscriptions, subscription.topic_filter: updated}
     return second
 
 
@@ -122,11 +145,13 @@ def _in_window(state: ConnectionState, partition: int, offset: int) -> bool:
     return False
 
 
-def replayed_already(state: ConnectionState, message: FanOut) -> bool:
-    """Whether a live ``message`` was delivered by a replay already (its origin is one the
-    replay handed over from between its cuts): then it is dropped, and its origin
-    forgotten (a message comes live to a client once). A message without an origin (a
-    message store's delivery) passes."""
+def replayed_already(state: ConnectionState, message: FanOut, target: Target) -> bool:
+    """Whether a live ``message`` for ``target`` was delivered by a replay already (its
+    origin is one the replay handed over from between its cuts): then it is dropped, and
+    its origin forgotten (a message comes live to a client once). A message store's
+    delivery (a Packet Identifier of its own) is reported to it as complete, as one
+    withheld is (:mod:`services.ingest.delivery`): it must not come again. A message
+    without an origin (a record of an older router or store) passes."""
     origins = state.replayed_origins
     origin = message.origin
     if not origins or origin is None:
@@ -135,42 +160,132 @@ def replayed_already(state: ConnectionState, message: FanOut) -> bool:
     if key not in origins:
         return False
     origins.discard(key)
+    if target.qos and target.packet_id:
+        delivery.completed_unsent(state, target.qos, target.packet_id)
     return True
 
 
-def replayed(state: ConnectionState, message: FanOut, target: Target) -> list[Effect]:
-    """Send one replayed ``message`` to the client as ``target`` says (QoS, Retain As
-    Published, Subscription Identifiers); v5 clients see ``replayed=true``. Its origin is
-    remembered when it lies between a replay's two cuts (:func:`replayed_already`)."""
+def remember(state: ConnectionState, message: FanOut) -> None:
+    """A replay read ``message`` (its ``msg.all`` origin): remembered when it lies between
+    a replay's two cuts, so that its live copy is dropped (:func:`replayed_already`).
+    A resumed replay calls it alone for what the client acknowledged before."""
     origin = message.origin
     if origin is not None and _in_window(state, origin.partition, origin.offset):
         if state.replayed_origins is None:
             state.replayed_origins = set()
         state.replayed_origins.add((origin.partition, origin.offset))
+
+
+def replayed(
+    state: ConnectionState, message: FanOut, target: Target, topic_filter: str = ""
+) -> list[Effect]:
+    """Send one replayed ``message`` of the replay of ``topic_filter`` to the client as
+    ``target`` says (QoS, Retain As Published, Subscription Identifiers, DUP: a resumed
+    replay's resend); v5 clients see ``replayed=true``. Its origin is remembered
+    (:func:`remember`); in a persistent session, a QoS 1 one's origin is kept until its
+    PUBACK (:func:`mark`)."""
+    remember(state, message)
     if state.phase is not Phase.CONNECTED:
         return []
     packet = message.publish(target, state.protocol_version)
     if state.protocol_version == 5:
         packet.properties.user_properties = [*packet.properties.user_properties, REPLAYED]
-    return delivery.deliver(state, packet, message.expires_at_ms)
+    effects = delivery.deliver(state, packet, message.expires_at_ms)
+    origin = message.origin
+    if state.persistent and packet.packet_id in state.outbound and origin is not None:
+        if state.replay_inflight is None:
+            state.replay_inflight = {}
+        state.replay_inflight[packet.packet_id] = (topic_filter, origin.partition, origin.offset)
+    return effects
+
+
+def mark(
+    state: ConnectionState, topic_filter: str, positions: Sequence[int], sent: Sequence[int]
+) -> list[Effect]:
+    """Store how far the persistent session's replay of ``topic_filter`` got, before its
+    reader sends anything past its stored ``sent`` marks: ``positions[p]`` is the offset
+    of ``msg.all`` partition ``p`` the reader has handed over everything below,
+    ``sent[p]`` what it may send up to once this is stored (both one per partition).
+
+    The subscription's :class:`~services.common.subscription.ReplayProgress` gets ``next``,
+    the lower of the position and the oldest QoS 1 message in flight of each partition,
+    and ``sent``; the whole subscription set is written (``client.subscriptions``, in
+    order with the connection's other changes). :func:`marked` says when it is stored.
+    Nothing is written for a subscription that is gone (UNSUBSCRIBE), or on a connection
+    no longer connected."""
+    subscription = state.subscriptions.get(topic_filter)
+    if state.phase is not Phase.CONNECTED or subscription is None or subscription.replay is None:
+        return []
+    inflight = state.replay_inflight or {}
+    for packet_id in [p for p, _ in inflight.items() if p not in state.outbound]:
+        del inflight[packet_id]  # acknowledged
+    following = list(positions)
+    for packet_id, (owner, partition, offset) in inflight.items():
+        if owner == topic_filter and state.outbound[packet_id].store_assigned is False:
+            following[partition] = min(following[partition], offset)
+    progress = dataclasses.replace(subscription.replay, next=tuple(following), sent=tuple(sent))
+    updated = dataclasses.replace(subscription, replay=progress)
+    state.subscriptions = {**state.subscriptions, topic_filter: updated}
+    if state.replay_marks is None:
+        state.replay_marks = {}
+    state.replay_marks[topic_filter] = state.replay_marks.get(topic_filter, 0) + 1
+    token = state.new_token(PendingReplayMark(topic_filter))
+    return [StoreSubscriptions(token, list(state.subscriptions.values()))]
+
+
+def marked(state: ConnectionState, topic_filter: str) -> bool:
+    """Whether every progress of the replay of ``topic_filter`` asked for by :func:`mark`
+    is stored (or none is being stored)."""
+    return not state.replay_marks or topic_filter not in state.replay_marks
+
+
+def mark_stored(state: ConnectionState, waiter: PendingReplayMark) -> None:
+    """Kafka acknowledged one progress :func:`mark` wrote: once all are, its reader may
+    go on."""
+    marks = state.replay_marks
+    if marks is not None and waiter.topic_filter in marks:
+        marks[waiter.topic_filter] -= 1
+        if not marks[waiter.topic_filter]:
+            del marks[waiter.topic_filter]
 
 
 def finished(state: ConnectionState, topic_filter: str) -> list[Effect]:
     """The replay of ``topic_filter`` ended (all history sent, stopped by UNSUBSCRIBE, or
     replaced by a new one): once no replay runs, the held live messages go, in order,
-    but for those a replay delivered (:func:`replayed_already`)."""
+    but for those a replay delivered (:func:`replayed_already`). In a persistent session
+    they wait until the replays' own deliveries in flight are acknowledged
+    (:func:`drained`): a message store's Packet Identifiers may be any."""
     if state.replaying is None:
         return []
     state.replaying.discard(topic_filter)
     if state.replaying:
         return []
     state.replaying = None
+    if state.persistent:
+        state.replay_draining = True
+        return drained(state)
+    return _release(state)
+
+
+def drained(state: ConnectionState) -> list[Effect]:
+    """A delivery was acknowledged: in a persistent session whose replays ended, the held
+    live messages go once none of the node's own Packet Identifiers is in flight."""
+    if not state.replay_draining:
+        return []
+    if any(not entry.store_assigned for entry in state.outbound.values()):
+        return []
+    state.replay_draining = False
+    return _release(state)
+
+
+def _release(state: ConnectionState) -> list[Effect]:
+    """Send the held live messages, in order, but for those a replay delivered."""
     held, state.held = state.held, None
     effects: list[Effect] = []
     for message, target in held or ():
         if state.phase is not Phase.CONNECTED:
             break
-        if replayed_already(state, message):
+        if replayed_already(state, message, target):
             continue
         effects.extend(delivery.deliver_routed(state, message, target))
     return effects

@@ -26,9 +26,9 @@ history holds them) and carries a replay cut; the replay starts once the SUBACK 
 Its own failures, per entry (v3.1.1: 0x80 for each): a ``<since>`` that is no duration or
 RFC 3339 time, lies in the future, or a replay inside a Shared Subscription (either way
 round) gets 0x8F Topic Filter invalid; a ``<since>`` older than ``max_replay_age_seconds``
-0x97 Quota exceeded; a persistent session (Clean Start 0 or a Session Expiry Interval)
-0x83 Implementation specific error, since its live messages are delivered by its message
-store and a replay's progress is not kept across connections. A ``<since>`` older than
+0x97 Quota exceeded. A persistent session's replay (Clean Start 0 or a Session Expiry
+Interval) keeps its progress with the subscription (:mod:`services.ingest.handle_replay`)
+and is granted QoS 1 at most. A ``<since>`` older than
 ``msg.all``'s retention is granted and starts at the oldest message kept; a v5 SUBACK says
 so in its Reason String (unless the client asked for no problem information, MQTT 5.0
 3.1.2.11.7).
@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 
 MAX_GRANTED_QOS = 2
 """The highest QoS granted to a subscription (MQTT 3.8.4): every QoS is delivered."""
+
+MAX_PERSISTENT_REPLAY_QOS = 1
+"""The highest QoS granted to a persistent session's replay subscription: its progress
+is stored, the state of QoS 2 exchanges of replayed messages is not."""
 
 
 def _failure(state: ConnectionState, exc: MQTTError) -> int:
@@ -149,6 +153,9 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
             codes.append(_failure(state, MQTTError(over.detail, ReasonCode.QUOTA_EXCEEDED)))
             continue
         granted = min(request.qos, MAX_GRANTED_QOS)
+        if since is not None and state.persistent:
+            # A persistent replay keeps its progress, not its QoS 2 exchanges (PUBREL).
+            granted = min(granted, MAX_PERSISTENT_REPLAY_QOS)
         before = state.subscriptions.get(topic_filter)
         wanted = since is None and wants_retained(
             request.retain_handling, before is not None, shared is not None
@@ -201,13 +208,7 @@ def handle_subscribe(state: ConnectionState, packet: Subscribe) -> list[Effect]:
 
 def _replay_refused(state: ConnectionState, since: int) -> MQTTError | LimitRefused | None:
     """Why a replay from ``since`` (Unix ms) cannot be granted on this connection, if it
-    cannot: a persistent session (0x83), or ``since`` beyond ``max_replay_age_seconds``
-    (a :class:`LimitRefused`; 0x97)."""
-    if state.persistent:
-        return MQTTError(
-            "a replay needs a non-persistent session (Clean Start 1, Session Expiry 0)",
-            ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-        )
+    cannot: ``since`` beyond ``max_replay_age_seconds`` (a :class:`LimitRefused`; 0x97)."""
     max_age = state.limits.max_replay_age_seconds
     if state.now_ms() - since > max_age * 1000:
         return LimitRefused(Refusal.REPLAY_AGE, f"a replay reaching back more than {max_age} s")

@@ -27,6 +27,7 @@ the switch) is the connection core's business there too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 #: Records handed to the connection before the reader gives the event loop back: live
 #: deliveries of the node's other clients wait at most this long behind a replay.
 YIELD_EVERY = 64
+
+#: Messages a persistent session's replay hands over between two stores of how far the
+#: client's acknowledgements got (besides the one before each fetch is sent): after a
+#: reconnect, about this many acknowledged messages are sent again, with DUP=1.
+MARK_EVERY = 32
 
 #: Records one fetch returns at most.
 FETCH_RECORDS = 500
@@ -91,6 +97,24 @@ def truncated_starts(
     if first is None:
         return truncated
     return [min(start, low) for start, low in zip(truncated, first, strict=True)]
+
+
+@dataclass(eq=False)
+class _Marks:
+    """A persistent session's replay, per ``msg.all`` partition: ``known``, below it the
+    client acknowledged everything on an earlier connection (read again only for the
+    switch's window); ``resend``, below it a record may have been sent before (DUP=1);
+    ``sent``, the marks stored (the reader sends nothing at or past them before storing
+    new ones); ``positions``, below it the reader handed everything over."""
+
+    known: list[int]
+    resend: list[int]
+    positions: list[int]
+    sent: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sent:
+            self.sent = list(self.resend)
 
 
 @dataclass(eq=False)
@@ -177,10 +201,14 @@ class Replays:
         """Read the history of ``replay`` in turn with the node's other replays, then tell
         the connection it is finished (or failed)."""
         topic_filter = replay.subscription.topic_filter
+        progress = replay.subscription.replay
         try:
-            # The second cut is read at once, not after waiting for a turn: the window
-            # between the cuts, whose live copies are remembered, stays a round trip long.
-            cut = await self._switch(client, replay)
+            if progress is None:
+                # The second cut is read at once, not after waiting for a turn: the window
+                # between the cuts, whose live copies are remembered, stays a round trip.
+                cut = await self._switch(client, replay)
+            else:  # resumed: the second cut was stored with the progress
+                cut = client.connection.replay_switch(replay.subscription, progress.cut)
             async with self._slots:
                 count = await self._read(client, replay, since_ms, cut)
         except asyncio.CancelledError:
@@ -217,22 +245,38 @@ class Replays:
         assert subscription.live_from is not None and subscription.live_from.offsets is not None
         first = subscription.live_from.offsets
         settings = self._settings
+        progress = subscription.replay
         consumer = make_consumer(settings, group_id=None, max_poll_records=FETCH_RECORDS)
         await consumer.start()
         try:
             partitions = [TopicPartition(self._msg_all, p) for p in range(len(cut))]
             consumer.assign(partitions)
-            found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
-            starts = [cut[p] if found[tp] is None else found[tp].offset
-                      for p, tp in enumerate(partitions)]  # fmt: skip
-            starts = truncated_starts(starts, cut, settings.max_replay_messages, first)
+            marks: _Marks | None = None
+            if progress is not None:
+                # Resumed: from where the client's acknowledgements got, and the switch's
+                # window again, to know the live copies of what it acknowledged there.
+                starts = [min(n, f) for n, f in zip(progress.next, first, strict=True)]
+                marks = _Marks(list(progress.next), list(progress.sent), list(progress.next))
+            else:
+                found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+                starts = [cut[p] if found[tp] is None else found[tp].offset
+                          for p, tp in enumerate(partitions)]  # fmt: skip
+                starts = truncated_starts(starts, cut, settings.max_replay_messages, first)
+                if client.connection.state.persistent:
+                    marks = _Marks(list(starts), list(starts), list(starts))
             ends: dict[TopicPartition, int] = {}
             for tp, start in zip(partitions, starts, strict=True):
                 if start < cut[tp.partition]:
                     consumer.seek(tp, start)
                     ends[tp] = cut[tp.partition]
             consumer.pause(*(tp for tp in partitions if tp not in ends))
-            return await self._follow(client, replay, consumer, ends)
+            handed = await self._follow(client, replay, consumer, ends, marks)
+            if marks is not None:
+                # Everything read: next is where acknowledgements got, and the progress
+                # stays with the subscription (its window, for live copies sent again).
+                sent = [max(s, c) for s, c in zip(marks.sent, cut, strict=True)]
+                await self._mark(client, replay, list(cut), sent)
+            return handed
         finally:
             await consumer.stop()
 
@@ -242,10 +286,16 @@ class Replays:
         replay: _Replay,
         consumer: AIOKafkaConsumer,
         ends: dict[TopicPartition, int],
+        marks: _Marks | None = None,
     ) -> int:
         """Read the assigned partitions up to their ``ends`` (each in order: one
-        publisher's messages keep their order), handing each matching record over."""
+        publisher's messages keep their order), handing each matching record over. A
+        persistent session's replay (``marks``) stores its progress before it sends
+        past its stored ``sent`` marks, once per fetch; a record below ``marks.known``
+        (acknowledged on an earlier connection) is only shown to the connection, one
+        below ``marks.sent`` goes with DUP=1."""
         subscription = replay.subscription
+        topic_filter = subscription.topic_filter
         matcher = SubscriptionTrie()
         matcher.add(subscription)
         ids = (
@@ -260,11 +310,16 @@ class Replays:
         started = loop.time()
         while ends:
             batches = await consumer.getmany(*ends, timeout_ms=500, max_records=FETCH_RECORDS)
+            if marks is not None:
+                await self._mark_batch(client, replay, marks, batches, ends)
             for tp, records in batches.items():
                 end = ends.get(tp)
                 for record in records:
                     if end is None or record.offset >= end:
                         break
+                    if marks is not None:  # never below what was acknowledged before
+                        p = tp.partition
+                        marks.positions[p] = max(marks.positions[p], record.offset + 1)
                     published = _published(record)
                     if published is None:
                         continue
@@ -283,15 +338,26 @@ class Replays:
                         log.warning("replay: skipping a message of %r: %r",
                                     published.client_id, exc)  # fmt: skip
                         continue
+                    if marks is not None and record.offset < marks.known[tp.partition]:
+                        client.connection.replay_seen(message)
+                        continue
                     target = Target(
                         subscription.client_id,
                         min(meta.qos, subscription.qos),
                         subscription.retain_as_published,
                         ids,
+                        dup=marks is not None and record.offset < marks.resend[tp.partition],
                     )
-                    self._run(client, client.connection.replayed(message, target))
+                    handing = client.connection.replayed(message, target, topic_filter)
+                    self._run(client, handing)
                     handed += 1
                     since_yield += 1
+                    if marks is not None and handed % MARK_EVERY == 0:
+                        # Where the acknowledgements got, without waiting: its sent marks
+                        # are the stored ones.
+                        mark = client.connection.replay_mark(topic_filter, marks.positions,
+                                                             marks.sent)  # fmt: skip
+                        self._run(client, mark)
                     if since_yield >= YIELD_EVERY:
                         since_yield = 0
                         # The node's live deliveries go first, and the replay keeps to its
@@ -304,6 +370,40 @@ class Replays:
                     consumer.pause(tp)
                     del ends[tp]
         return handed
+
+    async def _mark_batch(
+        self,
+        client: Client,
+        replay: _Replay,
+        marks: _Marks,
+        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+        ends: dict[TopicPartition, int],
+    ) -> None:
+        """Store the progress before ``batches`` go, if they reach past the stored
+        ``sent`` marks: those become the batches' last offsets (one write per fetch)."""
+        sent = list(marks.sent)
+        for tp, records in batches.items():
+            below = [r.offset for r in records if r.offset < ends.get(tp, 0)]
+            if below:
+                sent[tp.partition] = max(sent[tp.partition], below[-1] + 1)
+        if sent != marks.sent:
+            await self._mark(client, replay, list(marks.positions), sent)
+            marks.sent = sent
+
+    async def _mark(
+        self, client: Client, replay: _Replay, positions: list[int], sent: list[int]
+    ) -> None:
+        """Store a persistent replay's progress (:meth:`ServerConnection.replay_mark`) and
+        return once Kafka has it. Raises ``CancelledError`` when the client goes."""
+        connection = client.connection
+        topic_filter = replay.subscription.topic_filter
+        self._run(client, connection.replay_mark(topic_filter, positions, sent))
+        while not connection.replay_marked(topic_filter):
+            if connection.closed:
+                raise asyncio.CancelledError
+            replay.room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(replay.room.wait(), ROOM_WAIT_SECONDS)
 
     async def _room(self, client: Client, replay: _Replay) -> None:
         """Return once the client can take a replayed message: a free in-flight slot

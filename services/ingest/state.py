@@ -157,6 +157,15 @@ class PendingSubAck:
 
 
 @dataclass(slots=True)
+class PendingReplayMark:
+    """A persistent session's replay progress (``topic_filter``'s subscription record)
+    being stored: its reader sends nothing past its old ``sent`` marks until it is
+    (:func:`services.ingest.handle_replay.mark`)."""
+
+    topic_filter: str
+
+
+@dataclass(slots=True)
 class AwaitingConnAck:
     """CONNACK, waiting for the session record it answers to be stored (MQTT 3.2: a client
     is told it is connected once every node can see its session)."""
@@ -186,6 +195,7 @@ Waiter = (
     PendingAck
     | RecordWaiters
     | PendingSubAck
+    | PendingReplayMark
     | AwaitingConnAck
     | AwaitingAppTopic
     | AwaitingStateSync
@@ -313,6 +323,13 @@ class ConnectionState:
     # their live copies are dropped
     replay_windows: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
     replayed_origins: set[tuple[int, int]] | None = None
+    # a persistent session's replays: the msg.all (Topic Filter, partition, offset) of
+    # each QoS 1 replayed message in flight by Packet Identifier, the progress records
+    # being stored by Topic Filter, and whether held live messages wait for those in flight
+    # (a message store's Packet Identifiers and the node's share one space)
+    replay_inflight: dict[int, tuple[str, int, int]] | None = None
+    replay_marks: dict[str, int] | None = None
+    replay_draining: bool = False
     # client.events (services/ingest/events.py): the peer, and why the connection ends
     client_address: str = ""
     # the listener the connection came through (its metrics' label)

@@ -104,6 +104,23 @@ class Routes:
             self.by_node[session.node_id].append(target)
 
 
+def _routed_alike(before: list[Subscription], after: list[Subscription]) -> bool:
+    """Whether two subscription sets of one client route every message alike: the same
+    subscriptions (options included) with the same cuts; they may differ in a replay's
+    :class:`~services.common.subscription.ReplayProgress`, which the router never reads."""
+
+    def routing(subs: list[Subscription]) -> dict[str, tuple[object, ...]]:
+        return {
+            s.topic_filter: (
+                s,
+                None if s.live_from is None else (s.live_from.offsets, s.live_from.every_message),
+            )
+            for s in subs
+        }
+
+    return len(before) == len(after) and routing(before) == routing(after)
+
+
 class RoutingTable:
     """Subscriptions, client locations and retained messages, from the compacted topics."""
 
@@ -127,7 +144,10 @@ class RoutingTable:
         skipped; the client's other subscriptions still apply.
         """
         before = self.trie.subscriptions_of(client_id)
-        self._changed(StateChange(client_id, (*before, *subs)))
+        if not _routed_alike(before, subs):
+            # A replay's progress alone (a persistent session's, stored every few dozen
+            # messages) routes nothing otherwise: it does not outdate a transaction.
+            self._changed(StateChange(client_id, (*before, *subs)))
         self.trie.remove_client(client_id)
         for sub in subs:
             try:

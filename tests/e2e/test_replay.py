@@ -5,8 +5,11 @@ its SUBSCRIBE, then the live ones, each exactly once and in per-publisher order 
 with messages of several publishers racing the SUBSCRIBE (the switch) among them; v5
 history carries ``replayed=true``. The history respects the subscriber's
 Receive Maximum: with manual acknowledgements the replay waits for them. A router killed
-with SIGKILL in the middle of a replay loses and repeats nothing. Clients: paho-mqtt
-(MQTT 5 and 3.1.1) and mosquitto_sub.
+with SIGKILL in the middle of a replay loses and repeats nothing. A persistent session
+(DEVICE or APPLICATION) whose connection ends mid-replay (DISCONNECT, or kill -9 of its
+ingest node) resumes it on the other node: the rest of the history, then what was
+published meanwhile, each once but for resends with DUP=1. Clients: paho-mqtt (MQTT 5
+and 3.1.1) and mosquitto_sub.
 """
 
 from __future__ import annotations
@@ -168,3 +171,62 @@ def test_exactly_once_across_a_router_killed_mid_replay(cluster: LocalCluster) -
     finally:
         pub.close()
         sub.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "end"),
+    [
+        ("dev", "disconnect"),  # a DEVICE: device_persist stores its live messages
+        pytest.param("app", "kill", marks=pytest.mark.disruptive),  # app_delivery's
+    ],
+)
+def test_a_persistent_session_resumes_its_replay_on_the_other_node(
+    cluster: LocalCluster, kind: str, end: str
+) -> None:
+    """The first connection ends mid-replay with a DISCONNECT, or a kill -9 of its ingest
+    node (nothing is stored at the end of a connection: the two leave the same); the
+    session resumes on the other node."""
+    node1, node2 = cluster.node_ports
+    base = unique("e2e/replay-persistent")
+    history, acked, live = 60, 40, 5
+    pub = PahoClient(node2, unique("pub"))  # not on the node that may be killed
+    sub_id = unique(f"{kind}-replay")  # app-*: an APPLICATION client in the test cluster
+
+    def subscriber(port: int) -> PahoClient:
+        return PahoClient(port, sub_id, clean_start=False, session_expiry=300,
+                          receive_maximum=2, manual_ack=True)  # fmt: skip
+
+    first, second = subscriber(node1), subscriber(node2)
+    try:
+        pub.connect()
+        _published(pub, f"{base}/t", range(history))
+        assert first.connect() == 0
+        assert [code.value for code in first.subscribe(f"$replay/1h/{base}/#", 2)] == [1]
+        got = _until_markers(first, {str(acked - 1).encode()}, ack=True)
+        # Two more in flight (Receive Maximum 2), not acknowledged: then gone.
+        got += [first.messages.get(timeout=TIMEOUT) for _ in range(2)]
+        if end == "kill":
+            assert cluster.kill("ingest-node1")
+        first.close()
+        # Published while the session is disconnected: kept by its message store, live.
+        _published(pub, f"{base}/t", range(history, history + live))
+        assert second.connect() == 0
+        last = history + live
+        got += _until_markers(second, {str(last - 1).encode()}, ack=True)
+        _published(pub, f"{base}/t", range(last, last + 1))  # live on the resumed session
+        got += _until_markers(second, {str(last).encode()}, ack=True)
+    finally:
+        for client in (pub, first, second):
+            client.close()
+        if end == "kill":
+            cluster.start("ingest-node1")
+    seqs = [int(m.payload) for m in got]
+    firsts = [seq for i, seq in enumerate(seqs) if seq not in seqs[:i]]
+    repeats = [m for i, m in enumerate(got) if int(m.payload) in seqs[:i]]
+    assert firsts == list(range(last + 1)), seqs  # everything, in per-publisher order
+    # A repeat is a resend (DUP) of what the first connection may not have seen
+    # acknowledged: from the last progress stored (every 32 messages), not from the start.
+    assert all(m.dup for m in repeats), seqs
+    assert all(int(m.payload) >= 32 - 2 for m in repeats), seqs
+    assert all(_replayed(m) for m in got if int(m.payload) < history)
+    assert not any(_replayed(m) for m in got if int(m.payload) >= history)

@@ -25,11 +25,14 @@ from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
 from services.common.records import (
     HEADER_META,
+    HEADER_ORIGIN,
     HEADER_RELEASES,
+    HEADER_STORED_ORIGIN,
     HEADER_TARGETS,
     AckKind,
     AckRecord,
     EventKind,
+    Origin,
     PublishMeta,
     SessionRecord,
     Target,
@@ -38,6 +41,7 @@ from services.common.records import (
     decode_targets,
     encode_ack,
     encode_meta,
+    encode_origin,
     encode_session,
     encode_targets,
 )
@@ -367,3 +371,22 @@ async def test_drops_past_the_cap_are_counted_and_logged_once_per_client_and_bat
     capped.session(full, connection_id=b"conn-0000000000f")
     await capped.serve_dirty()
     assert [s.value for s in capped.take()] == [b"a9", b"c0", b"c1"]
+
+
+async def test_the_msg_all_origin_goes_with_the_stored_message(h: Harness) -> None:
+    """A replay subscription's switch recognizes device_persist's live copies by it
+    (docs/concepts/replay.md, "Persistent sessions"): stored with the message, sent on as
+    header ``a``, never as the router's ``o``."""
+    client = _client()
+    h.session(client, connected=False)
+    origin = encode_origin(Origin(3, 77, 0))
+    stored = h.message(client, b"m")
+    stored.headers.append((HEADER_ORIGIN, origin))
+    await h.batch(stored)
+    h.session(client, node="n2", connection_id=b"conn-0000000000b")
+    await h.serve_dirty()
+    [sent] = h.take()
+    assert (sent.headers.get(HEADER_STORED_ORIGIN), HEADER_ORIGIN in sent.headers) == (
+        origin,
+        False,
+    )

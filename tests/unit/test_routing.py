@@ -5,6 +5,7 @@ MQTT 3.3.4 (overlapping subscriptions), 3.8.4 (granted QoS), 4.8.2 (shared subsc
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 
@@ -39,7 +40,7 @@ from services.common.records import (
     retained_request_record,
 )
 from services.common.sessions import DeliveryPath
-from services.common.subscription import LiveFrom, Subscription
+from services.common.subscription import LiveFrom, ReplayProgress, Subscription
 from services.router import routing
 from services.router.main import RouterCounters, outputs, state_families
 from services.router.routing import RoutingTable
@@ -454,6 +455,11 @@ def test_application_records_carry_payload_meta_target_and_session() -> None:
 # RoutingTable.outdated: would messages routed at an earlier version be routed otherwise now?
 
 
+def _progressed(client: str, topic_filter: str) -> Subscription:
+    """``_sub(client, topic_filter)`` with a persistent replay's progress."""
+    return dataclasses.replace(_sub(client, topic_filter), replay=ReplayProgress((5,), (3,), (4,)))
+
+
 def test_nothing_applied_since_means_not_outdated() -> None:
     table = _table(a=("n1", [_sub("a", "t/#")]))
     version = table.version
@@ -477,6 +483,9 @@ def test_nothing_applied_since_means_not_outdated() -> None:
         (lambda t: t.set_session("s1", _session("n2")), "g/1", True),
         # A retained message changes no live routing.
         (lambda t: _retain(t, "t/1", b"r", 1, received_at_ms=0), "t/1", False),
+        # Nor does a persistent replay's progress (its cut is the same).
+        (lambda t: t.set_subscriptions("a", [_progressed("a", "t/#")]), "t/1", False),
+        (lambda t: t.set_subscriptions("a", [_sub("a", "t/#", 2)]), "t/1", True),
     ],
     ids=[
         "new-match",
@@ -488,6 +497,8 @@ def test_nothing_applied_since_means_not_outdated() -> None:
         "no-subscriptions",
         "shared-member",
         "retained",
+        "replay-progress",
+        "qos",
     ],
 )
 def test_a_change_outdates_the_messages_it_concerns(
