@@ -16,6 +16,14 @@ the integration again (:class:`~.stage.IntegrationRunner`), which reads again fr
 last committed offsets. So a restart, a crash or a failure re-sends at most the records of
 the round in flight (up to :data:`ROUND_MAX` records), some of which may have been
 delivered already: at least once, never lost.
+
+When the group moves partitions (another stage instance joins or leaves), the round being
+delivered finishes and commits before they are let go, and a round still gathering drops
+its records of them: a partition's messages are never sent by two owners at once, and the
+next owner starts after the last committed round. A partition assigned here is handed out
+only once it has been placed at its committed offset (or its start): nothing is sent
+twice, nor from before an integration's start, because aiokafka fetched first from its own
+reset position (:class:`_Rounds`).
 """
 
 from __future__ import annotations
