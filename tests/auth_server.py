@@ -20,11 +20,13 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.serving import serving
 
 HANG_SECONDS = 5.0
 
@@ -103,24 +105,14 @@ def serve_auth(tls: tuple[Path, Path] | None = None) -> Iterator[AuthServer]:
             """Quiet: the requests are recorded instead."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
     scheme = "http"
     if tls is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(*tls)
         server.socket = context.wrap_socket(server.socket, server_side=True)
         scheme = "https"
-    served.url = f"{scheme}://127.0.0.1:{server.server_address[1]}/auth"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
-
-    served._stop = stop
-    try:
+    with ExitStack() as stack:
+        port = stack.enter_context(serving(server))
+        served.url = f"{scheme}://127.0.0.1:{port}/auth"
+        served._stop = stack.close
         yield served
-    finally:
-        served.stop()

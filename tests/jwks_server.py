@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,8 @@ from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from tests.serving import serving
 
 SigningKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
 
@@ -55,15 +56,9 @@ def serve_jwks(cert: Path, key: Path) -> Iterator[JwksServer]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    served.url = f"https://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server) as port:
+        served.url = f"https://127.0.0.1:{port}/.well-known/jwks.json"
         yield served
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def _algorithm(key: SigningKey) -> str:

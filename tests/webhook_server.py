@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from tests.serving import serving
+
 HANG_SECONDS = 4.0
 
 SECRET = "a-webhook-secret-of-at-least-32-characters"
@@ -97,14 +99,6 @@ def serve_webhook() -> Iterator[WebhookServer]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: the requests are recorded instead."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    served.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as port:
+        served.url = f"http://127.0.0.1:{port}/hook"
         yield served
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)

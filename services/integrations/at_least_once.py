@@ -16,6 +16,14 @@ the integration again (:class:`~.stage.IntegrationRunner`), which reads again fr
 last committed offsets. So a restart, a crash or a failure re-sends at most the records of
 the round in flight (up to :data:`ROUND_MAX` records), some of which may have been
 delivered already: at least once, never lost.
+
+When the group moves partitions (another stage instance joins or leaves), the round being
+delivered finishes and commits before they are let go, and a round still gathering drops
+its records of them: a partition's messages are never sent by two owners at once, and the
+next owner starts after the last committed round. A partition assigned here is handed out
+only once it has been placed at its committed offset (or its start): nothing is sent
+twice, nor from before an integration's start, because aiokafka fetched first from its own
+reset position (:class:`_Rounds`).
 """
 
 from __future__ import annotations
@@ -87,11 +95,18 @@ date (sent, failed, retried, dead-lettered, the last error)."""
 
 
 class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
-    """The rebalance listener: a revoked partition is let go only once the round being
-    delivered is committed (the next owner starts after it); records of it gathered but
-    not delivered yet are delivered and not committed (the next owner sends them again: at
-    least once); an assigned partition without a committed offset starts at
-    ``start_offset``'s."""
+    """The rebalance listener, and where each assigned partition starts.
+
+    A revoked partition is let go only once the round being delivered is committed (its
+    next owner starts after it); records of it gathered but not delivered yet are dropped
+    (:attr:`revoked`: the next owner delivers them), so the old and the new owner never
+    send a partition's messages at the same time. An assigned partition is paused at once
+    and stays paused until :meth:`place` has put it at its committed offset, or else at
+    ``start_offset``'s: aiokafka starts fetching a new assignment at once, from the
+    committed offset or else by ``auto_offset_reset``, and hands those records out before
+    this listener's seek (a new integration's first round held records from before its
+    start, then the seek read them again: a client's messages sent twice, issue 27).
+    """
 
     def __init__(
         self,
@@ -103,47 +118,78 @@ class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
         self.start_offset = start_offset
         self.done = done
         self.lock = asyncio.Lock()
+        self.unplaced: set[TopicPartition] = set()
+        self.revoked: set[TopicPartition] = set()
+        self.changes = 0
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Wait for the round being delivered (it commits what it delivered)."""
         async with self.lock:
+            self.changes += 1
+            self.revoked.update(revoked)
             for tp in revoked:
                 self.done.pop(tp, None)
+                self.unplaced.discard(tp)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        """Read each partition from its committed offset, or else from ``start_offset``."""
-        for tp in assigned:
-            committed = await self.consumer.committed(tp)
-            if committed is None:
-                committed = await self.start_offset(tp)
-                self.consumer.seek(tp, committed)
-            self.done[tp] = committed
+        """Pause ``assigned`` until :meth:`place` placed them. Nothing slow here: aiokafka
+        sends no heartbeat while this runs."""
+        self.changes += 1
+        self.consumer.pause(*assigned)
+        self.unplaced.update(assigned)
+
+    async def place(self) -> None:
+        """Put each partition assigned since the last call at its committed offset, or
+        else at ``start_offset``'s, and resume it. Under :attr:`lock`. Raises
+        ``KafkaError`` when Kafka does not answer (the runner starts again)."""
+        while self.unplaced:
+            changes = self.changes
+            tp = min(self.unplaced)
+            offset = await self.consumer.committed(tp)
+            if offset is None:
+                offset = await self.start_offset(tp)
+            if self.changes != changes:
+                continue  # the assignment changed meanwhile: ask again
+            self.unplaced.discard(tp)
+            self.consumer.seek(tp, offset)
+            self.consumer.resume(tp)
+            self.done[tp] = offset
 
 
 async def _gather(
-    consumer: AIOKafkaConsumer, matcher: Matcher, gathering: Gathering
-) -> tuple[dict[TopicPartition, list[Record]], list[Outgoing]]:
-    """One round's records (per partition, in order) and the messages the integration takes
-    of them, gathered as ``gathering`` says: the first fetch waits up to
+    consumer: AIOKafkaConsumer,
+    matcher: Matcher,
+    gathering: Gathering,
+    revoked: set[TopicPartition],
+) -> tuple[dict[TopicPartition, list[Record]], dict[TopicPartition, list[Outgoing]]]:
+    """One round's records and the messages the integration takes of them, per partition
+    (in order), gathered as ``gathering`` says: the first fetch waits up to
     :data:`FETCH_WAIT_SECONDS` and takes what is there (up to :data:`ROUND_MAX` records);
-    when it brought messages, more are read until the linger is over or the round holds
-    enough messages or records."""
+    when it brought messages, more are read until the linger is over, the round holds
+    enough messages or records, or a partition is ``revoked`` (the round is cut short:
+    its records of revoked partitions are dropped anyway; seen within
+    :data:`FETCH_WAIT_SECONDS`)."""
     batches: dict[TopicPartition, list[Record]] = {}
-    messages: list[Outgoing] = []
+    messages: dict[TopicPartition, list[Outgoing]] = {}
+    taken = 0
 
     def add(fetched: dict[TopicPartition, list[Record]]) -> int:
+        nonlocal taken
         for tp, records in fetched.items():
             batches.setdefault(tp, []).extend(records)
-            messages.extend(matcher.outgoing_of(records))
+            outgoing = matcher.outgoing_of(records)
+            messages.setdefault(tp, []).extend(outgoing)
+            taken += len(outgoing)
         return sum(len(records) for records in fetched.values())
 
     wait_ms = int(FETCH_WAIT_SECONDS * 1000)
     read = add(await consumer.getmany(timeout_ms=wait_ms, max_records=ROUND_MAX))
     deadline = time.monotonic() + gathering.linger_seconds
-    while messages and len(messages) < gathering.max_messages and read < ROUND_MAX:
-        wait = deadline - time.monotonic()
+    while taken and taken < gathering.max_messages and read < ROUND_MAX and not revoked:
+        wait = min(deadline - time.monotonic(), FETCH_WAIT_SECONDS)
         if wait <= 0:
             break
+        # In slices: a revocation is seen within one (a fetch does not end early for it).
         fetched = await consumer.getmany(
             timeout_ms=max(1, int(wait * 1000)), max_records=ROUND_MAX - read
         )
@@ -169,23 +215,25 @@ async def consume_at_least_once(
     rounds = _Rounds(consumer, start_offset, done)
     consumer.subscribe([topic], listener=rounds)
     while True:
+        async with rounds.lock:
+            await rounds.place()
+            rounds.revoked.clear()
         # Not under the lock: a fetch waits while the group rebalances, and the rebalance
         # waits for the revocation callback, which takes the lock.
-        batches, messages = await _gather(consumer, matcher, deliverer.gathering)
+        batches, messages = await _gather(consumer, matcher, deliverer.gathering, rounds.revoked)
         counters.unwritable(matcher.take_unwritable())
         async with rounds.lock:
-            if messages:
-                await deliverer.deliver(messages)
+            for tp in rounds.revoked:
+                batches.pop(tp, None)
+                messages.pop(tp, None)
+            outgoing = [message for taken in messages.values() for message in taken]
+            if outgoing:
+                await deliverer.deliver(outgoing)
             if not batches:
                 continue
-            assigned = consumer.assignment()
             offsets = {
-                tp: OffsetAndMetadata(records[-1].offset + 1, "")
-                for tp, records in batches.items()
-                if tp in assigned
+                tp: OffsetAndMetadata(records[-1].offset + 1, "") for tp, records in batches.items()
             }
-            if not offsets:
-                continue  # every partition read was revoked meanwhile: its next owner rereads
             try:
                 await consumer.commit(offsets)
             except KafkaError as exc:

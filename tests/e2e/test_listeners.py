@@ -46,6 +46,7 @@ from tests.e2e.clients import (
 from tests.e2e.kafka_view import TopicTail
 from tests.pki import issue_client, make_pki
 from tests.servers import LocalCluster
+from tests.serving import serving
 from tests.waiting import wait_until
 
 CHROMIUM_FLAGS = [
@@ -295,29 +296,28 @@ def test_mqttjs_in_chromium_publishes_and_receives_over_websocket(
     )
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer((HOST, 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    listener = PahoClient(cluster.mqtt_port, unique("browser-peer"))
-    try:
-        assert listener.connect() == 0
-        assert listener.subscribe(topic + "/from-browser", 1) == [1]
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS
-            )
-            page = browser.new_page()
-            page.goto(f"http://{HOST}:{server.server_address[1]}/index.html")
-            page.wait_for_function("document.title === 'subscribed'", timeout=TIMEOUT * 1000)
-            listener.publish(topic + "/to-browser", b"hello browser", 1)
-            page.wait_for_function(
-                "document.getElementById('got').textContent.includes('hello browser')",
-                timeout=TIMEOUT * 1000,
-            )
-            page.evaluate("publishIt('hello python')")
-            assert listener.messages.get(timeout=TIMEOUT).payload == b"hello python"
-            browser.close()
-    finally:
-        listener.close()
-        server.shutdown()
+    with serving(server) as port:
+        listener = PahoClient(cluster.mqtt_port, unique("browser-peer"))
+        try:
+            assert listener.connect() == 0
+            assert listener.subscribe(topic + "/from-browser", 1) == [1]
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(
+                    executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS
+                )
+                page = browser.new_page()
+                page.goto(f"http://{HOST}:{port}/index.html")
+                page.wait_for_function("document.title === 'subscribed'", timeout=TIMEOUT * 1000)
+                listener.publish(topic + "/to-browser", b"hello browser", 1)
+                page.wait_for_function(
+                    "document.getElementById('got').textContent.includes('hello browser')",
+                    timeout=TIMEOUT * 1000,
+                )
+                page.evaluate("publishIt('hello python')")
+                assert listener.messages.get(timeout=TIMEOUT).payload == b"hello python"
+                browser.close()
+        finally:
+            listener.close()
 
 
 BROWSER_PAGE = """<!doctype html>

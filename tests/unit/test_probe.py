@@ -8,12 +8,13 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.serving import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,12 +36,8 @@ class Service(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
     """The port of the stand-in service."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Service)) as port:
+        yield port
 
 
 @contextlib.contextmanager
