@@ -346,7 +346,12 @@ class PartitionOwner(Generic[V]):
     A rebalance can happen during any await of the read loop (aiokafka runs the
     rebalance listener, :meth:`revoked` and :meth:`assigned`, in its own task): each
     step that awaited checks :attr:`rebalances` before it acts on the partitions it
-    looked at, and leaves the new assignment to the next fetch.
+    looked at, and leaves the new assignment to the next fetch. (The replay's check went
+    on with the partitions of the previous assignment: aiokafka's ``IllegalStateError``
+    for a partition gone, or a ``KeyError`` for the ends the new assignment forgot,
+    ended the read loop. Seen on both ingest nodes at once in the rebalances of a
+    loaded start: ``client.wills`` had no owner left, and a killed node's wills waited
+    until it was back.)
     """
 
     def __init__(
@@ -421,11 +426,7 @@ class PartitionOwner(Generic[V]):
         from their beginning up to their end (:meth:`check_replays` puts them live).
 
         A rebalance while it fenced or sought leaves the partitions paused: the new
-        assignment is fenced at the next fetch. (Resuming them then raised aiokafka's
-        ``IllegalStateError`` for a partition gone, which ended the read loop, and nobody
-        joined the group again: two nodes whose loops ended so during the rebalances of
-        a loaded start left ``client.wills`` without an owner, and a killed node's wills
-        waited until it was back.)"""
+        assignment is fenced at the next fetch (resuming a partition gone would raise)."""
         rebalances = self.rebalances
         assigned, self._unfenced = self._unfenced, set()
         await fence(self.transactions, assigned)
