@@ -91,7 +91,7 @@ from services.common.web import serve_http
 from services.ingest.listeners import Listeners, start_listeners
 from services.ingest.node import IngestNode
 from services.ingest.node_lease import HeldLease, NodeLeases
-from services.ingest.timed_records import Parse, PartitionOwner, TimedRecords
+from services.ingest.timed_records import Parse, TimedRecords, own_partitions
 
 log = logging.getLogger(__name__)
 
@@ -326,19 +326,19 @@ class IngestService:
         parse: Parse[V],
     ) -> None:
         """Own this node's share of ``topic`` (``client.wills`` or ``msg.delayed``) in the
-        ingest nodes' ``group`` until cancelled (:class:`PartitionOwner`)."""
+        ingest nodes' ``group`` until cancelled, joining again whenever the membership
+        ends (:func:`~services.ingest.timed_records.own_partitions`)."""
         # A static member named by the node id: a restarted node takes its partitions back
         # without a rebalance.
         settings = self.settings
-        consumer = make_consumer(settings, group_id=group, instance_id=settings.node_id)
-        await consumer.start()
-        stage = group.removeprefix(self.names.service_group(""))
-        try:
-            await PartitionOwner(consumer, transactions, timers, topic, parse, stage).run()
-        finally:
-            await timers.stop()
-            await transactions.close()
-            await consumer.stop()
+        await own_partitions(
+            lambda: make_consumer(settings, group_id=group, instance_id=settings.node_id),
+            transactions,
+            timers,
+            topic,
+            parse,
+            group.removeprefix(self.names.service_group("")),
+        )
 
     async def start(self) -> None:
         """Read the state, start the credential, will and delayed publication tasks, end

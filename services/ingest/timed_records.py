@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from services.common.kafka.consumer import (
     PartitionTransactions,
@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds before a publication or discard that Kafka refused is tried again.
 RETRY_SECONDS = 1.0
+
+#: Seconds before a node whose membership of a group of waiting records ended joins the
+#: group again (:func:`own_partitions`).
+REJOIN_SECONDS = 1.0
 
 Commit = Callable[[int, list[KafkaRecord]], Awaitable[None]]
 """``await commit(partition, records)`` writes ``records`` in one transaction of that
@@ -168,6 +172,13 @@ class TimedRecords(Generic[V]):
         (after :meth:`before_live`). Raises what :meth:`before_live` raised (call it
         again)."""
         await self.before_live()
+        self.put_live(partition)
+
+    def put_live(self, partition: int) -> None:
+        """:meth:`go_live` once :meth:`before_live` has returned: the caller checks, with
+        no await between the two, that ``partition`` is still its own (a rebalance while
+        :meth:`before_live` ran may have given it to another node, whose replay times its
+        records now)."""
         self._live.add(partition)
         for key, waiting in list(self._waiting.items()):
             if waiting.partition == partition and key in self._waiting:
@@ -329,7 +340,18 @@ class PartitionOwner(Generic[V]):
 
     ``consumer`` is started, in the group, not subscribed; ``transactions`` holds the
     partitions' transactional producers; ``parse`` reads a record (:data:`Parse`);
-    ``stage`` names the consumer in metrics and logs.
+    ``stage`` names the consumer in metrics and logs. :meth:`run` raises what ends the
+    membership (:func:`own_partitions` joins again).
+
+    A rebalance can happen during any await of the read loop (aiokafka runs the
+    rebalance listener, :meth:`revoked` and :meth:`assigned`, in its own task): each
+    step that awaited checks :attr:`rebalances` before it acts on the partitions it
+    looked at, and leaves the new assignment to the next fetch. (The replay's check went
+    on with the partitions of the previous assignment: aiokafka's ``IllegalStateError``
+    for a partition gone, or a ``KeyError`` for the ends the new assignment forgot,
+    ended the read loop. Seen on both ingest nodes at once in the rebalances of a
+    loaded start: ``client.wills`` had no owner left, and a killed node's wills waited
+    until it was back.)
     """
 
     def __init__(
@@ -350,9 +372,12 @@ class PartitionOwner(Generic[V]):
         self._ends: dict[TopicPartition, int] = {}
         self._replaying: set[TopicPartition] = set()
         self._unfenced: set[TopicPartition] = set()
+        #: Revocations and assignments so far.
+        self.rebalances = 0
 
     async def run(self) -> None:
-        """Read the owned partitions until cancelled."""
+        """Read the owned partitions until cancelled; raises what ends the membership (a
+        Kafka error aiokafka hands the read loop)."""
         await consume_batches(
             self.consumer,
             self.handle,
@@ -377,6 +402,7 @@ class PartitionOwner(Generic[V]):
 
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         """Stop timing the partitions' records (before another node can start)."""
+        self.rebalances += 1
         self.timers.revoke({tp.partition for tp in revoked})
         self._replaying -= revoked
         self._unfenced -= revoked
@@ -388,6 +414,7 @@ class PartitionOwner(Generic[V]):
         took longer than the session timeout on a loaded machine: the coordinator then
         dropped the member (as the router's loop found, :mod:`services.common.kafka.
         consumer`)."""
+        self.rebalances += 1
         self.consumer.pause(*assigned)
         self._unfenced = set(assigned)
         self._ends = {}
@@ -396,15 +423,19 @@ class PartitionOwner(Generic[V]):
     async def _fence_assigned(self) -> None:
         """Fence the assigned partitions' previous owners (until Kafka lets it happen:
         reading before would let a fenced owner's last commit go unseen), then replay them
-        from their beginning up to their end (:meth:`check_replays` puts them live)."""
+        from their beginning up to their end (:meth:`check_replays` puts them live).
+
+        A rebalance while it fenced or sought leaves the partitions paused: the new
+        assignment is fenced at the next fetch (resuming a partition gone would raise)."""
+        rebalances = self.rebalances
         assigned, self._unfenced = self._unfenced, set()
         await fence(self.transactions, assigned)
-        # A rebalance while it fenced may have taken some away (the next one is fenced at
-        # the next fetch).
-        assigned &= self.consumer.assignment()
-        if assigned:
-            await self.consumer.seek_to_beginning(*assigned)
-            self.consumer.resume(*assigned)
+        if self.rebalances != rebalances or not assigned:
+            return
+        await self.consumer.seek_to_beginning(*assigned)
+        if self.rebalances != rebalances:
+            return
+        self.consumer.resume(*assigned)
         # Their ends are asked by check_replays: here a failure (Kafka just came back)
         # would be lost, and the partitions would never go live.
         self._replaying = set(assigned)
@@ -412,22 +443,72 @@ class PartitionOwner(Generic[V]):
     async def check_replays(self) -> None:
         """After each fetch: fence newly assigned partitions (:meth:`_fence_assigned`), and
         put the partitions whose replay is complete live (a failure is logged, and tried
-        again after the next fetch)."""
+        again after the next fetch; so is anything a rebalance meanwhile interrupted)."""
         if self._unfenced:
             await self._fence_assigned()
+        rebalances = self.rebalances
         unknown = [tp for tp in self._replaying if tp not in self._ends]
         if unknown:
             try:
-                self._ends.update(await self.consumer.end_offsets(unknown))
+                ends = await self.consumer.end_offsets(unknown)
             except KafkaError as exc:
                 log.warning("end offsets of %s unknown yet: %r", sorted(unknown), exc)
                 return
+            if self.rebalances != rebalances:
+                return
+            self._ends.update(ends)
         for tp in sorted(self._replaying):
-            if await self.consumer.position(tp) < self._ends[tp]:
+            try:
+                position = await self.consumer.position(tp)
+            except IllegalStateError:
+                return  # taken away while its position was awaited
+            if self.rebalances != rebalances:
+                return
+            end = self._ends.get(tp)
+            if end is None or position < end:
                 continue
             try:
-                await self.timers.go_live(tp.partition)
+                await self.timers.before_live()
             except Exception as exc:
                 log.warning("%s of %s not live yet: %r", self.stage, tp, exc)
                 return
+            if self.rebalances != rebalances:
+                return  # it may be another node's now: its replay times the records
+            self.timers.put_live(tp.partition)
             self._replaying.discard(tp)
+
+
+async def own_partitions(
+    make_consumer: Callable[[], AIOKafkaConsumer],
+    transactions: PartitionTransactions,
+    timers: TimedRecords[V],
+    topic: str,
+    parse: Parse[V],
+    stage: str,
+    rejoin_seconds: float = REJOIN_SECONDS,
+) -> None:
+    """Own this node's share of ``topic`` until cancelled: a :class:`PartitionOwner` with a
+    consumer from ``make_consumer()`` (not started; in the group, with this node's static
+    ``group.instance.id``), and, whenever that membership ends (the read loop raised), a
+    new one ``rejoin_seconds`` later, with a new consumer: the failure is logged, the
+    records timed so far are forgotten (:meth:`TimedRecords.stop`) and the partitions'
+    producers closed, and the new member replays what the group gives it.
+
+    Why: a read loop that ended left its consumer in the group as a static member that
+    never heartbeats again; the coordinator drops it after the session timeout, and its
+    partitions move to the nodes whose loops still run, but the node itself never owned
+    anything again (and when every node's loop had ended, nobody did). Joining again
+    under the same ``group.instance.id`` takes the node's partitions back at once when
+    the group still holds them for it, or in the next rebalance."""
+    while True:
+        consumer = make_consumer()
+        try:
+            await consumer.start()
+            await PartitionOwner(consumer, transactions, timers, topic, parse, stage).run()
+        except Exception:
+            log.exception("%s: the membership ended; joining again in %s s", stage, rejoin_seconds)
+        finally:
+            await timers.stop()
+            await transactions.close()
+            await consumer.stop()
+        await asyncio.sleep(rejoin_seconds)
