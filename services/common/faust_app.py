@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -311,6 +311,41 @@ def make_app(settings: Settings, service: str, **overrides: Any) -> faust.App:
 
 class TaskEnded(Exception):
     """A service's main task ended while its worker was not stopping."""
+
+
+async def watched(
+    main: Awaitable[object],
+    background: Sequence[asyncio.Task[Any]],
+    stopping: Callable[[], bool],
+) -> None:
+    """Await ``main`` while the ``background`` tasks of the same service run; raise
+    :class:`TaskEnded` naming the first background task that ends (returns, raises, or is
+    cancelled; its exception as the cause) while ``stopping()`` is False, ``main`` then
+    cancelled. ``main``'s own failure is raised as it is. Why: a background task
+    that ended (a wills owner's read loop, a credential listener) used to be noticed only at
+    shutdown, and the process ran on without it; this way the service's main task fails,
+    and :func:`run_task` crashes the worker for its supervisor to start again."""
+    running = asyncio.ensure_future(main)
+    waiting: set[asyncio.Future[Any]] = {running, *background}
+    try:
+        while True:
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if running in done:
+                running.result()  # raises what ``main`` raised
+                return
+            for task in done:
+                if stopping():
+                    continue  # the shutdown hook cancels them
+                name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+                if task.cancelled():
+                    raise TaskEnded(f"{name} was cancelled")
+                failure = task.exception()
+                if failure is not None:
+                    raise TaskEnded(f"{name} failed: {failure!r}") from failure
+                raise TaskEnded(f"{name} returned")
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
 
 
 def run_task(app: faust.App, task: Callable[[], Awaitable[None]]) -> None:

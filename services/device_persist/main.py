@@ -36,6 +36,7 @@ from services.common.faust_app import (
     run_service,
     run_task,
     sender,
+    watched,
 )
 from services.common.kafka.consumer import Record, consume_batches, make_consumer
 from services.common.kafka.names import TopicNames
@@ -245,15 +246,19 @@ class DevicePersistService:
         dirty = asyncio.create_task(self.persister.run_dirty(), name="device-persist-dirty")
         try:
             self.readiness.serving("device_persist")
-            await consume_batches(
-                consumer,
-                self.handle,
-                topics=[names.msg_persisted, names.client_acks],
-                max_records=BATCH_MAX,
-                on_assigned=self.assigned,
-                first=[names.client_acks],  # they free the windows the messages wait for
-                after_fetch=self.check_failover,
-                stage="device-persist",
+            await watched(
+                consume_batches(
+                    consumer,
+                    self.handle,
+                    topics=[names.msg_persisted, names.client_acks],
+                    max_records=BATCH_MAX,
+                    on_assigned=self.assigned,
+                    first=[names.client_acks],  # they free the windows the messages wait for
+                    after_fetch=self.check_failover,
+                    stage="device-persist",
+                ),
+                [dirty],
+                lambda: False,  # the shutdown cancels this task first, then ``dirty``
             )
         finally:
             dirty.cancel()

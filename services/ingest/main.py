@@ -54,6 +54,7 @@ from services.common.faust_app import (
     send_in_transaction,
     sender,
     transactional_producer,
+    watched,
 )
 from services.common.kafka.admin import (
     app_topic_spec,
@@ -188,6 +189,8 @@ class IngestService:
         )
         self.listeners: list[Listeners] = []
         self.tasks: list[asyncio.Task[None]] = []
+        #: Set by :meth:`stop` before it cancels :attr:`tasks`: their end is no failure then.
+        self.stopped = False
         self.draining: asyncio.Task[int] | None = None
         self.lease: HeldLease | None = None
         self.downlink = names.downlink(settings.node_id)
@@ -395,7 +398,11 @@ class IngestService:
             # SIGHUP: new TLS connections get the certificate files' current content.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, opened.reload_tls)
             self.readiness.serving(f"ingest {settings.node_id} {settings.mqtt_port}")
-            await consume_batches(consumer, self.deliver_batch, stage="ingest")
+            await watched(
+                consume_batches(consumer, self.deliver_batch, stage="ingest"),
+                self.tasks,
+                lambda: self.stopped,
+            )
         finally:
             await consumer.stop()
 
@@ -435,6 +442,7 @@ class IngestService:
             await asyncio.gather(self.draining, return_exceptions=True)
         await self.node.drain(self.settings.drain_seconds)
         await self.node.shut_down()  # wills and end records, while the producer still runs
+        self.stopped = True
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

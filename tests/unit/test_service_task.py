@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from services.common.faust_app import TaskEnded, until_shutdown
+from services.common.faust_app import TaskEnded, until_shutdown, watched
 
 
 async def test_a_task_that_returns_before_shutdown_ends_the_service() -> None:
@@ -56,3 +56,60 @@ async def test_at_shutdown_the_task_ends_as_it_does() -> None:
         return None
 
     await until_shutdown(done, lambda: True)  # returned during shutdown: nothing to report
+
+
+async def test_a_background_task_that_ends_first_fails_the_main_task_by_name() -> None:
+    # As the ingest node's wills owner did: its read loop raised, and nothing noticed.
+    async def loop() -> None:
+        raise KeyError("partition 3")
+
+    background = asyncio.create_task(loop(), name="ingest-wills")
+    main_cancelled = asyncio.Event()
+
+    async def main() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            main_cancelled.set()
+            raise
+
+    with pytest.raises(TaskEnded, match="ingest-wills failed: KeyError") as caught:
+        await watched(main(), [background], lambda: False)
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert main_cancelled.is_set()
+
+
+async def test_background_tasks_returning_or_cancelled_fail_it_too_but_not_at_shutdown() -> None:
+    async def returns() -> None:
+        return None
+
+    with pytest.raises(TaskEnded, match="follow returned"):
+        await watched(
+            asyncio.Event().wait(), [asyncio.create_task(returns(), name="follow")], lambda: False
+        )
+    cancelled = asyncio.create_task(asyncio.Event().wait(), name="listen")
+    cancelled.cancel()
+    with pytest.raises(TaskEnded, match="listen was cancelled"):
+        await watched(asyncio.Event().wait(), [cancelled], lambda: False)
+
+    stopped = asyncio.create_task(asyncio.Event().wait(), name="listen")
+    stopped.cancel()
+    main_done = asyncio.Event()
+
+    async def main() -> None:
+        await main_done.wait()
+
+    waiting = asyncio.create_task(watched(main(), [stopped], lambda: True))
+    main_done.set()
+    await asyncio.wait_for(waiting, 5)  # the main task's end, nothing raised
+
+
+async def test_the_main_tasks_own_failure_is_raised_as_it_is() -> None:
+    async def main() -> None:
+        raise ConnectionError("Kafka")
+
+    other = asyncio.create_task(asyncio.Event().wait(), name="listen")
+    with pytest.raises(ConnectionError):
+        await watched(main(), [other], lambda: False)
+    assert not other.done()  # the caller's to stop
+    other.cancel()
