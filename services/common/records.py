@@ -16,7 +16,9 @@ Topic → key / value / headers:
   with header ``r`` instead (value empty) asks the node to send PUBREL for each
   (client id, Packet Identifier) of :func:`encode_releases` (QoS 2 resumed, MQTT 4.4). A
   record with header ``c`` instead (value empty, key = the client id) is an administrator's
-  command to the node: disconnect one connection of a client (:class:`AdminDisconnect`).
+  command to the node: disconnect one connection of a client (:class:`AdminDisconnect`). A
+  record with header ``b`` instead (key = the subscriber's client id) carries several
+  messages for one client in order, device_persist's window (:func:`downlink_bundle_record`).
 - ``msg.persisted``: key = subscriber client id; value = payload; headers ``m`` and ``t``
   as in a downlink record, ``t`` holding that one subscriber.
 - ``msg.app.<client>`` (one topic per persistent APPLICATION client,
@@ -81,6 +83,7 @@ HEADER_RETAINED_REQUEST = "q"
 HEADER_SESSION = "s"
 HEADER_COMMAND = "c"
 HEADER_ORIGIN = "o"
+HEADER_BUNDLE = "b"
 
 _VERSION = 1
 
@@ -1034,6 +1037,73 @@ def downlink_record(
     return KafkaRecord(names.downlink(node_id), key, payload, headers)
 
 
+@dataclass(slots=True)
+class Bundle:
+    """A downlink record of several messages, in order (:func:`downlink_bundle_record`)."""
+
+    messages: list[Downlink]
+
+
+_BUNDLE_HEAD = struct.Struct(">BI")  # version, message count
+_BUNDLE_ENTRY = struct.Struct(">III")  # meta, targets and payload lengths of one message
+
+
+def downlink_bundle_record(
+    names: TopicNames,
+    node_id: str,
+    client_id: str,
+    messages: Sequence[tuple[bytes, bytes, Target]],
+) -> KafkaRecord:
+    """The record sending ``messages`` (raw ``m`` header, payload, the one target each),
+    in order, to ``client_id`` connected to node ``node_id``: one Kafka record for a
+    stored window instead of one per message. Key: the client id; value: each message's
+    ``m`` header, encoded target (:func:`encode_targets`) and payload, concatenated;
+    header ``b``: version u8 · count u32 · per message its three lengths (u32 each)."""
+    head = [_BUNDLE_HEAD.pack(_VERSION, len(messages))]
+    body: list[bytes] = []
+    for meta_raw, payload, target in messages:
+        targets = encode_targets([target])
+        head.append(_BUNDLE_ENTRY.pack(len(meta_raw), len(targets), len(payload)))
+        body += (meta_raw, targets, payload)
+    return KafkaRecord(
+        names.downlink(node_id),
+        client_id.encode("utf-8"),
+        b"".join(body),
+        [(HEADER_BUNDLE, b"".join(head))],
+    )
+
+
+def decode_bundle(head: bytes, value: bytes) -> Bundle:
+    """The messages of a bundle record (its ``b`` header and value). Raises
+    :class:`RecordError` on garbage: lengths that do not add up to the value, a count
+    that does not match the header, an undecodable ``m`` header or target list."""
+    _check_version(head, "bundle")
+    if len(head) < _BUNDLE_HEAD.size:
+        raise RecordError("truncated bundle header")
+    _, count = _BUNDLE_HEAD.unpack_from(head, 0)
+    if len(head) != _BUNDLE_HEAD.size + count * _BUNDLE_ENTRY.size:
+        raise RecordError("bundle header does not match its message count")
+    messages: list[Downlink] = []
+    offset = 0
+    for meta_len, targets_len, payload_len in _BUNDLE_ENTRY.iter_unpack(head[_BUNDLE_HEAD.size :]):
+        meta_end = offset + meta_len
+        targets_end = meta_end + targets_len
+        end = targets_end + payload_len
+        if end > len(value):
+            raise RecordError("truncated bundle")
+        messages.append(
+            Downlink(
+                decode_meta(value[offset:meta_end]),
+                value[targets_end:end],
+                decode_targets(value[meta_end:targets_end]),
+            )
+        )
+        offset = end
+    if offset != len(value):
+        raise RecordError("trailing bytes after the bundled messages")
+    return Bundle(messages)
+
+
 def release_record(
     names: TopicNames, node_id: str, client_id: str, releases: Sequence[tuple[str, int]]
 ) -> KafkaRecord:
@@ -1117,11 +1187,13 @@ def _decode_command(data: bytes) -> AdminDisconnect | AdminDrain:
 
 def parse_downlink(
     value: bytes | None, headers: Headers | None
-) -> Downlink | Releases | AdminDisconnect | AdminDrain:
+) -> Downlink | Bundle | Releases | AdminDisconnect | AdminDrain:
     """Parse a downlink record. Raises :class:`RecordError`."""
     meta_raw = targets = None
     origin: Headers = ()
     for name, data in headers or ():
+        if name == HEADER_BUNDLE:
+            return decode_bundle(data, value or b"")
         if name == HEADER_RELEASES:
             return Releases(decode_releases(data))
         if name == HEADER_COMMAND:

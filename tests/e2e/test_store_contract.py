@@ -29,6 +29,7 @@ from services.common.records import (
     decode_ack,
     decode_session,
     decode_subscriptions,
+    downlink_bundle_record,
     encode_meta,
     encode_releases,
     encode_targets,
@@ -103,6 +104,23 @@ async def test_store_assigned_deliveries_releases_and_acknowledgements(
             assert _publish(raw) == (1, 321, False, b"one")
             raw.send(_ack(0x40, 321))  # PUBACK
             assert await next_acks() == [(AckKind.PUBACK, 321)]
+
+            # A stored window as one record (device_persist's bundle): in order.
+            window = [
+                (meta[0][1], payload, Target(client_id, 1, packet_id=pid))
+                for payload, pid in ((b"three", 324), (b"four", 325))
+            ]
+            bundle = downlink_bundle_record(names, NODE_ID, client_id, window)
+            await store.send_and_wait(downlink, bundle.value, key, headers=list(bundle.headers))
+            assert [_publish(raw), _publish(raw)] == [
+                (1, 324, False, b"three"),
+                (1, 325, False, b"four"),
+            ]
+            raw.send(_ack(0x40, 324) + _ack(0x40, 325))
+            acknowledged: list[tuple[AckKind, int]] = []
+            while len(acknowledged) < 2:  # one record per read of the socket
+                acknowledged += await next_acks()
+            assert acknowledged == [(AckKind.PUBACK, 324), (AckKind.PUBACK, 325)]
 
             # QoS 2, resent after a reconnect (DUP).
             await store.send_and_wait(

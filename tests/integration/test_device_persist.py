@@ -24,6 +24,7 @@ from aiokafka.structs import ConsumerRecord
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
 from services.common.records import (
+    HEADER_BUNDLE,
     HEADER_META,
     HEADER_RELEASES,
     HEADER_TARGETS,
@@ -33,6 +34,7 @@ from services.common.records import (
     PublishMeta,
     SessionRecord,
     Target,
+    decode_bundle,
     decode_event,
     decode_releases,
     decode_targets,
@@ -165,7 +167,13 @@ async def _harness(
     async def send(
         topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]]
     ) -> Awaitable[object]:
-        box[0].sent.append(Sent(topic, key, value, dict(headers)))
+        fields = dict(headers)
+        if HEADER_BUNDLE in fields:  # a window: one Sent per message, as the node reads it
+            for message in decode_bundle(fields[HEADER_BUNDLE], value or b"").messages:
+                by_message = {HEADER_TARGETS: encode_targets(message.targets)}
+                box[0].sent.append(Sent(topic, key, message.payload, by_message))
+        else:
+            box[0].sent.append(Sent(topic, key, value, fields))
         done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

@@ -25,6 +25,7 @@ from services.common.records import (
     AckRecord,
     AdminDrain,
     AppMessage,
+    Bundle,
     ClientKind,
     DelayedCancel,
     DelayedOutcome,
@@ -63,6 +64,7 @@ from services.common.records import (
     delayed_outcome,
     delayed_record,
     delayed_tombstone,
+    downlink_bundle_record,
     downlink_record,
     encode_ack,
     encode_event,
@@ -423,6 +425,12 @@ def test_each_record_kind_builds_and_parses_back() -> None:
     assert parse_downlink(routed.value, routed.headers) == Downlink(
         META, b"payload", [Target("c", 1)], Origin(3, 41, 0)
     )
+    window = [(META_RAW, b"one", Target("c", 1, packet_id=3)), (META_RAW, b"", Target("c", 2))]
+    bundle = downlink_bundle_record(NAMES, "n1", "c", window)
+    assert (bundle.topic, bundle.key) == (NAMES.downlink("n1"), b"c")
+    assert parse_downlink(bundle.value, bundle.headers) == Bundle(
+        [Downlink(META, payload, [target]) for _, payload, target in window]
+    )
     release = release_record(NAMES, "n1", "c", [("c", 7)])
     assert parse_downlink(release.value, release.headers) == Releases([("c", 7)])
     drain = admin_drain_record(NAMES, "n1", AdminDrain(90_000))
@@ -513,6 +521,9 @@ def test_a_delayed_message_round_trips_and_its_tombstone_names_it() -> None:
     )
 
 
+#: A bundle header's version and count of one message.
+BUNDLE_HEAD = struct.pack(">BI", 1, 1)
+
 PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object], list[Any]]] = {
     "msg.all": (
         parse_msg_all,
@@ -536,6 +547,10 @@ PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object]
             (b"k", b"", [("r", b"\x01")]),
             (b"k", b"x", [*GOOD_META, ("t", b"\x01\x00")]),
             (b"n", b"", [("c", b"\x01\x02\x00\x00")]),  # a truncated drain command
+            (b"c", b"", [("b", b"\x01\x00\x00\x00\x02")]),  # a count without its lengths
+            (b"c", b"xy", [("b", BUNDLE_HEAD + struct.pack(">III", 0, 0, 1))]),  # trailing
+            (b"c", b"x", [("b", BUNDLE_HEAD + struct.pack(">III", 0, 0, 2))]),  # truncated
+            (b"c", b"x", [("b", BUNDLE_HEAD + struct.pack(">III", 1, 0, 0))]),  # bad meta
         ],
     ),
     "msg.persisted": (
@@ -596,7 +611,7 @@ def test_every_parser_raises_only_record_error_on_garbage(kind: str) -> None:
 @given(
     st.binary(max_size=12) | st.none(),
     st.binary(max_size=12) | st.none(),
-    st.lists(st.tuples(st.sampled_from("mtqrs"), st.binary(max_size=24)), max_size=3),
+    st.lists(st.tuples(st.sampled_from("mtqrsb"), st.binary(max_size=24)), max_size=3),
 )
 def test_random_records_never_make_a_parser_raise_anything_but_record_error(
     key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
