@@ -1073,17 +1073,21 @@ def downlink_bundle_record(
     )
 
 
-def decode_bundle(head: bytes, value: bytes) -> Bundle:
-    """The messages of a bundle record (its ``b`` header and value). Raises
-    :class:`RecordError` on garbage: lengths that do not add up to the value, a count
-    that does not match the header, an undecodable ``m`` header or target list."""
+def split_bundle(head: bytes, value: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """The messages of a bundle record (its ``b`` header and value), undecoded, in order:
+    one (``m`` header, encoded target list, payload) triple of bytes each, as
+    :func:`downlink_bundle_record` laid them out. The one reader of the layout: the ingest
+    node (through :func:`decode_bundle`) and the analytics archive (``spark_emr.decode``)
+    both split a bundle here. Raises :class:`RecordError` on garbage: an unknown version,
+    a header whose length does not match its count, lengths that do not add up to the
+    value."""
     _check_version(head, "bundle")
     if len(head) < _BUNDLE_HEAD.size:
         raise RecordError("truncated bundle header")
     _, count = _BUNDLE_HEAD.unpack_from(head, 0)
     if len(head) != _BUNDLE_HEAD.size + count * _BUNDLE_ENTRY.size:
         raise RecordError("bundle header does not match its message count")
-    messages: list[Downlink] = []
+    parts: list[tuple[bytes, bytes, bytes]] = []
     offset = 0
     for meta_len, targets_len, payload_len in _BUNDLE_ENTRY.iter_unpack(head[_BUNDLE_HEAD.size :]):
         meta_end = offset + meta_len
@@ -1091,17 +1095,24 @@ def decode_bundle(head: bytes, value: bytes) -> Bundle:
         end = targets_end + payload_len
         if end > len(value):
             raise RecordError("truncated bundle")
-        messages.append(
-            Downlink(
-                decode_meta(value[offset:meta_end]),
-                value[targets_end:end],
-                decode_targets(value[meta_end:targets_end]),
-            )
-        )
+        parts.append((value[offset:meta_end], value[meta_end:targets_end], value[targets_end:end]))
         offset = end
     if offset != len(value):
         raise RecordError("trailing bytes after the bundled messages")
-    return Bundle(messages)
+    return parts
+
+
+def decode_bundle(head: bytes, value: bytes) -> Bundle:
+    """The messages of a bundle record (its ``b`` header and value), decoded. Raises
+    :class:`RecordError` on garbage: what :func:`split_bundle` refuses, or an undecodable
+    ``m`` header or target list of any message (the whole record is refused: a node
+    delivers none of it, and the store sends the messages again, MQTT 4.4)."""
+    return Bundle(
+        [
+            Downlink(decode_meta(meta_raw), payload, decode_targets(targets))
+            for meta_raw, targets, payload in split_bundle(head, value)
+        ]
+    )
 
 
 def release_record(

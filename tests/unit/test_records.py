@@ -93,6 +93,7 @@ from services.common.records import (
     retained_request_record,
     session_expired_event,
     session_expired_records,
+    split_bundle,
     stale_delete,
     with_origins,
 )
@@ -519,6 +520,31 @@ def test_a_delayed_message_round_trips_and_its_tombstone_names_it() -> None:
         b"d" * 24,
         DelayedCancel("c", b"d" * 24),
     )
+
+
+def test_a_bundle_record_is_laid_out_byte_by_byte_as_documented() -> None:
+    window = [(META_RAW, b"one", Target("c", 1, packet_id=3)), (META_RAW, b"", Target("c", 2))]
+    record = downlink_bundle_record(NAMES, "n1", "c", window)
+    targets = [encode_targets([target]) for _, _, target in window]
+    # Header b: version 1, count 2, then per message its m, t and payload lengths (u32 each).
+    assert record.headers == [
+        (
+            "b",
+            b"\x01\x00\x00\x00\x02"
+            + struct.pack(">III", len(META_RAW), len(targets[0]), 3)
+            + struct.pack(">III", len(META_RAW), len(targets[1]), 0),
+        )
+    ]
+    assert record.value == META_RAW + targets[0] + b"one" + META_RAW + targets[1]
+    assert split_bundle(record.headers[0][1], record.value) == [
+        (META_RAW, targets[0], b"one"),
+        (META_RAW, targets[1], b""),
+    ]
+    empty = downlink_bundle_record(NAMES, "n1", "c", [])
+    assert (empty.headers, empty.value) == ([("b", b"\x01\x00\x00\x00\x00")], b"")
+    assert split_bundle(b"\x01\x00\x00\x00\x00", b"") == []
+    with pytest.raises(RecordError, match="version 2"):
+        split_bundle(b"\x02\x00\x00\x00\x00", b"")
 
 
 #: A bundle header's version and count of one message.
