@@ -540,7 +540,10 @@ def test_a_bundle_record_is_one_delivery_per_message_and_a_garbage_one_an_error_
 ) -> None:
     names = TopicNames()
     meta = encode_meta(PublishMeta("x/y", 1, False, 1_700_000_000_000, 5))
-    window = [(meta, b"one", Target("s", 1, packet_id=7)), (meta, b"three", Target("s", 1, 8))]
+    window = [
+        (meta, b"one", Target("s", 1, packet_id=7)),
+        (meta, b"three", Target("s", 1, packet_id=8)),
+    ]
     bundle = downlink_bundle_record(names, "n1", "s", window)
     [(_, head)] = bundle.headers
     at = datetime(2026, 11, 27, 12)
@@ -551,7 +554,7 @@ def test_a_bundle_record_is_one_delivery_per_message_and_a_garbage_one_an_error_
         ],
         _KAFKA_ROW,
     )
-    rows = archive.deliveries(archive_topics(names))(kafka).toPandas()
+    rows = pd.DataFrame(archive.deliveries(archive_topics(names))(kafka).toPandas())
     got = sorted(
         (r.kafka_offset, r.stage, r.topic, r.payload_size, list(r.target_packet_ids))
         for r in rows.itertuples()
