@@ -62,11 +62,11 @@ from services.common.records import (
     PublishMeta,
     SessionRecord,
     Target,
-    decode_targets,
     encode_ack,
     encode_meta,
     encode_session,
     encode_targets,
+    parse_downlink,
 )
 from services.common.settings import Settings
 from services.common.stores import open_store
@@ -123,8 +123,12 @@ async def run_round(args: argparse.Namespace, counter: Counter) -> dict[str, Any
         topic: str, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None
     ) -> Awaitable[object]:
         if topic != names.client_events:
-            for target in decode_targets(dict(headers or ())[HEADER_TARGETS]):
-                sent.append((key, target.packet_id))
+            parsed = parse_downlink(value, list(headers or ()))
+            # A window is one bundle record since 2026-11-27 and one record per message in
+            # older trees (this script runs on both): each message's target either way.
+            for downlink in getattr(parsed, "messages", [parsed]):
+                for target in downlink.targets:
+                    sent.append((key, target.packet_id))
         done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

@@ -3,13 +3,16 @@
 Every function here is a vectorized (pandas) UDF around a decoder of
 :mod:`services.common.records` (:func:`~services.common.records.decode_meta`,
 :func:`~services.common.records.decode_targets`, :func:`~services.common.records.decode_ack`,
-:func:`~services.common.records.decode_event`): the byte layouts exist only there. A value
+:func:`~services.common.records.decode_event`, and
+:func:`~services.common.records.split_bundle` for the downlink records that carry a client's
+window of stored messages): the byte layouts exist only there. A value
 that does not decode gives a row whose ``error`` says why, and nulls elsewhere: the archive
 keeps such records instead of failing the job (docs/design.md "Bad input never crashes").
 
 Each UDF takes one binary column (a Kafka header value or the record value; null when
 absent) and returns a struct; :data:`META`, :data:`TARGETS`, :data:`ACKS` and :data:`EVENT`
-are their Spark schemas.
+are their Spark schemas. :func:`split_bundle` takes two (the ``b`` header and the value) and
+returns :data:`BUNDLE`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pyspark.sql import Column
 from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     BooleanType,
     DataType,
     IntegerType,
@@ -77,6 +81,9 @@ EVENT = _struct(
     ("topic_filters", ArrayType(_S)),
     ("filter_qos", ArrayType(_I)),
 )
+
+BUNDLE_PART = _struct(("meta", BinaryType()), ("targets", BinaryType()), ("payload_size", _I))
+BUNDLE = _struct(("error", _S), ("parts", ArrayType(BUNDLE_PART)))
 
 _DECODE_ERRORS = (records.RecordError, MQTTError, ValueError)
 
@@ -152,6 +159,34 @@ def rows(
     return pd.DataFrame(out, columns=columns)
 
 
+def bundle_rows(heads: pd.Series, values: pd.Series) -> pd.DataFrame:
+    """Split each bundle record (``heads``: its ``b`` header, ``values``: its value) into
+    its messages (:func:`records.split_bundle`) and return the frame of :data:`BUNDLE`'s
+    columns: ``parts``, one (``m`` header, encoded targets, payload size in bytes) struct
+    per message in order. A null header (a record that is not a bundle) gives null
+    ``parts`` and no error; a garbage bundle gives its ``error`` and null ``parts``."""
+    out: list[tuple[Any, ...]] = []
+    for head, value in zip(heads, values, strict=True):
+        if head is None:
+            out.append((None, None))
+            continue
+        try:
+            parts = records.split_bundle(bytes(head), b"" if value is None else bytes(value))
+        except _DECODE_ERRORS as exc:
+            out.append((f"{type(exc).__name__}: {exc}", None))
+            continue
+        out.append(
+            (
+                None,
+                [
+                    {"meta": meta, "targets": targets, "payload_size": len(payload)}
+                    for meta, targets, payload, _origin in parts
+                ],
+            )
+        )
+    return pd.DataFrame(out, columns=BUNDLE.fieldNames())
+
+
 def _udf(
     decode: Callable[[bytes], tuple[Any, ...]], schema: StructType
 ) -> Callable[[Column], Column]:
@@ -173,3 +208,10 @@ decode_acks = _udf(_acks_row, ACKS)
 
 decode_event = _udf(_event_row, EVENT)
 """Column of ``client.events`` values → struct of :data:`EVENT` (:class:`records.EventRecord`)."""
+
+
+split_bundle: Callable[[Column, Column], Column] = pandas_udf(  # type: ignore[call-overload]
+    bundle_rows, BUNDLE
+)
+"""Columns of ``b`` header values and record values → struct of :data:`BUNDLE`: a bundle's
+messages, undecoded (:func:`records.split_bundle`)."""

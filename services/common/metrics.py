@@ -192,6 +192,17 @@ DROPPED: dict[Drop, int] = dict.fromkeys(Drop, 0)
 so that ``rate()`` has a series from the first scrape)."""
 
 
+UNDECODABLE: dict[str, int] = {}
+"""Kafka records this process skipped because they did not decode, by topic kind
+(:func:`~services.common.kafka.names.kind_of_topic`: ``msg.downlink``, ``client.acks``...)."""
+
+
+def undecodable(topic_kind: str) -> None:
+    """Count one record of ``topic_kind`` skipped as undecodable:
+    ``cormorant_kafka_undecodable_records_total``."""
+    UNDECODABLE[topic_kind] = UNDECODABLE.get(topic_kind, 0) + 1
+
+
 def dropped(reason: Drop, count: int = 1) -> None:
     """Count ``count`` messages dropped for ``reason``: ``cormorant_messages_dropped_total``."""
     DROPPED[reason] += count
@@ -259,6 +270,7 @@ class Collector:
         """Every family, as Prometheus' client library asks for them."""
         yield from kafka_families(KAFKA)
         yield dropped_family(DROPPED)
+        yield undecodable_family(UNDECODABLE)
         for collect in self.collects:
             yield from collect()
 
@@ -343,6 +355,19 @@ def kafka_families(counters: KafkaCounters) -> Iterable[Metric]:
     for topic, count in sorted(counters.produce_errors.items()):
         errors.add_metric([topic], count)
     yield errors
+
+
+def undecodable_family(counts: dict[str, int]) -> Metric:
+    """``cormorant_kafka_undecodable_records_total{topic}`` from :data:`UNDECODABLE`."""
+    family = CounterMetricFamily(
+        "cormorant_kafka_undecodable_records",
+        "Kafka records skipped because they did not decode (each logged with its topic, "
+        "partition and offset), by topic kind.",
+        labels=["topic"],
+    )
+    for topic, count in sorted(counts.items()):
+        family.add_metric([topic], count)
+    return family
 
 
 def dropped_family(counts: dict[Drop, int]) -> Metric:

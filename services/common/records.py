@@ -16,7 +16,9 @@ Topic → key / value / headers:
   with header ``r`` instead (value empty) asks the node to send PUBREL for each
   (client id, Packet Identifier) of :func:`encode_releases` (QoS 2 resumed, MQTT 4.4). A
   record with header ``c`` instead (value empty, key = the client id) is an administrator's
-  command to the node: disconnect one connection of a client (:class:`AdminDisconnect`).
+  command to the node: disconnect one connection of a client (:class:`AdminDisconnect`). A
+  record with header ``b`` instead (key = the subscriber's client id) carries several
+  messages for one client in order, device_persist's window (:func:`downlink_bundle_record`).
 - ``msg.persisted``: key = subscriber client id; value = payload; headers ``m`` and ``t``
   as in a downlink record, ``t`` holding that one subscriber.
 - ``msg.app.<client>`` (one topic per persistent APPLICATION client,
@@ -82,6 +84,7 @@ HEADER_SESSION = "s"
 HEADER_COMMAND = "c"
 HEADER_ORIGIN = "o"
 HEADER_STORED_ORIGIN = "a"
+HEADER_BUNDLE = "b"
 
 _VERSION = 1
 
@@ -999,12 +1002,18 @@ def origin_of(headers: Headers | None, header: str = HEADER_ORIGIN) -> Origin | 
     malformed one."""
     for name, data in headers or ():
         if name == header:
-            if len(data) != _ORIGIN.size:
-                raise RecordError(f"origin header of {len(data)} bytes, not {_ORIGIN.size}")
-            _check_version(data, "origin")
-            _, partition, offset, index = _ORIGIN.unpack(data)
-            return Origin(partition, offset, index)
+            return decode_origin(data)
     return None
+
+
+def decode_origin(data: bytes) -> Origin:
+    """The :class:`Origin` encoded in ``data`` (:func:`encode_origin`'s layout). Raises
+    :class:`RecordError` for a malformed one."""
+    if len(data) != _ORIGIN.size:
+        raise RecordError(f"origin header of {len(data)} bytes, not {_ORIGIN.size}")
+    _check_version(data, "origin")
+    _, partition, offset, index = _ORIGIN.unpack(data)
+    return Origin(partition, offset, index)
 
 
 def with_origins(records: Sequence[KafkaRecord], partition: int, offset: int) -> list[KafkaRecord]:
@@ -1091,6 +1100,102 @@ def downlink_record(
     return KafkaRecord(names.downlink(node_id), key, payload, headers)
 
 
+@dataclass(slots=True)
+class Bundle:
+    """A downlink record of several messages, in order (:func:`downlink_bundle_record`)."""
+
+    messages: list[Downlink]
+
+
+_BUNDLE_HEAD = struct.Struct(">BI")  # version, message count
+#: meta, targets, payload and origin lengths of one message (origin: 0 bytes, or the ``o``
+#: format's)
+_BUNDLE_ENTRY = struct.Struct(">IIII")
+
+
+def downlink_bundle_record(
+    names: TopicNames,
+    node_id: str,
+    client_id: str,
+    messages: Sequence[tuple[bytes, bytes, Target]],
+    origins: Sequence[Origin | None] = (),
+) -> KafkaRecord:
+    """The record sending ``messages`` (raw ``m`` header, payload, the one target each),
+    in order, to ``client_id`` connected to node ``node_id``: one Kafka record for a
+    stored window instead of one per message. ``origins``: the ``msg.all``
+    :class:`Origin` of each message where known (what :func:`downlink_record`'s header
+    ``a`` carries for one message; empty: none known). Key: the client id; value: each
+    message's ``m`` header, encoded target (:func:`encode_targets`), payload and origin
+    (:func:`encode_origin`, or nothing), concatenated; header ``b``: version u8 · count u32
+    · per message its four lengths (u32 each). Raises ``ValueError`` if ``origins`` is
+    neither empty nor one per message."""
+    if origins and len(origins) != len(messages):
+        raise ValueError(f"{len(origins)} origins for {len(messages)} messages")
+    head = [_BUNDLE_HEAD.pack(_VERSION, len(messages))]
+    body: list[bytes] = []
+    for i, (meta_raw, payload, target) in enumerate(messages):
+        targets = encode_targets([target])
+        origin = origins[i] if origins else None
+        encoded = b"" if origin is None else encode_origin(origin)
+        head.append(_BUNDLE_ENTRY.pack(len(meta_raw), len(targets), len(payload), len(encoded)))
+        body += (meta_raw, targets, payload, encoded)
+    return KafkaRecord(
+        names.downlink(node_id),
+        client_id.encode("utf-8"),
+        b"".join(body),
+        [(HEADER_BUNDLE, b"".join(head))],
+    )
+
+
+def split_bundle(head: bytes, value: bytes) -> list[tuple[bytes, bytes, bytes, bytes]]:
+    """The messages of a bundle record (its ``b`` header and value), undecoded, in order:
+    one (``m`` header, encoded target list, payload, origin or ``b""``) tuple of bytes each, as
+    :func:`downlink_bundle_record` laid them out. The one reader of the layout: the ingest
+    node (through :func:`decode_bundle`) and the analytics archive (``spark_emr.decode``)
+    both split a bundle here. Raises :class:`RecordError` on garbage: an unknown version,
+    a header whose length does not match its count, lengths that do not add up to the
+    value."""
+    _check_version(head, "bundle")
+    if len(head) < _BUNDLE_HEAD.size:
+        raise RecordError("truncated bundle header")
+    _, count = _BUNDLE_HEAD.unpack_from(head, 0)
+    if len(head) != _BUNDLE_HEAD.size + count * _BUNDLE_ENTRY.size:
+        raise RecordError("bundle header does not match its message count")
+    parts: list[tuple[bytes, bytes, bytes, bytes]] = []
+    offset = 0
+    for lengths in _BUNDLE_ENTRY.iter_unpack(head[_BUNDLE_HEAD.size :]):
+        fields = []
+        for length in lengths:
+            end = offset + length
+            if end > len(value):
+                raise RecordError("truncated bundle")
+            fields.append(value[offset:end])
+            offset = end
+        meta_raw, targets, payload, origin = fields
+        parts.append((meta_raw, targets, payload, origin))
+    if offset != len(value):
+        raise RecordError("trailing bytes after the bundled messages")
+    return parts
+
+
+def decode_bundle(head: bytes, value: bytes) -> Bundle:
+    """The messages of a bundle record (its ``b`` header and value), decoded. Raises
+    :class:`RecordError` on garbage: what :func:`split_bundle` refuses, or an undecodable
+    ``m`` header, target list or origin of any message (the whole record is refused: a node
+    delivers none of it, and the store sends the messages again, MQTT 4.4)."""
+    return Bundle(
+        [
+            Downlink(
+                decode_meta(meta_raw),
+                payload,
+                decode_targets(targets),
+                decode_origin(origin) if origin else None,
+            )
+            for meta_raw, targets, payload, origin in split_bundle(head, value)
+        ]
+    )
+
+
 def release_record(
     names: TopicNames, node_id: str, client_id: str, releases: Sequence[tuple[str, int]]
 ) -> KafkaRecord:
@@ -1174,11 +1279,13 @@ def _decode_command(data: bytes) -> AdminDisconnect | AdminDrain:
 
 def parse_downlink(
     value: bytes | None, headers: Headers | None
-) -> Downlink | Releases | AdminDisconnect | AdminDrain:
+) -> Downlink | Bundle | Releases | AdminDisconnect | AdminDrain:
     """Parse a downlink record. Raises :class:`RecordError`."""
     meta_raw = targets = None
     origin: Headers = ()
     for name, data in headers or ():
+        if name == HEADER_BUNDLE:
+            return decode_bundle(data, value or b"")
         if name == HEADER_RELEASES:
             return Releases(decode_releases(data))
         if name == HEADER_COMMAND:

@@ -11,8 +11,10 @@ assignor). For them it:
 - forwards QoS 0 messages to a connected client, and drops them for an offline one (MQTT
   3.1.2.4: storing QoS 0 messages is optional);
 - keeps, per connected client, at most ``min(Receive Maximum, persisted_inflight_max)``
-  deliveries in flight (MQTT 5.0 4.9), sending stored messages in order to the client's node
-  as downlink records whose target carries the stored Packet Identifier;
+  deliveries in flight (MQTT 5.0 4.9), sending stored messages in order to the client's node,
+  each target carrying the stored Packet Identifier, a window as one downlink record (a
+  bundle, :func:`~services.common.records.downlink_bundle_record`) per
+  :data:`BUNDLE_MAX_BYTES`;
 - applies the client's acknowledgements (``client.acks``): PUBACK and PUBCOMP delete, PUBREC
   moves a QoS 2 message to "released" (MQTT 4.3.2, 4.3.3);
 - after a new connection (and after this instance takes a partition over) resends what was
@@ -55,6 +57,7 @@ from services.common.records import (
     StoredRecord,
     Target,
     decode_stored,
+    downlink_bundle_record,
     downlink_record,
     encode_stored,
     expires_at_ms,
@@ -80,6 +83,11 @@ from services.common.stores.base import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Most bytes of stored messages sent in one downlink record (a window goes as few records,
+#: not one per message: each record costs every process that produces or reads it). Well
+#: under Kafka's default 1 MiB record limit; a larger message goes alone.
+BUNDLE_MAX_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -415,6 +423,9 @@ class DevicePersister:
         to ``stale``."""
         cursor = self._cursors[client_id]
         releases: list[tuple[str, int]] = []
+        bundle: list[tuple[bytes, bytes, Target]] = []
+        origins: list[Origin | None] = []  # each bundled message's msg.all origin
+        size = 0
         for message in window:
             try:
                 stored = decode_stored(message.data)
@@ -433,11 +444,14 @@ class DevicePersister:
                 packet_id=message.packet_id,
                 dup=message.state is MessageState.SENT or message.seq <= cursor.sent_before,
             )
-            acks.append(
-                await self._publish(
-                    session, client_id, stored.meta_raw, stored.payload, target, stored.origin
-                )
-            )
+            if bundle and size + len(message.data) > BUNDLE_MAX_BYTES:
+                acks.append(await self._send_bundle(session, client_id, bundle, origins))
+                bundle, origins, size = [], [], 0
+            bundle.append((stored.meta_raw, stored.payload, target))
+            origins.append(stored.origin)
+            size += len(message.data)
+        if bundle:
+            acks.append(await self._send_bundle(session, client_id, bundle, origins))
         if releases:
             acks.append(
                 await self._send(*release_record(self.names, session.node_id, client_id, releases))
@@ -461,6 +475,21 @@ class DevicePersister:
             self.names, session.node_id, key, meta_raw, payload, [target], origin
         )
         return await self._send(*record)
+
+    async def _send_bundle(
+        self,
+        session: SessionRecord,
+        client_id: str,
+        messages: list[tuple[bytes, bytes, Target]],
+        origins: list[Origin | None],
+    ) -> Awaitable[object]:
+        """Send ``messages`` (raw ``m`` header, payload, target each), in order, to the
+        node of the client's connected ``session`` as one downlink record, with each one's
+        ``msg.all`` origin where known (``origins``, one per message: a replay's switch
+        reads them)."""
+        return await self._send(
+            *downlink_bundle_record(self.names, session.node_id, client_id, messages, origins)
+        )
 
     async def _discard(self, messages: list[StoredMessage]) -> None:
         """Delete ``messages`` (of no live session, or undecodable) from the store, and

@@ -78,6 +78,7 @@ from services.common.mqtt.reason_codes import ReasonCode
 from services.common.records import (
     AdminDisconnect,
     AdminDrain,
+    Bundle,
     Downlink,
     KafkaRecord,
     RecordError,
@@ -309,6 +310,13 @@ class IngestService:
                     # A copy a crashed router routed again is dropped: QoS 2 stays once.
                     if reroutes.first(record):
                         node.deliver(parsed)
+                elif isinstance(parsed, Bundle):
+                    # A stored window (device_persist), in order; no router writes these.
+                    for downlink in parsed.messages:
+                        try:
+                            node.deliver(downlink)
+                        except RecordError as exc:  # the others of the window still go
+                            log_undecodable(log, record, exc)
                 elif isinstance(parsed, AdminDisconnect):
                     node.administer(parsed)
                 elif isinstance(parsed, AdminDrain):

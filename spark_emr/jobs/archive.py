@@ -224,12 +224,22 @@ def events(kafka: DataFrame) -> DataFrame:
 
 def deliveries(topics: ArchiveTopics) -> Callable[[DataFrame], DataFrame]:
     """Routed and stored-delivery records → ``deliveries`` rows; ``stage`` is ``downlink``,
-    ``persisted``, ``app`` or ``app-shared`` after the topic (PUBREL requests left out)."""
+    ``persisted``, ``app`` or ``app-shared`` after the topic (PUBREL requests left out).
+    A downlink record bundling a client's window of stored messages (header ``b``) gives
+    one row per message, in order, each with its own ``m`` header, target and payload size;
+    a garbage bundle gives one row with ``record_error``."""
 
     def transform(kafka: DataFrame) -> DataFrame:
         df = kafka.where(~_has_header(records.HEADER_RELEASES))
-        df = df.withColumn("m", decode.decode_meta(_header(records.HEADER_META)))
-        df = df.withColumn("t", decode.decode_targets(_header(records.HEADER_TARGETS)))
+        df = df.withColumn(
+            "b", decode.split_bundle(_header(records.HEADER_BUNDLE), F.col("value"))
+        ).select("*", F.explode_outer("b.parts").alias("part"))
+        # A bundled message's fields come from its part; any other record's from its headers.
+        meta = F.coalesce(F.col("part.meta"), _header(records.HEADER_META))
+        targets = F.coalesce(F.col("part.targets"), _header(records.HEADER_TARGETS))
+        df = df.withColumn("m", decode.decode_meta(meta))
+        df = df.withColumn("t", decode.decode_targets(targets))
+        payload_size = F.coalesce(F.col("part.payload_size"), F.length("value"))
         kafka_topic = F.col("topic")
         stage = (
             F.when(kafka_topic == topics.msg_persisted, "persisted")
@@ -246,15 +256,16 @@ def deliveries(topics: ArchiveTopics) -> Callable[[DataFrame], DataFrame]:
             F.timestamp_millis(F.col("m.received_at_ms")).alias("received_at"),
             F.col("timestamp").alias("routed_at"),
             F.col("m.message_expiry_interval").alias("message_expiry_interval"),
-            F.length("value").alias("payload_size"),
+            payload_size.alias("payload_size"),
             F.col("t.client_ids").alias("target_client_ids"),
             F.col("t.qos").alias("target_qos"),
             F.col("t.packet_ids").alias("target_packet_ids"),
             F.col("t.dup").alias("target_dup"),
             *_kafka_columns(),
-            F.when(shared, F.col("m.error"))
-            .otherwise(_error(F.col("m"), F.col("t")))
-            .alias("record_error"),
+            F.coalesce(
+                F.col("b.error"),
+                F.when(shared, F.col("m.error")).otherwise(_error(F.col("m"), F.col("t"))),
+            ).alias("record_error"),
         )
         return _partitioned(df, F.col("routed_at"))
 

@@ -35,7 +35,15 @@ from services.cli import main
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import assign_whole_topics
 from services.common.kafka.names import TopicNames
-from services.common.records import EventKind, decode_ack, decode_event
+from services.common.records import (
+    EventKind,
+    PublishMeta,
+    Target,
+    decode_ack,
+    decode_event,
+    downlink_bundle_record,
+    encode_meta,
+)
 from services.local import cluster as local_cluster
 from services.local.settings import LocalSettings
 from spark_emr.athena import QUERIES
@@ -393,6 +401,20 @@ def test_report_numbers_equal_counts_computed_independently(
     backlog = _parquet(out / "tables" / "stored_backlog")
     dash = backlog[backlog["client_id"] == f"{root}-dash"]
     assert dash[["stored", "acknowledged", "backlog"]].values.tolist() == [[3, 3, 0]]
+    # device_persist sends the dashboard's stored messages as bundle records (a window
+    # each): the archive holds one delivery per message, its Packet Identifier with it.
+    sent = _parquet(
+        archived["where"] / "deliveries",
+        ["stage", "target_client_ids", "target_packet_ids", "payload_size", "record_error"],
+    )
+    sent = sent[
+        (sent["stage"] == "downlink")
+        & sent["target_client_ids"].map(lambda ids: ids is not None and f"{root}-dash" in ids)
+    ]
+    assert sent["record_error"].isna().all()
+    assert sorted(len(ids) for ids in sent["target_packet_ids"]) == [1, 1, 1]
+    assert all(ids[0] > 0 for ids in sent["target_packet_ids"])
+    assert list(sent["payload_size"]) == [100, 100, 100]
     acks = _parquet(archived["where"] / "acks", ["client_id", "kind", "acked_at"])
     latency = _parquet(out / "tables" / "latency").set_index("stage")
     acked = acks[acks["kind"].isin(["PUBACK", "PUBCOMP"]) & (acks["acked_at"] >= since)]
@@ -504,6 +526,45 @@ def _athena_answers_as_the_report(
     assert {
         r.client_id: (r.stored, r.acknowledged, r.backlog) for r in backlog.itertuples()
     }.items() <= want_backlog.items()
+
+
+#: The Kafka source's columns (Spark's Kafka integration guide), for records made by hand.
+_KAFKA_ROW = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
+)
+
+
+def test_a_bundle_record_is_one_delivery_per_message_and_a_garbage_one_an_error_row(
+    spark: SparkSession,
+) -> None:
+    names = TopicNames()
+    meta = encode_meta(PublishMeta("x/y", 1, False, 1_700_000_000_000, 5))
+    window = [
+        (meta, b"one", Target("s", 1, packet_id=7)),
+        (meta, b"three", Target("s", 1, packet_id=8)),
+    ]
+    bundle = downlink_bundle_record(names, "n1", "s", window)
+    [(_, head)] = bundle.headers
+    at = datetime(2026, 11, 27, 12)
+    kafka = spark.createDataFrame(
+        [
+            (bundle.key, bundle.value, bundle.topic, 0, 1, at, 0, [("b", head)]),
+            (bundle.key, bundle.value, bundle.topic, 0, 2, at, 0, [("b", head[:-1])]),
+        ],
+        _KAFKA_ROW,
+    )
+    rows = pd.DataFrame(archive.deliveries(archive_topics(names))(kafka).toPandas())
+    got = sorted(
+        (r.kafka_offset, r.stage, r.topic, r.payload_size, list(r.target_packet_ids))
+        for r in rows.itertuples()
+        if r.record_error is None
+    )
+    assert got == [(1, "downlink", "x/y", 3, [7]), (1, "downlink", "x/y", 5, [8])]
+    errors = rows[rows["record_error"].notna()]
+    assert errors[["kafka_offset", "record_error"]].values.tolist() == [
+        [2, "RecordError: bundle header does not match its message count"]
+    ]
 
 
 def test_a_missing_or_empty_topic_and_an_empty_archive_give_clear_results(

@@ -5,7 +5,7 @@ store, against a real node: the test plays the store by hand (those services com
   delivered with it, and the client's PUBACK / PUBREC / PUBCOMP land in ``client.acks``
   under the session's id (records.py: ``Target.packet_id``, ``AckRecord``);
 - a downlink record with header ``b`` (a stored window) is delivered message by message, in
-  order;
+  order; a garbage one is skipped and counted, and the node goes on;
 - a downlink record with header ``r`` makes the node send PUBREL (MQTT 4.4);
 - a SUBSCRIBE writes a retained message request to ``msg.all`` (header ``q``).
 """
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import struct
 import time
+import urllib.request
 
 import pytest
 
 from services.common.kafka.names import TopicNames
+from services.common.metrics import parse_exposition, total
 from services.common.records import (
     HEADER_META,
     HEADER_RELEASES,
@@ -29,11 +31,13 @@ from services.common.records import (
     decode_ack,
     decode_session,
     decode_subscriptions,
+    downlink_bundle_record,
     encode_meta,
     encode_releases,
     encode_targets,
 )
 from services.common.subscription import Subscription
+from services.local import cluster as local_cluster
 from tests.e2e.clients import RawSocket, packet, session_connect_packet, unique
 from tests.e2e.kafka_view import TopicTail, downlink_writer, latest_state
 from tests.servers import LocalCluster
@@ -63,6 +67,14 @@ def _expect(raw: RawSocket, kind: int, packet_id: int) -> None:
 
 def _ack(kind: int, packet_id: int) -> bytes:
     return packet(kind, struct.pack(">H", packet_id))
+
+
+def _undecodable_downlinks(cluster: LocalCluster) -> float:
+    """The node's count of downlink records it skipped as undecodable (its ``/metrics``)."""
+    port = local_cluster.http_ports(cluster.settings)[f"ingest-{NODE_ID}"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        samples = parse_exposition(response.read().decode())
+    return total(samples, "cormorant_kafka_undecodable_records_total", topic="msg.downlink")
 
 
 async def test_store_assigned_deliveries_releases_and_acknowledgements(
@@ -103,6 +115,33 @@ async def test_store_assigned_deliveries_releases_and_acknowledgements(
             assert _publish(raw) == (1, 321, False, b"one")
             raw.send(_ack(0x40, 321))  # PUBACK
             assert await next_acks() == [(AckKind.PUBACK, 321)]
+
+            # A garbage bundle (its header one byte short) is skipped, logged and counted;
+            # the node goes on: the next bundle, same key and partition, is what comes next.
+            undecodable = _undecodable_downlinks(cluster)
+            bundle = downlink_bundle_record(
+                names, NODE_ID, client_id, [(meta[0][1], b"x", Target(client_id, 1, packet_id=326))]
+            )
+            [(name, head)] = bundle.headers
+            await store.send_and_wait(downlink, bundle.value, key, headers=[(name, head[:-1])])
+
+            # A stored window as one record (device_persist's bundle): in order.
+            window = [
+                (meta[0][1], payload, Target(client_id, 1, packet_id=pid))
+                for payload, pid in ((b"three", 324), (b"four", 325))
+            ]
+            bundle = downlink_bundle_record(names, NODE_ID, client_id, window)
+            await store.send_and_wait(downlink, bundle.value, key, headers=list(bundle.headers))
+            assert [_publish(raw), _publish(raw)] == [
+                (1, 324, False, b"three"),
+                (1, 325, False, b"four"),
+            ]
+            assert _undecodable_downlinks(cluster) == undecodable + 1
+            raw.send(_ack(0x40, 324) + _ack(0x40, 325))
+            acknowledged: list[tuple[AckKind, int]] = []
+            while len(acknowledged) < 2:  # one record per read of the socket
+                acknowledged += await next_acks()
+            assert acknowledged == [(AckKind.PUBACK, 324), (AckKind.PUBACK, 325)]
 
             # QoS 2, resent after a reconnect (DUP).
             await store.send_and_wait(

@@ -24,6 +24,7 @@ from aiokafka.structs import ConsumerRecord
 from services.common.kafka.names import TopicNames
 from services.common.kafka.partitioner import partition_of
 from services.common.records import (
+    HEADER_BUNDLE,
     HEADER_META,
     HEADER_ORIGIN,
     HEADER_RELEASES,
@@ -36,6 +37,7 @@ from services.common.records import (
     PublishMeta,
     SessionRecord,
     Target,
+    decode_bundle,
     decode_event,
     decode_releases,
     decode_targets,
@@ -169,7 +171,15 @@ async def _harness(
     async def send(
         topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]]
     ) -> Awaitable[object]:
-        box[0].sent.append(Sent(topic, key, value, dict(headers)))
+        fields = dict(headers)
+        if HEADER_BUNDLE in fields:  # a window: one Sent per message, as the node reads it
+            for message in decode_bundle(fields[HEADER_BUNDLE], value or b"").messages:
+                by_message = {HEADER_TARGETS: encode_targets(message.targets)}
+                if message.origin is not None:  # what header a carries for one message
+                    by_message[HEADER_STORED_ORIGIN] = encode_origin(message.origin)
+                box[0].sent.append(Sent(topic, key, message.payload, by_message))
+        else:
+            box[0].sent.append(Sent(topic, key, value, fields))
         done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

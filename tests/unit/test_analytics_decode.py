@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from services.common import records
+from services.common.kafka.names import TopicNames
 from services.common.mqtt.packets import PacketType
 from services.common.mqtt.properties import Properties, encode_properties
 from spark_emr import decode
@@ -52,3 +53,29 @@ def test_targets_acks_and_events_decode() -> None:
         ["a/#"],
         [1],
     )
+
+
+def test_a_bundle_splits_into_its_messages_and_garbage_into_an_error() -> None:
+    meta = records.encode_meta(records.PublishMeta("a/b", 1, False, 5, 5))
+    window = [
+        (meta, b"one", records.Target("s1", 1, packet_id=7)),
+        (meta, b"three", records.Target("s1", 1, packet_id=8)),
+    ]
+    bundle = records.downlink_bundle_record(TopicNames(), "n1", "s1", window)
+    [(_, head)] = bundle.headers
+    frame = decode.bundle_rows(
+        pd.Series([head, head[:-1], None]), pd.Series([bundle.value, bundle.value, b"x"])
+    )
+    assert list(frame.columns) == decode.BUNDLE.fieldNames()
+    good, garbage, other = frame.itertuples(index=False)
+    assert good.error is None
+    assert [(p["meta"], p["payload_size"]) for p in good.parts] == [(meta, 3), (meta, 5)]
+    targets = decode.rows(
+        decode._targets_row, decode.TARGETS, pd.Series([p["targets"] for p in good.parts])
+    )
+    assert list(targets["packet_ids"]) == [[7], [8]]
+    assert (garbage.error, garbage.parts) == (
+        "RecordError: bundle header does not match its message count",
+        None,
+    )
+    assert (other.error, other.parts) == (None, None)  # not a bundle: its headers are read

@@ -25,6 +25,7 @@ from services.common.records import (
     AckRecord,
     AdminDrain,
     AppMessage,
+    Bundle,
     ClientKind,
     DelayedCancel,
     DelayedOutcome,
@@ -52,6 +53,7 @@ from services.common.records import (
     client_session_record,
     client_subscriptions_record,
     decode_ack,
+    decode_bundle,
     decode_event,
     decode_meta,
     decode_releases,
@@ -63,10 +65,12 @@ from services.common.records import (
     delayed_outcome,
     delayed_record,
     delayed_tombstone,
+    downlink_bundle_record,
     downlink_record,
     encode_ack,
     encode_event,
     encode_meta,
+    encode_origin,
     encode_releases,
     encode_session,
     encode_stored,
@@ -91,6 +95,7 @@ from services.common.records import (
     retained_request_record,
     session_expired_event,
     session_expired_records,
+    split_bundle,
     stale_delete,
     with_origins,
 )
@@ -423,6 +428,12 @@ def test_each_record_kind_builds_and_parses_back() -> None:
     assert parse_downlink(routed.value, routed.headers) == Downlink(
         META, b"payload", [Target("c", 1)], Origin(3, 41, 0)
     )
+    window = [(META_RAW, b"one", Target("c", 1, packet_id=3)), (META_RAW, b"", Target("c", 2))]
+    bundle = downlink_bundle_record(NAMES, "n1", "c", window)
+    assert (bundle.topic, bundle.key) == (NAMES.downlink("n1"), b"c")
+    assert parse_downlink(bundle.value, bundle.headers) == Bundle(
+        [Downlink(META, payload, [target]) for _, payload, target in window]
+    )
     release = release_record(NAMES, "n1", "c", [("c", 7)])
     assert parse_downlink(release.value, release.headers) == Releases([("c", 7)])
     drain = admin_drain_record(NAMES, "n1", AdminDrain(90_000))
@@ -513,6 +524,52 @@ def test_a_delayed_message_round_trips_and_its_tombstone_names_it() -> None:
     )
 
 
+def test_a_bundle_record_is_laid_out_byte_by_byte_as_documented() -> None:
+    window = [(META_RAW, b"one", Target("c", 1, packet_id=3)), (META_RAW, b"", Target("c", 2))]
+    origin = Origin(5, 1234, 0)
+    record = downlink_bundle_record(NAMES, "n1", "c", window, [origin, None])
+    targets = [encode_targets([target]) for _, _, target in window]
+    encoded = encode_origin(origin)
+    # Header b: version 1, count 2, then per message its m, t, payload and origin lengths.
+    assert record.headers == [
+        (
+            "b",
+            b"\x01\x00\x00\x00\x02"
+            + struct.pack(">IIII", len(META_RAW), len(targets[0]), 3, len(encoded))
+            + struct.pack(">IIII", len(META_RAW), len(targets[1]), 0, 0),
+        )
+    ]
+    assert record.value == META_RAW + targets[0] + b"one" + encoded + META_RAW + targets[1]
+    assert split_bundle(record.headers[0][1], record.value) == [
+        (META_RAW, targets[0], b"one", encoded),
+        (META_RAW, targets[1], b"", b""),
+    ]
+    # The origins go to the node's Downlinks: a replay's switch reads them.
+    assert [m.origin for m in decode_bundle(record.headers[0][1], record.value).messages] == [
+        origin,
+        None,
+    ]
+    without = downlink_bundle_record(NAMES, "n1", "c", window)
+    assert [m.origin for m in decode_bundle(without.headers[0][1], without.value).messages] == [
+        None,
+        None,
+    ]
+    with pytest.raises(ValueError, match="1 origins for 2 messages"):
+        downlink_bundle_record(NAMES, "n1", "c", window, [origin])
+    empty = downlink_bundle_record(NAMES, "n1", "c", [])
+    assert (empty.headers, empty.value) == ([("b", b"\x01\x00\x00\x00\x00")], b"")
+    assert split_bundle(b"\x01\x00\x00\x00\x00", b"") == []
+    with pytest.raises(RecordError, match="version 2"):
+        split_bundle(b"\x02\x00\x00\x00\x00", b"")
+    # A garbage origin refuses the whole record.
+    bad = struct.pack(">IIII", len(META_RAW), len(targets[1]), 0, 3)
+    with pytest.raises(RecordError, match="origin"):
+        decode_bundle(b"\x01\x00\x00\x00\x01" + bad, META_RAW + targets[1] + b"xyz")
+
+
+#: A bundle header's version and count of one message.
+BUNDLE_HEAD = struct.pack(">BI", 1, 1)
+
 PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object], list[Any]]] = {
     "msg.all": (
         parse_msg_all,
@@ -536,6 +593,10 @@ PARSERS: dict[str, tuple[Callable[[bytes | None, bytes | None, Headers], object]
             (b"k", b"", [("r", b"\x01")]),
             (b"k", b"x", [*GOOD_META, ("t", b"\x01\x00")]),
             (b"n", b"", [("c", b"\x01\x02\x00\x00")]),  # a truncated drain command
+            (b"c", b"", [("b", b"\x01\x00\x00\x00\x02")]),  # a count without its lengths
+            (b"c", b"xy", [("b", BUNDLE_HEAD + struct.pack(">IIII", 0, 0, 1, 0))]),  # trailing
+            (b"c", b"x", [("b", BUNDLE_HEAD + struct.pack(">IIII", 0, 0, 2, 0))]),  # truncated
+            (b"c", b"x", [("b", BUNDLE_HEAD + struct.pack(">IIII", 1, 0, 0, 0))]),  # bad meta
         ],
     ),
     "msg.persisted": (
@@ -596,7 +657,7 @@ def test_every_parser_raises_only_record_error_on_garbage(kind: str) -> None:
 @given(
     st.binary(max_size=12) | st.none(),
     st.binary(max_size=12) | st.none(),
-    st.lists(st.tuples(st.sampled_from("mtqrs"), st.binary(max_size=24)), max_size=3),
+    st.lists(st.tuples(st.sampled_from("mtqrsb"), st.binary(max_size=24)), max_size=3),
 )
 def test_random_records_never_make_a_parser_raise_anything_but_record_error(
     key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]

@@ -53,6 +53,7 @@ from aiokafka.structs import OffsetAndMetadata
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from services.common import metrics
+from services.common.kafka.names import kind_of_topic
 from services.common.kafka.security import client_security
 from services.common.settings import Settings
 
@@ -156,7 +157,9 @@ async def close_producer(producer: AIOKafkaProducer, timeout: float) -> None:
 
 def log_undecodable(logger: logging.Logger, record: Record, exc: BaseException) -> None:
     """Log that ``record`` (topic, partition, offset) is skipped because it could not be
-    decoded: garbage on a topic is never a reason to stop a service or to lose the rest."""
+    decoded: garbage on a topic is never a reason to stop a service or to lose the rest.
+    Counted in ``cormorant_kafka_undecodable_records_total`` by the topic's kind."""
+    metrics.undecodable(kind_of_topic(record.topic))
     logger.warning(
         "skipping undecodable record %s[%d]@%d: %r",
         record.topic,
