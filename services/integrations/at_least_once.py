@@ -90,8 +90,9 @@ class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
     """The rebalance listener: a revoked partition is let go only once the round being
     delivered is committed (the next owner starts after it); records of it gathered but
     not delivered yet are delivered and not committed (the next owner sends them again: at
-    least once); an assigned partition without a committed offset starts at
-    ``start_offset``'s."""
+    least once); an assigned partition starts at its committed offset, or without one at
+    ``start_offset``'s, and is in ``done`` from then on (:func:`_gather` takes only the
+    records of partitions in ``done``)."""
 
     def __init__(
         self,
@@ -111,28 +112,45 @@ class _Rounds(ConsumerRebalanceListener):  # type: ignore[misc]
                 self.done.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        """Read each partition from its committed offset, or else from ``start_offset``."""
+        """Read each partition from its committed offset, or else from ``start_offset``.
+        aiokafka starts fetching an assigned partition (from the committed offset, else
+        the earliest) before this returns: the seek drops what it fetched, and
+        :func:`_gather` what it handed over already."""
         for tp in assigned:
             committed = await self.consumer.committed(tp)
             if committed is None:
                 committed = await self.start_offset(tp)
-                self.consumer.seek(tp, committed)
+            self.consumer.seek(tp, committed)
             self.done[tp] = committed
 
 
 async def _gather(
-    consumer: AIOKafkaConsumer, matcher: Matcher, gathering: Gathering
+    consumer: AIOKafkaConsumer,
+    matcher: Matcher,
+    gathering: Gathering,
+    done: dict[TopicPartition, int],
 ) -> tuple[dict[TopicPartition, list[Record]], list[Outgoing]]:
     """One round's records (per partition, in order) and the messages the integration takes
     of them, gathered as ``gathering`` says: the first fetch waits up to
     :data:`FETCH_WAIT_SECONDS` and takes what is there (up to :data:`ROUND_MAX` records);
     when it brought messages, more are read until the linger is over or the round holds
-    enough messages or records."""
+    enough messages or records. Only records at or after their partition's start in
+    ``done`` are taken: those of a partition not started yet (fetched while the rebalance
+    listener looks for the start, which then seeks back) or before its start are left
+    out."""
     batches: dict[TopicPartition, list[Record]] = {}
     messages: list[Outgoing] = []
 
     def add(fetched: dict[TopicPartition, list[Record]]) -> int:
-        for tp, records in fetched.items():
+        for tp, fetched_records in fetched.items():
+            start = done.get(tp)
+            if start is None:
+                continue
+            records = fetched_records
+            if records and records[0].offset < start:
+                records = [record for record in records if record.offset >= start]
+            if not records:
+                continue
             batches.setdefault(tp, []).extend(records)
             messages.extend(matcher.outgoing_of(records))
         return sum(len(records) for records in fetched.values())
@@ -171,7 +189,7 @@ async def consume_at_least_once(
     while True:
         # Not under the lock: a fetch waits while the group rebalances, and the rebalance
         # waits for the revocation callback, which takes the lock.
-        batches, messages = await _gather(consumer, matcher, deliverer.gathering)
+        batches, messages = await _gather(consumer, matcher, deliverer.gathering, done)
         counters.unwritable(matcher.take_unwritable())
         async with rounds.lock:
             if messages:
