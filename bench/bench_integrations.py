@@ -173,7 +173,7 @@ class SinkProcess:
         line = self.process.stdout.readline().strip()
         if not line or (expected is not None and line != expected):
             self.close()
-            raise RuntimeError(f"{self.process.args}: answered {line!r}, exited")
+            raise RuntimeError(f"{self.process.args!r}: answered {line!r}, exited")
         return line
 
     def ask(self, command: str) -> dict[str, int]:
@@ -423,7 +423,7 @@ def main() -> None:
     print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     with contextlib.ExitStack() as stack:
         settings = stack.enter_context(local_kafka())
-        makers = {
+        makers: dict[str, Callable[[], list[Case]]] = {
             "kafka": kafka_cases,
             "webhook": lambda: webhook_cases(stack),
             "mqtt": lambda: mqtt_cases(stack),
