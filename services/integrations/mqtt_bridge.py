@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -99,6 +100,9 @@ RETRY_BUDGET_SECONDS = 120.0
 REVERSE_SESSION_EXPIRY_SECONDS = 7 * 24 * 3600
 
 _JSON_CONTENT_TYPE = "application/json"
+
+#: Distinct sets of PUBLISH properties whose paho form is kept (:func:`paho_properties`).
+PROPERTIES_CACHE_SIZE = 1024
 
 
 class BridgeError(Exception):
@@ -351,29 +355,57 @@ def paho_properties(
     """The PUBLISH properties an MQTT 5 remote gets of a message with ``properties``
     accepted at ``received_at_ms``: those a server forwards (MQTT 5.0 3.3.2.3), the Message
     Expiry Interval lowered by the whole seconds since (3.3.2.3.3). None when there are
-    none. Raises ``LookupError`` when the message expired."""
-    out = PahoProperties(PacketTypes.PUBLISH)
-    present = False
+    none. Raises ``LookupError`` when the message expired. The object is shared by every
+    message with the same properties (:func:`_built_properties`): read it, never change
+    it."""
+    left = None
     if properties.message_expiry_interval is not None:
         left = properties.message_expiry_interval - (now_ms - received_at_ms) // 1000
         if left <= 0:
             raise LookupError("expired")
-        out.MessageExpiryInterval = left
+    return _built_properties(
+        left,
+        properties.payload_format_indicator,
+        properties.content_type,
+        properties.response_topic,
+        properties.correlation_data,
+        tuple(properties.user_properties),
+    )
+
+
+@functools.lru_cache(maxsize=PROPERTIES_CACHE_SIZE)
+def _built_properties(
+    message_expiry_interval: int | None,
+    payload_format_indicator: int | None,
+    content_type: str | None,
+    response_topic: str | None,
+    correlation_data: bytes | None,
+    user_properties: tuple[tuple[str, str], ...],
+) -> PahoProperties | None:
+    """paho's PUBLISH properties of these values (None: left out), or None when all are
+    left out. Built once per distinct set: building paho's ``Properties`` (its tables
+    and checked attributes) was half of the bridge's own CPU per message
+    (bench/NOTES.md, "issue 27: the webhook and the MQTT bridge"), and paho only reads
+    it (``pack``) when it sends or sends again a PUBLISH."""
+    out = PahoProperties(PacketTypes.PUBLISH)
+    present = False
+    if message_expiry_interval is not None:
+        out.MessageExpiryInterval = message_expiry_interval
         present = True
-    if properties.payload_format_indicator is not None:
-        out.PayloadFormatIndicator = properties.payload_format_indicator
+    if payload_format_indicator is not None:
+        out.PayloadFormatIndicator = payload_format_indicator
         present = True
-    if properties.content_type is not None:
-        out.ContentType = properties.content_type
+    if content_type is not None:
+        out.ContentType = content_type
         present = True
-    if properties.response_topic is not None:
-        out.ResponseTopic = properties.response_topic
+    if response_topic is not None:
+        out.ResponseTopic = response_topic
         present = True
-    if properties.correlation_data is not None:
-        out.CorrelationData = properties.correlation_data
+    if correlation_data is not None:
+        out.CorrelationData = correlation_data
         present = True
-    if properties.user_properties:
-        out.UserProperty = list(properties.user_properties)
+    if user_properties:
+        out.UserProperty = list(user_properties)
         present = True
     return out if present else None
 
@@ -405,9 +437,7 @@ def remote_message(
         if integration.payload_format is PayloadFormat.RAW:
             properties = forwarded
         else:
-            properties = PahoProperties(PacketTypes.PUBLISH)
-            properties.PayloadFormatIndicator = 1
-            properties.ContentType = _JSON_CONTENT_TYPE
+            properties = _built_properties(None, 1, _JSON_CONTENT_TYPE, None, None, ())
     return RemoteMessage(
         topic,
         message.value,

@@ -161,3 +161,19 @@ def test_retain_cleared_v311_without_properties_and_json_declared() -> None:
     assert sent is not None and sent.properties is not None
     assert sent.properties.ContentType == "application/json"
     assert sent.properties.PayloadFormatIndicator == 1
+
+
+def test_messages_with_the_same_properties_share_their_paho_form() -> None:
+    meta = PublishMeta("sensors/l1/temp", 1, False, received_at_ms=1_000_000, protocol_version=5)
+
+    def sent_properties(now_ms: int, site: str = "north") -> object:
+        properties = Properties(message_expiry_interval=60, user_properties=[("site", site)])
+        sent = remote_message(bridge(SITE1), outgoing(meta, properties), now_ms=now_ms)
+        assert sent is not None and sent.properties is not None
+        return sent.properties
+
+    first = sent_properties(1_000_100)
+    assert sent_properties(1_000_900) is first  # equal values, built once
+    later = sent_properties(1_001_000)  # one second less to live: its own
+    assert later is not first and later.MessageExpiryInterval == 59  # type: ignore[attr-defined]
+    assert sent_properties(1_000_100, "south") is not first
