@@ -414,7 +414,7 @@ def _rejoin_after(consumer: AIOKafkaConsumer, error: KafkaError) -> bool:
     """After ``getmany`` of ``consumer`` raised ``error``: if it is a failure of the
     consumer group's coordination, make the member join its group again as a new member
     and return True; False when joining again cannot help (no group, wrong settings or
-    ACLs, a partition's fetch error, or aiokafka's coordination task is gone).
+    ACLs, a partition's fetch error, or aiokafka's coordination or fetch task is gone).
 
     Why: aiokafka 0.14 hands every error of the group's coordination it has no rule for
     to the caller of ``getmany`` (JoinGroup's, SyncGroup's, a heartbeat's), once, and then
@@ -432,8 +432,13 @@ def _rejoin_after(consumer: AIOKafkaConsumer, error: KafkaError) -> bool:
     coordinator = getattr(consumer, "_coordinator", None)
     if not isinstance(coordinator, GroupCoordinator) or isinstance(error, _NOT_REJOINABLE):
         return False
-    if coordinator._coordination_task.done():
-        return False  # nothing would join again: the process has to start afresh
+    fetcher = getattr(consumer, "_fetcher", None)
+    if coordinator._coordination_task.done() or (
+        fetcher is not None and fetcher.error_future.done()
+    ):
+        # aiokafka's coordination or fetch task is gone: nothing would join again or
+        # fetch; the process has to start afresh.
+        return False
     log.warning(
         "consumer group %s: %r from its coordination, joining again as a new member",
         coordinator.group_id,
