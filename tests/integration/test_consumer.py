@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import UnknownError
 
 from services.common.kafka.admin import TopicSpec, ensure_topics
 from services.common.kafka.consumer import (
@@ -370,4 +371,42 @@ async def test_a_slow_fence_after_an_assignment_keeps_the_member_in_its_group(
         assert (state, len(members), revoked) == ("Stable", 1, [])
     finally:
         await admin.close()
+        await _stop(consumer, task)
+
+
+async def test_a_member_whose_group_coordination_failed_joins_again_and_reads_on(
+    topic: Topic,
+) -> None:
+    """aiokafka hands an error of the group's coordination it has no rule for to the
+    caller of ``getmany`` (Kafka's FENCED_INSTANCE_ID, read as UnknownError: a static
+    member whose JoinGroup answer a broker's death lost); the loop used to end with it, and
+    the stage's process with it, which stopped deliveries after a broker's kill -9."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    handled: list[bytes] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        handled.extend(r.value for r in records)
+        return []
+
+    consumer = make_consumer(
+        topic.settings, group_id=group, instance_id=f"{group}-1", fetch_max_wait_ms=100
+    )
+    task = await _run(
+        consumer,
+        consume_batches(consumer, handle, topics=[topic.name], commit_interval=0.05, stage="test"),
+    )
+    try:
+        await topic.put_many(3)
+        await wait_for(lambda: len(handled) == 3, "the first records handled", TIMEOUT)
+        # What aiokafka 0.14 does with such an error (group_coordinator.py, the
+        # coordination routine's ``except KafkaError``): the next getmany raises it.
+        pushed = asyncio.ensure_future(consumer._coordinator._push_error_to_user(UnknownError()))
+        later = [f"n{i}".encode() for i in range(6)]
+        await asyncio.gather(*[await topic.producer.send(topic.name, value) for value in later])
+        await wait_for(
+            lambda: set(later) <= set(handled) or task.done(), "the later records", TIMEOUT
+        )
+        assert not task.done(), task.exception()
+        await pushed
+    finally:
         await _stop(consumer, task)

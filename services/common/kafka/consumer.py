@@ -47,7 +47,17 @@ from aiokafka import (
     ConsumerRecord,
     TopicPartition,
 )
-from aiokafka.errors import KafkaError
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    InconsistentGroupProtocolError,
+    InvalidGroupIdError,
+    InvalidSessionTimeoutError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -94,6 +104,19 @@ PRODUCER_CLOSE_SECONDS = 5.0
 CONCURRENT_TRANSACTIONS_RETRY_SECONDS = 0.002
 
 aiokafka_sender.BACKOFF_OVERRIDE = CONCURRENT_TRANSACTIONS_RETRY_SECONDS
+
+#: Errors ``getmany`` raises that joining the group again cannot cure: wrong settings or
+#: ACLs (the process stops, so that its supervisor and operator see it), and the fetch
+#: errors of one partition (raised by the fetcher, not by the group's coordination).
+_NOT_REJOINABLE = (
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    InvalidSessionTimeoutError,
+    InconsistentGroupProtocolError,
+    InvalidGroupIdError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
 
 
 class StaleOutputs(Exception):
@@ -359,15 +382,74 @@ async def _next_batch(
     if first:
         preferred = [tp for tp in consumer.assignment() if tp.topic in first]
         if preferred:
-            batches = await consumer.getmany(*preferred, timeout_ms=0, max_records=max_records)
+            batches = await _getmany(consumer, preferred, 0, max_records)
     room = max_records - sum(len(part) for part in batches.values())
     if room > 0:
-        more = await consumer.getmany(
-            timeout_ms=500 if wait and not batches else 0, max_records=room
-        )
+        more = await _getmany(consumer, [], 500 if wait and not batches else 0, room)
         for tp, part in more.items():
             batches.setdefault(tp, []).extend(part)
     return batches
+
+
+async def _getmany(
+    consumer: AIOKafkaConsumer,
+    partitions: Sequence[TopicPartition],
+    timeout_ms: int,
+    max_records: int,
+) -> dict[TopicPartition, list[Record]]:
+    """``consumer.getmany`` (of ``partitions``, all assigned ones when empty); a group
+    member whose coordination failed joins its group again (:func:`_rejoin_after`) and
+    gets nothing this time, after :data:`RETRY_BACKOFF_SECONDS`. Raises what
+    ``getmany`` raises otherwise."""
+    try:
+        fetched: dict[TopicPartition, list[Record]] = await consumer.getmany(
+            *partitions, timeout_ms=timeout_ms, max_records=max_records
+        )
+    except KafkaError as exc:
+        if not _rejoin_after(consumer, exc):
+            raise
+        await asyncio.sleep(RETRY_BACKOFF_SECONDS)
+        return {}
+    return fetched
+
+
+def _rejoin_after(consumer: AIOKafkaConsumer, error: KafkaError) -> bool:
+    """After ``getmany`` of ``consumer`` raised ``error``: if it is a failure of the
+    consumer group's coordination, make the member join its group again as a new member
+    and return True; False when joining again cannot help (no group, wrong settings or
+    ACLs, a partition's fetch error, or aiokafka's coordination or fetch task is gone).
+
+    Why: aiokafka 0.14 hands every error of the group's coordination it has no rule for
+    to the caller of ``getmany`` (JoinGroup's, SyncGroup's, a heartbeat's), once, and then
+    tries again with the same member id. Kafka's FENCED_INSTANCE_ID (82, which aiokafka
+    reads as UnknownError) is one: a static member (``group.instance.id``) whose JoinGroup
+    a coordinator moving to another broker answered but whose answer was lost (the
+    broker killed, or the connection closed by a request timeout) holds a member id the
+    new coordinator has replaced, and every request it sends with it is refused so. The
+    stages let the error end their main task, and the process exited (a supervisor
+    restarts it after 20-40 s; ``cormorant up`` does not at all): deliveries stopped for
+    good after a broker's kill -9 (tests/topology/test_kafka_brokers.py, CI 2026-11-27).
+    Forgetting the member id (``reset_generation``) makes the next JoinGroup take the
+    instance's place again, as a restarted process would, without the restart.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    if not isinstance(coordinator, GroupCoordinator) or isinstance(error, _NOT_REJOINABLE):
+        return False
+    fetcher = getattr(consumer, "_fetcher", None)
+    if coordinator._coordination_task.done() or (
+        fetcher is not None and fetcher.error_future.done()
+    ):
+        # aiokafka's coordination or fetch task is gone: nothing would join again or
+        # fetch; the process has to start afresh.
+        return False
+    log.warning(
+        "consumer group %s: %r from its coordination, joining again as a new member",
+        coordinator.group_id,
+        error,
+    )
+    coordinator.reset_generation()
+    coordinator.request_rejoin()
+    return True
 
 
 async def _first_error(acks: Sequence[Awaitable[object]]) -> BaseException | None:
