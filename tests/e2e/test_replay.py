@@ -229,10 +229,10 @@ def test_a_persistent_session_resumes_its_replay_on_the_other_node(
     # acknowledged: from the last progress stored (every 32 messages), not from the start.
     assert len(repeats) >= 2 and all(m.dup for m in repeats), seqs  # at least those in flight
     # ... with the Packet Identifier of its first copy (MQTT 4.4 [MQTT-4.4.0-1])
-    first_ids: dict[bytes, int] = {}
+    first_ids: dict[int, int] = {}
     for m in got:
-        first_ids.setdefault(m.payload, m.mid)
-    assert [m.mid for m in repeats] == [first_ids[m.payload] for m in repeats], seqs
+        first_ids.setdefault(int(m.payload), m.mid)
+    assert [m.mid for m in repeats] == [first_ids[int(m.payload)] for m in repeats], seqs
     assert all(int(m.payload) >= 32 - 2 for m in repeats), seqs
     assert all(_replayed(m) for m in got if int(m.payload) < history)
     assert not any(_replayed(m) for m in got if int(m.payload) >= history)
