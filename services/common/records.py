@@ -406,6 +406,10 @@ _REPLAY_PROGRESS = 0x8000_0000
 most, MQTT 3.8.2.1.2), with :data:`_EVERY_MESSAGE`: a
 :class:`~services.common.subscription.ReplayProgress` follows the cut."""
 
+_REPLAY_PACKET_IDS = 0x4000_0000
+"""Bit of the same field, with :data:`_REPLAY_PROGRESS`: the progress ends with the 16-bit
+index of the replay's block of Packet Identifiers (a record written without it: block 0)."""
+
 
 def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     """Encode a client's whole subscription set (the client id is the record key).
@@ -417,7 +421,8 @@ def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
     0x40) says the cut is a replay subscription's, which covers every message. The top bit
     of the identifier field (only with 0x80) says a persistent session's replay progress
     follows the cut: its ``cut``, ``next`` and ``sent`` offsets, as many 64-bit ones each
-    as the cut has partitions.
+    as the cut has partitions, then (the identifier field's bit 30) the 16-bit index of
+    its block of Packet Identifiers.
     """
     items = list(subs)
     parts = [struct.pack(">BI", _VERSION, len(items))]
@@ -434,7 +439,9 @@ def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
             | (_EVERY_MESSAGE if every_message else 0)
         )
         progress = s.replay if every_message else None
-        ident = (s.subscription_identifier or 0) | (_REPLAY_PROGRESS if progress else 0)
+        ident = (s.subscription_identifier or 0) | (
+            _REPLAY_PROGRESS | _REPLAY_PACKET_IDS if progress else 0
+        )
         parts.append(_str16(s.topic_filter))
         parts.append(struct.pack(">BI", options, ident))
         if cut is not None:
@@ -445,6 +452,7 @@ def encode_subscriptions(subs: Iterable[Subscription]) -> bytes:
             if not len(progress.cut) == len(progress.next) == len(progress.sent) == n:
                 raise ValueError("a replay's progress needs one offset per partition of its cut")
             parts.append(struct.pack(f">{3 * n}Q", *progress.cut, *progress.next, *progress.sent))
+            parts.append(struct.pack(">H", progress.packet_ids))
     return b"".join(parts)
 
 
@@ -467,6 +475,8 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
                 raise RecordError("invalid subscription options")
             if ident & _REPLAY_PROGRESS and not options & _EVERY_MESSAGE:
                 raise RecordError("replay progress without a replay cut")
+            if ident & _REPLAY_PACKET_IDS and not ident & _REPLAY_PROGRESS:
+                raise RecordError("replay Packet Identifiers without a replay progress")
             live_from = None
             progress = None
             if options & _LIVE_FROM:
@@ -477,12 +487,17 @@ def decode_subscriptions(client_id: str, data: bytes) -> list[Subscription]:
                 if ident & _REPLAY_PROGRESS:
                     marks = struct.unpack_from(f">{3 * partitions}Q", data, offset)
                     offset += 24 * partitions
+                    block = 0
+                    if ident & _REPLAY_PACKET_IDS:
+                        (block,) = struct.unpack_from(">H", data, offset)
+                        offset += 2
                     progress = ReplayProgress(
                         marks[:partitions],
                         marks[partitions : 2 * partitions],
                         marks[2 * partitions :],
+                        block,
                     )
-                    ident &= ~_REPLAY_PROGRESS
+                    ident &= ~(_REPLAY_PROGRESS | _REPLAY_PACKET_IDS)
             subs.append(
                 Subscription(
                     client_id=client_id,

@@ -56,12 +56,17 @@ class ReplayProgress:
       acknowledged by the client (QoS 1) or sent (QoS 0);
     - ``sent``: every record below it may have been sent already: stored *before* the
       records are sent, so a resumed replay sends those in ``[next, sent)`` with DUP=1
-      (MQTT 3.3.1.1) whatever crashed.
+      (MQTT 3.3.1.1) whatever crashed;
+    - ``packet_ids``: the block of Packet Identifiers the replay reserved (0..15), from
+      which each message's identifier derives from its ``msg.all`` offset, so that a
+      resend carries its original one (MQTT 4.4 [MQTT-4.4.0-1];
+      :func:`services.ingest.handle_replay.packet_id`).
     """
 
     cut: tuple[int, ...]
     next: tuple[int, ...]
     sent: tuple[int, ...]
+    packet_ids: int = 0
 
 
 @dataclass(frozen=True, slots=True)

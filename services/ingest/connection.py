@@ -384,10 +384,17 @@ class ServerConnection:
             return []  # its replay delivered it (the switch's window)
         return delivery.deliver_routed(self.state, message, target)
 
-    def replay_room(self) -> bool:
+    def replay_room(self, packet_id: int = 0) -> bool:
         """Whether the client can take one more replayed message now (its in-flight
-        window has a free slot): the replay reader waits while it cannot."""
-        return handle_replay.room(self.state)
+        window has a free slot, and ``packet_id`` (0: any) is not in flight): the replay
+        reader waits while it cannot."""
+        return handle_replay.room(self.state, packet_id)
+
+    def replay_packet_id(self, topic_filter: str, message: FanOut, target: Target) -> int:
+        """The Packet Identifier ``message`` of the replay of ``topic_filter`` goes with as
+        ``target`` (a persistent session's: the same after a reconnect; 0 otherwise, any),
+        :func:`services.ingest.handle_replay.packet_id`."""
+        return handle_replay.packet_id(self.state, topic_filter, message, target)
 
     def replay_switch(self, subscription: Subscription, ends: Sequence[int]) -> tuple[int, ...]:
         """The replay of ``subscription`` read ``msg.all``'s end offsets ``ends`` after its

@@ -106,14 +106,21 @@ def deliver_routed(state: ConnectionState, message: FanOut, target: Target) -> l
 
 
 def deliver(
-    state: ConnectionState, packet: Publish, expires_at_ms: int | None = None
+    state: ConnectionState,
+    packet: Publish,
+    expires_at_ms: int | None = None,
+    packet_id: int = 0,
 ) -> list[Effect]:
     """Send ``packet`` to the client, or queue it behind the in-flight window.
 
     ``packet.packet_id`` is set for a store-assigned delivery (QoS 1/2) and None otherwise.
-    ``expires_at_ms`` is when the message expires (Unix ms; None: never). A message on a
-    topic the client's rules do not let it read is withheld (a store-assigned one reported
-    complete).
+    ``expires_at_ms`` is when the message expires (Unix ms; None: never). ``packet_id``
+    (1..65535; 0: the node picks one) is the Packet Identifier a delivery of the node's own
+    asks for: a persistent session's replayed message, whose resend after a reconnect
+    must carry its original one (MQTT 4.4 [MQTT-4.4.0-1]); the node picks another only if
+    that one is in flight (the replay reader waits for it to be free first). A message on
+    a topic the client's rules do not let it read is withheld (a store-assigned one
+    reported complete).
     """
     if not state.authorizer.may_receive(packet.topic):
         if packet.qos and packet.packet_id and packet.packet_id not in state.outbound:
@@ -135,9 +142,9 @@ def deliver(
             log.warning(
                 "client %r: outbound queue full, dropped its oldest message", state.client_id
             )
-        state.outbound_queue.append(Queued(packet, expires_at_ms))
+        state.outbound_queue.append(Queued(packet, expires_at_ms, packet_id))
         return []
-    return _send_with_packet_id(state, packet, expires_at_ms)
+    return _send_with_packet_id(state, packet, expires_at_ms, packet_id)
 
 
 def _withheld(state: ConnectionState, topic: str) -> list[Effect]:
@@ -206,12 +213,14 @@ def _next_packet_id(state: ConnectionState) -> int:
 
 
 def _send_with_packet_id(
-    state: ConnectionState, packet: Publish, expires_at_ms: int | None
+    state: ConnectionState, packet: Publish, expires_at_ms: int | None, packet_id: int = 0
 ) -> list[Effect]:
     if not _set_remaining(state, packet, expires_at_ms):
         dropped(Drop.EXPIRED)
         return []  # expired while it waited for the window [MQTT-3.3.2-5]
-    packet.packet_id = _next_packet_id(state)
+    if not packet_id or packet_id in state.outbound:
+        packet_id = _next_packet_id(state)
+    packet.packet_id = packet_id
     effects = _send_publish(state, packet)
     if effects:
         state.outbound[packet.packet_id] = Outbound(packet.qos)
@@ -342,7 +351,9 @@ def _complete(
     effects: list[Effect] = []
     while state.outbound_queue and len(state.outbound) < state.client_receive_maximum:
         queued = state.outbound_queue.popleft()
-        effects.extend(_send_with_packet_id(state, queued.packet, queued.expires_at_ms))
+        effects.extend(
+            _send_with_packet_id(state, queued.packet, queued.expires_at_ms, queued.packet_id)
+        )
     return effects
 
 

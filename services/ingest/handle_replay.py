@@ -53,6 +53,15 @@ router's, and reports them complete to their store; held ones go only once the n
 Packet Identifiers in flight are acknowledged (:func:`drained`), since the stores pick
 theirs from the same space.
 
+Packet Identifiers of a persistent session's replay (MQTT 4.4 [MQTT-4.4.0-1]: a resend
+after a reconnect carries the original one). Each replay reserves a block of
+:data:`PACKET_ID_BLOCK` identifiers (one of :data:`PACKET_ID_BLOCKS`, not used by the
+session's other replays), kept with its progress; a message's identifier derives from its
+``msg.all`` partition and offset within the block (:func:`packet_id`), so a resumed replay
+sends ``[next, sent)`` again with the same identifiers, on any node, with nothing stored
+per message. An identifier still in flight (an earlier offset of the same residue, a
+message store's delivery) makes the reader wait for its acknowledgement (:func:`room`).
+
 A replayed message is sent as a live one would be (QoS min(message, subscription), RETAIN
 as published only with Retain As Published, the subscription's identifier, the original
 properties with the Message Expiry Interval left), checked against the client's rules as of
@@ -76,6 +85,13 @@ from services.ingest.state import ConnectionState, PendingReplayMark, Phase
 
 REPLAYED = ("replayed", "true")
 """The User Property on every replayed PUBLISH to a v5 client."""
+
+PACKET_ID_BLOCK = 4095
+"""Packet Identifiers one persistent replay reserves; its ``msg.all`` partitions share them
+equally (12 partitions: 341 consecutive offsets each before an identifier comes again)."""
+
+PACKET_ID_BLOCKS = 16
+"""Blocks of :data:`PACKET_ID_BLOCK` identifiers in 1..65,520 (MQTT 2.2.1: 1..65,535)."""
 
 
 def started(state: ConnectionState, topic_filter: str) -> None:
@@ -101,14 +117,44 @@ def hold(state: ConnectionState, message: FanOut, target: Target) -> bool:
     return True
 
 
-def room(state: ConnectionState) -> bool:
+def room(state: ConnectionState, packet_id: int = 0) -> bool:
     """Whether the client can take one more replayed message now: connected, a free slot
-    in its in-flight window (Receive Maximum) and nothing queued for one."""
+    in its in-flight window (Receive Maximum), nothing queued for one, and its Packet
+    Identifier ``packet_id`` (:func:`packet_id`; 0: any) not in flight."""
     return (
         state.phase is Phase.CONNECTED
         and len(state.outbound) < state.client_receive_maximum
         and not state.outbound_queue
+        and packet_id not in state.outbound
     )
+
+
+def packet_id(state: ConnectionState, topic_filter: str, message: FanOut, target: Target) -> int:
+    """The Packet Identifier (1..65,520) of ``message`` replayed by the persistent
+    session's replay of ``topic_filter`` as ``target`` (QoS 1): the same whenever it is
+    sent, on the first connection or after a reconnect (MQTT 4.4 [MQTT-4.4.0-1]). Within
+    the replay's block (:attr:`ReplayProgress.packet_ids`), partition ``p`` of ``msg.all``
+    owns the span ``p * S .. p * S + S - 1`` (``S`` the block shared by the partitions)
+    and offset ``o`` its ``o mod S``-th identifier. 0 (the node picks one) for a QoS 0
+    delivery, a replay of a session that is not persistent, or a message without origin."""
+    subscription = state.subscriptions.get(topic_filter)
+    origin = message.origin
+    if not target.qos or subscription is None or subscription.replay is None or origin is None:
+        return 0
+    span = max(1, PACKET_ID_BLOCK // len(subscription.replay.cut))
+    within = (origin.partition * span + origin.offset % span) % PACKET_ID_BLOCK
+    return subscription.replay.packet_ids * PACKET_ID_BLOCK + within + 1
+
+
+def _free_block(state: ConnectionState, topic_filter: str) -> int:
+    """A block of Packet Identifiers no other replay of the session holds (the first; with
+    every block held, block 0 is shared, and its replays wait on each other's)."""
+    held = {
+        s.replay.packet_ids
+        for s in state.subscriptions.values()
+        if s.replay is not None and s.topic_filter != topic_filter
+    }
+    return next((block for block in range(PACKET_ID_BLOCKS) if block not in held), 0)
 
 
 def switch(
@@ -130,7 +176,9 @@ def switch(
     if state.persistent and current is not None and current.replay is None:
         # A persistent session's replay keeps its second cut with its subscription; its
         # progress is stored by the reader's first mark, before anything is sent.
-        progress = ReplayProgress(second, second, second)
+        progress = ReplayProgress(
+            second, second, second, _free_block(state, subscription.topic_filter)
+        )
         updated = dataclasses.replace(current, replay=progress)
         state.subscriptions = {**state.subscriptions, subscription.topic_filter: updated}
     return second
@@ -182,15 +230,16 @@ def replayed(
     """Send one replayed ``message`` of the replay of ``topic_filter`` to the client as
     ``target`` says (QoS, Retain As Published, Subscription Identifiers, DUP: a resumed
     replay's resend); v5 clients see ``replayed=true``. Its origin is remembered
-    (:func:`remember`); in a persistent session, a QoS 1 one's origin is kept until its
-    PUBACK (:func:`mark`)."""
+    (:func:`remember`); in a persistent session, a QoS 1 one goes with its own Packet
+    Identifier (:func:`packet_id`) and its origin is kept until its PUBACK (:func:`mark`)."""
     remember(state, message)
     if state.phase is not Phase.CONNECTED:
         return []
     packet = message.publish(target, state.protocol_version)
     if state.protocol_version == 5:
         packet.properties.user_properties = [*packet.properties.user_properties, REPLAYED]
-    effects = delivery.deliver(state, packet, message.expires_at_ms)
+    own_id = packet_id(state, topic_filter, message, target)
+    effects = delivery.deliver(state, packet, message.expires_at_ms, own_id)
     origin = message.origin
     if state.persistent and packet.packet_id in state.outbound and origin is not None:
         if state.replay_inflight is None:

@@ -326,7 +326,6 @@ class Replays:
                     meta = published.message.meta
                     if not matcher.match(meta.topic, published.client_id).clients:
                         continue
-                    await self._room(client, replay)
                     try:
                         message = FanOut(
                             meta,
@@ -348,6 +347,10 @@ class Replays:
                         ids,
                         dup=marks is not None and record.offset < marks.resend[tp.partition],
                     )
+                    # A persistent session's message waits for its own Packet Identifier
+                    # (the one it had before a reconnect, MQTT 4.4) to be free.
+                    packet_id = client.connection.replay_packet_id(topic_filter, message, target)
+                    await self._room(client, replay, packet_id)
                     handing = client.connection.replayed(message, target, topic_filter)
                     self._run(client, handing)
                     handed += 1
@@ -405,12 +408,15 @@ class Replays:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(replay.room.wait(), ROOM_WAIT_SECONDS)
 
-    async def _room(self, client: Client, replay: _Replay) -> None:
-        """Return once the client can take a replayed message: a free in-flight slot
-        and at most :data:`MAX_UNSENT_BYTES` unsent on its socket. Raises
-        ``CancelledError`` (through the task's cancellation) when the client goes."""
+    async def _room(self, client: Client, replay: _Replay, packet_id: int = 0) -> None:
+        """Return once the client can take a replayed message: a free in-flight slot,
+        its Packet Identifier ``packet_id`` (0: any) not in flight, and at most
+        :data:`MAX_UNSENT_BYTES` unsent on its socket. Raises ``CancelledError`` (through
+        the task's cancellation) when the client goes."""
         connection = client.connection
-        while not connection.replay_room() or client.write_buffer_size() > MAX_UNSENT_BYTES:
+        while (
+            not connection.replay_room(packet_id) or client.write_buffer_size() > MAX_UNSENT_BYTES
+        ):
             if connection.closed:
                 raise asyncio.CancelledError
             replay.room.clear()

@@ -221,11 +221,14 @@ class Outbound:
 class Queued:
     """A QoS 1/2 message waiting for a free slot of the client's Receive Maximum.
 
-    ``expires_at_ms``: Unix ms when its Message Expiry Interval ends, None if it never does.
+    ``expires_at_ms``: Unix ms when its Message Expiry Interval ends, None if it never does;
+    ``packet_id``: the Packet Identifier it asks for (:func:`services.ingest.delivery.deliver`),
+    0 for any.
     """
 
     packet: Publish
     expires_at_ms: int | None
+    packet_id: int = 0
 
 
 EarlyDelivery = tuple[FanOut, Target] | int

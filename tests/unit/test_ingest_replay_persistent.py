@@ -191,3 +191,100 @@ def test_device_persist_keeps_the_origin_with_the_stored_message() -> None:
     # one stored before origins were kept still decodes, without one
     older = StoredRecord(bytes(16), b"meta", target, b"payload")
     assert decode_stored(encode_stored(older)) == older
+
+
+def _session(subscriptions: list[Subscription]) -> tuple[SessionRecord, list[Subscription]]:
+    """The session record and subscriptions a reconnect of :data:`APP` finds stored."""
+    record = SessionRecord(
+        node_id="node-b",
+        connection_id=bytes(16),
+        session_id=bytes(16),
+        connected=False,
+        protocol_version=5,
+        clean_start=False,
+        persistent=True,
+        kind=ClientKind.APPLICATION,
+        session_expiry_interval=60,
+        updated_at_ms=NOW_MS,
+    )
+    return record, subscriptions
+
+
+def test_a_resend_after_a_reconnect_carries_its_original_packet_id() -> None:
+    client = _app()
+    _subscribed(client)
+    conn = client.conn
+    mark = only(conn.replay_mark("t/#", (3, 20), (6, 20)), StoreSubscriptions)
+    client.stored(mark.token)
+    sent = {
+        offset: only(client.packets(conn.replayed(_at(0, offset, b"%d" % offset),
+                                                  Target(APP, 1), "t/#")), Publish)
+        for offset in (3, 4, 5)
+    }  # fmt: skip
+    assert all(not p.dup for p in sent.values())
+    client.send(PubAck(sent[3].packet_id or 0))
+    mark = only(conn.replay_mark("t/#", (6, 20), (6, 20)), StoreSubscriptions)
+    stored = decode_subscriptions(APP, encode_subscriptions(mark.subscriptions))
+    assert stored[0].replay is not None and stored[0].replay.next == (4, 20)
+    # The connection ends; the session resumes (another node) from what Kafka kept.
+    resumed = _app(_session(stored))
+    start = only(resumed.log, StartReplay).subscription
+    assert resumed.conn.replay_switch(start, SECOND) == SECOND
+    again = {
+        offset: only(resumed.packets(resumed.conn.replayed(
+            _at(0, offset, b"%d" % offset), Target(APP, 1, dup=True), "t/#")), Publish)
+        for offset in (4, 5)
+    }  # fmt: skip
+    # DUP=1 and the Packet Identifier of the first send (MQTT 4.4 [MQTT-4.4.0-1])
+    assert [(p.payload, p.dup, p.packet_id) for p in again.values()] == [
+        (b"4", True, sent[4].packet_id),
+        (b"5", True, sent[5].packet_id),
+    ]
+    # The client acknowledges by that identifier (its session still held it): done.
+    resumed.send(PubAck(sent[4].packet_id or 0), PubAck(sent[5].packet_id or 0))
+    mark = only(resumed.conn.replay_mark("t/#", (6, 20), (6, 20)), StoreSubscriptions)
+    assert mark.subscriptions[0].replay == ReplayProgress(SECOND, (6, 20), (6, 20))
+
+
+def test_each_replay_of_a_session_has_its_own_block_of_packet_ids() -> None:
+    client = _app()
+    _subscribed(client)
+    effects = client.send(Subscribe(2, [SubscriptionRequest("$replay/1h/u/#", 1)]))
+    other = only(client.store_all(effects), StartReplay).subscription
+    assert other.live_from is not None
+    other.live_from.offsets = CUT
+    client.conn.replay_switch(other, SECOND)
+    first = only(client.packets(client.conn.replayed(_at(0, 3, b"t"), Target(APP, 1), "t/#")),
+                 Publish)  # fmt: skip
+    second = only(client.packets(client.conn.replayed(_at(0, 3, b"u"), Target(APP, 1), "u/#")),
+                  Publish)  # fmt: skip
+    assert (first.packet_id, second.packet_id) == (3 + 1, 4095 + 3 + 1)
+    mark = only(client.conn.replay_mark("u/#", (4, 20), (4, 20)), StoreSubscriptions)
+    blocks = {s.topic_filter: s.replay and s.replay.packet_ids for s in mark.subscriptions}
+    back = decode_subscriptions(APP, encode_subscriptions(mark.subscriptions))
+    assert blocks == {s.topic_filter: s.replay and s.replay.packet_ids for s in back}
+    assert blocks == {"t/#": 0, "u/#": 1}
+
+
+def test_the_reader_waits_while_a_message_packet_id_is_in_flight() -> None:
+    client = _app()
+    conn = client.conn
+    # a message store's delivery in flight before the replay, with identifier 2055
+    store = Target(APP, 1, packet_id=2055)
+    assert client.packets(conn.deliver_routed(_at(1, 99, b"s"), store))
+    _subscribed(client)
+    message = _at(1, 7, b"x")
+    packet_id = conn.replay_packet_id("t/#", message, Target(APP, 1))
+    assert packet_id == 2047 + 7 + 1  # msg.all partition 1's span of the block
+    assert not conn.replay_room(packet_id) and conn.replay_room()
+    client.send(PubAck(packet_id))
+    assert conn.replay_room(packet_id)
+    sent = only(client.packets(conn.replayed(message, Target(APP, 1), "t/#")), Publish)
+    assert sent.packet_id == packet_id
+    # the offset a span further on has the same identifier: it waits for the PUBACK
+    later = _at(1, 7 + 2047, b"y")
+    assert conn.replay_packet_id("t/#", later, Target(APP, 1)) == packet_id
+    assert not conn.replay_room(packet_id)
+    client.send(PubAck(packet_id))
+    assert conn.replay_room(packet_id)
+    assert conn.replay_packet_id("t/#", message, Target(APP, 0)) == 0  # QoS 0: none

@@ -99,7 +99,7 @@ from services.common.records import (
     stale_delete,
     with_origins,
 )
-from services.common.subscription import Subscription
+from services.common.subscription import LiveFrom, ReplayProgress, Subscription
 
 U8 = st.integers(0, 255)
 U32 = st.integers(0, 2**32 - 1)
@@ -331,6 +331,23 @@ def test_meta_qos_3_is_a_record_error() -> None:
     data[1] |= 0x03
     with pytest.raises(RecordError):
         decode_meta(bytes(data))
+
+
+def test_a_replay_progress_keeps_its_block_of_packet_ids() -> None:
+    progress = ReplayProgress((5, 6), (3, 6), (4, 6), packet_ids=7)
+    sub = Subscription("c", "t/#", 1, live_from=LiveFrom((5, 6), True), replay=progress)
+    data = encode_subscriptions([sub])
+    [back] = decode_subscriptions("c", data)
+    assert back.replay == progress and back.subscription_identifier is None
+    # written before the block was kept (bit 30 clear, no 16-bit block): block 0
+    ident = data.index(struct.pack(">I", 0xC000_0000))
+    older = data[:ident] + struct.pack(">I", 0x8000_0000) + data[ident + 4 : -2]
+    [back] = decode_subscriptions("c", older)
+    assert back.replay == ReplayProgress((5, 6), (3, 6), (4, 6))
+    # the block's bit without a progress is no record
+    bare = struct.pack(">BI", 1, 1) + b"\x00\x01t" + struct.pack(">BI", 1, 0x4000_0000)
+    with pytest.raises(RecordError):
+        decode_subscriptions("c", bare)
 
 
 def test_target_qos_3_is_a_record_error() -> None:
