@@ -117,22 +117,10 @@ def test_the_progress_is_stored_before_the_reader_goes_past_it() -> None:
 
 
 def _resumed() -> tuple[Client, Subscription]:
-    previous = SessionRecord(
-        node_id="node-b",
-        connection_id=bytes(16),
-        session_id=bytes(16),
-        connected=False,
-        protocol_version=5,
-        clean_start=False,
-        persistent=True,
-        kind=ClientKind.APPLICATION,
-        session_expiry_interval=60,
-        updated_at_ms=NOW_MS,
-    )
     progress = ReplayProgress(SECOND, next=(12, 20), sent=(14, 20))
     live_from = LiveFrom(CUT, every_message=True)
     subscription = Subscription(APP, "t/#", 1, live_from=live_from, replay=progress)
-    return _app((previous, [subscription])), subscription
+    return _app(_session([subscription])), subscription
 
 
 def test_a_resumed_session_resumes_its_replay_and_holds_live_copies() -> None:
